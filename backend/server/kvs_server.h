@@ -1,0 +1,98 @@
+/*
+ * kvs_server.h -- the HTTP server of the inference backend.
+ *
+ * What it is: a llama-server / OpenAI compatible HTTP API over one loaded
+ * kvs_model, with the `kv_compression` extension (one prefill, then per
+ * variant: copy the cache, compress it with a method from methods/, decode)
+ * and a safetensors dump of the prefill cache. Requests queue behind a fixed
+ * number of slots; a request the server cannot serve gets a 4xx JSON error
+ * {"error": {"message", "field", "type"}} naming the field.
+ * What it is not: no signal handling (cli/cmd_serve.c owns that and calls
+ * kvs_server_stop), no model loading, no streaming (stream: true is refused).
+ *
+ * Endpoints:
+ *   GET  /health        {"status": "ok"|"draining", slots_idle, slots_processing,
+ *                        requests_waiting}; 503 while draining
+ *   GET  /v1/models     OpenAI list; data[0].meta has arch, n_vocab, n_ctx, ...
+ *   GET  /metrics       Prometheus text: kvsieve_requests_total{endpoint},
+ *                       kvsieve_request_errors_total{endpoint,class},
+ *                       kvsieve_prefills_total, kvsieve_compressions_total,
+ *                       kvsieve_prompt_tokens_total, kvsieve_predicted_tokens_total,
+ *                       kvsieve_prompt_ms_total, kvsieve_predicted_ms_total,
+ *                       kvsieve_compress_ms (histogram), kvsieve_slots,
+ *                       kvsieve_requests_processing, kvsieve_requests_waiting
+ *   POST /tokenize      {content, add_special=false, with_pieces=false,
+ *                        parse_special=true} -> {tokens: [id] | [{id, piece}]}
+ *   POST /detokenize    {tokens: [id]} -> {content}
+ *   POST /completion    llama-server shape: {prompt: text | [ids], n_predict=-1,
+ *                        temperature=0 (greedy), top_k=0, top_p=1, seed=-1
+ *                        (random, reported), stop: text | [text], kv_compression}
+ *                       -> {content, tokens, stop_type: eos|word|limit,
+ *                        stopping_word, tokens_predicted, tokens_evaluated,
+ *                        generation_settings, timings {prompt_n, prompt_ms,
+ *                        prompt_per_token_ms, prompt_per_second, predicted_n,
+ *                        predicted_ms, predicted_per_token_ms,
+ *                        predicted_per_second, compress_ms}, kv, [variants]}
+ *   POST /v1/completions, /v1/chat/completions: OpenAI shape (max_tokens or
+ *                       max_completion_tokens; n must be 1; stream must be
+ *                       false), plus timings, kv and [variants]. Chat applies
+ *                       the model family's template (kvs_chat_apply); message
+ *                       content is text or an array of {type: "text", text}.
+ *   POST /kv/dump       {prompt, queries=0 (-1 all, k last k), dtype=F32|F16|BF16,
+ *                        include_local=true} -> safetensors bytes in the
+ *                       formats/kvs_formats.h dump layout (metadata: model,
+ *                       arch, n_prompt, layer_map)
+ *
+ * kv_compression: {method, ratio | tokens, params: {name: value},
+ *   compress_local=false, name} or {variants: [such objects]} or a bare array
+ *   of them. One prefill per request; each variant compresses a copy of the
+ *   prefill cache. "kv" = {method, params (all values), budget, compress_local,
+ *   compress_ms, n_prompt, tokens_before/after, bytes_before/after (total,
+ *   _global, _local), note, layers: [{layer, local, compressed, tokens_before,
+ *   tokens_after, bytes_before, bytes_after}]}.
+ * Errors: {"error": {"message", "field", "type", "code"}}; 400 bad field,
+ *   404 unknown path, 405 wrong method, 413 body too large, 503 draining,
+ *   500 engine failure. A prompt longer than the context is 400, never
+ *   truncated.
+ */
+#ifndef KVS_SERVER_H
+#define KVS_SERVER_H
+
+#include "kvs_backend.h"
+#include "kvsieve.h"
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *host;  /* default "127.0.0.1" */
+    int port;          /* 0: any free port (see kvs_server_port) */
+    int slots;         /* requests computed at once (>= 1); others wait */
+    int threads;       /* forward-pass threads per request (<= 0: the model's) */
+    int n_ctx;         /* context per request (prompt + generated); <= 0: the session default */
+    int max_conn;      /* simultaneous HTTP connections (default 64) */
+    size_t max_body;   /* largest request body in bytes (default 64 MiB) */
+    const char *alias; /* model id shown by /v1/models (NULL: the model's name) */
+} kvs_server_config;
+
+void kvs_server_config_defaults(kvs_server_config *c);
+
+typedef struct kvs_server kvs_server;
+
+/* Start serving `model` (borrowed: it must outlive the server). */
+kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_server **out,
+                            kvs_err *err);
+/* The bound port (useful when cfg->port was 0). */
+int kvs_server_port(const kvs_server *s);
+/* Drain and stop: stop accepting connections, answer 503 to new requests on
+ * open connections, wait for the requests in flight (queued ones included)
+ * to finish, stop the daemon and free. NULL is a no-op. */
+void kvs_server_stop(kvs_server *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

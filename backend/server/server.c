@@ -1,0 +1,714 @@
+/*
+ * server.c -- lifecycle, routing, slots, metrics and the small endpoints.
+ *
+ * What it is: kvs_server_start / stop (drain), the request router, the slot
+ * queue, Prometheus /metrics, /health, /v1/models, /tokenize, /detokenize,
+ * request-error and JSON helpers shared with server_gen.c.
+ * What it is not: generation and the kv_compression extension (server_gen.c),
+ * the HTTP transport (http.c), signal handling (cli/cmd_serve.c).
+ */
+#include "server_internal.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* compress_ms histogram bucket upper bounds; the last bucket is +Inf. */
+static const double hist_le[SRV_HIST_BUCKETS - 1] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000};
+
+static const char *const ep_paths[EP_COUNT] = {"/health",     "/v1/models",     "/metrics",
+                                               "/tokenize",   "/detokenize",    "/completion",
+                                               "/v1/completions", "/v1/chat/completions",
+                                               "/kv/dump",    "other"};
+static const char *const ep_methods[EP_COUNT] = {"GET",  "GET",  "GET",  "POST", "POST",
+                                                 "POST", "POST", "POST", "POST", ""};
+
+void kvs_server_config_defaults(kvs_server_config *c) {
+    memset(c, 0, sizeof *c);
+    c->host = "127.0.0.1";
+    c->port = 8080;
+    c->slots = 1;
+    c->threads = 0;
+    c->n_ctx = 0;
+    c->max_conn = 64;
+    c->max_body = (size_t)64 << 20;
+    c->alias = NULL;
+}
+
+/* ---- errors and JSON helpers --------------------------------------------- */
+
+int srv_fail(srv_error *e, int status, const char *field, const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->field, sizeof e->field, "%s", field ? field : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int srv_fail_kvs(srv_error *e, const kvs_err *err, const char *field) {
+    int client = err->code == KVS_ERR_INVALID || err->code == KVS_ERR_NOTFOUND;
+    return srv_fail(e, client ? 400 : 500, client ? field : "", "%s", err->msg);
+}
+
+void srv_json_response(kvs_http_response *resp, int status, cJSON *root) {
+    char *text = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
+        resp->status = 500;
+        resp->body = malloc(sizeof oom);
+        if (resp->body) memcpy(resp->body, oom, sizeof oom);
+        resp->len = resp->body ? sizeof oom - 1 : 0;
+        resp->content_type = "application/json";
+        return;
+    }
+    resp->status = status;
+    resp->body = text;
+    resp->len = strlen(text);
+    resp->content_type = "application/json";
+}
+
+void srv_error_response(kvs_http_response *resp, const srv_error *e) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *o = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(o, "message", e->msg);
+    if (e->field[0]) cJSON_AddStringToObject(o, "field", e->field);
+    cJSON_AddStringToObject(o, "type", e->status >= 500   ? "server_error"
+                                       : e->status == 404 ? "not_found_error"
+                                       : e->status == 503 ? "unavailable_error"
+                                                          : "invalid_request_error");
+    cJSON_AddNumberToObject(o, "code", e->status);
+    srv_json_response(resp, e->status, root);
+}
+
+static void field_name(char *buf, size_t n, const char *prefix, const char *name) {
+    snprintf(buf, n, "%s%s%s", prefix ? prefix : "", prefix && prefix[0] ? "." : "", name);
+}
+
+int srv_get_int(const cJSON *obj, const char *name, const char *prefix, long long def, long long lo,
+                long long hi, long long *out, srv_error *e) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, name);
+    char f[192];
+    field_name(f, sizeof f, prefix, name);
+    if (!it || cJSON_IsNull(it)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble != floor(it->valuedouble))
+        return srv_fail(e, 400, f, "%s must be an integer", f);
+    if (it->valuedouble < (double)lo || it->valuedouble > (double)hi)
+        return srv_fail(e, 400, f, "%s must be in [%lld, %lld], got %.17g", f, lo, hi, it->valuedouble);
+    *out = (long long)it->valuedouble;
+    return 0;
+}
+
+int srv_get_double(const cJSON *obj, const char *name, const char *prefix, double def, double lo,
+                   double hi, double *out, srv_error *e) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, name);
+    char f[192];
+    field_name(f, sizeof f, prefix, name);
+    if (!it || cJSON_IsNull(it)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+        return srv_fail(e, 400, f, "%s must be a number", f);
+    if (it->valuedouble < lo || it->valuedouble > hi)
+        return srv_fail(e, 400, f, "%s must be in [%g, %g], got %.17g", f, lo, hi, it->valuedouble);
+    *out = it->valuedouble;
+    return 0;
+}
+
+int srv_get_bool(const cJSON *obj, const char *name, const char *prefix, int def, int *out,
+                 srv_error *e) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, name);
+    char f[192];
+    field_name(f, sizeof f, prefix, name);
+    if (!it || cJSON_IsNull(it)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsBool(it)) return srv_fail(e, 400, f, "%s must be true or false", f);
+    *out = cJSON_IsTrue(it) ? 1 : 0;
+    return 0;
+}
+
+const char *srv_get_string(const cJSON *obj, const char *name, const char *prefix, const char *def,
+                           srv_error *e) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, name);
+    char f[192];
+    field_name(f, sizeof f, prefix, name);
+    if (!it || cJSON_IsNull(it)) return def;
+    if (!cJSON_IsString(it)) {
+        srv_fail(e, 400, f, "%s must be a string", f);
+        return NULL;
+    }
+    return it->valuestring;
+}
+
+cJSON *srv_parse_body(const kvs_http_request *rq, srv_error *e) {
+    if (rq->body_len == 0) {
+        srv_fail(e, 400, "body", "request body is empty; expected a JSON object");
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(rq->body, rq->body_len, &end, 0);
+    if (!root) {
+        size_t off = end ? (size_t)(end - rq->body) : 0;
+        srv_fail(e, 400, "body", "request body is not valid JSON (error near byte %zu)", off);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        srv_fail(e, 400, "body", "request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* Length of the valid UTF-8 sequence at p (n bytes left), or 0 if invalid. */
+static size_t utf8_seq(const unsigned char *p, size_t n) {
+    unsigned c = p[0];
+    if (c < 0x80) return 1;
+    size_t len;
+    unsigned min;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+        min = 0x80;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        min = 0x800;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (n < len) return 0;
+    unsigned cp = c & (0x7F >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return len;
+}
+
+int srv_utf8_valid(const char *text, size_t len) {
+    const unsigned char *p = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        size_t k = utf8_seq(p + i, len - i);
+        if (!k) return 0;
+        i += k;
+    }
+    return 1;
+}
+
+char *srv_utf8_clean(const char *text, size_t len) {
+    const unsigned char *p = (const unsigned char *)text;
+    char *out = malloc(3 * len + 1); /* each bad byte becomes 3 bytes at most */
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        size_t k = utf8_seq(p + i, len - i);
+        if (k) {
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k;
+        } else {
+            out[o++] = (char)0xEF;
+            out[o++] = (char)0xBF;
+            out[o++] = (char)0xBD;
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* ---- slots and metrics ----------------------------------------------------- */
+
+void srv_slot_acquire(kvs_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->waiting++;
+    while (s->slots_free == 0) pthread_cond_wait(&s->cv, &s->mu);
+    s->waiting--;
+    s->slots_free--;
+    s->processing++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_slot_release(kvs_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->slots_free++;
+    s->processing--;
+    assert(s->slots_free <= s->cfg.slots);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_note_prefill(kvs_server *s, int n_prompt, double ms) {
+    pthread_mutex_lock(&s->mu);
+    s->m.prefills++;
+    s->m.prompt_tokens += (uint64_t)n_prompt;
+    s->m.prompt_ms += ms;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_note_predict(kvs_server *s, int n_predicted, double ms) {
+    pthread_mutex_lock(&s->mu);
+    s->m.predicted_tokens += (uint64_t)n_predicted;
+    s->m.predicted_ms += ms;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_note_compress(kvs_server *s, double ms) {
+    int b = 0;
+    while (b < SRV_HIST_BUCKETS - 1 && ms > hist_le[b]) b++;
+    pthread_mutex_lock(&s->mu);
+    s->m.compressions++;
+    s->m.compress_bucket[b]++;
+    s->m.compress_count++;
+    s->m.compress_sum_ms += ms;
+    pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t srv_next_id(kvs_server *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t id = ++s->next_id;
+    pthread_mutex_unlock(&s->mu);
+    return id;
+}
+
+/* ---- small endpoints -------------------------------------------------------- */
+
+static void handle_health(kvs_server *s, kvs_http_response *rs) {
+    pthread_mutex_lock(&s->mu);
+    int draining = s->draining, free_slots = s->slots_free, waiting = s->waiting;
+    pthread_mutex_unlock(&s->mu);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "status", draining ? "draining" : "ok");
+    cJSON_AddNumberToObject(root, "slots_idle", free_slots);
+    cJSON_AddNumberToObject(root, "slots_processing", s->cfg.slots - free_slots);
+    cJSON_AddNumberToObject(root, "requests_waiting", waiting);
+    srv_json_response(rs, draining ? 503 : 200, root);
+}
+
+static void handle_models(kvs_server *s, kvs_http_response *rs) {
+    const kvs_model_info *in = s->info;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", s->alias);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->started_unix);
+    cJSON_AddStringToObject(m, "owned_by", "kvsieve");
+    cJSON *meta = cJSON_AddObjectToObject(m, "meta");
+    cJSON_AddStringToObject(meta, "arch", in->arch);
+    cJSON_AddStringToObject(meta, "name", in->name);
+    cJSON_AddStringToObject(meta, "path", in->path);
+    cJSON_AddNumberToObject(meta, "n_vocab", in->n_vocab);
+    cJSON_AddNumberToObject(meta, "n_ctx_train", in->n_ctx_train);
+    cJSON_AddNumberToObject(meta, "n_ctx", s->cfg.n_ctx);
+    cJSON_AddNumberToObject(meta, "n_embd", in->n_embd);
+    cJSON_AddNumberToObject(meta, "n_layer", in->n_layers);
+    cJSON_AddNumberToObject(meta, "n_head", in->n_heads);
+    cJSON_AddNumberToObject(meta, "n_head_kv", in->n_kv_heads);
+    cJSON_AddNumberToObject(meta, "head_dim", in->head_dim);
+    cJSON_AddNumberToObject(meta, "sliding_window", in->sliding_window);
+    cJSON_AddNumberToObject(meta, "n_params", (double)in->n_params);
+    cJSON_AddNumberToObject(meta, "size", (double)in->file_size);
+    cJSON_AddStringToObject(meta, "weight_types", in->weight_types);
+    cJSON_AddNumberToObject(meta, "slots", s->cfg.slots);
+    srv_json_response(rs, 200, root);
+}
+
+static void handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs) {
+    srv_error e = {0};
+    kvs_err err = {0};
+    int32_t *toks = NULL;
+    int n = 0;
+    char *piece = NULL;
+    cJSON *root = srv_parse_body(rq, &e), *out = NULL;
+    if (!root) goto fail;
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(root, "content");
+    if (!content) {
+        srv_fail(&e, 400, "content", "content is required (the text to tokenize)");
+        goto fail;
+    }
+    if (!cJSON_IsString(content)) {
+        srv_fail(&e, 400, "content", "content must be a string");
+        goto fail;
+    }
+    int add_special, with_pieces, parse_special;
+    if (srv_get_bool(root, "add_special", "", 0, &add_special, &e) ||
+        srv_get_bool(root, "with_pieces", "", 0, &with_pieces, &e) ||
+        srv_get_bool(root, "parse_special", "", 1, &parse_special, &e))
+        goto fail;
+    int add_bos = add_special && kvs_model_special(s->model)->add_bos;
+    if (kvs_tokenize(s->model, content->valuestring, strlen(content->valuestring), add_bos,
+                     parse_special, &toks, &n, &err) != KVS_OK) {
+        srv_fail_kvs(&e, &err, "content");
+        goto fail;
+    }
+    out = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
+    int cap = 64;
+    piece = malloc((size_t)cap + 1);
+    if (!piece) {
+        srv_fail(&e, 500, "", "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!with_pieces) {
+            cJSON_AddItemToArray(arr, cJSON_CreateNumber(toks[i]));
+            continue;
+        }
+        int len = kvs_token_to_piece(s->model, toks[i], 1, piece, cap);
+        if (len > cap) {
+            char *np = realloc(piece, (size_t)len + 1);
+            if (!np) {
+                srv_fail(&e, 500, "", "out of memory");
+                goto fail;
+            }
+            piece = np;
+            cap = len;
+            len = kvs_token_to_piece(s->model, toks[i], 1, piece, cap);
+        }
+        if (len < 0) len = 0;
+        piece[len] = '\0';
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", toks[i]);
+        if (srv_utf8_valid(piece, (size_t)len) && (size_t)len == strlen(piece)) {
+            cJSON_AddStringToObject(t, "piece", piece);
+        } else { /* a partial UTF-8 sequence (byte token): its bytes */
+            cJSON *b = cJSON_AddArrayToObject(t, "piece");
+            for (int j = 0; j < len; j++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)piece[j]));
+        }
+        cJSON_AddItemToArray(arr, t);
+    }
+    free(piece);
+    free(toks);
+    cJSON_Delete(root);
+    srv_json_response(rs, 200, out);
+    return;
+fail:
+    free(piece);
+    free(toks);
+    cJSON_Delete(root);
+    cJSON_Delete(out);
+    srv_error_response(rs, &e);
+}
+
+static void handle_detokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs) {
+    srv_error e = {0};
+    kvs_err err = {0};
+    int32_t *toks = NULL;
+    char *text = NULL, *clean = NULL;
+    cJSON *root = srv_parse_body(rq, &e);
+    if (!root) goto fail;
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    if (!arr) {
+        srv_fail(&e, 400, "tokens", "tokens is required (an array of token ids)");
+        goto fail;
+    }
+    if (!cJSON_IsArray(arr)) {
+        srv_fail(&e, 400, "tokens", "tokens must be an array of token ids");
+        goto fail;
+    }
+    int n = cJSON_GetArraySize(arr);
+    toks = malloc((size_t)(n > 0 ? n : 1) * sizeof *toks);
+    if (!toks) {
+        srv_fail(&e, 500, "", "out of memory");
+        goto fail;
+    }
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        char f[64];
+        snprintf(f, sizeof f, "tokens[%d]", i);
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble)) {
+            srv_fail(&e, 400, f, "%s must be an integer token id", f);
+            goto fail;
+        }
+        if (it->valuedouble < 0 || it->valuedouble >= s->info->n_vocab) {
+            srv_fail(&e, 400, f, "%s = %.17g is not a token id (vocabulary has %d)", f, it->valuedouble,
+                     s->info->n_vocab);
+            goto fail;
+        }
+        toks[i++] = (int32_t)it->valuedouble;
+    }
+    if (kvs_detokenize(s->model, toks, n, 0, &text, &err) != KVS_OK) {
+        srv_fail_kvs(&e, &err, "tokens");
+        goto fail;
+    }
+    clean = srv_utf8_clean(text, strlen(text));
+    if (!clean) {
+        srv_fail(&e, 500, "", "out of memory");
+        goto fail;
+    }
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "content", clean);
+    free(clean);
+    free(text);
+    free(toks);
+    cJSON_Delete(root);
+    srv_json_response(rs, 200, out);
+    return;
+fail:
+    free(clean);
+    free(text);
+    free(toks);
+    cJSON_Delete(root);
+    srv_error_response(rs, &e);
+}
+
+/* Append printf output to a growing buffer; on allocation failure the buffer
+ * is left as is and *ok is cleared. */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int ok;
+} textbuf;
+
+static void tb_printf(textbuf *t, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void tb_printf(textbuf *t, const char *fmt, ...) {
+    if (!t->ok) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->ok = 0;
+            return;
+        }
+        if ((size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = t->cap * 2 + (size_t)n;
+        char *nb = realloc(t->buf, cap);
+        if (!nb) {
+            t->ok = 0;
+            return;
+        }
+        t->buf = nb;
+        t->cap = cap;
+    }
+}
+
+static void handle_metrics(kvs_server *s, kvs_http_response *rs) {
+    srv_metrics m;
+    int free_slots, waiting, processing;
+    pthread_mutex_lock(&s->mu);
+    m = s->m;
+    free_slots = s->slots_free;
+    waiting = s->waiting;
+    processing = s->processing;
+    pthread_mutex_unlock(&s->mu);
+    (void)free_slots;
+    textbuf t = {malloc(4096), 0, 4096, 1};
+    if (!t.buf) t.ok = 0;
+    tb_printf(&t, "# HELP kvsieve_requests_total HTTP requests received, by endpoint.\n"
+                  "# TYPE kvsieve_requests_total counter\n");
+    for (int i = 0; i < EP_COUNT; i++)
+        tb_printf(&t, "kvsieve_requests_total{endpoint=\"%s\"} %llu\n", ep_paths[i],
+                  (unsigned long long)m.requests[i]);
+    tb_printf(&t, "# HELP kvsieve_request_errors_total Requests answered with an error, by endpoint and class.\n"
+                  "# TYPE kvsieve_request_errors_total counter\n");
+    for (int i = 0; i < EP_COUNT; i++) {
+        tb_printf(&t, "kvsieve_request_errors_total{endpoint=\"%s\",class=\"4xx\"} %llu\n", ep_paths[i],
+                  (unsigned long long)m.errors_4xx[i]);
+        tb_printf(&t, "kvsieve_request_errors_total{endpoint=\"%s\",class=\"5xx\"} %llu\n", ep_paths[i],
+                  (unsigned long long)m.errors_5xx[i]);
+    }
+    tb_printf(&t,
+              "# HELP kvsieve_prefills_total Prompt prefills run (variants of one request share one).\n"
+              "# TYPE kvsieve_prefills_total counter\n"
+              "kvsieve_prefills_total %llu\n"
+              "# HELP kvsieve_compressions_total KV-cache compressions run.\n"
+              "# TYPE kvsieve_compressions_total counter\n"
+              "kvsieve_compressions_total %llu\n"
+              "# HELP kvsieve_prompt_tokens_total Prompt tokens prefilled.\n"
+              "# TYPE kvsieve_prompt_tokens_total counter\n"
+              "kvsieve_prompt_tokens_total %llu\n"
+              "# HELP kvsieve_predicted_tokens_total Tokens generated.\n"
+              "# TYPE kvsieve_predicted_tokens_total counter\n"
+              "kvsieve_predicted_tokens_total %llu\n"
+              "# HELP kvsieve_prompt_ms_total Milliseconds spent in prefill.\n"
+              "# TYPE kvsieve_prompt_ms_total counter\n"
+              "kvsieve_prompt_ms_total %.3f\n"
+              "# HELP kvsieve_predicted_ms_total Milliseconds spent generating.\n"
+              "# TYPE kvsieve_predicted_ms_total counter\n"
+              "kvsieve_predicted_ms_total %.3f\n"
+              "# HELP kvsieve_requests_rejected_draining_total Requests refused while draining.\n"
+              "# TYPE kvsieve_requests_rejected_draining_total counter\n"
+              "kvsieve_requests_rejected_draining_total %llu\n",
+              (unsigned long long)m.prefills, (unsigned long long)m.compressions,
+              (unsigned long long)m.prompt_tokens, (unsigned long long)m.predicted_tokens, m.prompt_ms,
+              m.predicted_ms, (unsigned long long)m.rejected_draining);
+    tb_printf(&t, "# HELP kvsieve_compress_ms Time from end of prefill to start of decode, per compression.\n"
+                  "# TYPE kvsieve_compress_ms histogram\n");
+    uint64_t cum = 0;
+    for (int b = 0; b < SRV_HIST_BUCKETS; b++) {
+        cum += m.compress_bucket[b];
+        if (b < SRV_HIST_BUCKETS - 1)
+            tb_printf(&t, "kvsieve_compress_ms_bucket{le=\"%g\"} %llu\n", hist_le[b], (unsigned long long)cum);
+        else
+            tb_printf(&t, "kvsieve_compress_ms_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    }
+    tb_printf(&t, "kvsieve_compress_ms_sum %.6f\nkvsieve_compress_ms_count %llu\n", m.compress_sum_ms,
+              (unsigned long long)m.compress_count);
+    tb_printf(&t,
+              "# HELP kvsieve_slots Configured slots (requests computed at once).\n"
+              "# TYPE kvsieve_slots gauge\n"
+              "kvsieve_slots %d\n"
+              "# HELP kvsieve_requests_processing Requests holding a slot.\n"
+              "# TYPE kvsieve_requests_processing gauge\n"
+              "kvsieve_requests_processing %d\n"
+              "# HELP kvsieve_requests_waiting Requests waiting for a slot.\n"
+              "# TYPE kvsieve_requests_waiting gauge\n"
+              "kvsieve_requests_waiting %d\n",
+              s->cfg.slots, processing, waiting);
+    if (!t.ok) {
+        free(t.buf);
+        srv_error e;
+        srv_fail(&e, 500, "", "out of memory while formatting metrics");
+        srv_error_response(rs, &e);
+        return;
+    }
+    rs->status = 200;
+    rs->body = t.buf;
+    rs->len = t.len;
+    rs->content_type = "text/plain; version=0.0.4; charset=utf-8";
+}
+
+/* ---- routing ------------------------------------------------------------------ */
+
+static int route(const char *path) {
+    for (int i = 0; i < EP_OTHER; i++)
+        if (strcmp(path, ep_paths[i]) == 0) return i;
+    if (strcmp(path, "/v1/health") == 0) return EP_HEALTH;
+    if (strcmp(path, "/models") == 0) return EP_MODELS;
+    if (strcmp(path, "/completions") == 0) return EP_V1_COMPLETIONS;
+    if (strcmp(path, "/chat/completions") == 0) return EP_V1_CHAT;
+    return EP_OTHER;
+}
+
+static void on_request(void *user, const kvs_http_request *rq, kvs_http_response *rs) {
+    kvs_server *s = user;
+    int ep = route(rq->path);
+    srv_error e = {0};
+    pthread_mutex_lock(&s->mu);
+    s->m.requests[ep]++;
+    int draining = s->draining;
+    if (draining) s->m.rejected_draining++;
+    else s->in_flight++;
+    pthread_mutex_unlock(&s->mu);
+    if (draining) {
+        srv_fail(&e, 503, "", "server is shutting down");
+        srv_error_response(rs, &e);
+        return;
+    }
+    if (ep == EP_OTHER) {
+        srv_fail(&e, 404, "path", "no endpoint %s %s (known: GET /health, GET /v1/models, GET /metrics, "
+                 "POST /tokenize, /detokenize, /completion, /v1/completions, /v1/chat/completions, /kv/dump)",
+                 rq->method, rq->path);
+        srv_error_response(rs, &e);
+    } else if (strcmp(rq->method, ep_methods[ep]) != 0) {
+        srv_fail(&e, 405, "method", "%s takes %s, not %s", ep_paths[ep], ep_methods[ep], rq->method);
+        srv_error_response(rs, &e);
+    } else {
+        switch (ep) {
+        case EP_HEALTH: handle_health(s, rs); break;
+        case EP_MODELS: handle_models(s, rs); break;
+        case EP_METRICS: handle_metrics(s, rs); break;
+        case EP_TOKENIZE: handle_tokenize(s, rq, rs); break;
+        case EP_DETOKENIZE: handle_detokenize(s, rq, rs); break;
+        case EP_KV_DUMP: srv_handle_kv_dump(s, rq, rs); break;
+        default: srv_handle_generate(s, ep, rq, rs); break;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    if (rs->status >= 500) s->m.errors_5xx[ep]++;
+    else if (rs->status >= 400) s->m.errors_4xx[ep]++;
+    s->in_flight--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------ */
+
+kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_server **out,
+                            kvs_err *err) {
+    *out = NULL;
+    if (!model) return kvs_errorf(err, KVS_ERR_INVALID, "server: no model");
+    if (cfg->slots < 1 || cfg->slots > 256)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: slots must be in [1, 256], got %d", cfg->slots);
+    if (cfg->max_conn < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: max_conn must be >= 1, got %d", cfg->max_conn);
+    if (cfg->max_body < 1024)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: max_body must be >= 1024 bytes");
+    const kvs_model_info *mi = kvs_model_get_info(model);
+    if (cfg->n_ctx > mi->n_ctx_train && mi->n_ctx_train > 0)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: ctx %d exceeds the model's context length %d (%s)",
+                          cfg->n_ctx, mi->n_ctx_train, mi->name);
+    kvs_server *s = calloc(1, sizeof *s);
+    if (!s) return kvs_errorf(err, KVS_ERR_NOMEM, "server: no memory");
+    s->model = model;
+    s->info = kvs_model_get_info(model);
+    s->cfg = *cfg;
+    snprintf(s->host, sizeof s->host, "%s", cfg->host ? cfg->host : "127.0.0.1");
+    s->cfg.host = s->host;
+    snprintf(s->alias, sizeof s->alias, "%s", cfg->alias && cfg->alias[0] ? cfg->alias : s->info->name);
+    s->cfg.alias = s->alias;
+    if (s->cfg.n_ctx <= 0) {
+        /* the session default, resolved once so /v1/models and the length check agree */
+        s->cfg.n_ctx = s->info->n_ctx_train > 0 && s->info->n_ctx_train < 8192 ? s->info->n_ctx_train : 8192;
+    }
+    s->slots_free = cfg->slots;
+    s->started_unix = time(NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    kvs_status st = kvs_http_start(s->host, cfg->port, cfg->max_conn, cfg->max_body, on_request, s,
+                                   &s->http, err);
+    if (st != KVS_OK) {
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return st;
+    }
+    *out = s;
+    return KVS_OK;
+}
+
+int kvs_server_port(const kvs_server *s) { return kvs_http_port(s->http); }
+
+void kvs_server_stop(kvs_server *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    pthread_mutex_unlock(&s->mu);
+    kvs_http_quiesce(s->http);
+    /* handlers first, then their responses on the wire */
+    pthread_mutex_lock(&s->mu);
+    while (s->in_flight > 0) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    kvs_http_drain(s->http);
+    kvs_http_stop(s->http);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

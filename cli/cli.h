@@ -1,0 +1,64 @@
+/*
+ * cli.h -- the `kvsieve` command: one function per subcommand.
+ *
+ * Each subcommand lives in its own cmd_<name>.c, parses its own arguments,
+ * prints errors to stderr and returns a process exit code (0 ok, 1 failure,
+ * 2 usage error). Only cli/ may exit; libraries return kvs_status.
+ */
+#ifndef KVS_CLI_H
+#define KVS_CLI_H
+
+typedef int (*kvs_cmd_fn)(int argc, char **argv); /* argv[0] is the subcommand */
+
+typedef struct {
+    const char *name;
+    kvs_cmd_fn fn;
+    const char *summary;
+} kvs_cli_command;
+
+/* Subcommands (argv[0] = subcommand name). */
+int kvs_cmd_methods(int argc, char **argv);
+int kvs_cmd_synth(int argc, char **argv);
+int kvs_cmd_compress(int argc, char **argv);
+int kvs_cmd_fidelity(int argc, char **argv);
+int kvs_cmd_demo(int argc, char **argv);
+/* eval/ (issue: runner): cmd_run.c, cmd_report.c */
+int kvs_cmd_run(int argc, char **argv);
+int kvs_cmd_report(int argc, char **argv);
+/* backend/: cmd_serve.c, cmd_generate.c, cmd_bench.c */
+int kvs_cmd_serve(int argc, char **argv);
+int kvs_cmd_generate(int argc, char **argv);
+int kvs_cmd_bench(int argc, char **argv);
+
+/* Shared argument helpers (cli/args.c). Each prints a clear message naming
+ * the flag and returns non-zero on bad input. */
+int kvs_arg_int(const char *flag, const char *text, long lo, long hi, long *out);
+int kvs_arg_double(const char *flag, const char *text, double lo, double hi, double *out);
+/* Value of `--flag VALUE` at argv[*i]; advances *i. NULL + message if absent. */
+const char *kvs_arg_value(int argc, char **argv, int *i);
+/* "f32" | "f16" | "bf16" -> dtype; prints an error and returns 1 otherwise. */
+#include "kvsieve.h"
+int kvs_parse_dtype(const char *s, kvs_dtype *out);
+/* Peak resident set size of this process so far, in MiB. */
+double kvs_peak_rss_mib(void);
+
+/* One method with its parameter values, as a row of a comparison. */
+typedef struct {
+    const kvs_method *method;
+    kvs_params params;
+} kvs_cli_variant;
+
+/* Fidelity of each variant on one prompt's cache: compress (timed), apply,
+ * attention-output error of the probe queries ([L] views, data may be NULL:
+ * then the last <= 16 recorded queries stand in, and the table says so) and
+ * retention of the planted outliers. Prints a Markdown table to stdout.
+ * Returns 0 if every variant ran or was skipped with a stated reason. */
+int kvs_cli_fidelity_table(const kvs_cache_view *c, const kvs_view *probes, const int32_t *outliers,
+                           int n_outliers, const kvs_cli_variant *v, int n_variants, const kvs_budget *b,
+                           int threads);
+/* Variants from "all" or "m1,m2" plus "method.name=value" parameter
+ * settings; prints errors. out holds up to 64. */
+int kvs_cli_parse_variants(const char *list, const char *const *pkv, int n_pkv, kvs_cli_variant *out,
+                           int *n_out);
+
+#endif

@@ -1,0 +1,116 @@
+/*
+ * cmd_report.c -- `kvsieve report`: tables and plots from the results
+ * database (SQL over the store; nothing is re-run). The work is eval/report.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kvs_eval.h"
+
+static void report_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvsieve report [--db PATH] [--experiment NAME | --run ID]\n"
+            "                      [--format md|latex|csv|json] [--out FILE] [--plot FILE.svg|.png]\n"
+            "                      [--bootstrap B] [--seed S]\n"
+            "  tables: method x metric per budget, mean [95%% bootstrap CI], delta vs full, best\n"
+            "  marked; latency tables (N x method, median [p10, p90]) when latency rows exist.\n"
+            "  --plot  score vs budget (and overhead vs N, log-log, when latency rows exist) via\n"
+            "          gnuplot\n");
+}
+
+int kvs_cmd_report(int argc, char **argv) {
+    const char *db = KVS_STORE_DEFAULT_PATH, *out = NULL, *plot = NULL;
+    kvs_report_opts o;
+    memset(&o, 0, sizeof o);
+    o.format = KVS_REPORT_MD;
+    o.bootstrap = 1000;
+    o.seed = 20260;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = NULL;
+        long x;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            report_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--db")) {
+            if (!(db = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--experiment")) {
+            if (!(o.experiment = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--run")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int("--run", v, 1, 1L << 62, &x))
+                return 2;
+            o.run_id = x;
+        } else if (!strcmp(a, "--format")) {
+            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
+            if (!strcmp(v, "md")) o.format = KVS_REPORT_MD;
+            else if (!strcmp(v, "latex")) o.format = KVS_REPORT_LATEX;
+            else if (!strcmp(v, "csv")) o.format = KVS_REPORT_CSV;
+            else if (!strcmp(v, "json")) o.format = KVS_REPORT_JSON;
+            else {
+                fprintf(stderr, "kvsieve report: --format must be md, latex, csv or json, got '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--out")) {
+            if (!(out = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--plot")) {
+            if (!(plot = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--bootstrap")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) ||
+                kvs_arg_int("--bootstrap", v, 2, 1000000, &x))
+                return 2;
+            o.bootstrap = (int)x;
+        } else if (!strcmp(a, "--seed")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int("--seed", v, 1, 1L << 62, &x))
+                return 2;
+            o.seed = (uint64_t)x;
+        } else {
+            fprintf(stderr, "kvsieve report: unknown argument '%s'\n", a);
+            report_usage(stderr);
+            return 2;
+        }
+    }
+    if (o.experiment && o.run_id > 0) {
+        fprintf(stderr, "kvsieve report: give --experiment or --run, not both\n");
+        return 2;
+    }
+    FILE *probe = fopen(db, "rb");
+    if (!probe) {
+        fprintf(stderr, "kvsieve report: no database at %s (run an experiment first, or --db PATH)\n", db);
+        return 1;
+    }
+    fclose(probe);
+    kvs_err err = {0};
+    kvs_store *st = NULL;
+    int code = 1;
+    FILE *f = NULL;
+    if (kvs_store_open(db, &st, &err)) {
+        fprintf(stderr, "kvsieve report: %s\n", err.msg);
+        goto cleanup;
+    }
+    f = out ? fopen(out, "w") : stdout;
+    if (!f) {
+        fprintf(stderr, "kvsieve report: cannot write %s\n", out);
+        goto cleanup;
+    }
+    if (kvs_report_write(st, &o, f, &err)) {
+        fprintf(stderr, "kvsieve report: %s\n", err.msg);
+        goto cleanup;
+    }
+    if (plot) {
+        if (kvs_report_plot(st, &o, plot, &err)) {
+            fprintf(stderr, "kvsieve report: %s\n", err.msg);
+            goto cleanup;
+        }
+        fprintf(stderr, "kvsieve report: wrote %s\n", plot);
+    }
+    code = 0;
+cleanup:
+    if (f && f != stdout && fclose(f) != 0) {
+        fprintf(stderr, "kvsieve report: cannot write %s\n", out);
+        code = 1;
+    }
+    kvs_store_close(st);
+    return code;
+}

@@ -1,0 +1,127 @@
+/*
+ * cmd_serve.c -- `kvsieve serve`: load a GGUF model and serve it over HTTP.
+ *
+ * What it is: argument parsing, model loading, signal handling (SIGTERM and
+ * SIGINT are blocked in every thread and awaited with sigwait; then the
+ * server drains: requests in flight finish, new ones get 503) and the exit
+ * code. What it is not: the server itself (backend/server/). Built only
+ * when the kvsieve_server target exists (cli/CMakeLists.txt).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "kvs_backend.h"
+#include "kvs_server.h"
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvsieve serve --model PATH|default [--host 127.0.0.1] [--port 8080]\n"
+            "                     [--threads N] [--ctx N] [--slots N] [--alias NAME]\n"
+            "  --model    a GGUF file, or `default` (Gemma 3 270M Q4_K_M, see the README)\n"
+            "  --host     address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --port     TCP port (default 8080; 0 picks a free one and prints it)\n"
+            "  --threads  forward-pass threads per request (default: online CPUs)\n"
+            "  --ctx      context per request, prompt + generated (default min(trained, 8192));\n"
+            "             longer prompts are refused with 400, never truncated\n"
+            "  --slots    requests computed at once (default 1); others wait in a queue\n"
+            "  --alias    model id reported by /v1/models (default: the model's name)\n"
+            "SIGTERM or SIGINT drains (requests in flight finish) and exits.\n");
+}
+
+int kvs_cmd_serve(int argc, char **argv) {
+    kvs_server_config cfg;
+    kvs_server_config_defaults(&cfg);
+    const char *model_spec = NULL;
+    long port = cfg.port, threads = sysconf(_SC_NPROCESSORS_ONLN), ctx = 0, slots = 1;
+    if (threads < 1) threads = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            serve_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--model")) {
+            if (!(model_spec = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--host")) {
+            if (!(cfg.host = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--alias")) {
+            if (!(cfg.alias = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--port")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 0, 65535, &port)) return 2;
+        } else if (!strcmp(a, "--threads")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1024, &threads)) return 2;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 24, &ctx)) return 2;
+        } else if (!strcmp(a, "--slots")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 256, &slots)) return 2;
+        } else {
+            fprintf(stderr, "kvsieve serve: unknown option '%s'\n", a);
+            serve_usage(stderr);
+            return 2;
+        }
+    }
+    if (!model_spec) {
+        fprintf(stderr, "kvsieve serve: --model is required (a GGUF path or `default`)\n");
+        serve_usage(stderr);
+        return 2;
+    }
+    cfg.port = (int)port;
+    cfg.threads = (int)threads;
+    cfg.n_ctx = (int)ctx;
+    cfg.slots = (int)slots;
+
+    /* Block the stop signals before any thread starts, so every thread
+     * inherits the mask and only sigwait below receives them. */
+    sigset_t stop_set;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGTERM);
+    sigaddset(&stop_set, SIGINT);
+    if (pthread_sigmask(SIG_BLOCK, &stop_set, NULL) != 0) {
+        fprintf(stderr, "kvsieve serve: cannot block SIGTERM/SIGINT\n");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not kill the server */
+
+    kvs_err err = {0};
+    char path[1024];
+    kvs_model *model = NULL;
+    kvs_server *srv = NULL;
+    int rc = 1;
+    if (kvs_model_resolve(model_spec, path, sizeof path, &err) != KVS_OK) {
+        fprintf(stderr, "kvsieve serve: %s\n", err.msg);
+        return 1;
+    }
+    kvs_model_opts mo = {(int)threads};
+    double t0 = kvs_now_ms();
+    if (kvs_model_load(path, &mo, &model, &err) != KVS_OK) {
+        fprintf(stderr, "kvsieve serve: %s\n", err.msg);
+        goto cleanup;
+    }
+    const kvs_model_info *info = kvs_model_get_info(model);
+    fprintf(stderr, "kvsieve serve: loaded %s (%s, %d layers, vocab %d) in %.0f ms\n", info->name, info->arch,
+            info->n_layers, info->n_vocab, kvs_now_ms() - t0);
+    if (kvs_server_start(model, &cfg, &srv, &err) != KVS_OK) {
+        fprintf(stderr, "kvsieve serve: %s\n", err.msg);
+        goto cleanup;
+    }
+    fprintf(stderr, "kvsieve serve: listening on http://%s:%d (slots %d, threads %ld)\n", cfg.host,
+            kvs_server_port(srv), cfg.slots, threads);
+    fflush(stderr);
+    int sig = 0;
+    if (sigwait(&stop_set, &sig) != 0) {
+        fprintf(stderr, "kvsieve serve: sigwait failed\n");
+        goto cleanup;
+    }
+    fprintf(stderr, "kvsieve serve: %s received, draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    kvs_server_stop(srv);
+    srv = NULL;
+    fprintf(stderr, "kvsieve serve: stopped\n");
+    rc = 0;
+cleanup:
+    kvs_server_stop(srv);
+    kvs_model_free(model);
+    return rc;
+}

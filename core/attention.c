@@ -1,0 +1,809 @@
+/*
+ * attention.c -- attention statistics of one layer in O(N) memory per head:
+ * the row log-sum-exp (kvs_attn_lse), the GQA-averaged column sums with
+ * optional row entropies (kvs_attn_colsum) and the entropies of the
+ * head-averaged attention, plain and MEDA cross-modal (kvs_attn_entropies).
+ *
+ * What it is: the CPU reference of these statistics, the dominant cost of
+ * H2O / LOOK-M / MEDA. Two-pass tiled log-sum-exp (spec/methods.md): pass 1
+ * (kvs_attn_lse) runs an online max / sum over key tiles, pass 2 (colsum,
+ * entropies) recomputes the logits tile by tile and accumulates
+ * p = exp(s - lse). A tile is tq query rows of every query head of one GQA
+ * group (stacked, so one K tile serves G heads) times TK keys; logits come
+ * from cblas_sgemm on fp32 rows (K converted once per call unless it is
+ * already fp32 with a usable stride), causal tiles beyond the last row's
+ * position are skipped, the diagonal tile is masked per row. The exp / log
+ * loops use GCC vector extensions (8 lanes) so they vectorise at -O2.
+ *
+ * Threads: pthreads pull work units from an atomic counter. Every result is
+ * independent of the thread count: the lse and entropy units own disjoint
+ * rows; colsum splits each KV head's rows into a FIXED number of slabs
+ * (depending on the shapes only) with one [N] double accumulator each,
+ * reduced in slab order at the end. OpenBLAS is set to one thread for the
+ * duration of a call and restored afterwards.
+ *
+ * Decisions (to be listed in docs/methods.md): for the cross-modal entropies "image"
+ * means the visual modalities KVS_MOD_IMAGE and KVS_MOD_VIDEO; audio rows and
+ * keys take part in neither E_TV nor E_VT. A row whose eligible keys exist
+ * but whose restricted mass underflows fp32 (sum of Abar over them == 0) is
+ * skipped like a row without eligible keys.
+ *
+ * What it is not: no CUDA (kernels/ has the device path), no method logic,
+ * no N x N buffer anywhere.
+ */
+#include "kvsieve.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    TQ = 64,      /* query rows per tile, per query head (G >= 3) */
+    TQ_MAX = 256, /* ... grown to 256 / G for G = 1, 2 so the GEMM has >= 128 rows */
+    TK = 256,  /* keys per tile (multiple of VL) */
+    NSLAB = 8, /* colsum: fixed row slabs per KV head (determinism) */
+    VL = 8     /* vector lanes */
+};
+
+/* Logit written into masked (non-causal or padding) tile entries: exp of it
+ * is exactly 0 and 0 * it is -0, so it never produces NaN. */
+#define MASKED (-1.0e30f)
+
+/* ------------------------------------------------------------------------ */
+/* 8-lane vector helpers (GCC vector extensions)                             */
+/* ------------------------------------------------------------------------ */
+
+/* 32-byte vectors are AVX registers with -march=x86-64-v3 (the Release
+ * flags); without AVX GCC lowers them to SSE pairs and warns that passing
+ * them between functions would change the ABI. These helpers are static and
+ * inlined, so there is no ABI to keep: silence that one warning here. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8f v8_load(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void v8_store(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+static inline v8f v8_set1(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
+static inline v8i v8i_set1(int32_t x) { return (v8i){x, x, x, x, x, x, x, x}; }
+/* m lanes are all-ones or zero: m ? a : b */
+static inline v8f v8_select(v8i m, v8f a, v8f b) {
+    return (v8f)(((v8i)a & m) | ((v8i)b & ~m));
+}
+static inline v8f v8_max(v8f a, v8f b) { return v8_select(a > b, a, b); }
+static inline double v8_hsum(v8f v) {
+    double s = 0.0;
+    for (int i = 0; i < VL; i++) s += (double)v[i];
+    return s;
+}
+static inline float v8_hmax(v8f v) {
+    float m = v[0];
+    for (int i = 1; i < VL; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+/* exp(x), relative error ~1e-7 for x in [-87, 88]; exactly 0 below -87.3,
+ * x clamped at 88 above. Range reduction x = n ln2 + r, |r| <= ln2/2, a
+ * degree-7 Taylor polynomial for exp(r), 2^n built in the exponent bits. */
+static inline v8f v8_exp(v8f x) {
+    const v8i under = x < v8_set1(-87.3f);
+    x = v8_select(x > v8_set1(88.0f), v8_set1(88.0f), x);
+    x = v8_select(under, v8_set1(-87.0f), x);
+    const v8f magic = v8_set1(12582912.0f); /* 1.5 * 2^23: rounds to an integer */
+    const v8f t = x * v8_set1(1.44269504088896341f) + magic;
+    const v8f n = t - magic;
+    v8f r = x - n * v8_set1(0.693145751953125f);
+    r = r - n * v8_set1(1.428606765330187045e-06f);
+    v8f p = v8_set1(1.0f / 5040.0f);
+    p = p * r + v8_set1(1.0f / 720.0f);
+    p = p * r + v8_set1(1.0f / 120.0f);
+    p = p * r + v8_set1(1.0f / 24.0f);
+    p = p * r + v8_set1(1.0f / 6.0f);
+    p = p * r + v8_set1(0.5f);
+    p = p * r + v8_set1(1.0f);
+    p = p * r + v8_set1(1.0f);
+    const v8i ni = (v8i)t - v8i_set1(0x4B400000); /* the integer n */
+    const v8f scale = (v8f)((ni + v8i_set1(127)) << 23);
+    return v8_select(under, v8_set1(0.0f), p * scale);
+}
+
+/* a * log(a) for a >= 0, 0 where a < 1e-37 (covers a == 0 and denormals).
+ * log via a = 2^e m, m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(u),
+ * u = (m-1)/(m+1), odd series to u^9 (|u| <= 0.172: error < 1e-9). */
+static inline v8f v8_xlogx(v8f a) {
+    const v8i tiny = a < v8_set1(1.0e-37f);
+    const v8f as = v8_select(tiny, v8_set1(1.0f), a);
+    const v8i bits = (v8i)as;
+    v8i e = ((bits >> 23) & v8i_set1(0xff)) - v8i_set1(127);
+    v8f m = (v8f)((bits & v8i_set1(0x007fffff)) | v8i_set1(0x3f800000));
+    const v8i big = m > v8_set1(1.41421356237f);
+    m = v8_select(big, m * v8_set1(0.5f), m);
+    e = e - big; /* big lanes are -1 */
+    const v8f u = (m - v8_set1(1.0f)) / (m + v8_set1(1.0f));
+    const v8f u2 = u * u;
+    v8f p = v8_set1(1.0f / 9.0f);
+    p = p * u2 + v8_set1(1.0f / 7.0f);
+    p = p * u2 + v8_set1(1.0f / 5.0f);
+    p = p * u2 + v8_set1(1.0f / 3.0f);
+    p = p * u2 + v8_set1(1.0f);
+    const v8f lg = __builtin_convertvector(e, v8f) * v8_set1(0.693147180559945309f) +
+                   v8_set1(2.0f) * u * p;
+    return v8_select(tiny, v8_set1(0.0f), as * lg);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Shared setup                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    const kvs_view *q;
+    int Hq, Hkv, G, Nq, N, d;
+    int off;     /* N - Nq: position of query row 0 */
+    int tq;      /* query rows per block and head: TQ, or 256 / G for small G */
+    int nb;      /* query row blocks of tq rows */
+    float scale; /* 1 / sqrt(d) */
+    const float *kf; /* K head g, token j: kf + g * kf_head + j * kf_tok */
+    int64_t kf_head, kf_tok;
+    float *kf_owned; /* [Hkv][N][d] fp32 copy when K is not usable as is */
+} attn_ctx;
+
+static int dtype_ok(kvs_dtype t) { return t == KVS_F32 || t == KVS_F16 || t == KVS_BF16; }
+
+static kvs_status check_view(const kvs_view *v, const char *fn, const char *what, kvs_err *err) {
+    if (!v->data)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: %s has no data%s", fn, what,
+                          what[0] == 'q' ? " (no queries recorded)" : "");
+    if (v->device != KVS_HOST)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "%s: %s is device memory; the CPU path needs host views (kernels/ has "
+                          "the CUDA path)", fn, what);
+    if (!dtype_ok(v->dtype))
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: %s has dtype %s (need F32, F16 or BF16)", fn,
+                          what, kvs_dtype_name(v->dtype));
+    if (v->n_heads < 1 || v->head_dim < 1 || v->n_tokens < 0)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: %s has shape [%d][%d][%d]", fn, what,
+                          v->n_heads, v->n_tokens, v->head_dim);
+    return KVS_OK;
+}
+
+/* wide: grow the row block for small G (lse, colsum); entropies keep TQ
+ * since one of its units holds the rows of all Hq heads. */
+static kvs_status ctx_init(attn_ctx *c, const kvs_view *q, const kvs_view *k, int wide,
+                           const char *fn, kvs_err *err) {
+    memset(c, 0, sizeof *c);
+    if (!q || !k) return kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL q or k view", fn);
+    kvs_status st = check_view(q, fn, "q", err);
+    if (st) return st;
+    st = check_view(k, fn, "k", err);
+    if (st) return st;
+    if (k->n_tokens < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: k has N = %d tokens (need >= 1)", fn,
+                          k->n_tokens);
+    if (q->head_dim != k->head_dim)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: head_dim of q (%d) and k (%d) differ", fn,
+                          q->head_dim, k->head_dim);
+    if (q->n_heads % k->n_heads != 0)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: Hq = %d query heads is not a multiple of Hkv = %d KV heads", fn,
+                          q->n_heads, k->n_heads);
+    if (q->n_tokens > k->n_tokens)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: Nq = %d queries exceed N = %d keys", fn,
+                          q->n_tokens, k->n_tokens);
+    c->q = q;
+    c->Hq = q->n_heads;
+    c->Hkv = k->n_heads;
+    c->G = c->Hq / c->Hkv;
+    c->Nq = q->n_tokens;
+    c->N = k->n_tokens;
+    c->d = k->head_dim;
+    c->off = c->N - c->Nq;
+    c->tq = wide && c->G < 3 ? TQ_MAX / c->G : TQ;
+    c->nb = (c->Nq + c->tq - 1) / c->tq;
+    c->scale = (float)(1.0 / sqrt((double)c->d));
+    if (k->dtype == KVS_F32 && k->s_tok >= k->head_dim && k->s_tok <= INT_MAX) {
+        c->kf = (const float *)k->data;
+        c->kf_head = k->s_head;
+        c->kf_tok = k->s_tok;
+        return KVS_OK;
+    }
+    const size_t nd = (size_t)c->N * (size_t)c->d;
+    c->kf_owned = malloc(sizeof(float) * nd * (size_t)c->Hkv); /* [Hkv][N][d] */
+    if (!c->kf_owned)
+        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for the fp32 keys (%d heads x %d x %d)",
+                          fn, c->Hkv, c->N, c->d);
+    for (int g = 0; g < c->Hkv; g++) kvs_view_rows_f32(k, g, 0, c->N, c->kf_owned + (size_t)g * nd);
+    c->kf = c->kf_owned;
+    c->kf_head = (int64_t)nd;
+    c->kf_tok = c->d;
+    return KVS_OK;
+}
+
+static void ctx_free(attn_ctx *c) {
+    free(c->kf_owned);
+    c->kf_owned = NULL;
+}
+
+/* Rows in query block b. */
+static inline int block_rows(const attn_ctx *c, int b) {
+    const int left = c->Nq - b * c->tq;
+    return left < c->tq ? left : c->tq;
+}
+
+/* Query rows [i0, i0+nr) of the G heads of group g, stacked: row hl*nr + r.
+ * dst is [G*nr][d]. */
+static void load_q_group(const attn_ctx *c, int g, int i0, int nr, float *dst) {
+    for (int hl = 0; hl < c->G; hl++)
+        kvs_view_rows_f32(c->q, g * c->G + hl, i0, nr, dst + (size_t)hl * nr * c->d);
+}
+
+/* s[M][TK] (row stride TK) = scale * qrows[M][d] . K[g][j0 .. j0+w)^T */
+static void tile_logits(const attn_ctx *c, const float *qrows, int M, int g, int j0, int w,
+                        float *s) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, w, c->d, c->scale, qrows, c->d,
+                c->kf + (int64_t)g * c->kf_head + (int64_t)j0 * c->kf_tok, (int)c->kf_tok, 0.0f,
+                s, TK);
+}
+
+/* Keys of the tile at j0 (width w) that row at position p may see. */
+static inline int valid_keys(int p, int j0, int w) {
+    int nv = p + 1 - j0;
+    return nv < 0 ? 0 : (nv > w ? w : nv);
+}
+
+/* Set s[nv .. wp) to MASKED; wp = w rounded up to VL (<= TK). */
+static inline void mask_tail(float *s, int nv, int wp) {
+    for (int j = nv; j < wp; j++) s[j] = MASKED;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Thread pool: workers pull unit indices from an atomic counter             */
+/* ------------------------------------------------------------------------ */
+
+typedef void (*unit_fn)(void *job, int tid, int unit);
+
+typedef struct {
+    void *job;
+    unit_fn fn;
+    int n_units;
+    atomic_int next;
+} pool_job;
+
+typedef struct {
+    pool_job *pj;
+    int tid;
+} pool_arg;
+
+static void *pool_worker(void *arg) {
+    pool_arg *a = arg;
+    for (;;) {
+        int u = atomic_fetch_add(&a->pj->next, 1);
+        if (u >= a->pj->n_units) break;
+        a->pj->fn(a->pj->job, a->tid, u);
+    }
+    return NULL;
+}
+
+/* Runs fn over units [0, n_units) on `threads` threads (the caller is thread
+ * 0). Scratch for each tid must exist before. */
+static kvs_status pool_run(void *job, unit_fn fn, int n_units, int threads, const char *fname,
+                           kvs_err *err) {
+    pool_job pj = {.job = job, .fn = fn, .n_units = n_units};
+    atomic_init(&pj.next, 0);
+    pthread_t tids[64];
+    pool_arg args[64];
+    assert(threads >= 1 && threads <= 64);
+    int started = 0, failed_at = -1;
+    for (int t = 1; t < threads; t++) {
+        args[t].pj = &pj;
+        args[t].tid = t;
+        if (pthread_create(&tids[t], NULL, pool_worker, &args[t]) != 0) {
+            failed_at = t;
+            break;
+        }
+        started = t;
+    }
+    args[0].pj = &pj;
+    args[0].tid = 0;
+    pool_worker(&args[0]);
+    for (int t = 1; t <= started; t++) pthread_join(tids[t], NULL);
+    if (failed_at >= 0)
+        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: could not start worker thread %d of %d", fname,
+                          failed_at, threads);
+    return KVS_OK;
+}
+
+static int clamp_threads(int threads, int n_units) {
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    if (n_units >= 1 && threads > n_units) threads = n_units;
+    return threads;
+}
+
+/* OpenBLAS runs single-threaded inside our calls (our own threads, and
+ * results that do not depend on its thread count); restored on exit. */
+static int blas_single_begin(void) {
+    int saved = openblas_get_num_threads();
+    if (saved != 1) openblas_set_num_threads(1);
+    return saved;
+}
+static void blas_single_end(int saved) {
+    if (saved != 1) openblas_set_num_threads(saved);
+}
+
+/* Per-thread scratch. */
+typedef struct {
+    float *qb;    /* [rows][d] query rows of the current unit */
+    float *s;     /* [G*tq][TK] logits / probabilities of one tile */
+    float *abar;  /* [tq][TK] head-averaged probabilities (entropies) */
+    double *acc;  /* [4][rows] per-row accumulators */
+} scratch;
+
+static void scratch_free(scratch *sc, int n) {
+    if (!sc) return;
+    for (int t = 0; t < n; t++) {
+        free(sc[t].qb);
+        free(sc[t].s);
+        free(sc[t].abar);
+        free(sc[t].acc);
+    }
+    free(sc);
+}
+
+/* q_rows: rows of queries held at once; s_rows: rows of the logit tile. */
+static scratch *scratch_alloc(int n, int q_rows, int s_rows, int d, int abar_rows) {
+    scratch *sc = calloc((size_t)n, sizeof *sc);
+    if (!sc) return NULL;
+    for (int t = 0; t < n; t++) {
+        sc[t].qb = malloc(sizeof(float) * (size_t)q_rows * (size_t)d);
+        sc[t].s = malloc(sizeof(float) * (size_t)s_rows * TK);
+        sc[t].acc = malloc(sizeof(double) * 4 * (size_t)q_rows);
+        if (abar_rows) sc[t].abar = malloc(sizeof(float) * (size_t)abar_rows * TK);
+        if (!sc[t].qb || !sc[t].s || !sc[t].acc || (abar_rows && !sc[t].abar)) {
+            scratch_free(sc, n);
+            return NULL;
+        }
+    }
+    return sc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pass 1: row log-sum-exp                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    const attn_ctx *c;
+    scratch *sc;
+    float *lse; /* [Hq][Nq] */
+} lse_job;
+
+static void lse_unit(void *jp, int tid, int u) {
+    lse_job *J = jp;
+    const attn_ctx *c = J->c;
+    scratch *sc = &J->sc[tid];
+    const int g = u / c->nb;
+    const int b = c->nb - 1 - u % c->nb; /* longest rows first */
+    const int i0 = b * c->tq, nr = block_rows(c, b), M = c->G * nr;
+    const int pmax = c->off + i0 + nr - 1;
+    double *m = sc->acc, *l = sc->acc + M; /* [M] running max, [M] running sum */
+    load_q_group(c, g, i0, nr, sc->qb);
+    for (int R = 0; R < M; R++) {
+        m[R] = -INFINITY;
+        l[R] = 0.0;
+    }
+    for (int j0 = 0; j0 <= pmax; j0 += TK) {
+        const int w = pmax + 1 - j0 < TK ? pmax + 1 - j0 : TK;
+        const int wp = (w + VL - 1) / VL * VL;
+        tile_logits(c, sc->qb, M, g, j0, w, sc->s);
+        for (int R = 0; R < M; R++) {
+            const int nv = valid_keys(c->off + i0 + R % nr, j0, w);
+            if (nv == 0) continue;
+            float *s = sc->s + (size_t)R * TK;
+            mask_tail(s, nv, wp);
+            v8f mx = v8_set1(MASKED);
+            for (int j = 0; j < wp; j += VL) mx = v8_max(mx, v8_load(s + j));
+            const float mt = v8_hmax(mx);
+            const float mn = (double)mt > m[R] ? mt : (float)m[R];
+            const v8f mb = v8_set1(mn);
+            v8f sum = v8_set1(0.0f);
+            for (int j = 0; j < wp; j += VL) sum += v8_exp(v8_load(s + j) - mb);
+            l[R] = l[R] * exp(m[R] - (double)mn) + v8_hsum(sum);
+            m[R] = mn;
+        }
+    }
+    for (int R = 0; R < M; R++) {
+        const int h = g * c->G + R / nr, r = R % nr;
+        J->lse[(size_t)h * c->Nq + i0 + r] = (float)(m[R] + log(l[R]));
+    }
+}
+
+kvs_status kvs_attn_lse(const kvs_view *q, const kvs_view *k, float *lse, int threads,
+                        kvs_err *err) {
+    static const char fn[] = "kvs_attn_lse";
+    attn_ctx c;
+    scratch *sc = NULL;
+    int nt = 0, blas = -1;
+    kvs_status st = ctx_init(&c, q, k, 1, fn, err);
+    if (st) goto cleanup;
+    if (!lse && c.Nq > 0) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL lse output", fn);
+        goto cleanup;
+    }
+    if (c.Nq == 0) goto cleanup;
+    const int n_units = c.Hkv * c.nb;
+    nt = clamp_threads(threads, n_units);
+    sc = scratch_alloc(nt, c.G * c.tq, c.G * c.tq, c.d, 0);
+    if (!sc) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for tile scratch (%d threads)", fn, nt);
+        goto cleanup;
+    }
+    blas = blas_single_begin();
+    lse_job J = {.c = &c, .sc = sc, .lse = lse};
+    st = pool_run(&J, lse_unit, n_units, nt, fn, err);
+    if (st) goto cleanup;
+    for (int h = 0; h < c.Hq; h++)
+        for (int i = 0; i < c.Nq; i++)
+            if (!isfinite(lse[(size_t)h * c.Nq + i])) {
+                st = kvs_errorf(err, KVS_ERR_NUMERIC,
+                                "%s: log-sum-exp of query head %d row %d is not finite (NaN or "
+                                "Inf in q or k?)", fn, h, i);
+                goto cleanup;
+            }
+cleanup:
+    if (blas >= 0) blas_single_end(blas);
+    scratch_free(sc, nt);
+    ctx_free(&c);
+    return st;
+}
+
+/* Checks the lse input of pass 2. */
+static kvs_status check_lse(const attn_ctx *c, const float *lse, const char *fn, kvs_err *err) {
+    if (!lse) return kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL lse (run kvs_attn_lse first)", fn);
+    for (int h = 0; h < c->Hq; h++)
+        for (int i = 0; i < c->Nq; i++)
+            if (!isfinite(lse[(size_t)h * c->Nq + i]))
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "%s: lse of query head %d row %d is not finite", fn, h, i);
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pass 2a: column sums (+ row entropies)                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    const attn_ctx *c;
+    scratch *sc;
+    const float *lse; /* [Hq][Nq] */
+    float *row_entropy; /* [Hq][Nq] or NULL */
+    int n_slab;
+    int slab_b0[NSLAB + 1]; /* slab s covers row blocks [slab_b0[s], slab_b0[s+1]) */
+    double *acc;            /* [Hkv][n_slab][N] */
+} colsum_job;
+
+static void colsum_unit(void *jp, int tid, int u) {
+    colsum_job *J = jp;
+    const attn_ctx *c = J->c;
+    scratch *sc = &J->sc[tid];
+    const int g = u / J->n_slab, sl = u % J->n_slab;
+    double *acc = J->acc + ((size_t)g * J->n_slab + sl) * c->N; /* [N] */
+    double *ps = sc->acc;                      /* [M] sum_j p s */
+    double *lrow = sc->acc + (size_t)c->G * c->tq; /* [M] lse of the rows */
+    const int ent = J->row_entropy != NULL;
+    for (int b = J->slab_b0[sl]; b < J->slab_b0[sl + 1]; b++) {
+        const int i0 = b * c->tq, nr = block_rows(c, b), M = c->G * nr;
+        const int pmax = c->off + i0 + nr - 1;
+        load_q_group(c, g, i0, nr, sc->qb);
+        for (int R = 0; R < M; R++) {
+            lrow[R] = J->lse[(size_t)(g * c->G + R / nr) * c->Nq + i0 + R % nr];
+            ps[R] = 0.0;
+        }
+        for (int j0 = 0; j0 <= pmax; j0 += TK) {
+            const int w = pmax + 1 - j0 < TK ? pmax + 1 - j0 : TK;
+            const int wp = (w + VL - 1) / VL * VL;
+            v8f col[TK / VL];
+            for (int v = 0; v < wp / VL; v++) col[v] = v8_set1(0.0f);
+            tile_logits(c, sc->qb, M, g, j0, w, sc->s);
+            for (int R = 0; R < M; R++) {
+                const int nv = valid_keys(c->off + i0 + R % nr, j0, w);
+                if (nv == 0) continue;
+                float *s = sc->s + (size_t)R * TK;
+                mask_tail(s, nv, wp);
+                const v8f lb = v8_set1((float)lrow[R]);
+                if (ent) {
+                    v8f sp = v8_set1(0.0f);
+                    for (int j = 0, v = 0; j < wp; j += VL, v++) {
+                        const v8f sv = v8_load(s + j);
+                        const v8f p = v8_exp(sv - lb);
+                        col[v] += p;
+                        sp += p * sv;
+                    }
+                    ps[R] += v8_hsum(sp);
+                } else {
+                    for (int j = 0, v = 0; j < wp; j += VL, v++) col[v] += v8_exp(v8_load(s + j) - lb);
+                }
+            }
+            for (int v = 0; v < wp / VL; v++)
+                for (int x = 0; x < VL && v * VL + x < w; x++) acc[j0 + v * VL + x] += (double)col[v][x];
+        }
+        if (ent)
+            for (int R = 0; R < M; R++) {
+                const int h = g * c->G + R / nr;
+                J->row_entropy[(size_t)h * c->Nq + i0 + R % nr] = (float)(lrow[R] - ps[R]);
+            }
+    }
+}
+
+/* Fixed partition of the row blocks into n_slab slabs of about equal causal
+ * work (depends on the shapes only, never on the thread count). */
+static int make_slabs(const attn_ctx *c, int *b0) {
+    const int ns = c->nb < NSLAB ? c->nb : NSLAB;
+    double total = 0.0;
+    for (int b = 0; b < c->nb; b++) {
+        const int nr = block_rows(c, b);
+        total += (double)nr * (double)(c->off + b * c->tq + nr);
+    }
+    double cum = 0.0;
+    int s = 1;
+    b0[0] = 0;
+    for (int b = 0; b < c->nb && s < ns; b++) {
+        const int nr = block_rows(c, b);
+        cum += (double)nr * (double)(c->off + b * c->tq + nr);
+        /* close slab s-1 after block b once its share is reached, keeping
+         * at least one block for each remaining slab */
+        const int left = c->nb - (b + 1);
+        if ((cum >= total * s / ns && left >= ns - s) || left == ns - s) b0[s++] = b + 1;
+    }
+    assert(s == ns);
+    b0[ns] = c->nb;
+    for (int i = 0; i < ns; i++) assert(b0[i] < b0[i + 1]);
+    return ns;
+}
+
+kvs_status kvs_attn_colsum(const kvs_view *q, const kvs_view *k, const float *lse,
+                           float *colsum, float *row_entropy, int threads, kvs_err *err) {
+    static const char fn[] = "kvs_attn_colsum";
+    attn_ctx c;
+    scratch *sc = NULL;
+    int nt = 0, blas = -1;
+    colsum_job J;
+    memset(&J, 0, sizeof J);
+    kvs_status st = ctx_init(&c, q, k, 1, fn, err);
+    if (st) goto cleanup;
+    if (!colsum) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL colsum output", fn);
+        goto cleanup;
+    }
+    memset(colsum, 0, sizeof(float) * (size_t)c.Hkv * (size_t)c.N);
+    if (c.Nq == 0) goto cleanup;
+    st = check_lse(&c, lse, fn, err);
+    if (st) goto cleanup;
+    J.c = &c;
+    J.lse = lse;
+    J.row_entropy = row_entropy;
+    J.n_slab = make_slabs(&c, J.slab_b0);
+    J.acc = calloc((size_t)c.Hkv * (size_t)J.n_slab * (size_t)c.N, sizeof(double));
+    const int n_units = c.Hkv * J.n_slab;
+    nt = clamp_threads(threads, n_units);
+    sc = scratch_alloc(nt, c.G * c.tq, c.G * c.tq, c.d, 0);
+    if (!J.acc || !sc) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for accumulators (%d x %d x %d)", fn,
+                        c.Hkv, J.n_slab, c.N);
+        goto cleanup;
+    }
+    J.sc = sc;
+    blas = blas_single_begin();
+    st = pool_run(&J, colsum_unit, n_units, nt, fn, err);
+    if (st) goto cleanup;
+    const double inv_g = 1.0 / c.G;
+    for (int g = 0; g < c.Hkv; g++)
+        for (int j = 0; j < c.N; j++) {
+            double s = 0.0;
+            for (int sl = 0; sl < J.n_slab; sl++) s += J.acc[((size_t)g * J.n_slab + sl) * c.N + j];
+            colsum[(size_t)g * c.N + j] = (float)(s * inv_g);
+        }
+cleanup:
+    if (blas >= 0) blas_single_end(blas);
+    scratch_free(sc, nt);
+    free(J.acc);
+    ctx_free(&c);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pass 2b: entropies of the head-averaged attention                         */
+/* ------------------------------------------------------------------------ */
+
+enum { ROW_NONE = 0, ROW_TV = 1, ROW_VT = 2 };
+
+static int is_visual(uint8_t m) { return m == KVS_MOD_IMAGE || m == KVS_MOD_VIDEO; }
+
+typedef struct {
+    const attn_ctx *c;
+    scratch *sc;
+    const float *lse;         /* [Hq][Nq] */
+    const uint8_t *modality;  /* [N] or NULL */
+    const int32_t *n_vis;     /* [N+1] prefix counts of visual keys, or NULL */
+    const int32_t *n_txt;     /* [N+1] prefix counts of text keys, or NULL */
+    double *h_plain;          /* [Nq] entropy of Abar row */
+    double *h_x;              /* [Nq] restricted entropy (when kind != NONE) */
+    int8_t *kind;             /* [Nq] ROW_* */
+} ent_job;
+
+static void ent_unit(void *jp, int tid, int u) {
+    ent_job *J = jp;
+    const attn_ctx *c = J->c;
+    scratch *sc = &J->sc[tid];
+    const int b = c->nb - 1 - u;
+    const int i0 = b * c->tq, nr = block_rows(c, b), GM = c->G * nr;
+    const int pmax = c->off + i0 + nr - 1;
+    double *zp = sc->acc, *tp = zp + nr, *zx = tp + nr, *tx = zx + nr; /* [nr] each */
+    int8_t kind[TQ_MAX];
+    for (int r = 0; r < nr; r++) {
+        zp[r] = tp[r] = zx[r] = tx[r] = 0.0;
+        kind[r] = ROW_NONE;
+        if (J->modality) {
+            const int p = c->off + i0 + r;
+            const uint8_t qm = J->modality[p];
+            if (qm == KVS_MOD_TEXT && J->n_vis[p + 1] > 0) kind[r] = ROW_TV;
+            if (is_visual(qm) && J->n_txt[p + 1] > 0) kind[r] = ROW_VT;
+        }
+    }
+    /* all Hq heads: group g's rows start at g * G * nr; [Hq*nr][d] */
+    for (int g = 0; g < c->Hkv; g++) load_q_group(c, g, i0, nr, sc->qb + (size_t)g * GM * c->d);
+    const v8f inv_hq = v8_set1((float)(1.0 / c->Hq));
+    float kmv[TK], kmt[TK]; /* eligibility masks of the tile's keys: visual, text */
+    for (int j0 = 0; j0 <= pmax; j0 += TK) {
+        const int w = pmax + 1 - j0 < TK ? pmax + 1 - j0 : TK;
+        const int wp = (w + VL - 1) / VL * VL;
+        for (size_t x = 0; x < (size_t)nr * TK; x++) sc->abar[x] = 0.0f;
+        for (int g = 0; g < c->Hkv; g++) {
+            tile_logits(c, sc->qb + (size_t)g * GM * c->d, GM, g, j0, w, sc->s);
+            for (int R = 0; R < GM; R++) {
+                const int r = R % nr, h = g * c->G + R / nr;
+                const int nv = valid_keys(c->off + i0 + r, j0, w);
+                if (nv == 0) continue;
+                float *s = sc->s + (size_t)R * TK, *a = sc->abar + (size_t)r * TK;
+                mask_tail(s, nv, wp);
+                const v8f lb = v8_set1(J->lse[(size_t)h * c->Nq + i0 + r]);
+                for (int j = 0; j < wp; j += VL) v8_store(a + j, v8_load(a + j) + v8_exp(v8_load(s + j) - lb));
+            }
+        }
+        if (J->modality) {
+            for (int j = 0; j < wp; j++) {
+                const int ok = j < w;
+                kmv[j] = ok && is_visual(J->modality[j0 + j]) ? 1.0f : 0.0f;
+                kmt[j] = ok && J->modality[j0 + j] == KVS_MOD_TEXT ? 1.0f : 0.0f;
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            if (valid_keys(c->off + i0 + r, j0, w) == 0) continue;
+            const float *a = sc->abar + (size_t)r * TK;
+            const float *km = kind[r] == ROW_TV ? kmv : kmt;
+            v8f vz = v8_set1(0.0f), vt = vz, vzx = vz, vtx = vz;
+            for (int j = 0; j < wp; j += VL) {
+                const v8f av = v8_load(a + j) * inv_hq;
+                const v8f t = v8_xlogx(av);
+                vz += av;
+                vt += t;
+                if (kind[r] != ROW_NONE) {
+                    const v8f mk = v8_load(km + j);
+                    vzx += av * mk;
+                    vtx += t * mk;
+                }
+            }
+            zp[r] += v8_hsum(vz);
+            tp[r] += v8_hsum(vt);
+            if (kind[r] != ROW_NONE) {
+                zx[r] += v8_hsum(vzx);
+                tx[r] += v8_hsum(vtx);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        /* entropy of a / Z: log Z - (sum a log a) / Z */
+        J->h_plain[i0 + r] = log(zp[r]) - tp[r] / zp[r];
+        int8_t k = kind[r];
+        if (k != ROW_NONE && !(zx[r] > 0.0)) k = ROW_NONE; /* restricted mass underflowed */
+        J->kind[i0 + r] = k;
+        J->h_x[i0 + r] = k != ROW_NONE ? log(zx[r]) - tx[r] / zx[r] : 0.0;
+    }
+}
+
+kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float *lse,
+                              const uint8_t *modality, kvs_entropy_stats *out, int threads,
+                              kvs_err *err) {
+    static const char fn[] = "kvs_attn_entropies";
+    attn_ctx c;
+    scratch *sc = NULL;
+    int nt = 0, blas = -1;
+    ent_job J;
+    memset(&J, 0, sizeof J);
+    int32_t *nvis = NULL, *ntxt = NULL;
+    kvs_status st = ctx_init(&c, q, k, 0, fn, err);
+    if (st) goto cleanup;
+    if (!out) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL output", fn);
+        goto cleanup;
+    }
+    memset(out, 0, sizeof *out);
+    if (c.Nq == 0) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: no query rows (Nq = 0): mean entropy undefined",
+                        fn);
+        goto cleanup;
+    }
+    st = check_lse(&c, lse, fn, err);
+    if (st) goto cleanup;
+    if (modality) {
+        nvis = malloc(sizeof(int32_t) * ((size_t)c.N + 1)); /* [N+1] */
+        ntxt = malloc(sizeof(int32_t) * ((size_t)c.N + 1)); /* [N+1] */
+        if (!nvis || !ntxt) {
+            st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for modality counts (N = %d)", fn,
+                            c.N);
+            goto cleanup;
+        }
+        nvis[0] = ntxt[0] = 0;
+        for (int j = 0; j < c.N; j++) {
+            if (modality[j] > KVS_MOD_AUDIO) {
+                st = kvs_errorf(err, KVS_ERR_INVALID, "%s: modality of token %d is %d (not a KVS_MOD_*)",
+                                fn, j, (int)modality[j]);
+                goto cleanup;
+            }
+            nvis[j + 1] = nvis[j] + (is_visual(modality[j]) ? 1 : 0);
+            ntxt[j + 1] = ntxt[j] + (modality[j] == KVS_MOD_TEXT ? 1 : 0);
+        }
+    }
+    J.c = &c;
+    J.lse = lse;
+    J.modality = modality;
+    J.n_vis = nvis;
+    J.n_txt = ntxt;
+    J.h_plain = malloc(sizeof(double) * (size_t)c.Nq); /* [Nq] */
+    J.h_x = malloc(sizeof(double) * (size_t)c.Nq);     /* [Nq] */
+    J.kind = malloc((size_t)c.Nq);                     /* [Nq] */
+    nt = clamp_threads(threads, c.nb);
+    sc = scratch_alloc(nt, c.Hq * c.tq, c.G * c.tq, c.d, c.tq);
+    if (!J.h_plain || !J.h_x || !J.kind || !sc) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for row statistics (Nq = %d)", fn, c.Nq);
+        goto cleanup;
+    }
+    J.sc = sc;
+    blas = blas_single_begin();
+    st = pool_run(&J, ent_unit, c.nb, nt, fn, err);
+    if (st) goto cleanup;
+    double sp = 0.0, stv = 0.0, svt = 0.0;
+    for (int i = 0; i < c.Nq; i++) {
+        sp += J.h_plain[i];
+        if (J.kind[i] == ROW_TV) {
+            stv += J.h_x[i];
+            out->n_tv++;
+        } else if (J.kind[i] == ROW_VT) {
+            svt += J.h_x[i];
+            out->n_vt++;
+        }
+    }
+    out->plain = sp / c.Nq;
+    out->e_tv = out->n_tv ? stv / (double)out->n_tv : 0.0;
+    out->e_vt = out->n_vt ? svt / (double)out->n_vt : 0.0;
+    if (!isfinite(out->plain) || !isfinite(out->e_tv) || !isfinite(out->e_vt))
+        st = kvs_errorf(err, KVS_ERR_NUMERIC, "%s: entropy is not finite (NaN or Inf in q or k?)", fn);
+cleanup:
+    if (blas >= 0) blas_single_end(blas);
+    scratch_free(sc, nt);
+    free(J.h_plain);
+    free(J.h_x);
+    free(J.kind);
+    free(nvis);
+    free(ntxt);
+    ctx_free(&c);
+    return st;
+}

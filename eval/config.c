@@ -1,0 +1,1417 @@
+/*
+ * config.c -- Lua experiment configs: a sandboxed Lua 5.4 state per file,
+ * the helpers a config may call, and validation into kvs_experiment.
+ *
+ * What it is: the Lua side only collects tables (experiment{...},
+ * synthetic{...}, niah{...}, shape{...}, backend{...}); all checking happens
+ * afterwards in plain C, so every error is a kvs_err naming file:line and
+ * the field. A field's line is found by scanning the config text for the
+ * key from the line of the call that holds it.
+ * What it is not: no grid expansion (grid.c), no running (runner.c).
+ *
+ * Sandbox: base library without dofile/loadfile (load is text-only),
+ * string, table, math, utf8, coroutine; os has only clock/date/time/
+ * difftime; io has only open, read-only, for files below the config's folder.
+ * No package library, so no require and no C modules.
+ */
+#define _XOPEN_SOURCE 700 /* realpath */
+#include "kvs_eval.h"
+#include "kvs_formats.h"
+
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <lauxlib.h>
+#include <limits.h>
+#include <lua.h>
+#include <lualib.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *kvs_exp_kind_name(kvs_exp_kind k) {
+    switch (k) {
+    case KVS_KIND_FIDELITY: return "fidelity";
+    case KVS_KIND_OVERHEAD: return "overhead";
+    case KVS_KIND_TASK: return "task";
+    }
+    return "?";
+}
+
+/* ---- sandbox ------------------------------------------------------------- */
+
+#define REG_LIST "kvsieve.experiments"
+
+/* Record the caller's line in t.__line and a helper tag in t.__helper. */
+static void tag_table(lua_State *L, const char *helper) {
+    lua_Debug ar;
+    int line = 0;
+    if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "l", &ar)) line = ar.currentline;
+    lua_pushinteger(L, line);
+    lua_setfield(L, 1, "__line");
+    lua_pushstring(L, helper);
+    lua_setfield(L, 1, "__helper");
+}
+
+static int l_experiment(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+    tag_table(L, "experiment");
+    lua_getfield(L, LUA_REGISTRYINDEX, REG_LIST);
+    lua_Integer n = luaL_len(L, -1);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, n + 1);
+    lua_pop(L, 1);
+    return 1;
+}
+
+static int l_helper(lua_State *L) {
+    const char *name = lua_tostring(L, lua_upvalueindex(1));
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+    tag_table(L, name);
+    return 1;
+}
+
+/* io.open(path [, "r"|"rb"]) for files below the config's folder only. */
+static int l_io_open(lua_State *L) {
+    const char *dir = lua_tostring(L, lua_upvalueindex(2));
+    const char *path = luaL_checkstring(L, 1);
+    const char *mode = luaL_optstring(L, 2, "r");
+    if (strcmp(mode, "r") != 0 && strcmp(mode, "rb") != 0)
+        return luaL_error(L, "io.open: mode '%s' not allowed in a config (read-only: \"r\" or \"rb\")",
+                          mode);
+    char full[PATH_MAX * 2], real[PATH_MAX];
+    if (path[0] == '/')
+        snprintf(full, sizeof full, "%s", path);
+    else
+        snprintf(full, sizeof full, "%s/%s", dir, path);
+    if (!realpath(full, real)) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: %s", path, strerror(errno));
+        lua_pushinteger(L, errno);
+        return 3;
+    }
+    size_t ld = strlen(dir);
+    if (strncmp(real, dir, ld) != 0 || (real[ld] != '/' && real[ld] != '\0'))
+        return luaL_error(L, "io.open: '%s' is outside the config's folder %s (configs may only read "
+                          "files below it)", path, dir);
+    int top = lua_gettop(L);
+    lua_pushvalue(L, lua_upvalueindex(1)); /* the real io.open */
+    lua_pushstring(L, real);
+    lua_pushstring(L, mode);
+    lua_call(L, 2, LUA_MULTRET);
+    return lua_gettop(L) - top;
+}
+
+/* load(chunk [, name [, mode [, env]]]) restricted to text chunks. */
+static int l_load(lua_State *L) {
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    const char *name = luaL_optstring(L, 2, "=(load)");
+    int env = !lua_isnone(L, 4) ? 4 : 0;
+    if (luaL_loadbufferx(L, s, len, name, "t") != LUA_OK) {
+        lua_pushnil(L);
+        lua_insert(L, -2);
+        return 2;
+    }
+    if (env) {
+        lua_pushvalue(L, env);
+        if (!lua_setupvalue(L, -2, 1)) lua_pop(L, 1);
+    }
+    return 1;
+}
+
+static void open_sandbox(lua_State *L, const char *dir) {
+    luaL_requiref(L, "_G", luaopen_base, 1);
+    luaL_requiref(L, "string", luaopen_string, 1);
+    luaL_requiref(L, "table", luaopen_table, 1);
+    luaL_requiref(L, "math", luaopen_math, 1);
+    luaL_requiref(L, "utf8", luaopen_utf8, 1);
+    luaL_requiref(L, "coroutine", luaopen_coroutine, 1);
+    lua_pop(L, 6);
+    /* os and io: load privately, expose a safe subset. */
+    luaL_requiref(L, "os", luaopen_os, 0);
+    lua_newtable(L);
+    static const char *const os_keep[] = {"clock", "date", "time", "difftime"};
+    for (size_t i = 0; i < sizeof os_keep / sizeof os_keep[0]; i++) {
+        lua_getfield(L, -2, os_keep[i]);
+        lua_setfield(L, -2, os_keep[i]);
+    }
+    lua_setglobal(L, "os");
+    lua_pop(L, 1);
+    luaL_requiref(L, "io", luaopen_io, 0);
+    lua_newtable(L);
+    lua_getfield(L, -2, "open");
+    lua_pushstring(L, dir);
+    lua_pushcclosure(L, l_io_open, 2);
+    lua_setfield(L, -2, "open");
+    lua_setglobal(L, "io");
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    lua_setglobal(L, "dofile");
+    lua_pushnil(L);
+    lua_setglobal(L, "loadfile");
+    lua_pushcfunction(L, l_load);
+    lua_setglobal(L, "load");
+    /* the experiment API */
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, REG_LIST);
+    lua_pushcfunction(L, l_experiment);
+    lua_setglobal(L, "experiment");
+    static const char *const helpers[] = {"synthetic", "niah", "shape", "backend"};
+    for (size_t i = 0; i < sizeof helpers / sizeof helpers[0]; i++) {
+        lua_pushstring(L, helpers[i]);
+        lua_pushcclosure(L, l_helper, 1);
+        lua_setglobal(L, helpers[i]);
+    }
+}
+
+/* ---- validation context ---------------------------------------------------- */
+
+typedef struct {
+    lua_State *L;
+    const char *path, *text;
+    const char *const *overrides;
+    int n_overrides;
+    kvs_err *err;
+} vctx;
+
+/* Line of `key` (as `key =`) at or after line `from`; 0 if not found. */
+static int find_key(const char *text, int from, const char *key, int *col_line, const char **pos) {
+    const char *p = text;
+    int line = 1;
+    size_t kl = strlen(key);
+    while (*p && line < from) {
+        if (*p == '\n') line++;
+        p++;
+    }
+    if (*pos && *pos > p) { /* continue after the previous key */
+        for (const char *q = p; q < *pos; q++)
+            if (*q == '\n') line++;
+        p = *pos;
+    }
+    for (; *p; p++) {
+        if (*p == '\n') {
+            line++;
+            continue;
+        }
+        if (*p == '-' && p[1] == '-') { /* comment: skip to end of line */
+            while (p[1] && p[1] != '\n') p++;
+            continue;
+        }
+        if (strncmp(p, key, kl) != 0) continue;
+        if (p > text && (isalnum((unsigned char)p[-1]) || p[-1] == '_' || p[-1] == '.')) continue;
+        const char *q = p + kl;
+        if (isalnum((unsigned char)*q) || *q == '_') continue;
+        while (*q == ' ' || *q == '\t') q++;
+        if (*q != '=' || q[1] == '=') continue;
+        *col_line = line;
+        *pos = q;
+        return line;
+    }
+    return 0;
+}
+
+/* The line to report for a field path ("params.flashcache.gamma[2]") of a
+ * table whose call is at base_line. */
+static int field_line(const vctx *v, int base_line, const char *field) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", field);
+    int line = base_line, l;
+    const char *pos = NULL;
+    for (char *tok = strtok(buf, "."); tok; tok = strtok(NULL, ".")) {
+        tok[strcspn(tok, "[")] = '\0';
+        if (!*tok) continue;
+        if (!find_key(v->text, line, tok, &l, &pos)) break;
+        line = l;
+    }
+    return line;
+}
+
+/* The -D override that set a field, or NULL. */
+static const char *override_for(const vctx *v, const char *field) {
+    for (int i = 0; i < v->n_overrides; i++) {
+        const char *o = v->overrides[i];
+        size_t kl = strcspn(o, "=");
+        if (strncmp(field, o, kl) == 0 && (field[kl] == '\0' || field[kl] == '.' || field[kl] == '['))
+            return o;
+    }
+    return NULL;
+}
+
+/* Error at a field of a table called at base_line. */
+static kvs_status ferr(const vctx *v, int base_line, const char *field, kvs_status code,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static kvs_status ferr(const vctx *v, int base_line, const char *field, kvs_status code,
+                       const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *o = field ? override_for(v, field) : NULL;
+    if (o)
+        return kvs_errorf(v->err, code, "-D %s: %s: %s", o, field, msg);
+    int line = field ? field_line(v, base_line, field) : base_line;
+    if (field)
+        return kvs_errorf(v->err, code, "%s:%d: %s: %s", v->path, line, field, msg);
+    return kvs_errorf(v->err, code, "%s:%d: %s", v->path, line, msg);
+}
+
+static int edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int prev[64], cur[64];
+    for (int j = 0; j <= lb; j++) prev[j] = j;
+    for (int i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int c = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            if (prev[j] + 1 < c) c = prev[j] + 1;
+            if (cur[j - 1] + 1 < c) c = cur[j - 1] + 1;
+            cur[j] = c;
+        }
+        memcpy(prev, cur, sizeof(int) * (size_t)(lb + 1));
+    }
+    return prev[lb];
+}
+
+/* Every key of the table at idx must be in allowed[] (keys "__*" are ours). */
+static kvs_status check_keys(const vctx *v, int idx, int base_line, const char *prefix,
+                             const char *const *allowed) {
+    lua_State *L = v->L;
+    idx = lua_absindex(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            char where[160];
+            snprintf(where, sizeof where, "%s", prefix[0] ? prefix : "experiment");
+            kvs_status rc = lua_type(L, -1) == LUA_TNUMBER
+                                ? ferr(v, base_line, NULL, KVS_ERR_INVALID,
+                                       "%s: positional value [%g] not allowed; write name = value",
+                                       where, lua_tonumber(L, -1))
+                                : ferr(v, base_line, NULL, KVS_ERR_INVALID,
+                                       "%s: keys must be names", where);
+            lua_pop(L, 1);
+            return rc;
+        }
+        const char *k = lua_tostring(L, -1);
+        if (strncmp(k, "__", 2) == 0) continue;
+        int ok = 0, bestd = 4;
+        const char *best = NULL;
+        char known[512] = "";
+        for (int i = 0; allowed[i]; i++) {
+            if (strcmp(allowed[i], k) == 0) ok = 1;
+            int d = edit_distance(k, allowed[i]);
+            if (d < bestd) bestd = d, best = allowed[i];
+            if (i) strncat(known, ", ", sizeof known - strlen(known) - 1);
+            strncat(known, allowed[i], sizeof known - strlen(known) - 1);
+        }
+        if (!ok) {
+            char field[200];
+            snprintf(field, sizeof field, "%s%s", prefix, k);
+            kvs_status rc =
+                best ? ferr(v, base_line, field, KVS_ERR_INVALID,
+                            "unknown key '%s' (did you mean '%s'?); allowed: %s", k, best, known)
+                     : ferr(v, base_line, field, KVS_ERR_INVALID, "unknown key '%s'; allowed: %s", k,
+                            known);
+            lua_pop(L, 1);
+            return rc;
+        }
+    }
+    return KVS_OK;
+}
+
+static int table_line(lua_State *L, int idx, int dflt) {
+    lua_getfield(L, idx, "__line");
+    int line = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : dflt;
+    lua_pop(L, 1);
+    return line;
+}
+
+static const char *type_name(lua_State *L, int idx) { return luaL_typename(L, idx); }
+
+/* Value at idx as a list: returns its length, or 1 when it is a scalar
+ * (then element 1 is the value itself). Pushes nothing. */
+static int list_len(lua_State *L, int idx, int *is_list) {
+    if (lua_type(L, idx) == LUA_TTABLE) {
+        lua_getfield(L, idx, "__helper");
+        int helper = !lua_isnil(L, -1);
+        lua_pop(L, 1);
+        if (!helper) {
+            *is_list = 1;
+            return (int)lua_rawlen(L, idx);
+        }
+    }
+    *is_list = 0;
+    return 1;
+}
+
+/* Push element i (1-based) of a list-or-scalar at idx. */
+static void list_get(lua_State *L, int idx, int is_list, int i) {
+    if (is_list)
+        lua_rawgeti(L, idx, i);
+    else
+        lua_pushvalue(L, idx);
+}
+
+static void elem_name(char *out, size_t n, const char *field, int is_list, int i) {
+    if (is_list)
+        snprintf(out, n, "%s[%d]", field, i);
+    else
+        snprintf(out, n, "%s", field);
+}
+
+/* A list that is a table must be a proper sequence. */
+static kvs_status check_sequence(const vctx *v, int idx, int base_line, const char *field) {
+    lua_State *L = v->L;
+    idx = lua_absindex(L, idx);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1 || lua_tointeger(L, -1) > n) {
+            lua_pop(L, 1);
+            return ferr(v, base_line, field, KVS_ERR_INVALID,
+                        "expected a list ({a, b, ...}), found a table with named keys");
+        }
+    }
+    if (n == 0) return ferr(v, base_line, field, KVS_ERR_INVALID, "empty list");
+    return KVS_OK;
+}
+
+/* Integers: a number or a list of numbers, each in [lo, hi]. */
+static kvs_status get_ints(const vctx *v, int t, int base_line, const char *key, const char *field,
+                           int64_t lo, int64_t hi, int required, int64_t dflt, int64_t **out,
+                           int *n_out) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    lua_getfield(L, t, key);
+    int idx = lua_gettop(L);
+    if (lua_isnil(L, idx)) {
+        lua_pop(L, 1);
+        if (required) return ferr(v, base_line, NULL, KVS_ERR_INVALID, "%s: missing (required)", field);
+        *out = malloc(sizeof **out);
+        if (!*out) return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+        (*out)[0] = dflt;
+        *n_out = 1;
+        return KVS_OK;
+    }
+    int is_list, n = list_len(L, idx, &is_list);
+    if (is_list && (rc = check_sequence(v, idx, base_line, field))) goto done;
+    *out = malloc(sizeof **out * (size_t)n);
+    if (!*out) {
+        rc = kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    *n_out = n;
+    for (int i = 1; i <= n; i++) {
+        char name[200];
+        elem_name(name, sizeof name, field, is_list, i);
+        list_get(L, idx, is_list, i);
+        if (!lua_isinteger(L, -1)) {
+            double d = lua_tonumber(L, -1);
+            int isnum = lua_type(L, -1) == LUA_TNUMBER;
+            rc = isnum ? ferr(v, base_line, name, KVS_ERR_INVALID,
+                              "expected a whole number in [%lld, %lld], got %g", (long long)lo,
+                              (long long)hi, d)
+                       : ferr(v, base_line, name, KVS_ERR_INVALID,
+                              "expected a whole number in [%lld, %lld], got a %s", (long long)lo,
+                              (long long)hi, type_name(L, -1));
+            lua_pop(L, 1);
+            goto done;
+        }
+        int64_t x = (int64_t)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        if (x < lo || x > hi) {
+            rc = ferr(v, base_line, name, KVS_ERR_INVALID, "%lld out of range [%lld, %lld]",
+                      (long long)x, (long long)lo, (long long)hi);
+            goto done;
+        }
+        (*out)[i - 1] = x;
+    }
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
+static kvs_status get_int(const vctx *v, int t, int base_line, const char *key, const char *field,
+                          int64_t lo, int64_t hi, int64_t dflt, int64_t *out) {
+    lua_State *L = v->L;
+    lua_getfield(L, t, key);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        *out = dflt;
+        return KVS_OK;
+    }
+    if (!lua_isinteger(L, -1)) {
+        kvs_status rc = ferr(v, base_line, field, KVS_ERR_INVALID,
+                             "expected a whole number in [%lld, %lld], got %s", (long long)lo,
+                             (long long)hi,
+                             lua_type(L, -1) == LUA_TNUMBER ? "a fraction" : type_name(L, -1));
+        lua_pop(L, 1);
+        return rc;
+    }
+    *out = (int64_t)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    if (*out < lo || *out > hi)
+        return ferr(v, base_line, field, KVS_ERR_INVALID, "%lld out of range [%lld, %lld]",
+                    (long long)*out, (long long)lo, (long long)hi);
+    return KVS_OK;
+}
+
+static kvs_status get_double(const vctx *v, int t, int base_line, const char *key, const char *field,
+                             double lo, double hi, double dflt, double *out) {
+    lua_State *L = v->L;
+    lua_getfield(L, t, key);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        *out = dflt;
+        return KVS_OK;
+    }
+    if (lua_type(L, -1) != LUA_TNUMBER) {
+        kvs_status rc = ferr(v, base_line, field, KVS_ERR_INVALID,
+                             "expected a number in [%g, %g], got a %s", lo, hi, type_name(L, -1));
+        lua_pop(L, 1);
+        return rc;
+    }
+    *out = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    if (!(*out >= lo && *out <= hi))
+        return ferr(v, base_line, field, KVS_ERR_INVALID, "%g out of range [%g, %g]", *out, lo, hi);
+    return KVS_OK;
+}
+
+/* Optional string; "" when absent. */
+static kvs_status get_string(const vctx *v, int t, int base_line, const char *key, const char *field,
+                             char *out, size_t n, int required) {
+    lua_State *L = v->L;
+    lua_getfield(L, t, key);
+    kvs_status rc = KVS_OK;
+    if (lua_isnil(L, -1)) {
+        out[0] = '\0';
+        if (required) rc = ferr(v, base_line, NULL, KVS_ERR_INVALID, "%s: missing (required)", field);
+    } else if (lua_type(L, -1) != LUA_TSTRING) {
+        rc = ferr(v, base_line, field, KVS_ERR_INVALID, "expected a string, got a %s",
+                  type_name(L, -1));
+    } else {
+        size_t len;
+        const char *s = lua_tolstring(L, -1, &len);
+        if (len >= n)
+            rc = ferr(v, base_line, field, KVS_ERR_INVALID, "too long (%zu characters, at most %zu)",
+                      len, n - 1);
+        else
+            memcpy(out, s, len + 1);
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
+/* Value must be one of choices (NULL-terminated). */
+static kvs_status check_choice(const vctx *v, int base_line, const char *field, const char *val,
+                               const char *const *choices, int *index) {
+    char known[256] = "";
+    for (int i = 0; choices[i]; i++) {
+        if (strcmp(val, choices[i]) == 0) {
+            *index = i;
+            return KVS_OK;
+        }
+        if (i) strncat(known, ", ", sizeof known - strlen(known) - 1);
+        strncat(known, choices[i], sizeof known - strlen(known) - 1);
+    }
+    return ferr(v, base_line, field, KVS_ERR_INVALID, "'%s' is not one of: %s", val, known);
+}
+
+/* ---- the pieces of an experiment ------------------------------------------- */
+
+static kvs_status parse_shape(const vctx *v, int idx, int base_line, const char *field,
+                              kvs_eval_shape *out) {
+    lua_State *L = v->L;
+    kvs_status rc;
+    memset(out, 0, sizeof *out);
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        kvs_synth_config sc;
+        kvs_err e = {0};
+        const char *name = lua_tostring(L, idx);
+        if (kvs_synth_preset(name, &sc, &e) != KVS_OK)
+            return ferr(v, base_line, field, KVS_ERR_INVALID, "%s", e.msg);
+        snprintf(out->name, sizeof out->name, "%s", name);
+        out->n_layers = sc.n_layers, out->n_q_heads = sc.n_q_heads;
+        out->n_kv_heads = sc.n_kv_heads, out->head_dim = sc.head_dim;
+        return KVS_OK;
+    }
+    if (lua_type(L, idx) != LUA_TTABLE)
+        return ferr(v, base_line, field, KVS_ERR_INVALID,
+                    "expected a shape preset name or shape{layers=, q_heads=, kv_heads=, "
+                    "head_dim=}, got a %s",
+                    type_name(L, idx));
+    int line = table_line(L, idx, base_line);
+    static const char *const keys[] = {"layers", "q_heads", "kv_heads", "head_dim", NULL};
+    char pre[160];
+    snprintf(pre, sizeof pre, "%s.", field);
+    if ((rc = check_keys(v, idx, line, pre, keys))) return rc;
+    int64_t a, b, c, d;
+    char f[200];
+    snprintf(f, sizeof f, "%s.layers", field);
+    if ((rc = get_int(v, idx, line, "layers", f, 1, 256, -1, &a))) return rc;
+    snprintf(f, sizeof f, "%s.q_heads", field);
+    if ((rc = get_int(v, idx, line, "q_heads", f, 1, 256, -1, &b))) return rc;
+    snprintf(f, sizeof f, "%s.kv_heads", field);
+    if ((rc = get_int(v, idx, line, "kv_heads", f, 1, 256, -1, &c))) return rc;
+    snprintf(f, sizeof f, "%s.head_dim", field);
+    if ((rc = get_int(v, idx, line, "head_dim", f, 2, 1024, -1, &d))) return rc;
+    if (a < 0 || b < 0 || c < 0 || d < 0)
+        return ferr(v, line, NULL, KVS_ERR_INVALID,
+                    "%s: shape{} needs layers, q_heads, kv_heads and head_dim", field);
+    if (b % c != 0)
+        return ferr(v, line, f, KVS_ERR_INVALID, "q_heads (%lld) must be a multiple of kv_heads (%lld)",
+                    (long long)b, (long long)c);
+    if (d % 2 != 0)
+        return ferr(v, line, f, KVS_ERR_INVALID, "head_dim %lld must be even (RoPE pairs channels)",
+                    (long long)d);
+    out->n_layers = (int)a, out->n_q_heads = (int)b, out->n_kv_heads = (int)c, out->head_dim = (int)d;
+    snprintf(out->name, sizeof out->name, "custom-L%d-Hq%d-Hkv%d-d%d", out->n_layers,
+             out->n_q_heads, out->n_kv_heads, out->head_dim);
+    return KVS_OK;
+}
+
+static kvs_status parse_synthetic(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc;
+    int line = table_line(L, t, e->line);
+    static const char *const keys[] = {"shape", "n_tokens", "seeds", "queries", "probes",
+                                       "outliers", "sinks", "image_frac", NULL};
+    if ((rc = check_keys(v, t, line, "dataset.", keys))) return rc;
+    snprintf(e->dataset, sizeof e->dataset, "synthetic");
+    /* shapes */
+    lua_getfield(L, t, "shape");
+    int idx = lua_gettop(L);
+    if (lua_isnil(L, idx)) {
+        lua_pop(L, 1);
+        return ferr(v, line, NULL, KVS_ERR_INVALID, "dataset.shape: missing (required): a preset "
+                    "name, shape{...}, or a list of them");
+    }
+    int is_list, n = list_len(L, idx, &is_list);
+    if (is_list && (rc = check_sequence(v, idx, line, "dataset.shape"))) {
+        lua_pop(L, 1);
+        return rc;
+    }
+    e->shapes = calloc((size_t)n, sizeof *e->shapes);
+    if (!e->shapes) {
+        lua_pop(L, 1);
+        return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    }
+    e->n_shapes = n;
+    for (int i = 1; i <= n; i++) {
+        char name[64];
+        elem_name(name, sizeof name, "dataset.shape", is_list, i);
+        list_get(L, idx, is_list, i);
+        rc = parse_shape(v, lua_gettop(L), line, name, &e->shapes[i - 1]);
+        lua_pop(L, 1);
+        if (rc) {
+            lua_pop(L, 1);
+            return rc;
+        }
+    }
+    lua_pop(L, 1);
+    int64_t *tmp = NULL;
+    int nt = 0;
+    if ((rc = get_ints(v, t, line, "n_tokens", "dataset.n_tokens", 16, 1 << 20, 1, 0, &tmp, &nt)))
+        return rc;
+    e->lengths = malloc(sizeof *e->lengths * (size_t)nt);
+    if (!e->lengths) {
+        free(tmp);
+        return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < nt; i++) e->lengths[i] = (int)tmp[i];
+    e->n_lengths = nt;
+    free(tmp);
+    if ((rc = get_ints(v, t, line, "seeds", "dataset.seeds", 0, INT64_MAX, 0, 1, &e->seeds,
+                       &e->n_seeds)))
+        return rc;
+    /* queries: "all" or a count */
+    lua_getfield(L, t, "queries");
+    if (lua_isnil(L, -1)) {
+        e->queries = -1;
+    } else if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "all") == 0) {
+        e->queries = -1;
+    } else if (lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 0 &&
+               lua_tointeger(L, -1) <= (1 << 20)) {
+        e->queries = (int)lua_tointeger(L, -1);
+    } else {
+        lua_pop(L, 1);
+        return ferr(v, line, "dataset.queries", KVS_ERR_INVALID,
+                    "expected \"all\" or a whole number of queries in [0, 1048576]");
+    }
+    lua_pop(L, 1);
+    int64_t x;
+    if ((rc = get_int(v, t, line, "probes", "dataset.probes", 1, 4096, 16, &x))) return rc;
+    e->probes = (int)x;
+    if ((rc = get_int(v, t, line, "outliers", "dataset.outliers", 0, 1 << 20, 0, &x))) return rc;
+    e->outliers = (int)x;
+    if ((rc = get_int(v, t, line, "sinks", "dataset.sinks", -1, 1 << 20, -1, &x))) return rc;
+    e->sinks = (int)x;
+    if ((rc = get_double(v, t, line, "image_frac", "dataset.image_frac", 0.0, 0.95, 0.0,
+                         &e->image_frac)))
+        return rc;
+    for (int i = 0; i < e->n_lengths; i++)
+        if (e->outliers > e->lengths[i] / 2)
+            return ferr(v, line, "dataset.outliers", KVS_ERR_INVALID,
+                        "%d outliers out of range for n_tokens %d: at most N/2 = %d", e->outliers,
+                        e->lengths[i], e->lengths[i] / 2);
+    return KVS_OK;
+}
+
+static kvs_status parse_niah(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc;
+    int line = table_line(L, t, e->line);
+    static const char *const keys[] = {"lengths", "depths", "per_cell", "seed", NULL};
+    if ((rc = check_keys(v, t, line, "dataset.", keys))) return rc;
+    snprintf(e->dataset, sizeof e->dataset, "niah");
+    int64_t *tmp = NULL;
+    int n = 0;
+    if ((rc = get_ints(v, t, line, "lengths", "dataset.lengths", 64, 1 << 20, 1, 0, &tmp, &n)))
+        return rc;
+    e->lengths = malloc(sizeof *e->lengths * (size_t)n);
+    if (!e->lengths) {
+        free(tmp);
+        return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) e->lengths[i] = (int)tmp[i];
+    e->n_lengths = n;
+    free(tmp);
+    /* depths in [0, 1] */
+    lua_getfield(L, t, "depths");
+    int idx = lua_gettop(L);
+    if (lua_isnil(L, idx)) {
+        lua_pop(L, 1);
+        return ferr(v, line, NULL, KVS_ERR_INVALID, "dataset.depths: missing (required)");
+    }
+    int is_list;
+    n = list_len(L, idx, &is_list);
+    if (is_list && (rc = check_sequence(v, idx, line, "dataset.depths"))) {
+        lua_pop(L, 1);
+        return rc;
+    }
+    e->depths = malloc(sizeof *e->depths * (size_t)n);
+    if (!e->depths) {
+        lua_pop(L, 1);
+        return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    }
+    e->n_depths = n;
+    for (int i = 1; i <= n; i++) {
+        char name[64];
+        elem_name(name, sizeof name, "dataset.depths", is_list, i);
+        list_get(L, idx, is_list, i);
+        int ok = lua_type(L, -1) == LUA_TNUMBER;
+        double d = lua_tonumber(L, -1);
+        lua_pop(L, 1);
+        if (!ok || !(d >= 0 && d <= 1)) {
+            lua_pop(L, 1);
+            return ferr(v, line, name, KVS_ERR_INVALID, "expected a depth in [0, 1]");
+        }
+        e->depths[i - 1] = d;
+    }
+    lua_pop(L, 1);
+    int64_t x;
+    if ((rc = get_int(v, t, line, "per_cell", "dataset.per_cell", 1, 100000, 1, &x))) return rc;
+    e->per_cell = (int)x;
+    if ((rc = get_int(v, t, line, "seed", "dataset.seed", 0, INT64_MAX, 1, &x))) return rc;
+    e->seeds = malloc(sizeof *e->seeds);
+    if (!e->seeds) return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    e->seeds[0] = x;
+    e->n_seeds = 1;
+    return KVS_OK;
+}
+
+/* Lua value at idx as parameter text. */
+static int value_text(lua_State *L, int idx, char *buf, size_t n) {
+    switch (lua_type(L, idx)) {
+    case LUA_TBOOLEAN: snprintf(buf, n, "%s", lua_toboolean(L, idx) ? "true" : "false"); return 1;
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx))
+            snprintf(buf, n, "%lld", (long long)lua_tointeger(L, idx));
+        else
+            snprintf(buf, n, "%.17g", lua_tonumber(L, idx));
+        return 1;
+    case LUA_TSTRING: snprintf(buf, n, "%s", lua_tostring(L, idx)); return 1;
+    default: return 0;
+    }
+}
+
+#define MAX_SWEEP 64
+
+/* One method's parameter sweep: values[p][0..count[p]) parsed, per param index. */
+typedef struct {
+    int count[KVS_MAX_PARAMS];
+    int set[KVS_MAX_PARAMS]; /* explicitly given */
+    double values[KVS_MAX_PARAMS][MAX_SWEEP];
+} sweep;
+
+static kvs_status parse_method_params(const vctx *v, int t, int base_line, const kvs_method *m,
+                                      sweep *sw) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    kvs_params scratch;
+    kvs_params_defaults(m, &scratch);
+    memset(sw, 0, sizeof *sw);
+    t = lua_absindex(L, t);
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        char field[200];
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            lua_pop(L, 2);
+            snprintf(field, sizeof field, "params.%s", m->name);
+            return ferr(v, base_line, field, KVS_ERR_INVALID,
+                        "expected name = value pairs ({gamma = 0.1}), found a positional value");
+        }
+        const char *pname = lua_tostring(L, -2);
+        snprintf(field, sizeof field, "params.%s.%s", m->name, pname);
+        int pi = kvs_param_index(m, pname);
+        if (pi < 0) {
+            kvs_err e = {0};
+            kvs_params_set(m, &scratch, pname, "0", &e);
+            lua_pop(L, 2);
+            return ferr(v, base_line, field, KVS_ERR_NOTFOUND, "%s", e.msg);
+        }
+        int idx = lua_gettop(L);
+        int is_list, n = list_len(L, idx, &is_list);
+        if (is_list && (rc = check_sequence(v, idx, base_line, field))) {
+            lua_pop(L, 2);
+            return rc;
+        }
+        if (n > MAX_SWEEP) {
+            lua_pop(L, 2);
+            return ferr(v, base_line, field, KVS_ERR_INVALID, "%d values; at most %d per parameter",
+                        n, MAX_SWEEP);
+        }
+        sw->set[pi] = 1;
+        sw->count[pi] = n;
+        for (int i = 1; i <= n; i++) {
+            char name[220], text[64];
+            elem_name(name, sizeof name, field, is_list, i);
+            list_get(L, idx, is_list, i);
+            int ok = value_text(L, -1, text, sizeof text);
+            const char *tn = type_name(L, -1);
+            lua_pop(L, 1);
+            if (!ok) {
+                lua_pop(L, 2);
+                return ferr(v, base_line, name, KVS_ERR_INVALID,
+                            "expected a number, boolean or name, got a %s", tn);
+            }
+            kvs_err e = {0};
+            if (kvs_params_set(m, &scratch, pname, text, &e) != KVS_OK) {
+                lua_pop(L, 2);
+                return ferr(v, base_line, name, KVS_ERR_INVALID, "%s", e.msg);
+            }
+            sw->values[pi][i - 1] = scratch.v[pi];
+        }
+        lua_pop(L, 1);
+    }
+    return KVS_OK;
+}
+
+/* Append the variants of one method (cartesian product of its sweep). */
+static kvs_status add_variants(kvs_experiment *e, const kvs_method *m, const sweep *sw,
+                               kvs_err *err) {
+    int total = 1;
+    for (int p = 0; p < m->n_params; p++)
+        if (sw && sw->set[p]) total *= sw->count[p];
+    if (total > 100000) return kvs_errorf(err, KVS_ERR_INVALID, "params.%s: %d combinations; too many", m->name, total);
+    kvs_variant *nv = realloc(e->variants, sizeof *nv * (size_t)(e->n_variants + total));
+    if (!nv) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    e->variants = nv;
+    for (int c = 0; c < total; c++) {
+        kvs_variant *var = &e->variants[e->n_variants++];
+        memset(var, 0, sizeof *var);
+        var->method = m;
+        kvs_params_defaults(m, &var->params);
+        int rem = c;
+        /* last parameter varies fastest */
+        for (int p = m->n_params - 1; p >= 0; p--) {
+            if (!sw || !sw->set[p]) continue;
+            var->params.v[p] = sw->values[p][rem % sw->count[p]];
+            rem /= sw->count[p];
+        }
+        size_t ll = (size_t)snprintf(var->label, sizeof var->label, "%s", m->name);
+        size_t jl = (size_t)snprintf(var->params_json, sizeof var->params_json, "{");
+        for (int p = 0; p < m->n_params; p++) {
+            char txt[64];
+            kvs_param_format(&m->params[p], var->params.v[p], txt, sizeof txt);
+            if (sw && sw->set[p] && ll < sizeof var->label)
+                ll += (size_t)snprintf(var->label + ll, sizeof var->label - ll, " %s=%s",
+                                       m->params[p].name, txt);
+            if (jl < sizeof var->params_json)
+                jl += (size_t)snprintf(var->params_json + jl, sizeof var->params_json - jl,
+                                       "%s\"%s\":\"%s\"", p ? "," : "", m->params[p].name, txt);
+        }
+        if (jl < sizeof var->params_json)
+            snprintf(var->params_json + jl, sizeof var->params_json - jl, "}");
+        if (jl + 1 >= sizeof var->params_json || ll >= sizeof var->label)
+            return kvs_errorf(err, KVS_ERR_INTERNAL, "params.%s: parameter text too long", m->name);
+    }
+    return KVS_OK;
+}
+
+static kvs_status parse_methods(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    const kvs_method *list[64];
+    int n_methods = 0;
+    lua_getfield(L, t, "methods");
+    int idx = lua_gettop(L);
+    if (lua_isnil(L, idx)) {
+        lua_pop(L, 1);
+        return ferr(v, e->line, NULL, KVS_ERR_INVALID, "methods: missing (required), e.g. methods = "
+                    "{ \"full\", \"flashcache\" }");
+    }
+    int is_list, n = list_len(L, idx, &is_list);
+    if (is_list && (rc = check_sequence(v, idx, e->line, "methods"))) goto done;
+    if (n > 64) {
+        rc = ferr(v, e->line, "methods", KVS_ERR_INVALID, "%d methods; at most 64", n);
+        goto done;
+    }
+    for (int i = 1; i <= n; i++) {
+        char name[64];
+        elem_name(name, sizeof name, "methods", is_list, i);
+        list_get(L, idx, is_list, i);
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            rc = ferr(v, e->line, name, KVS_ERR_INVALID, "expected a method name, got a %s",
+                      type_name(L, -1));
+            lua_pop(L, 1);
+            goto done;
+        }
+        kvs_err me = {0};
+        const kvs_method *m = NULL;
+        if (kvs_method_lookup(lua_tostring(L, -1), &m, &me) != KVS_OK) {
+            lua_pop(L, 1);
+            rc = ferr(v, e->line, name, KVS_ERR_NOTFOUND, "%s", me.msg);
+            goto done;
+        }
+        lua_pop(L, 1);
+        for (int j = 0; j < n_methods; j++)
+            if (list[j] == m) {
+                rc = ferr(v, e->line, name, KVS_ERR_INVALID, "method '%s' listed twice", m->name);
+                goto done;
+            }
+        list[n_methods++] = m;
+    }
+    lua_pop(L, 1);
+    /* params = { method = { name = value or list } } */
+    sweep *sw = calloc((size_t)n_methods, sizeof *sw);
+    int *has = calloc((size_t)n_methods, sizeof *has);
+    if (!sw || !has) {
+        free(sw);
+        free(has);
+        return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    }
+    lua_getfield(L, t, "params");
+    idx = lua_gettop(L);
+    if (!lua_isnil(L, idx) && lua_type(L, idx) != LUA_TTABLE) {
+        rc = ferr(v, e->line, "params", KVS_ERR_INVALID,
+                  "expected a table { method = { param = value or {values} } }, got a %s",
+                  type_name(L, idx));
+    } else if (!lua_isnil(L, idx)) {
+        lua_pushnil(L);
+        while (!rc && lua_next(L, idx)) {
+            if (lua_type(L, -2) != LUA_TSTRING) {
+                rc = ferr(v, e->line, "params", KVS_ERR_INVALID, "keys must be method names");
+                lua_pop(L, 2);
+                break;
+            }
+            const char *mname = lua_tostring(L, -2);
+            char field[100];
+            snprintf(field, sizeof field, "params.%s", mname);
+            int found = -1;
+            for (int j = 0; j < n_methods; j++)
+                if (strcmp(list[j]->name, mname) == 0) found = j;
+            if (found < 0) {
+                kvs_err me = {0};
+                const kvs_method *m = NULL;
+                if (kvs_method_lookup(mname, &m, &me) != KVS_OK)
+                    rc = ferr(v, e->line, field, KVS_ERR_NOTFOUND, "%s", me.msg);
+                else
+                    rc = ferr(v, e->line, field, KVS_ERR_INVALID,
+                              "method '%s' is not in methods; add it there or remove its params",
+                              mname);
+                lua_pop(L, 2);
+                break;
+            }
+            if (lua_type(L, -1) != LUA_TTABLE) {
+                rc = ferr(v, e->line, field, KVS_ERR_INVALID,
+                          "expected a table { param = value or {values} }, got a %s",
+                          type_name(L, -1));
+                lua_pop(L, 2);
+                break;
+            }
+            rc = parse_method_params(v, lua_gettop(L), e->line, list[found], &sw[found]);
+            if (rc) {
+                lua_pop(L, 2);
+                break;
+            }
+            has[found] = 1;
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    for (int j = 0; !rc && j < n_methods; j++)
+        rc = add_variants(e, list[j], has[j] ? &sw[j] : NULL, v->err);
+    free(sw);
+    free(has);
+    return rc;
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
+static kvs_status parse_budgets(const vctx *v, int t, kvs_experiment *e, int required) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    lua_getfield(L, t, "budgets");
+    int idx = lua_gettop(L);
+    if (lua_isnil(L, idx)) {
+        lua_pop(L, 1);
+        if (required)
+            return ferr(v, e->line, NULL, KVS_ERR_INVALID,
+                        "budgets: missing (required): ratios in (0, 1] or token counts, e.g. "
+                        "budgets = { 0.1, 0.2, 0.5 }");
+        return KVS_OK;
+    }
+    int is_list, n = list_len(L, idx, &is_list);
+    if (is_list && (rc = check_sequence(v, idx, e->line, "budgets"))) goto done;
+    e->budgets = calloc((size_t)n, sizeof *e->budgets);
+    if (!e->budgets) {
+        rc = kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    e->n_budgets = n;
+    for (int i = 1; i <= n; i++) {
+        char name[64];
+        elem_name(name, sizeof name, "budgets", is_list, i);
+        list_get(L, idx, is_list, i);
+        int isnum = lua_type(L, -1) == LUA_TNUMBER;
+        int isint = lua_isinteger(L, -1);
+        double x = lua_tonumber(L, -1);
+        const char *tn = type_name(L, -1);
+        lua_pop(L, 1);
+        if (!isnum) {
+            rc = ferr(v, e->line, name, KVS_ERR_INVALID,
+                      "expected a number (a ratio in (0, 1] or a token count >= 2), got a %s", tn);
+            goto done;
+        }
+        if (x > 0 && x <= 1) {
+            e->budgets[i - 1].ratio = x;
+        } else if (x > 1 && x <= (double)(1 << 30) && (isint || x == floor(x))) {
+            e->budgets[i - 1].tokens = (int64_t)x;
+        } else {
+            rc = ferr(v, e->line, name, KVS_ERR_INVALID,
+                      "%g out of range: a budget is a ratio in (0, 1] or a whole number of tokens "
+                      "in [2, 1073741824]",
+                      x);
+            goto done;
+        }
+        for (int j = 0; j < i - 1; j++)
+            if (e->budgets[j].ratio == e->budgets[i - 1].ratio &&
+                e->budgets[j].tokens == e->budgets[i - 1].tokens) {
+                rc = ferr(v, e->line, name, KVS_ERR_INVALID, "budget %g listed twice", x);
+                goto done;
+            }
+    }
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
+static kvs_status parse_backend(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    lua_getfield(L, t, "backend");
+    int idx = lua_gettop(L);
+    if (lua_isnil(L, idx)) {
+        e->backend_embedded = 1;
+    } else if (lua_type(L, idx) != LUA_TTABLE) {
+        rc = ferr(v, e->line, "backend", KVS_ERR_INVALID,
+                  "expected { embedded = true } or { url = \"http://host:port\" }, got a %s",
+                  type_name(L, idx));
+    } else {
+        int line = table_line(L, idx, e->line);
+        static const char *const keys[] = {"embedded", "url", NULL};
+        if (!(rc = check_keys(v, idx, line, "backend.", keys)) &&
+            !(rc = get_string(v, idx, line, "url", "backend.url", e->backend_url,
+                              sizeof e->backend_url, 0))) {
+            lua_getfield(L, idx, "embedded");
+            int has_emb = !lua_isnil(L, -1);
+            if (has_emb && !lua_isboolean(L, -1))
+                rc = ferr(v, line, "backend.embedded", KVS_ERR_INVALID,
+                          "expected true or false, got a %s", type_name(L, -1));
+            e->backend_embedded = lua_toboolean(L, -1);
+            lua_pop(L, 1);
+            if (!rc && e->backend_embedded == (e->backend_url[0] != '\0'))
+                rc = ferr(v, line, NULL, KVS_ERR_INVALID,
+                          "backend: give exactly one of embedded = true or url = \"...\"");
+            if (!rc && e->backend_url[0] && strncmp(e->backend_url, "http://", 7) != 0 &&
+                strncmp(e->backend_url, "https://", 8) != 0)
+                rc = ferr(v, line, "backend.url", KVS_ERR_INVALID,
+                          "'%s' is not an http:// or https:// URL", e->backend_url);
+        }
+    }
+    lua_pop(L, 1);
+    return rc;
+}
+
+static kvs_status parse_metrics(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    static const char *const known[] = {"contains", "exact", "f1", "rouge_l", "accuracy", NULL};
+    lua_getfield(L, t, "metrics");
+    int idx = lua_gettop(L);
+    if (lua_isnil(L, idx)) {
+        lua_pop(L, 1);
+        return ferr(v, e->line, NULL, KVS_ERR_INVALID,
+                    "metrics: missing (required for kind 'task'), e.g. metrics = { \"contains\" }");
+    }
+    int is_list, n = list_len(L, idx, &is_list);
+    if (is_list && (rc = check_sequence(v, idx, e->line, "metrics"))) goto done;
+    e->metrics = calloc((size_t)n, sizeof *e->metrics);
+    if (!e->metrics) {
+        rc = kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    e->n_metrics = n;
+    for (int i = 1; i <= n; i++) {
+        char name[64];
+        int which;
+        elem_name(name, sizeof name, "metrics", is_list, i);
+        list_get(L, idx, is_list, i);
+        const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+        snprintf(e->metrics[i - 1], sizeof e->metrics[i - 1], "%s", s);
+        lua_pop(L, 1);
+        if ((rc = check_choice(v, e->line, name, e->metrics[i - 1], known, &which))) goto done;
+    }
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
+static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc;
+    e->line = table_line(L, t, 0);
+    static const char *const keys[] = {"name",    "kind",    "description", "dataset", "methods",
+                                       "budgets", "params",  "threads",     "backend", "model",
+                                       "metrics", "repeats", "warmup",      "device",  "dtype",
+                                       NULL};
+    if ((rc = check_keys(v, t, e->line, "", keys))) return rc;
+    if ((rc = get_string(v, t, e->line, "name", "name", e->name, sizeof e->name, 1))) return rc;
+    for (const char *p = e->name; *p; p++)
+        if (!(isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.'))
+            return ferr(v, e->line, "name", KVS_ERR_INVALID,
+                        "'%s': use letters, digits, '_', '-' and '.' only", e->name);
+    if (!e->name[0]) return ferr(v, e->line, "name", KVS_ERR_INVALID, "empty name");
+    char kind[16];
+    int k = 0;
+    static const char *const kinds[] = {"fidelity", "overhead", "task", NULL};
+    if ((rc = get_string(v, t, e->line, "kind", "kind", kind, sizeof kind, 0))) return rc;
+    if (!kind[0]) snprintf(kind, sizeof kind, "fidelity");
+    if ((rc = check_choice(v, e->line, "kind", kind, kinds, &k))) return rc;
+    e->kind = (kvs_exp_kind)k;
+    char scratch[512];
+    if ((rc = get_string(v, t, e->line, "description", "description", scratch, sizeof scratch, 0)))
+        return rc;
+
+    /* dataset */
+    lua_getfield(L, t, "dataset");
+    int d = lua_gettop(L);
+    if (lua_isnil(L, d)) {
+        lua_pop(L, 1);
+        return ferr(v, e->line, NULL, KVS_ERR_INVALID,
+                    "dataset: missing (required): synthetic{...} or niah{...}");
+    }
+    const char *helper = NULL;
+    if (lua_type(L, d) == LUA_TTABLE) {
+        lua_getfield(L, d, "__helper");
+        helper = lua_tostring(L, -1);
+        lua_pop(L, 1); /* the string stays alive: it is interned and referenced by the table */
+    }
+    if (!helper || (strcmp(helper, "synthetic") != 0 && strcmp(helper, "niah") != 0)) {
+        rc = ferr(v, e->line, "dataset", KVS_ERR_INVALID,
+                  "expected synthetic{...} or niah{...}, got a %s", type_name(L, d));
+    } else if (strcmp(helper, "synthetic") == 0) {
+        if (e->kind == KVS_KIND_TASK)
+            rc = ferr(v, e->line, "dataset", KVS_ERR_INVALID,
+                      "kind 'task' needs a prompt dataset such as niah{...}, not synthetic{...}");
+        else
+            rc = parse_synthetic(v, d, e);
+    } else {
+        if (e->kind != KVS_KIND_TASK)
+            rc = ferr(v, e->line, "dataset", KVS_ERR_INVALID,
+                      "kind '%s' needs synthetic{...} caches; niah{...} is for kind 'task'", kind);
+        else
+            rc = parse_niah(v, d, e);
+    }
+    lua_pop(L, 1);
+    if (rc) return rc;
+
+    if ((rc = parse_methods(v, t, e))) return rc;
+    if ((rc = parse_budgets(v, t, e, 1))) return rc;
+    int64_t x;
+    if ((rc = get_int(v, t, e->line, "threads", "threads", 1, 256, 1, &x))) return rc;
+    e->threads = (int)x;
+
+    /* kind-specific fields; the others must be absent */
+    static const char *const task_only[] = {"backend", "model", "metrics", NULL};
+    static const char *const overhead_only[] = {"repeats", "warmup", "device", "dtype", NULL};
+    const char *const *forbid[2] = {e->kind == KVS_KIND_TASK ? NULL : task_only,
+                                    e->kind == KVS_KIND_OVERHEAD ? NULL : overhead_only};
+    for (int f = 0; f < 2; f++) {
+        if (!forbid[f]) continue;
+        for (int i = 0; forbid[f][i]; i++) {
+            lua_getfield(L, t, forbid[f][i]);
+            int present = !lua_isnil(L, -1);
+            lua_pop(L, 1);
+            if (present)
+                return ferr(v, e->line, forbid[f][i], KVS_ERR_INVALID,
+                            "not used by kind '%s' (it belongs to kind '%s')", kind,
+                            f == 0 ? "task" : "overhead");
+        }
+    }
+    if (e->kind == KVS_KIND_TASK) {
+        if ((rc = parse_backend(v, t, e))) return rc;
+        if ((rc = get_string(v, t, e->line, "model", "model", e->model, sizeof e->model, 0)))
+            return rc;
+        if (!e->model[0]) snprintf(e->model, sizeof e->model, "default");
+        if ((rc = parse_metrics(v, t, e))) return rc;
+    }
+    if (e->kind == KVS_KIND_OVERHEAD) {
+        if ((rc = get_int(v, t, e->line, "repeats", "repeats", 1, 100000, 20, &x))) return rc;
+        e->repeats = (int)x;
+        if ((rc = get_int(v, t, e->line, "warmup", "warmup", 0, 1000, 2, &x))) return rc;
+        e->warmup = (int)x;
+        char s[16];
+        int which;
+        static const char *const devices[] = {"cpu", "cuda", NULL};
+        static const char *const dtypes[] = {"f32", "f16", "bf16", NULL};
+        if ((rc = get_string(v, t, e->line, "device", "device", s, sizeof s, 0))) return rc;
+        if (!s[0]) snprintf(s, sizeof s, "cpu");
+        if ((rc = check_choice(v, e->line, "device", s, devices, &which))) return rc;
+        snprintf(e->device, sizeof e->device, "%.7s", s);
+        if ((rc = get_string(v, t, e->line, "dtype", "dtype", s, sizeof s, 0))) return rc;
+        if (!s[0]) snprintf(s, sizeof s, "f32");
+        if ((rc = check_choice(v, e->line, "dtype", s, dtypes, &which))) return rc;
+        e->dtype = which == 0 ? KVS_F32 : which == 1 ? KVS_F16 : KVS_BF16;
+    }
+    return KVS_OK;
+}
+
+/* ---- overrides -------------------------------------------------------------- */
+
+/* Apply "a.b.c=value" to the experiment table at t. */
+static kvs_status apply_override(const vctx *v, int t, const char *ov) {
+    lua_State *L = v->L;
+    const char *eq = strchr(ov, '=');
+    if (!eq || eq == ov)
+        return kvs_errorf(v->err, KVS_ERR_INVALID, "-D %s: expected key=value", ov);
+    char key[256];
+    size_t kl = (size_t)(eq - ov);
+    if (kl >= sizeof key) return kvs_errorf(v->err, KVS_ERR_INVALID, "-D %s: key too long", ov);
+    memcpy(key, ov, kl);
+    key[kl] = '\0';
+    const char *val = eq + 1;
+    /* the value: a Lua expression, else the text itself */
+    char *chunk = malloc(strlen(val) + 8);
+    if (!chunk) return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    sprintf(chunk, "return %s", val);
+    int top = lua_gettop(L);
+    if (luaL_loadbufferx(L, chunk, strlen(chunk), "=-D", "t") != LUA_OK ||
+        lua_pcall(L, 0, 1, 0) != LUA_OK || lua_isnil(L, -1)) {
+        lua_settop(L, top);
+        lua_pushstring(L, val);
+    }
+    free(chunk);
+    int vidx = lua_gettop(L);
+    lua_pushvalue(L, t);
+    char *save = NULL;
+    char *tok = strtok_r(key, ".", &save);
+    while (tok) {
+        char *next = strtok_r(NULL, ".", &save);
+        if (!next) {
+            lua_pushvalue(L, vidx);
+            lua_setfield(L, -2, tok);
+            break;
+        }
+        lua_getfield(L, -1, tok);
+        if (lua_type(L, -1) != LUA_TTABLE) {
+            lua_settop(L, top);
+            return kvs_errorf(v->err, KVS_ERR_INVALID,
+                              "-D %s: '%s' is not a table in this config, cannot set a field in it",
+                              ov, tok);
+        }
+        lua_remove(L, -2);
+        tok = next;
+    }
+    lua_settop(L, top);
+    return KVS_OK;
+}
+
+/* ---- entry points --------------------------------------------------------- */
+
+static void free_experiment(kvs_experiment *e) {
+    free(e->shapes);
+    free(e->lengths);
+    free(e->seeds);
+    free(e->depths);
+    free(e->variants);
+    free(e->budgets);
+    free(e->metrics);
+}
+
+void kvs_config_free(kvs_config *cfg) {
+    if (!cfg) return;
+    for (int i = 0; i < cfg->n_experiments; i++) free_experiment(&cfg->experiments[i]);
+    free(cfg->experiments);
+    free(cfg->text);
+    free(cfg->overrides);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+kvs_status kvs_config_load_text(const char *path, const char *text, const char *const *overrides,
+                                int n_overrides, kvs_config *cfg, kvs_err *err) {
+    kvs_status rc = KVS_OK;
+    lua_State *L = NULL;
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->path, sizeof cfg->path, "%s", path);
+    /* the sandbox root: the config's folder, resolved */
+    char folder[1024];
+    snprintf(folder, sizeof folder, "%s", path);
+    char *slash = strrchr(folder, '/');
+    if (slash)
+        *(slash == folder ? slash + 1 : slash) = '\0';
+    else
+        snprintf(folder, sizeof folder, ".");
+    if (!realpath(folder, cfg->dir)) {
+        rc = kvs_errorf(err, KVS_ERR_IO, "%s: cannot resolve folder %s: %s", path, folder,
+                        strerror(errno));
+        goto cleanup;
+    }
+    size_t tl = strlen(text);
+    cfg->text = malloc(tl + 1);
+    if (!cfg->text) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    memcpy(cfg->text, text, tl + 1);
+    /* hash = SHA-256(text || "\n-D " override ...) */
+    kvs_sha256_ctx hc;
+    kvs_sha256_init(&hc);
+    kvs_sha256_update(&hc, text, tl);
+    size_t olen = 0;
+    for (int i = 0; i < n_overrides; i++) {
+        kvs_sha256_update(&hc, "\n-D ", 4);
+        kvs_sha256_update(&hc, overrides[i], strlen(overrides[i]));
+        olen += strlen(overrides[i]) + 4;
+    }
+    uint8_t dg[32];
+    kvs_sha256_final(&hc, dg);
+    for (int i = 0; i < 32; i++) sprintf(cfg->hash + 2 * i, "%02x", dg[i]);
+    if (n_overrides > 0) {
+        cfg->overrides = calloc(olen + 1, 1);
+        if (!cfg->overrides) {
+            rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        for (int i = 0; i < n_overrides; i++) {
+            if (i) strcat(cfg->overrides, " ");
+            strcat(cfg->overrides, "-D ");
+            strcat(cfg->overrides, overrides[i]);
+        }
+    }
+
+    L = luaL_newstate();
+    if (!L) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "cannot create a Lua state");
+        goto cleanup;
+    }
+    open_sandbox(L, cfg->dir);
+    char chunkname[1100];
+    snprintf(chunkname, sizeof chunkname, "@%s", path);
+    if (luaL_loadbufferx(L, text, tl, chunkname, "t") != LUA_OK ||
+        lua_pcall(L, 0, 0, 0) != LUA_OK) {
+        const char *m = lua_tostring(L, -1);
+        rc = kvs_errorf(err, KVS_ERR_INVALID, "%s", m ? m : "error in config (no message)");
+        goto cleanup;
+    }
+    lua_getfield(L, LUA_REGISTRYINDEX, REG_LIST);
+    int list = lua_gettop(L);
+    int n = (int)lua_rawlen(L, list);
+    if (n == 0) {
+        rc = kvs_errorf(err, KVS_ERR_INVALID, "%s: no experiment{...} in this config", path);
+        goto cleanup;
+    }
+    cfg->experiments = calloc((size_t)n, sizeof *cfg->experiments);
+    if (!cfg->experiments) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    vctx v = {L, path, text, overrides, n_overrides, err};
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, list, i);
+        int t = lua_gettop(L);
+        for (int o = 0; o < n_overrides && !rc; o++) rc = apply_override(&v, t, overrides[o]);
+        cfg->n_experiments = i;
+        if (!rc) rc = parse_experiment(&v, t, &cfg->experiments[i - 1]);
+        lua_pop(L, 1);
+        if (rc) goto cleanup;
+        for (int j = 0; j < i - 1; j++)
+            if (strcmp(cfg->experiments[j].name, cfg->experiments[i - 1].name) == 0) {
+                rc = ferr(&v, cfg->experiments[i - 1].line, "name", KVS_ERR_INVALID,
+                          "experiment '%s' defined twice in this file", cfg->experiments[j].name);
+                goto cleanup;
+            }
+    }
+cleanup:
+    if (L) lua_close(L);
+    if (rc) kvs_config_free(cfg);
+    return rc;
+}
+
+kvs_status kvs_config_load(const char *path, const char *const *overrides, int n_overrides,
+                           kvs_config *cfg, kvs_err *err) {
+    kvs_status rc = KVS_OK;
+    char *text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvs_errorf(err, KVS_ERR_IO, "cannot open config %s: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) {
+        rc = kvs_errorf(err, KVS_ERR_IO, "%s: cannot seek: %s", path, strerror(errno));
+        goto cleanup;
+    }
+    long len = ftell(f);
+    if (len < 0 || len > (64L << 20)) {
+        rc = kvs_errorf(err, KVS_ERR_INVALID, "%s: not a config (size %ld; at most 64 MiB)", path, len);
+        goto cleanup;
+    }
+    rewind(f);
+    text = malloc((size_t)len + 1);
+    if (!text) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory reading %s", path);
+        goto cleanup;
+    }
+    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
+        rc = kvs_errorf(err, KVS_ERR_IO, "%s: read failed", path);
+        goto cleanup;
+    }
+    text[len] = '\0';
+    if (strlen(text) != (size_t)len) {
+        rc = kvs_errorf(err, KVS_ERR_INVALID, "%s: contains a NUL byte (not a text config)", path);
+        goto cleanup;
+    }
+    rc = kvs_config_load_text(path, text, overrides, n_overrides, cfg, err);
+cleanup:
+    free(text);
+    fclose(f);
+    return rc;
+}

@@ -1,0 +1,110 @@
+/*
+ * grid.c -- expand an experiment into cells with exact keys.
+ *
+ * What it is: the canonical text that defines a cell (everything that can
+ * change its result: experiment, kind, dataset and its generator settings,
+ * shape, N, seed or sample, method, every parameter value, budget) and its
+ * SHA-256, the key that makes resume exact. Execution-only settings
+ * (threads, progress) are not part of it.
+ * What it is not: no running, no storage.
+ */
+#include "kvs_eval.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void budget_text(const kvs_budget *b, char *out, size_t n) {
+    if (b->tokens > 0)
+        snprintf(out, n, "tokens:%lld", (long long)b->tokens);
+    else
+        snprintf(out, n, "ratio:%.17g", b->ratio);
+}
+
+static kvs_status finish(kvs_cell *c, int len, kvs_err *err) {
+    if (len < 0 || (size_t)len >= sizeof c->def)
+        return kvs_errorf(err, KVS_ERR_INTERNAL, "cell definition longer than %zu bytes", sizeof c->def);
+    kvs_sha256_hex(c->def, (size_t)len, c->key);
+    return KVS_OK;
+}
+
+kvs_status kvs_grid_expand(const kvs_experiment *e, kvs_cell **cells, int *n_cells, kvs_err *err) {
+    *cells = NULL;
+    *n_cells = 0;
+    int64_t per_instance = 0;
+    for (int v = 0; v < e->n_variants; v++)
+        per_instance += (e->variants[v].method == &kvs_method_full) ? 1 : e->n_budgets;
+    int64_t instances;
+    if (e->kind == KVS_KIND_TASK)
+        instances = (int64_t)e->n_lengths * e->n_depths * e->per_cell;
+    else if (e->kind == KVS_KIND_OVERHEAD)
+        instances = (int64_t)e->n_shapes * e->n_lengths;
+    else
+        instances = (int64_t)e->n_shapes * e->n_lengths * e->n_seeds;
+    int64_t total = instances * per_instance;
+    if (total > 10000000)
+        return kvs_errorf(err, KVS_ERR_INVALID, "experiment '%s': %lld cells; at most 10,000,000",
+                          e->name, (long long)total);
+    if (total == 0) return KVS_OK;
+    kvs_cell *out = calloc((size_t)total, sizeof *out);
+    if (!out) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for %lld cells", (long long)total);
+    int64_t k = 0;
+    int n_a = e->kind == KVS_KIND_TASK ? 1 : e->n_shapes;
+    int n_b = e->n_lengths;
+    int n_c = e->kind == KVS_KIND_TASK ? e->n_depths * e->per_cell
+              : e->kind == KVS_KIND_OVERHEAD ? 1
+                                             : e->n_seeds;
+    for (int a = 0; a < n_a; a++)
+        for (int b = 0; b < n_b; b++)
+            for (int c = 0; c < n_c; c++)
+                for (int v = 0; v < e->n_variants; v++) {
+                    const kvs_variant *var = &e->variants[v];
+                    int is_full = var->method == &kvs_method_full;
+                    for (int bi = 0; bi < (is_full ? 1 : e->n_budgets); bi++) {
+                        kvs_cell *cell = &out[k++];
+                        cell->shape = a, cell->length = b, cell->seed = c, cell->variant = v;
+                        cell->budget = is_full ? -1 : bi;
+                        char bt[64] = "all";
+                        if (!is_full) budget_text(&e->budgets[bi], bt, sizeof bt);
+                        int len;
+                        if (e->kind == KVS_KIND_TASK) {
+                            int depth = c / e->per_cell, rep = c % e->per_cell;
+                            len = snprintf(cell->def, sizeof cell->def,
+                                           "kvsieve-cell 1\nexperiment=%s\nkind=task\n"
+                                           "dataset=niah seed=%lld\nmodel=%s\nlength=%d\n"
+                                           "depth=%.17g\nsample=%d\nmethod=%s\nparams=%s\n"
+                                           "budget=%s\n",
+                                           e->name, (long long)e->seeds[0], e->model,
+                                           e->lengths[b], e->depths[depth], rep,
+                                           var->method->name, var->params_json, bt);
+                        } else {
+                            const kvs_eval_shape *s = &e->shapes[a];
+                            char seed[64] = "";
+                            if (e->kind == KVS_KIND_FIDELITY)
+                                snprintf(seed, sizeof seed, "seed=%lld\n", (long long)e->seeds[c]);
+                            else
+                                snprintf(seed, sizeof seed, "device=%s dtype=%s repeats=%d\n",
+                                         e->device, kvs_dtype_name(e->dtype), e->repeats);
+                            len = snprintf(cell->def, sizeof cell->def,
+                                           "kvsieve-cell 1\nexperiment=%s\nkind=%s\n"
+                                           "dataset=synthetic queries=%d probes=%d outliers=%d "
+                                           "sinks=%d image_frac=%.17g\n"
+                                           "shape=%s L=%d Hq=%d Hkv=%d d=%d\nn_tokens=%d\n%s"
+                                           "method=%s\nparams=%s\nbudget=%s\n",
+                                           e->name, kvs_exp_kind_name(e->kind), e->queries,
+                                           e->probes, e->outliers, e->sinks, e->image_frac,
+                                           s->name, s->n_layers, s->n_q_heads, s->n_kv_heads,
+                                           s->head_dim, e->lengths[b], seed, var->method->name,
+                                           var->params_json, bt);
+                        }
+                        kvs_status rc = finish(cell, len, err);
+                        if (rc) {
+                            free(out);
+                            return rc;
+                        }
+                    }
+                }
+    *cells = out;
+    *n_cells = (int)total;
+    return KVS_OK;
+}

@@ -1,0 +1,263 @@
+/*
+ * kvs_eval.h -- the experiment runner: Lua configs, the grid, the SQLite
+ * results store, and reports over it.
+ *
+ * What it is: everything between "a Lua file describes an experiment" and
+ * "a table in a paper": config loading (a sandboxed Lua 5.4 state per file),
+ * grid expansion with exact cell keys (SHA-256 of the canonical cell
+ * definition), the runner for the offline `fidelity` kind, the store
+ * (schema, migrations, provenance) and reports (md / LaTeX / CSV / JSON,
+ * gnuplot plots) computed by SQL over the store.
+ * What it is not: no compression logic (methods/), no file formats
+ * (formats/), no model or HTTP backend: kinds `overhead` and `task` have a
+ * config schema and storage tables here and are completed by their issues.
+ */
+#ifndef KVS_EVAL_H
+#define KVS_EVAL_H
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvsieve.h"
+#include "kvsieve_methods.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- SHA-256 (FIPS 180-4) ------------------------------------------------ */
+
+typedef struct {
+    uint32_t h[8];
+    uint64_t len;    /* bytes hashed so far */
+    uint8_t buf[64]; /* pending partial block */
+    size_t nbuf;
+} kvs_sha256_ctx;
+
+void kvs_sha256_init(kvs_sha256_ctx *c);
+void kvs_sha256_update(kvs_sha256_ctx *c, const void *data, size_t n);
+void kvs_sha256_final(kvs_sha256_ctx *c, uint8_t out[32]);
+/* One-shot digest as 64 lowercase hex characters + NUL. */
+void kvs_sha256_hex(const void *data, size_t n, char out[65]);
+
+/* ---- Experiments (what a config describes) -------------------------------- */
+
+typedef enum { KVS_KIND_FIDELITY = 0, KVS_KIND_OVERHEAD = 1, KVS_KIND_TASK = 2 } kvs_exp_kind;
+const char *kvs_exp_kind_name(kvs_exp_kind k);
+
+/* A model shape: a synthetic preset name or a custom one. */
+typedef struct {
+    char name[48]; /* preset ("gemma3-270m") or "custom-L2-Hq4-Hkv2-d16" */
+    int n_layers, n_q_heads, n_kv_heads, head_dim;
+} kvs_eval_shape;
+
+/* One method with one parameter assignment (a point of the params sweep). */
+typedef struct {
+    const kvs_method *method;
+    kvs_params params;
+    char label[160];  /* "flashcache gamma=0.1" (only explicitly set params) */
+    char params_json[512]; /* every parameter, canonical: {"gamma":"0.1",...} */
+} kvs_variant;
+
+typedef struct {
+    char name[64];
+    kvs_exp_kind kind;
+    int line; /* line of the experiment{...} call */
+
+    /* dataset: "synthetic" (fidelity, overhead) or "niah" (task, schema only) */
+    char dataset[16];
+    int n_shapes;
+    kvs_eval_shape *shapes; /* [n_shapes] */
+    int n_lengths;
+    int *lengths; /* [n_lengths] N (synthetic) or prompt lengths (niah) */
+    int n_seeds;
+    int64_t *seeds; /* [n_seeds] */
+    int queries;    /* synthetic: recorded queries per layer, -1 = all N */
+    int probes, outliers, sinks; /* synthetic; 0 outliers = generator default */
+    double image_frac;
+    int n_depths;
+    double *depths; /* niah: [n_depths] in [0, 1] */
+    int per_cell;   /* niah */
+
+    int n_variants;
+    kvs_variant *variants; /* methods x params sweep, registry order kept */
+    int n_budgets;
+    kvs_budget *budgets;
+
+    /* task / overhead */
+    int backend_embedded;
+    char backend_url[256];
+    char model[256];
+    int n_metrics;
+    char (*metrics)[32];
+    int repeats, warmup; /* overhead */
+    char device[8];      /* overhead: "cpu" or "cuda" */
+    kvs_dtype dtype;     /* overhead: cache dtype */
+
+    int threads;
+} kvs_experiment;
+
+typedef struct {
+    char path[1024];
+    char dir[1024]; /* realpath of the config's folder (the io.open sandbox) */
+    char *text;     /* the config text, as read */
+    char hash[65];  /* SHA-256 of text + overrides */
+    char *overrides; /* "-D a=b -D c=d" as given, or NULL */
+    int n_experiments;
+    kvs_experiment *experiments;
+} kvs_config;
+
+/* Load and validate a config. overrides are "key=value" strings applied to
+ * every experiment{...} table before validation ("budgets={0.1,0.2}",
+ * "dataset.n_tokens=512", "name=x"); the value is read as a Lua expression,
+ * or as a string if it is not one. Every error names file:line and the field
+ * ("fidelity.lua:7: budgets[2]: 1.5 out of range: ..."). */
+kvs_status kvs_config_load(const char *path, const char *const *overrides, int n_overrides,
+                           kvs_config *cfg, kvs_err *err);
+/* The same from text (path is only used in messages and as the sandbox
+ * root's folder). */
+kvs_status kvs_config_load_text(const char *path, const char *text,
+                                const char *const *overrides, int n_overrides, kvs_config *cfg,
+                                kvs_err *err);
+void kvs_config_free(kvs_config *cfg);
+
+/* ---- The grid ------------------------------------------------------------- */
+
+typedef struct {
+    char key[65]; /* SHA-256 of def */
+    int shape, length, seed, variant, budget; /* indices into the experiment */
+    char def[1024]; /* canonical definition text (hashed) */
+} kvs_cell;
+
+/* Expand an experiment into cells, ordered shape, length, seed (outer),
+ * variant, budget (inner); `full` gets one cell per dataset instance (it
+ * keeps everything, the budget does not change it). Caller frees *cells. */
+kvs_status kvs_grid_expand(const kvs_experiment *e, kvs_cell **cells, int *n_cells, kvs_err *err);
+
+/* ---- The store ------------------------------------------------------------ */
+
+#define KVS_STORE_SCHEMA_VERSION 2
+#define KVS_STORE_DEFAULT_PATH "results/kvsieve.db"
+
+typedef struct kvs_store kvs_store;
+
+/* Open or create (with parent folder) and migrate to the current schema.
+ * WAL, busy_timeout 30 s, foreign keys on. */
+kvs_status kvs_store_open(const char *path, kvs_store **out, kvs_err *err);
+void kvs_store_close(kvs_store *s);
+int kvs_store_schema_version(kvs_store *s);
+struct sqlite3 *kvs_store_db(kvs_store *s);
+
+typedef struct {
+    const char *experiment, *kind;
+    const char *config_path, *config_text, *config_hash, *overrides;
+    const char *config_dir; /* where `git rev-parse HEAD` is asked */
+    int64_t n_cells;
+} kvs_run_info;
+
+/* Insert a run row with provenance (git revision when there is one, host,
+ * device, library versions, kvsieve version, start time, pid) and status
+ * 'running'. Runs left 'running' by a process of this host that no longer
+ * exists are marked 'abandoned' first. */
+kvs_status kvs_store_run_begin(kvs_store *s, const kvs_run_info *info, int64_t *run_id,
+                               kvs_err *err);
+/* status: "done", "interrupted" or "failed". */
+kvs_status kvs_store_run_end(kvs_store *s, int64_t run_id, const char *status, int64_t n_done,
+                             const char *error, kvs_err *err);
+
+typedef struct {
+    const char *name;
+    double value;
+} kvs_score;
+
+typedef struct {
+    const char *key, *experiment, *kind, *definition;
+    const char *model, *model_hash, *dataset, *dataset_version, *sample_id, *shape;
+    int64_t n_tokens, seed;
+    const char *method, *label, *params_json;
+    double budget_ratio;   /* 0 when a token budget */
+    int64_t budget_tokens; /* 0 when a ratio */
+    const char *prompt_hash;
+} kvs_cell_row;
+
+typedef struct {
+    const char *prediction; /* NULL for offline kinds */
+    double prefill_ms, compress_ms, decode_ms;
+    int64_t decode_tokens, kv_bytes_before, kv_bytes_after;
+    const char *note;
+    int n_scores;
+    const kvs_score *scores;
+} kvs_result_row;
+
+/* Store n finished cells in ONE transaction (BEGIN IMMEDIATE ... COMMIT):
+ * the cell definitions, their results and scores. A cell already finished
+ * (by another process) is left as it is. */
+kvs_status kvs_store_put(kvs_store *s, int64_t run_id, const kvs_cell_row *cells,
+                         const kvs_result_row *results, int n, kvs_err *err);
+
+/* *done = 1 when a result for the key exists. */
+kvs_status kvs_store_is_done(kvs_store *s, const char *key, int *done, kvs_err *err);
+
+typedef struct {
+    const char *cell_key; /* may be NULL */
+    const char *method, *params_json, *device, *shape, *dtype;
+    int64_t n_tokens, repetitions;
+    double median_ms, p10_ms, p90_ms;
+    double bytes_moved, gbps;
+} kvs_latency_row;
+
+kvs_status kvs_store_put_latency(kvs_store *s, int64_t run_id, const kvs_latency_row *rows, int n,
+                                 kvs_err *err);
+
+/* ---- Running -------------------------------------------------------------- */
+
+typedef struct {
+    int dry_run;
+    int threads_override;            /* > 0 overrides the config's threads */
+    volatile sig_atomic_t *stop;     /* set (by a SIGINT handler) to stop after the cell in flight */
+    FILE *progress;                  /* NULL: silent */
+    int progress_tty;                /* 1: one updating line; 0: a plain line every few seconds */
+    double progress_every_s;         /* non-TTY interval (default 5) */
+    const char *resume_hint;         /* command printed when stopped early */
+    int max_cells;                   /* > 0: stop after this many new cells (tests) */
+} kvs_run_opts;
+
+typedef struct {
+    int64_t run_id;
+    int n_cells, n_already, n_done, n_failed;
+    int interrupted;
+} kvs_run_summary;
+
+/* Run (or, dry_run, describe on opts->progress) every experiment of a
+ * config against the store. Finished cells are skipped; each new cell is
+ * committed when it finishes. */
+kvs_status kvs_run_config(kvs_store *s, const kvs_config *cfg, const kvs_run_opts *opts,
+                          kvs_run_summary *sum, kvs_err *err);
+
+/* ---- Reports -------------------------------------------------------------- */
+
+typedef enum { KVS_REPORT_MD = 0, KVS_REPORT_LATEX, KVS_REPORT_CSV, KVS_REPORT_JSON } kvs_report_format;
+
+typedef struct {
+    const char *experiment; /* NULL: every experiment */
+    int64_t run_id;         /* > 0: only results written by this run */
+    kvs_report_format format;
+    int bootstrap;          /* resamples (default 1000) */
+    uint64_t seed;          /* bootstrap seed (default 20260) */
+} kvs_report_opts;
+
+kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *out, kvs_err *err);
+/* Plot with gnuplot (a child process): score vs budget for fidelity/task
+ * experiments, overhead vs N on log-log axes when latency rows exist.
+ * Format from the extension (.svg or .png). */
+kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *path, kvs_err *err);
+
+/* Mean and percentile-bootstrap 95% CI of x[0..n), deterministic in seed. */
+void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,
+                      double *lo, double *hi);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

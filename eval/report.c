@@ -1,0 +1,1112 @@
+/*
+ * report.c -- comparison tables and plots from the results store.
+ *
+ * What it is: SQL over cells/results/scores (and latency), aggregated per
+ * (experiment, budget, method variant, metric) into mean and a seeded
+ * percentile-bootstrap 95% CI, written as Markdown, LaTeX, CSV or JSON;
+ * latency tables (N x method: median, p10, p90); plots through gnuplot run
+ * as a child process. What it is not: it never runs a method; everything
+ * comes from the database.
+ */
+#include "kvs_eval.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- bootstrap --------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Linear-interpolated quantile of sorted v[0..n). */
+static double quantile(const double *v, int n, double q) {
+    double pos = q * (n - 1);
+    int i = (int)floor(pos);
+    if (i >= n - 1) return v[n - 1];
+    double f = pos - i;
+    return v[i] + f * (v[i + 1] - v[i]);
+}
+
+void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,
+                      double *lo, double *hi) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    *mean = n > 0 ? s / n : NAN;
+    if (n <= 1 || resamples < 2) {
+        *lo = *hi = *mean;
+        return;
+    }
+    double *m = malloc(sizeof *m * (size_t)resamples); /* [resamples] resample means */
+    if (!m) {
+        *lo = *hi = NAN;
+        return;
+    }
+    /* splitmix64 inlined (this loop is the cost of a large report); the
+     * index is a multiply-shift of the high 32 bits, unbiased enough for
+     * n < 2^32 and free of a division. */
+    uint64_t st = seed;
+    for (int b = 0; b < resamples; b++) {
+        double t = 0;
+        for (int i = 0; i < n; i++) {
+            uint64_t z = (st += 0x9e3779b97f4a7c15ULL);
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+            z ^= z >> 31;
+            t += x[((z >> 32) * (uint64_t)n) >> 32];
+        }
+        m[b] = t / n;
+    }
+    qsort(m, (size_t)resamples, sizeof *m, cmp_double);
+    *lo = quantile(m, resamples, 0.025);
+    *hi = quantile(m, resamples, 0.975);
+    free(m);
+}
+
+static uint64_t fnv1a(const char *s, uint64_t h) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+/* ---- gathering ------------------------------------------------------------------ */
+
+typedef struct {
+    int n, cap;
+    char **v;
+} names;
+
+static int intern(names *t, const char *s) {
+    for (int i = t->n - 1; i >= 0; i--)
+        if (strcmp(t->v[i], s) == 0) return i;
+    if (t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 16;
+        char **nv = realloc(t->v, sizeof *nv * (size_t)cap);
+        if (!nv) return -1;
+        t->v = nv, t->cap = cap;
+    }
+    char *c = strdup(s);
+    if (!c) return -1;
+    t->v[t->n] = c;
+    return t->n++;
+}
+
+static void names_free(names *t) {
+    for (int i = 0; i < t->n; i++) free(t->v[i]);
+    free(t->v);
+}
+
+typedef struct {
+    int exp, budget, label, metric;
+    int n, cap;
+    double *x; /* [n] values */
+    double mean, lo, hi;
+} group;
+
+typedef struct {
+    double ratio;
+    int64_t tokens;
+} bkey;
+
+typedef struct {
+    names exps, kinds, labels, methods, metrics;
+    int *exp_kind;     /* [exps.n] */
+    int *label_method; /* [labels.n] */
+    bkey *budgets;
+    int n_budgets, cap_budgets;
+    group *g;
+    int n_groups, cap_groups;
+} dataset;
+
+static void dataset_free(dataset *d) {
+    names_free(&d->exps);
+    names_free(&d->kinds);
+    names_free(&d->labels);
+    names_free(&d->methods);
+    names_free(&d->metrics);
+    free(d->exp_kind);
+    free(d->label_method);
+    free(d->budgets);
+    for (int i = 0; i < d->n_groups; i++) free(d->g[i].x);
+    free(d->g);
+}
+
+static int budget_index(dataset *d, double ratio, int64_t tokens) {
+    for (int i = 0; i < d->n_budgets; i++)
+        if (d->budgets[i].ratio == ratio && d->budgets[i].tokens == tokens) return i;
+    if (d->n_budgets == d->cap_budgets) {
+        int cap = d->cap_budgets ? 2 * d->cap_budgets : 16;
+        bkey *nb = realloc(d->budgets, sizeof *nb * (size_t)cap);
+        if (!nb) return -1;
+        d->budgets = nb, d->cap_budgets = cap;
+    }
+    d->budgets[d->n_budgets] = (bkey){ratio, tokens};
+    return d->n_budgets++;
+}
+
+static kvs_status sql_fail(sqlite3 *db, kvs_err *err, const char *what) {
+    return kvs_errorf(err, KVS_ERR_IO, "report: %s: %s", what, sqlite3_errmsg(db));
+}
+
+static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_err *err) {
+    kvs_status rc = KVS_OK;
+    sqlite3_stmt *st = NULL;
+    const char *sql =
+        "SELECT c.experiment, c.kind, c.label, c.method, c.budget_ratio, c.budget_tokens, s.metric,"
+        " s.value FROM cells c JOIN results r ON r.cell_key = c.key"
+        " JOIN scores s ON s.cell_key = c.key"
+        " WHERE (?1 IS NULL OR c.experiment = ?1) AND (?2 <= 0 OR r.run_id = ?2)"
+        " AND s.value IS NOT NULL"
+        " ORDER BY c.experiment, c.budget_tokens, c.budget_ratio, c.label, s.metric";
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return sql_fail(db, err, "query");
+    if (o->experiment)
+        sqlite3_bind_text(st, 1, o->experiment, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 1);
+    sqlite3_bind_int64(st, 2, o->run_id);
+    group *cur = NULL;
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *exp = (const char *)sqlite3_column_text(st, 0);
+        const char *kind = (const char *)sqlite3_column_text(st, 1);
+        const char *label = (const char *)sqlite3_column_text(st, 2);
+        const char *method = (const char *)sqlite3_column_text(st, 3);
+        double ratio = sqlite3_column_double(st, 4);
+        int64_t tokens = sqlite3_column_int64(st, 5);
+        const char *metric = (const char *)sqlite3_column_text(st, 6);
+        double value = sqlite3_column_double(st, 7);
+        int ne = d->exps.n;
+        int e = intern(&d->exps, exp ? exp : "");
+        int k = intern(&d->kinds, kind ? kind : "");
+        int nl = d->labels.n;
+        int l = intern(&d->labels, label ? label : "");
+        int mth = intern(&d->methods, method ? method : "");
+        int m = intern(&d->metrics, metric ? metric : "");
+        int b = budget_index(d, ratio, tokens);
+        if (e < 0 || k < 0 || l < 0 || mth < 0 || m < 0 || b < 0) {
+            rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+            goto cleanup;
+        }
+        if (d->exps.n != ne) {
+            int *nk = realloc(d->exp_kind, sizeof *nk * (size_t)d->exps.n);
+            if (!nk) {
+                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                goto cleanup;
+            }
+            d->exp_kind = nk;
+            d->exp_kind[e] = k;
+        }
+        if (d->labels.n != nl) {
+            int *nm = realloc(d->label_method, sizeof *nm * (size_t)d->labels.n);
+            if (!nm) {
+                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                goto cleanup;
+            }
+            d->label_method = nm;
+            d->label_method[l] = mth;
+        }
+        if (!cur || cur->exp != e || cur->budget != b || cur->label != l || cur->metric != m) {
+            /* rows arrive sorted by group except metric interleaving: look up */
+            cur = NULL;
+            for (int i = d->n_groups - 1; i >= 0 && i >= d->n_groups - 64; i--) {
+                group *g = &d->g[i];
+                if (g->exp == e && g->budget == b && g->label == l && g->metric == m) {
+                    cur = g;
+                    break;
+                }
+            }
+            if (!cur) {
+                if (d->n_groups == d->cap_groups) {
+                    int cap = d->cap_groups ? 2 * d->cap_groups : 64;
+                    group *ng = realloc(d->g, sizeof *ng * (size_t)cap);
+                    if (!ng) {
+                        rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                        goto cleanup;
+                    }
+                    d->g = ng, d->cap_groups = cap;
+                }
+                cur = &d->g[d->n_groups++];
+                memset(cur, 0, sizeof *cur);
+                cur->exp = e, cur->budget = b, cur->label = l, cur->metric = m;
+            }
+        }
+        if (cur->n == cur->cap) {
+            int cap = cur->cap ? 2 * cur->cap : 8;
+            double *nx = realloc(cur->x, sizeof *nx * (size_t)cap);
+            if (!nx) {
+                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                goto cleanup;
+            }
+            cur->x = nx, cur->cap = cap;
+        }
+        cur->x[cur->n++] = value;
+    }
+    if (r != SQLITE_DONE) rc = sql_fail(db, err, "reading scores");
+cleanup:
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static void compute(dataset *d, const kvs_report_opts *o) {
+    int B = o->bootstrap > 0 ? o->bootstrap : 1000;
+    uint64_t seed = o->seed ? o->seed : 20260;
+    for (int i = 0; i < d->n_groups; i++) {
+        group *g = &d->g[i];
+        char bt[64];
+        snprintf(bt, sizeof bt, "|%.17g|%lld|", d->budgets[g->budget].ratio,
+                 (long long)d->budgets[g->budget].tokens);
+        uint64_t h = fnv1a(d->exps.v[g->exp], 0xcbf29ce484222325ULL);
+        h = fnv1a(bt, h);
+        h = fnv1a(d->labels.v[g->label], h);
+        h = fnv1a("|", h);
+        h = fnv1a(d->metrics.v[g->metric], h);
+        kvs_bootstrap_ci(g->x, g->n, B, seed ^ h, &g->mean, &g->lo, &g->hi);
+    }
+}
+
+/* ---- table layout ---------------------------------------------------------------- */
+
+/* -1: lower is better, +1 higher, 0 not ranked. */
+static int direction(const char *metric) {
+    size_t n = strlen(metric);
+    if (strcmp(metric, "kept_ratio") == 0) return 0;
+    if ((n > 4 && strcmp(metric + n - 4, "_err") == 0) || (n > 3 && strcmp(metric + n - 3, "_ms") == 0))
+        return -1;
+    return 1;
+}
+
+static int metric_rank(const char *m) {
+    static const char *const pref[] = {"mean_rel_err", "max_rel_err", "retention", "contains",
+                                       "exact",        "f1",          "rouge_l",   "accuracy",
+                                       "kept_ratio",   "compress_ms", "apply_ms"};
+    for (size_t i = 0; i < sizeof pref / sizeof pref[0]; i++)
+        if (strcmp(m, pref[i]) == 0) return (int)i;
+    return 100;
+}
+
+static int method_rank(const char *name) {
+    for (int i = 0; i < kvs_methods_count(); i++)
+        if (strcmp(kvs_method_at(i)->name, name) == 0) return i;
+    return 1000;
+}
+
+typedef struct {
+    int *labels, n_labels;   /* ordered rows */
+    int *metrics, n_metrics; /* ordered columns */
+    int *budgets, n_budgets; /* ordered tables */
+} layout_t;
+
+static int find_group(const dataset *d, int e, int b, int l, int m) {
+    for (int i = 0; i < d->n_groups; i++) {
+        const group *g = &d->g[i];
+        if (g->exp == e && g->budget == b && g->label == l && g->metric == m) return i;
+    }
+    return -1;
+}
+
+static int is_full(const dataset *d, int label) {
+    return strcmp(d->methods.v[d->label_method[label]], "full") == 0;
+}
+
+/* The group of label l for metric m at budget b; full rows come from any budget. */
+static int cell_group(const dataset *d, int e, int b, int l, int m) {
+    int i = find_group(d, e, b, l, m);
+    if (i >= 0 || !is_full(d, l)) return i;
+    for (int bb = 0; bb < d->n_budgets; bb++)
+        if ((i = find_group(d, e, bb, l, m)) >= 0) return i;
+    return -1;
+}
+
+typedef int (*ctx_cmp)(const dataset *d, int x, int y);
+
+/* Insertion sort with a context (lists here are short: variants, metrics). */
+static void sort_ints(int *a, int n, const dataset *d, ctx_cmp cmp) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && cmp(d, a[j - 1], a[j]) > 0; j--) {
+            int t = a[j];
+            a[j] = a[j - 1];
+            a[j - 1] = t;
+        }
+}
+
+static int cmp_label(const dataset *d, int x, int y) {
+    int rx = method_rank(d->methods.v[d->label_method[x]]);
+    int ry = method_rank(d->methods.v[d->label_method[y]]);
+    if (rx != ry) return rx - ry;
+    return strcmp(d->labels.v[x], d->labels.v[y]);
+}
+
+static int cmp_metric(const dataset *d, int x, int y) {
+    int rx = metric_rank(d->metrics.v[x]), ry = metric_rank(d->metrics.v[y]);
+    if (rx != ry) return rx - ry;
+    return strcmp(d->metrics.v[x], d->metrics.v[y]);
+}
+
+static int cmp_budget(const dataset *d, int a, int b) {
+    const bkey *x = &d->budgets[a], *y = &d->budgets[b];
+    if ((x->tokens > 0) != (y->tokens > 0)) return (x->tokens > 0) - (y->tokens > 0);
+    if (x->tokens != y->tokens) return x->tokens < y->tokens ? -1 : 1;
+    return (x->ratio > y->ratio) - (x->ratio < y->ratio);
+}
+
+static void layout_free(layout_t *t) {
+    free(t->labels);
+    free(t->metrics);
+    free(t->budgets);
+    memset(t, 0, sizeof *t);
+}
+
+static kvs_status layout(const dataset *d, int e, layout_t *t, kvs_err *err) {
+    memset(t, 0, sizeof *t);
+    t->labels = calloc((size_t)d->labels.n + 1, sizeof(int));
+    t->metrics = calloc((size_t)d->metrics.n + 1, sizeof(int));
+    t->budgets = calloc((size_t)d->n_budgets + 1, sizeof(int));
+    char *seen_l = calloc((size_t)d->labels.n + 1, 1), *seen_m = calloc((size_t)d->metrics.n + 1, 1);
+    char *seen_b = calloc((size_t)d->n_budgets + 1, 1);
+    if (!t->labels || !t->metrics || !t->budgets || !seen_l || !seen_m || !seen_b) {
+        free(seen_l), free(seen_m), free(seen_b);
+        layout_free(t);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+    }
+    /* budgets that hold a non-full variant; if none, full's own */
+    for (int pass = 0; pass < 2 && t->n_budgets == 0; pass++)
+        for (int i = 0; i < d->n_groups; i++) {
+            const group *g = &d->g[i];
+            if (g->exp != e || (pass == 0 && is_full(d, g->label)) || seen_b[g->budget]) continue;
+            seen_b[g->budget] = 1;
+            t->budgets[t->n_budgets++] = g->budget;
+        }
+    for (int i = 0; i < d->n_groups; i++) {
+        const group *g = &d->g[i];
+        if (g->exp != e) continue;
+        if (!seen_l[g->label]) seen_l[g->label] = 1, t->labels[t->n_labels++] = g->label;
+        if (!seen_m[g->metric]) seen_m[g->metric] = 1, t->metrics[t->n_metrics++] = g->metric;
+    }
+    sort_ints(t->labels, t->n_labels, d, cmp_label);
+    sort_ints(t->metrics, t->n_metrics, d, cmp_metric);
+    sort_ints(t->budgets, t->n_budgets, d, cmp_budget);
+    free(seen_l), free(seen_m), free(seen_b);
+    return KVS_OK;
+}
+
+static void budget_title(const bkey *b, char *out, size_t n) {
+    if (b->tokens > 0)
+        snprintf(out, n, "%lld tokens", (long long)b->tokens);
+    else
+        snprintf(out, n, "%g", b->ratio);
+}
+
+/* Best group index per metric column among non-full rows at budget b (-1 none). */
+static double best_value(const dataset *d, int e, int b, const layout_t *t, int m) {
+    int dir = direction(d->metrics.v[m]);
+    double best = NAN;
+    if (dir == 0) return NAN;
+    for (int i = 0; i < t->n_labels; i++) {
+        int l = t->labels[i];
+        if (is_full(d, l)) continue;
+        int gi = find_group(d, e, b, l, m);
+        if (gi < 0 || isnan(d->g[gi].mean)) continue;
+        double v = d->g[gi].mean;
+        if (isnan(best) || (dir < 0 ? v < best : v > best)) best = v;
+    }
+    return best;
+}
+
+/* ---- writers ----------------------------------------------------------------------- */
+
+static void fmt_num(double v, char *out, size_t n) {
+    if (isnan(v))
+        snprintf(out, n, "-");
+    else
+        snprintf(out, n, "%.4g", v);
+}
+
+static void tex_escape(FILE *f, const char *s) {
+    for (; *s; s++) {
+        if (*s == '_' || *s == '%' || *s == '&' || *s == '#' || *s == '$')
+            fprintf(f, "\\%c", *s);
+        else
+            fputc(*s, f);
+    }
+}
+
+static kvs_status write_runs(sqlite3 *db, const kvs_report_opts *o, const char *exp, FILE *f,
+                             kvs_report_format fmt, kvs_err *err) {
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(db,
+                           "SELECT id, status, started_at, ended_at, git_rev, config_hash, n_done,"
+                           " n_cells FROM runs WHERE experiment = ?1 AND (?2 <= 0 OR id = ?2)"
+                           " ORDER BY id",
+                           -1, &st, NULL) != SQLITE_OK)
+        return sql_fail(db, err, "reading runs");
+    sqlite3_bind_text(st, 1, exp, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, o->run_id);
+    const char *c = fmt == KVS_REPORT_LATEX ? "% " : "";
+    fprintf(f, "%sRuns:\n", c);
+    if (fmt == KVS_REPORT_MD) fputc('\n', f);
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *git = (const char *)sqlite3_column_text(st, 4);
+        const char *hash = (const char *)sqlite3_column_text(st, 5);
+        const char *ended = (const char *)sqlite3_column_text(st, 3);
+        fprintf(f, "%s- run %lld: %s, %s .. %s, %lld/%lld cells, git %.12s, config %.12s\n", c,
+                (long long)sqlite3_column_int64(st, 0), sqlite3_column_text(st, 1),
+                sqlite3_column_text(st, 2), ended ? ended : "-",
+                (long long)sqlite3_column_int64(st, 6), (long long)sqlite3_column_int64(st, 7),
+                git ? git : "none", hash ? hash : "-");
+    }
+    sqlite3_finalize(st);
+    if (r != SQLITE_DONE) return sql_fail(db, err, "reading runs");
+    fputc('\n', f);
+    return KVS_OK;
+}
+
+static void write_table(const dataset *d, int e, int b, const layout_t *t, int primary, FILE *f,
+                        kvs_report_format fmt) {
+    char bt[64];
+    budget_title(&d->budgets[b], bt, sizeof bt);
+    int full_label = -1;
+    for (int i = 0; i < t->n_labels; i++)
+        if (is_full(d, t->labels[i])) full_label = t->labels[i];
+    int full_g = full_label >= 0 ? cell_group(d, e, b, full_label, primary) : -1;
+    const char *pm = d->metrics.v[primary];
+    double *best = malloc(sizeof *best * (size_t)(t->n_metrics + 1));
+    if (!best) return;
+    for (int j = 0; j < t->n_metrics; j++) best[j] = best_value(d, e, b, t, t->metrics[j]);
+
+    if (fmt == KVS_REPORT_MD) {
+        fprintf(f, "### budget %s\n\n| method | n |", bt);
+        for (int j = 0; j < t->n_metrics; j++) {
+            fprintf(f, " %s |", d->metrics.v[t->metrics[j]]);
+            if (t->metrics[j] == primary) fprintf(f, " Δ %s vs full |", pm);
+        }
+        fprintf(f, "\n|---|---:|");
+        for (int j = 0; j < t->n_metrics; j++) fprintf(f, t->metrics[j] == primary ? "---:|---:|" : "---:|");
+        fputc('\n', f);
+    } else {
+        fprintf(f, "\\begin{table}[t]\n\\centering\n\\caption{");
+        tex_escape(f, d->exps.v[e]);
+        fprintf(f, ", budget %s: mean [95\\%% bootstrap CI]}\n\\begin{tabular}{lr", bt);
+        for (int j = 0; j < t->n_metrics; j++) fprintf(f, t->metrics[j] == primary ? "rr" : "r");
+        fprintf(f, "}\n\\toprule\nmethod & $n$");
+        for (int j = 0; j < t->n_metrics; j++) {
+            fprintf(f, " & ");
+            tex_escape(f, d->metrics.v[t->metrics[j]]);
+            if (t->metrics[j] == primary) {
+                fprintf(f, " & $\\Delta$ ");
+                tex_escape(f, pm);
+            }
+        }
+        fprintf(f, " \\\\\n\\midrule\n");
+    }
+    for (int i = 0; i < t->n_labels; i++) {
+        int l = t->labels[i];
+        int pg = cell_group(d, e, b, l, primary);
+        int n = -1;
+        for (int j = 0; j < t->n_metrics && n < 0; j++) {
+            int gi = cell_group(d, e, b, l, t->metrics[j]);
+            if (gi >= 0) n = d->g[gi].n;
+        }
+        if (n < 0) continue; /* this variant has no result at this budget */
+        if (fmt == KVS_REPORT_MD)
+            fprintf(f, "| %s | %d |", d->labels.v[l], n);
+        else {
+            tex_escape(f, d->labels.v[l]);
+            fprintf(f, " & %d", n);
+        }
+        for (int j = 0; j < t->n_metrics; j++) {
+            int m = t->metrics[j];
+            int gi = cell_group(d, e, b, l, m);
+            char a[32], lo[32], hi[32], cell[128];
+            if (gi < 0) {
+                snprintf(cell, sizeof cell, "-");
+            } else {
+                fmt_num(d->g[gi].mean, a, sizeof a);
+                fmt_num(d->g[gi].lo, lo, sizeof lo);
+                fmt_num(d->g[gi].hi, hi, sizeof hi);
+                snprintf(cell, sizeof cell, "%s [%s, %s]", a, lo, hi);
+            }
+            int mark = gi >= 0 && !is_full(d, l) && !isnan(best[j]) && d->g[gi].mean == best[j];
+            if (fmt == KVS_REPORT_MD)
+                fprintf(f, mark ? " **%s** |" : " %s |", cell);
+            else
+                fprintf(f, mark ? " & \\textbf{%s}" : " & %s", cell);
+            if (m == primary) {
+                char dl[40];
+                if (pg >= 0 && full_g >= 0)
+                    snprintf(dl, sizeof dl, "%+.4g", d->g[pg].mean - d->g[full_g].mean);
+                else
+                    snprintf(dl, sizeof dl, "-");
+                if (fmt == KVS_REPORT_MD)
+                    fprintf(f, " %s |", dl);
+                else
+                    fprintf(f, " & %s", dl);
+            }
+        }
+        fprintf(f, fmt == KVS_REPORT_MD ? "\n" : " \\\\\n");
+    }
+    if (fmt == KVS_REPORT_MD)
+        fputc('\n', f);
+    else
+        fprintf(f, "\\bottomrule\n\\end{tabular}\n\\end{table}\n\n");
+    free(best);
+}
+
+static void csv_field(FILE *f, const char *s) {
+    if (strpbrk(s, ",\"\n")) {
+        fputc('"', f);
+        for (; *s; s++) {
+            if (*s == '"') fputc('"', f);
+            fputc(*s, f);
+        }
+        fputc('"', f);
+    } else {
+        fputs(s, f);
+    }
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double v) {
+    if (isnan(v) || isinf(v))
+        fputs("null", f);
+    else
+        fprintf(f, "%.12g", v);
+}
+
+/* Long format: one row per (experiment, budget, variant, metric). */
+static void write_long(const dataset *d, FILE *f, kvs_report_format fmt, int *first) {
+    for (int e = 0; e < d->exps.n; e++) {
+        layout_t t;
+        if (layout(d, e, &t, NULL)) return;
+        int primary = t.n_metrics ? t.metrics[0] : -1;
+        for (int bi = 0; bi < t.n_budgets; bi++) {
+            int b = t.budgets[bi];
+            int full_label = -1;
+            for (int i = 0; i < t.n_labels; i++)
+                if (is_full(d, t.labels[i])) full_label = t.labels[i];
+            for (int i = 0; i < t.n_labels; i++) {
+                int l = t.labels[i];
+                for (int j = 0; j < t.n_metrics; j++) {
+                    int m = t.metrics[j];
+                    int gi = cell_group(d, e, b, l, m);
+                    if (gi < 0) continue;
+                    const group *g = &d->g[gi];
+                    int fg = full_label >= 0 ? cell_group(d, e, b, full_label, m) : -1;
+                    double delta = fg >= 0 ? g->mean - d->g[fg].mean : NAN;
+                    double best = best_value(d, e, b, &t, m);
+                    int mark = !is_full(d, l) && !isnan(best) && g->mean == best;
+                    const bkey *bk = &d->budgets[b];
+                    if (fmt == KVS_REPORT_CSV) {
+                        csv_field(f, d->exps.v[e]);
+                        fprintf(f, ",%s,%.12g,%lld,", d->kinds.v[d->exp_kind[e]], bk->ratio,
+                                (long long)bk->tokens);
+                        csv_field(f, d->labels.v[l]);
+                        fprintf(f, ",%s,%s,%d,%.12g,%.12g,%.12g,", d->methods.v[d->label_method[l]],
+                                d->metrics.v[m], g->n, g->mean, g->lo, g->hi);
+                        if (isnan(delta))
+                            fprintf(f, ",%d,%d\n", mark, m == primary);
+                        else
+                            fprintf(f, "%.12g,%d,%d\n", delta, mark, m == primary);
+                    } else {
+                        fprintf(f, "%s\n  {\"experiment\": ", *first ? "" : ",");
+                        *first = 0;
+                        json_str(f, d->exps.v[e]);
+                        fprintf(f, ", \"kind\": ");
+                        json_str(f, d->kinds.v[d->exp_kind[e]]);
+                        fprintf(f, ", \"budget_ratio\": ");
+                        json_num(f, bk->ratio);
+                        fprintf(f, ", \"budget_tokens\": %lld, \"variant\": ", (long long)bk->tokens);
+                        json_str(f, d->labels.v[l]);
+                        fprintf(f, ", \"method\": ");
+                        json_str(f, d->methods.v[d->label_method[l]]);
+                        fprintf(f, ", \"metric\": ");
+                        json_str(f, d->metrics.v[m]);
+                        fprintf(f, ", \"n\": %d, \"mean\": ", g->n);
+                        json_num(f, g->mean);
+                        fprintf(f, ", \"ci_lo\": ");
+                        json_num(f, g->lo);
+                        fprintf(f, ", \"ci_hi\": ");
+                        json_num(f, g->hi);
+                        fprintf(f, ", \"delta_vs_full\": ");
+                        json_num(f, delta);
+                        fprintf(f, ", \"best\": %s}", mark ? "true" : "false");
+                    }
+                }
+            }
+        }
+        layout_free(&t);
+    }
+}
+
+/* ---- latency ------------------------------------------------------------------------ */
+
+typedef struct {
+    char shape[64], device[32], dtype[16], label[160];
+    int64_t n;
+    double med, p10, p90;
+} lat_row;
+
+static kvs_status gather_latency(sqlite3 *db, const kvs_report_opts *o, lat_row **rows, int *n,
+                                 kvs_err *err) {
+    sqlite3_stmt *st = NULL;
+    *rows = NULL;
+    *n = 0;
+    int cap = 0;
+    kvs_status rc = KVS_OK;
+    /* the newest row per (shape, device, dtype, variant, N) */
+    const char *sql =
+        "SELECT l.shape, l.device, l.dtype, coalesce(c.label, l.method), l.n_tokens, l.median_ms,"
+        " l.p10_ms, l.p90_ms FROM latency l LEFT JOIN runs ru ON ru.id = l.run_id"
+        " LEFT JOIN cells c ON c.key = l.cell_key"
+        " WHERE (?1 IS NULL OR ru.experiment = ?1) AND (?2 <= 0 OR l.run_id = ?2)"
+        " AND l.id IN (SELECT max(id) FROM latency GROUP BY shape, device, dtype, method, params,"
+        " n_tokens) ORDER BY l.shape, l.device, l.dtype, l.n_tokens";
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        return sql_fail(db, err, "latency query");
+    if (o->experiment)
+        sqlite3_bind_text(st, 1, o->experiment, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 1);
+    sqlite3_bind_int64(st, 2, o->run_id);
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 64;
+            lat_row *nr = realloc(*rows, sizeof *nr * (size_t)cap);
+            if (!nr) {
+                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                goto cleanup;
+            }
+            *rows = nr;
+        }
+        lat_row *x = &(*rows)[(*n)++];
+        snprintf(x->shape, sizeof x->shape, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(x->device, sizeof x->device, "%s", (const char *)sqlite3_column_text(st, 1));
+        snprintf(x->dtype, sizeof x->dtype, "%s", (const char *)sqlite3_column_text(st, 2));
+        snprintf(x->label, sizeof x->label, "%s", (const char *)sqlite3_column_text(st, 3));
+        x->n = sqlite3_column_int64(st, 4);
+        x->med = sqlite3_column_double(st, 5);
+        x->p10 = sqlite3_column_type(st, 6) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 6);
+        x->p90 = sqlite3_column_type(st, 7) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 7);
+    }
+    if (r != SQLITE_DONE) rc = sql_fail(db, err, "reading latency");
+cleanup:
+    sqlite3_finalize(st);
+    if (rc) {
+        free(*rows);
+        *rows = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+static void write_latency(const lat_row *rows, int n, FILE *f, kvs_report_format fmt) {
+    int i = 0;
+    while (i < n) {
+        int j = i;
+        while (j < n && strcmp(rows[j].shape, rows[i].shape) == 0 &&
+               strcmp(rows[j].device, rows[i].device) == 0 && strcmp(rows[j].dtype, rows[i].dtype) == 0)
+            j++;
+        /* methods of this block, in registry order then text */
+        const char *meth[64];
+        int nm = 0;
+        for (int k = i; k < j; k++) {
+            int seen = 0;
+            for (int q = 0; q < nm; q++) seen |= strcmp(meth[q], rows[k].label) == 0;
+            if (!seen && nm < 64) meth[nm++] = rows[k].label;
+        }
+        for (int a = 1; a < nm; a++)
+            for (int b = a; b > 0; b--) {
+                char m1[64], m2[64];
+                sscanf(meth[b - 1], "%63s", m1);
+                sscanf(meth[b], "%63s", m2);
+                int r1 = method_rank(m1), r2 = method_rank(m2);
+                if (r1 < r2 || (r1 == r2 && strcmp(meth[b - 1], meth[b]) <= 0)) break;
+                const char *t = meth[b];
+                meth[b] = meth[b - 1];
+                meth[b - 1] = t;
+            }
+        if (fmt == KVS_REPORT_MD) {
+            fprintf(f, "### latency: %s, %s, %s (ms: median [p10, p90])\n\n| N |", rows[i].shape,
+                    rows[i].device, rows[i].dtype);
+            for (int q = 0; q < nm; q++) fprintf(f, " %s |", meth[q]);
+            fprintf(f, "\n|---:|");
+            for (int q = 0; q < nm; q++) fprintf(f, "---:|");
+            fputc('\n', f);
+        } else if (fmt == KVS_REPORT_LATEX) {
+            fprintf(f, "\\begin{table}[t]\n\\centering\n\\caption{Compression latency (ms, median "
+                       "[p10, p90]): ");
+            tex_escape(f, rows[i].shape);
+            fprintf(f, ", %s, %s}\n\\begin{tabular}{r", rows[i].device, rows[i].dtype);
+            for (int q = 0; q < nm; q++) fputc('r', f);
+            fprintf(f, "}\n\\toprule\n$N$");
+            for (int q = 0; q < nm; q++) {
+                fprintf(f, " & ");
+                tex_escape(f, meth[q]);
+            }
+            fprintf(f, " \\\\\n\\midrule\n");
+        }
+        int k = i;
+        while (k < j) {
+            int64_t N = rows[k].n;
+            int end = k;
+            while (end < j && rows[end].n == N) end++;
+            if (fmt == KVS_REPORT_MD || fmt == KVS_REPORT_LATEX) {
+                fprintf(f, fmt == KVS_REPORT_MD ? "| %lld |" : "%lld", (long long)N);
+                for (int q = 0; q < nm; q++) {
+                    char cell[128] = "-";
+                    for (int x = k; x < end; x++)
+                        if (strcmp(rows[x].label, meth[q]) == 0) {
+                            char a[32], b[32], c[32];
+                            fmt_num(rows[x].med, a, sizeof a);
+                            fmt_num(rows[x].p10, b, sizeof b);
+                            fmt_num(rows[x].p90, c, sizeof c);
+                            snprintf(cell, sizeof cell, "%s [%s, %s]", a, b, c);
+                        }
+                    fprintf(f, fmt == KVS_REPORT_MD ? " %s |" : " & %s", cell);
+                }
+                fprintf(f, fmt == KVS_REPORT_MD ? "\n" : " \\\\\n");
+            }
+            k = end;
+        }
+        if (fmt == KVS_REPORT_MD)
+            fputc('\n', f);
+        else if (fmt == KVS_REPORT_LATEX)
+            fprintf(f, "\\bottomrule\n\\end{tabular}\n\\end{table}\n\n");
+        i = j;
+    }
+}
+
+/* ---- entry points ----------------------------------------------------------------------- */
+
+kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs_err *err) {
+    sqlite3 *db = kvs_store_db(s);
+    dataset d;
+    memset(&d, 0, sizeof d);
+    lat_row *lat = NULL;
+    int n_lat = 0;
+    kvs_status rc;
+    if ((rc = gather(db, o, &d, err))) goto cleanup;
+    if ((rc = gather_latency(db, o, &lat, &n_lat, err))) goto cleanup;
+    compute(&d, o);
+    if (d.n_groups == 0 && n_lat == 0) {
+        if (o->experiment)
+            rc = kvs_errorf(err, KVS_ERR_NOTFOUND, "report: no results for experiment '%s'",
+                            o->experiment);
+        else if (o->run_id > 0)
+            rc = kvs_errorf(err, KVS_ERR_NOTFOUND, "report: no results written by run %lld",
+                            (long long)o->run_id);
+        else
+            rc = kvs_errorf(err, KVS_ERR_NOTFOUND, "report: the database holds no results yet");
+        goto cleanup;
+    }
+    int B = o->bootstrap > 0 ? o->bootstrap : 1000;
+    uint64_t seed = o->seed ? o->seed : 20260;
+    if (o->format == KVS_REPORT_CSV) {
+        fprintf(f, "experiment,kind,budget_ratio,budget_tokens,variant,method,metric,n,mean,ci_lo,"
+                   "ci_hi,delta_vs_full,best,primary\n");
+        int first = 1;
+        write_long(&d, f, KVS_REPORT_CSV, &first);
+    } else if (o->format == KVS_REPORT_JSON) {
+        fprintf(f, "{\"bootstrap\": %d, \"seed\": %llu, \"rows\": [", B, (unsigned long long)seed);
+        int first = 1;
+        write_long(&d, f, KVS_REPORT_JSON, &first);
+        fprintf(f, "\n], \"latency\": [");
+        for (int i = 0; i < n_lat; i++) {
+            fprintf(f, "%s\n  {\"shape\": ", i ? "," : "");
+            json_str(f, lat[i].shape);
+            fprintf(f, ", \"device\": ");
+            json_str(f, lat[i].device);
+            fprintf(f, ", \"dtype\": ");
+            json_str(f, lat[i].dtype);
+            fprintf(f, ", \"variant\": ");
+            json_str(f, lat[i].label);
+            fprintf(f, ", \"n_tokens\": %lld, \"median_ms\": ", (long long)lat[i].n);
+            json_num(f, lat[i].med);
+            fprintf(f, ", \"p10_ms\": ");
+            json_num(f, lat[i].p10);
+            fprintf(f, ", \"p90_ms\": ");
+            json_num(f, lat[i].p90);
+            fputc('}', f);
+        }
+        fprintf(f, "\n]}\n");
+    } else {
+        int md = o->format == KVS_REPORT_MD;
+        fprintf(f, md ? "# kvsieve report\n\n" : "%% kvsieve report (needs \\usepackage{booktabs})\n\n");
+        for (int e = 0; e < d.exps.n; e++) {
+            layout_t t;
+            if ((rc = layout(&d, e, &t, err))) goto cleanup;
+            if (md)
+                fprintf(f, "## %s (%s)\n\n", d.exps.v[e], d.kinds.v[d.exp_kind[e]]);
+            else {
+                fprintf(f, "%% experiment ");
+                tex_escape(f, d.exps.v[e]);
+                fprintf(f, " (%s)\n", d.kinds.v[d.exp_kind[e]]);
+            }
+            if ((rc = write_runs(db, o, d.exps.v[e], f, o->format, err))) {
+                layout_free(&t);
+                goto cleanup;
+            }
+            int primary = t.n_metrics ? t.metrics[0] : -1;
+            for (int bi = 0; bi < t.n_budgets && primary >= 0; bi++)
+                write_table(&d, e, t.budgets[bi], &t, primary, f, o->format);
+            layout_free(&t);
+        }
+        if (d.n_groups > 0) {
+            if (md)
+                fprintf(f, "Mean [95%% percentile-bootstrap CI, %d resamples, seed %llu]. **Bold**: "
+                           "best per column among the compressed variants (lower is better for "
+                           "*_err and *_ms, higher for retention and task scores; kept_ratio is "
+                           "not ranked). Δ: difference of means to `full`, which keeps every token "
+                           "and is shown in every budget's table.\n\n",
+                        B, (unsigned long long)seed);
+            else
+                fprintf(f, "%% mean [95%% percentile-bootstrap CI, %d resamples, seed %llu]; bold: "
+                           "best per column; Delta: difference to full\n\n",
+                        B, (unsigned long long)seed);
+        }
+        write_latency(lat, n_lat, f, o->format);
+    }
+    if (ferror(f)) rc = kvs_errorf(err, KVS_ERR_IO, "report: write failed");
+cleanup:
+    dataset_free(&d);
+    free(lat);
+    return rc;
+}
+
+/* ---- plots ---------------------------------------------------------------------------- */
+
+static int on_path(const char *name) {
+    const char *path = getenv("PATH");
+    char buf[1024];
+    while (path && *path) {
+        const char *end = strchr(path, ':');
+        size_t len = end ? (size_t)(end - path) : strlen(path);
+        if (len > 0 && len + strlen(name) + 2 < sizeof buf) {
+            memcpy(buf, path, len);
+            snprintf(buf + len, sizeof buf - len, "/%s", name);
+            if (access(buf, X_OK) == 0) return 1;
+        }
+        path += len;
+        if (*path == ':') path++;
+    }
+    return 0;
+}
+
+/* gnuplot-safe single-quoted string. */
+static void gp_str(FILE *f, const char *s) {
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', f);
+        fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+static kvs_status run_gnuplot(const char *script, const char *logf, const char *out, kvs_err *err) {
+    pid_t pid = fork();
+    if (pid < 0) return kvs_errorf(err, KVS_ERR_IO, "plot: fork failed: %s", strerror(errno));
+    if (pid == 0) {
+        FILE *lf = freopen(logf, "w", stderr);
+        (void)lf;
+        execlp("gnuplot", "gnuplot", script, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return kvs_errorf(err, KVS_ERR_IO, "plot: waitpid: %s", strerror(errno));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char msg[300] = "";
+        FILE *lf = fopen(logf, "r");
+        if (lf) {
+            size_t k = fread(msg, 1, sizeof msg - 1, lf);
+            msg[k] = '\0';
+            fclose(lf);
+        }
+        return kvs_errorf(err, KVS_ERR_IO, "plot: gnuplot failed (status %d) writing %s: %s",
+                          WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, msg);
+    }
+    struct stat sb;
+    if (stat(out, &sb) != 0 || sb.st_size == 0)
+        return kvs_errorf(err, KVS_ERR_IO, "plot: gnuplot wrote no output to %s", out);
+    return KVS_OK;
+}
+
+static void terminal_line(FILE *g, int png, const char *out) {
+    fprintf(g, "set terminal %s size 900,560\nset output ", png ? "png" : "svg");
+    gp_str(g, out);
+    fprintf(g, "\nset grid\nset key outside right\n");
+}
+
+kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *path, kvs_err *err) {
+    kvs_status rc = KVS_OK;
+    size_t pl = strlen(path);
+    int png = pl > 4 && strcmp(path + pl - 4, ".png") == 0;
+    int svg = pl > 4 && strcmp(path + pl - 4, ".svg") == 0;
+    if (!png && !svg)
+        return kvs_errorf(err, KVS_ERR_INVALID, "--plot %s: the file must end in .svg or .png", path);
+    if (!on_path("gnuplot"))
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "--plot: gnuplot is not installed (Debian: apt-get install gnuplot-nox)");
+    dataset d;
+    memset(&d, 0, sizeof d);
+    lat_row *lat = NULL;
+    int n_lat = 0;
+    char dir[] = "/tmp/kvsieve-plot-XXXXXX";
+    char data[64], script[64], logf[64], out2[1100];
+    int have_dir = 0, files = 0;
+    if ((rc = gather(kvs_store_db(s), o, &d, err))) goto cleanup;
+    if ((rc = gather_latency(kvs_store_db(s), o, &lat, &n_lat, err))) goto cleanup;
+    compute(&d, o);
+    if (d.n_groups == 0 && n_lat == 0) {
+        rc = kvs_errorf(err, KVS_ERR_NOTFOUND, "--plot: no results to plot");
+        goto cleanup;
+    }
+    if (!mkdtemp(dir)) {
+        rc = kvs_errorf(err, KVS_ERR_IO, "plot: cannot create a temporary folder: %s", strerror(errno));
+        goto cleanup;
+    }
+    have_dir = 1;
+    snprintf(data, sizeof data, "%s/data", dir);
+    snprintf(script, sizeof script, "%s/plot.gp", dir);
+    snprintf(logf, sizeof logf, "%s/log", dir);
+    if (d.n_groups > 0) {
+        /* score vs budget: the first experiment's primary metric, ratio budgets */
+        layout_t t;
+        if ((rc = layout(&d, 0, &t, err))) goto cleanup;
+        int primary = t.metrics[0];
+        FILE *df = fopen(data, "w"), *g = fopen(script, "w");
+        files = 1;
+        if (!df || !g) {
+            if (df) fclose(df);
+            if (g) fclose(g);
+            layout_free(&t);
+            rc = kvs_errorf(err, KVS_ERR_IO, "plot: cannot write in %s", dir);
+            goto cleanup;
+        }
+        terminal_line(g, png, path);
+        fprintf(g, "set title ");
+        char title[200];
+        snprintf(title, sizeof title, "%s: %s vs budget (mean, 95%% CI)", d.exps.v[0],
+                 d.metrics.v[primary]);
+        gp_str(g, title);
+        fprintf(g, " noenhanced\nset xlabel 'budget (kept ratio)'\nset ylabel ");
+        gp_str(g, d.metrics.v[primary]);
+        fprintf(g, " noenhanced\nplot ");
+        int block = 0;
+        for (int i = 0; i < t.n_labels; i++) {
+            int l = t.labels[i], rows = 0;
+            for (int bi = 0; bi < t.n_budgets; bi++) {
+                int b = t.budgets[bi];
+                if (d.budgets[b].tokens > 0) continue;
+                int gi = cell_group(&d, 0, b, l, primary);
+                if (gi < 0) continue;
+                fprintf(df, "%.17g %.17g %.17g %.17g\n", d.budgets[b].ratio, d.g[gi].mean,
+                        d.g[gi].lo, d.g[gi].hi);
+                rows++;
+            }
+            if (!rows) continue;
+            fprintf(df, "\n\n");
+            fprintf(g, "%s'%s' index %d using 1:2:3:4 with yerrorlines title ", block ? ", " : "",
+                    data, block);
+            gp_str(g, d.labels.v[l]);
+            fprintf(g, " noenhanced");
+            block++;
+        }
+        fputc('\n', g);
+        fclose(df);
+        fclose(g);
+        layout_free(&t);
+        if (block == 0) {
+            rc = kvs_errorf(err, KVS_ERR_NOTFOUND, "--plot: no ratio budgets to plot");
+            goto cleanup;
+        }
+        if ((rc = run_gnuplot(script, logf, path, err))) goto cleanup;
+    }
+    if (n_lat > 0) {
+        /* overhead vs N, log-log, first shape/device/dtype block */
+        const char *target = path;
+        if (d.n_groups > 0) {
+            snprintf(out2, sizeof out2, "%.*s-overhead%s", (int)(pl - 4), path, path + pl - 4);
+            target = out2;
+        }
+        FILE *df = fopen(data, "w"), *g = fopen(script, "w");
+        files = 1;
+        if (!df || !g) {
+            if (df) fclose(df);
+            if (g) fclose(g);
+            rc = kvs_errorf(err, KVS_ERR_IO, "plot: cannot write in %s", dir);
+            goto cleanup;
+        }
+        terminal_line(g, png, target);
+        char title[200];
+        snprintf(title, sizeof title, "compression overhead: %s, %s, %s", lat[0].shape,
+                 lat[0].device, lat[0].dtype);
+        fprintf(g, "set title ");
+        gp_str(g, title);
+        fprintf(g, " noenhanced\nset logscale xy\nset xlabel 'N (tokens)'\nset ylabel 'ms "
+                   "(median, p10-p90)'\nplot ");
+        int block = 0;
+        for (int i = 0; i < n_lat; i++) {
+            if (strcmp(lat[i].shape, lat[0].shape) || strcmp(lat[i].device, lat[0].device) ||
+                strcmp(lat[i].dtype, lat[0].dtype))
+                continue;
+            int first = 1;
+            for (int k = 0; k < i; k++)
+                if (!strcmp(lat[k].label, lat[i].label) && !strcmp(lat[k].shape, lat[0].shape) &&
+                    !strcmp(lat[k].device, lat[0].device) && !strcmp(lat[k].dtype, lat[0].dtype))
+                    first = 0;
+            if (!first) continue;
+            for (int k = i; k < n_lat; k++)
+                if (!strcmp(lat[k].label, lat[i].label) && !strcmp(lat[k].shape, lat[0].shape) &&
+                    !strcmp(lat[k].device, lat[0].device) && !strcmp(lat[k].dtype, lat[0].dtype))
+                    fprintf(df, "%lld %.17g %.17g %.17g\n", (long long)lat[k].n, lat[k].med,
+                            isnan(lat[k].p10) ? lat[k].med : lat[k].p10,
+                            isnan(lat[k].p90) ? lat[k].med : lat[k].p90);
+            fprintf(df, "\n\n");
+            fprintf(g, "%s'%s' index %d using 1:2:3:4 with yerrorlines title ", block ? ", " : "",
+                    data, block);
+            gp_str(g, lat[i].label);
+            fprintf(g, " noenhanced");
+            block++;
+        }
+        fputc('\n', g);
+        fclose(df);
+        fclose(g);
+        if ((rc = run_gnuplot(script, logf, target, err))) goto cleanup;
+    }
+cleanup:
+    if (have_dir) {
+        if (files) {
+            unlink(data);
+            unlink(script);
+        }
+        unlink(logf);
+        rmdir(dir);
+    }
+    dataset_free(&d);
+    free(lat);
+    return rc;
+}

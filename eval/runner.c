@@ -1,0 +1,443 @@
+/*
+ * runner.c -- run a config's experiments against the store: skip finished
+ * cells, run the rest, commit each cell as it finishes, show progress.
+ *
+ * What it is: the `fidelity` kind end to end (synthetic cache -> method ->
+ * apply -> attention-output error of probe queries and planted-outlier
+ * retention), the dry-run grid listing, progress and interruption.
+ * What it is not: kinds `overhead` and `task` stop with a clear
+ * "not implemented yet" error (their issues complete them); no HTTP.
+ *
+ * Memory: one synthetic cache (the current shape/N/seed) is kept and reused
+ * by every cell of that dataset instance; the grid is ordered so those cells
+ * are adjacent. Beyond the cache, a cell holds its plan and the compressed
+ * copy (at most the cache's size).
+ */
+#include "kvs_eval.h"
+#include "kvs_formats.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- progress ------------------------------------------------------------ */
+
+typedef struct {
+    const kvs_run_opts *o;
+    double t0, last;
+    int total, done;
+    int line_open;
+} progress;
+
+static void fmt_eta(double s, char *buf, size_t n) {
+    if (!(s >= 0) || s > 1e7) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else
+        snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+}
+
+static void progress_show(progress *p, const char *what, int force) {
+    if (!p->o->progress) return;
+    double now = kvs_now_ms();
+    double every = p->o->progress_tty ? 100.0
+                   : (p->o->progress_every_s > 0 ? p->o->progress_every_s : 5.0) * 1000.0;
+    if (!force && now - p->last < every) return;
+    p->last = now;
+    double el = (now - p->t0) / 1000.0;
+    double rate = el > 0 ? p->done / el : 0;
+    char eta[32];
+    fmt_eta(rate > 0 ? (p->total - p->done) / rate : -1, eta, sizeof eta);
+    if (p->o->progress_tty) {
+        fprintf(p->o->progress, "\r\033[K[%d/%d] %.2f cells/s, ETA %s  %.60s", p->done, p->total,
+                rate, eta, what);
+        p->line_open = 1;
+    } else {
+        fprintf(p->o->progress, "[%d/%d] %.2f cells/s, ETA %s  %s\n", p->done, p->total, rate, eta,
+                what);
+    }
+    fflush(p->o->progress);
+}
+
+static void progress_end(progress *p) {
+    if (p->o->progress && p->line_open) fputc('\n', p->o->progress);
+    p->line_open = 0;
+}
+
+/* ---- one dataset instance (shape, N, seed) ------------------------------- */
+
+typedef struct {
+    int shape, length, seed; /* which instance is loaded; -1 none */
+    kvs_dense_cache cache;
+    float **probes; /* [L] each [Hq][P][d] */
+    int32_t *outliers;
+    kvs_synth_config sc;
+    kvs_cache_view view;
+    kvs_layer *layers; /* [L] storage for view */
+} instance;
+
+static void instance_free(instance *in) {
+    if (in->probes) {
+        for (int l = 0; l < in->cache.n_layers; l++) free(in->probes[l]);
+        free(in->probes);
+    }
+    free(in->outliers);
+    free(in->layers);
+    kvs_dense_cache_free(&in->cache);
+    memset(in, 0, sizeof *in);
+    in->shape = in->length = in->seed = -1;
+}
+
+static kvs_status instance_load(instance *in, const kvs_experiment *e, const kvs_cell *c,
+                                kvs_err *err) {
+    if (in->shape == c->shape && in->length == c->length && in->seed == c->seed) return KVS_OK;
+    instance_free(in);
+    kvs_status rc;
+    const kvs_eval_shape *s = &e->shapes[c->shape];
+    kvs_synth_config *sc = &in->sc;
+    if (strncmp(s->name, "custom-", 7) == 0) {
+        kvs_synth_defaults(sc);
+        sc->n_layers = s->n_layers, sc->n_q_heads = s->n_q_heads;
+        sc->n_kv_heads = s->n_kv_heads, sc->head_dim = s->head_dim;
+    } else if ((rc = kvs_synth_preset(s->name, sc, err))) {
+        return rc;
+    }
+    int N = e->lengths[c->length];
+    sc->n_tokens = N;
+    sc->seed = (uint64_t)e->seeds[c->seed];
+    sc->n_queries = e->queries < 0 || e->queries > N ? N : e->queries;
+    sc->n_probes = e->probes;
+    if (e->outliers > 0) sc->n_outliers = e->outliers;
+    if (e->sinks >= 0) sc->n_sinks = e->sinks;
+    sc->image_frac = e->image_frac;
+    if (sc->n_outliers <= 0) { /* resolve the generator's default here so M is known */
+        int a = N / 256 > 4 ? N / 256 : 4;
+        sc->n_outliers = a < N - sc->n_sinks ? a : N - sc->n_sinks;
+    }
+    if ((rc = kvs_synth_generate(sc, &in->cache, &in->probes, &in->outliers, err)))
+        return kvs_err_prefix(err, "generating synthetic cache %s N=%d seed=%lld", s->name, N,
+                              (long long)e->seeds[c->seed]);
+    in->layers = calloc((size_t)in->cache.n_layers, sizeof *in->layers);
+    if (!in->layers) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    if ((rc = kvs_dense_cache_view(&in->cache, &in->view, in->layers, err))) return rc;
+    in->shape = c->shape, in->length = c->length, in->seed = c->seed;
+    return KVS_OK;
+}
+
+/* ---- one fidelity cell ----------------------------------------------------- */
+
+typedef struct {
+    double mean_rel_err, max_rel_err, retention, kept_ratio, compress_ms, apply_ms;
+    int64_t bytes_before, bytes_after;
+    char note[256];
+} fid_result;
+
+static kvs_status run_fidelity_cell(const kvs_experiment *e, const kvs_cell *c, instance *in,
+                                    int threads, fid_result *r, kvs_err *err) {
+    kvs_status rc = KVS_OK;
+    const kvs_variant *var = &e->variants[c->variant];
+    const kvs_method *m = var->method;
+    const int L = in->cache.n_layers, N = in->cache.n_tokens;
+    kvs_plan plan;
+    memset(&plan, 0, sizeof plan);
+    kvs_dense_cache comp;
+    memset(&comp, 0, sizeof comp);
+    kvs_layer *work = calloc((size_t)L, sizeof *work); /* [L] the method's view of the layers */
+    if (!work) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    memset(r, 0, sizeof *r);
+
+    /* Queries: exactly what the method asks for, the last w of those
+     * recorded, so a cell's result does not depend on how many were made. */
+    int have = in->view.layers[0].q.data ? in->view.layers[0].q.n_tokens : 0;
+    int want = 0;
+    if (m->needs & KVS_NEED_Q_ALL)
+        want = N;
+    else if (m->queries_wanted)
+        want = m->queries_wanted(&var->params, N);
+    if (want > N) want = N;
+    if (want > have) {
+        rc = kvs_errorf(err, KVS_ERR_INVALID,
+                        "method '%s' needs the queries of %d positions but the dataset records %d "
+                        "(set dataset queries = \"all\")",
+                        m->name, want, have);
+        goto cleanup;
+    }
+    for (int l = 0; l < L; l++) {
+        work[l] = in->view.layers[l];
+        kvs_view *q = &work[l].q;
+        if (want == 0) {
+            q->data = NULL;
+            q->n_tokens = 0;
+        } else if (want < have) {
+            q->data = (const float *)q->data + (size_t)(have - want) * (size_t)q->s_tok;
+            q->n_tokens = want;
+        }
+    }
+    kvs_cache_view cv = {L, work, in->view.modality};
+    kvs_budget b = {1.0, 0};
+    if (c->budget >= 0) b = e->budgets[c->budget];
+
+    double t0 = kvs_now_ms();
+    if ((rc = kvs_compress(m, &var->params, &cv, &b, threads, &plan, err))) goto cleanup;
+    double t1 = kvs_now_ms();
+    if ((rc = kvs_apply(&cv, &plan, &comp, err))) goto cleanup;
+    double t2 = kvs_now_ms();
+    r->compress_ms = t1 - t0;
+    r->apply_ms = t2 - t1;
+
+    double sum = 0, mx = 0;
+    int64_t kept = 0;
+    for (int l = 0; l < L; l++) {
+        const kvs_layer *full = &in->view.layers[l];
+        kvs_view pv = kvs_view_make(in->probes[l], KVS_F32, in->sc.n_q_heads, in->sc.n_probes,
+                                    in->sc.head_dim);
+        double mean_l = 0, max_l = 0;
+        if ((rc = kvs_fidelity_layer(&pv, full, &comp.layers[l], &mean_l, &max_l, err))) {
+            kvs_err_prefix(err, "layer %d", l);
+            goto cleanup;
+        }
+        sum += mean_l;
+        if (max_l > mx) mx = max_l;
+        kept += comp.layers[l].n_tokens;
+        r->bytes_after += 2 * (int64_t)comp.layers[l].n_kv_heads * comp.layers[l].n_tokens *
+                          comp.layers[l].head_dim * (int64_t)sizeof(float);
+        r->bytes_before += 2 * (int64_t)full->k.n_heads * full->k.n_tokens * full->k.head_dim *
+                           (int64_t)sizeof(float);
+    }
+    r->mean_rel_err = sum / L;
+    r->max_rel_err = mx;
+    r->kept_ratio = (double)kept / ((double)L * N);
+    r->retention = in->sc.n_outliers > 0 ? kvs_plan_retention(&plan, in->outliers, in->sc.n_outliers)
+                                         : NAN;
+    snprintf(r->note, sizeof r->note, "%s", plan.note);
+cleanup:
+    kvs_plan_free(&plan);
+    kvs_dense_cache_free(&comp);
+    free(work);
+    return rc;
+}
+
+/* ---- describing cells -------------------------------------------------------- */
+
+static void budget_label(const kvs_experiment *e, const kvs_cell *c, char *out, size_t n) {
+    if (c->budget < 0)
+        snprintf(out, n, "all");
+    else if (e->budgets[c->budget].tokens > 0)
+        snprintf(out, n, "%lld tok", (long long)e->budgets[c->budget].tokens);
+    else
+        snprintf(out, n, "%g", e->budgets[c->budget].ratio);
+}
+
+static void cell_label(const kvs_experiment *e, const kvs_cell *c, char *out, size_t n) {
+    char bl[32];
+    budget_label(e, c, bl, sizeof bl);
+    if (n < 300) {
+        snprintf(out, n, "?");
+        return;
+    }
+    if (e->kind == KVS_KIND_TASK) {
+        snprintf(out, n, "len=%d depth=%g #%d  %s  budget %s", e->lengths[c->length],
+                 e->depths[c->seed / e->per_cell], c->seed % e->per_cell,
+                 e->variants[c->variant].label, bl);
+    } else if (e->kind == KVS_KIND_OVERHEAD) {
+        snprintf(out, n, "%s N=%d  %s  budget %s", e->shapes[c->shape].name, e->lengths[c->length],
+                 e->variants[c->variant].label, bl);
+    } else {
+        snprintf(out, n, "%s N=%d seed=%lld  %s  budget %s", e->shapes[c->shape].name,
+                 e->lengths[c->length], (long long)e->seeds[c->seed], e->variants[c->variant].label,
+                 bl);
+    }
+}
+
+static void print_dry_run(FILE *f, const kvs_experiment *e, const kvs_cell *cells, int n,
+                          const unsigned char *done, int n_done) {
+    fprintf(f, "experiment '%s' (kind %s, line %d)\n", e->name, kvs_exp_kind_name(e->kind), e->line);
+    if (e->kind == KVS_KIND_TASK)
+        fprintf(f, "  dataset  niah: %d lengths x %d depths x %d per cell\n", e->n_lengths,
+                e->n_depths, e->per_cell);
+    else
+        fprintf(f, "  dataset  synthetic: %d shapes x %d lengths x %d seeds\n", e->n_shapes,
+                e->n_lengths, e->kind == KVS_KIND_FIDELITY ? e->n_seeds : 1);
+    fprintf(f, "  variants %d (methods x params), budgets %d ('full' runs once per instance)\n",
+            e->n_variants, e->n_budgets);
+    fprintf(f, "  cells    %d total, %d already done, %d to run\n", n, n_done, n - n_done);
+    int shown = 0;
+    for (int i = 0; i < n; i++) {
+        if (shown >= 200) {
+            fprintf(f, "  ... %d more\n", n - i);
+            break;
+        }
+        char lab[400];
+        cell_label(e, &cells[i], lab, sizeof lab);
+        fprintf(f, "  %s %.12s  %s\n", done[i] ? "done" : "todo", cells[i].key, lab);
+        shown++;
+    }
+}
+
+/* ---- the run loop ------------------------------------------------------------ */
+
+static kvs_status store_fidelity(kvs_store *s, int64_t run_id, const kvs_experiment *e,
+                                 const kvs_cell *c, const instance *in, const fid_result *r,
+                                 kvs_err *err) {
+    const kvs_variant *var = &e->variants[c->variant];
+    char sample[64], dsver[64];
+    snprintf(sample, sizeof sample, "seed=%lld", (long long)e->seeds[c->seed]);
+    snprintf(dsver, sizeof dsver, "kvs_synth_generate %s", KVS_VERSION);
+    kvs_cell_row row = {0};
+    row.key = c->key;
+    row.experiment = e->name;
+    row.kind = "fidelity";
+    row.definition = c->def;
+    row.dataset = "synthetic";
+    row.dataset_version = dsver;
+    row.sample_id = sample;
+    row.shape = e->shapes[c->shape].name;
+    row.n_tokens = e->lengths[c->length];
+    row.seed = e->seeds[c->seed];
+    row.method = var->method->name;
+    row.label = var->label;
+    row.params_json = var->params_json;
+    if (c->budget < 0) {
+        row.budget_ratio = 1.0;
+    } else {
+        row.budget_ratio = e->budgets[c->budget].ratio;
+        row.budget_tokens = e->budgets[c->budget].tokens;
+    }
+    kvs_score sc[6];
+    int ns = 0;
+    sc[ns++] = (kvs_score){"mean_rel_err", r->mean_rel_err};
+    sc[ns++] = (kvs_score){"max_rel_err", r->max_rel_err};
+    if (!isnan(r->retention)) sc[ns++] = (kvs_score){"retention", r->retention};
+    sc[ns++] = (kvs_score){"kept_ratio", r->kept_ratio};
+    sc[ns++] = (kvs_score){"compress_ms", r->compress_ms};
+    sc[ns++] = (kvs_score){"apply_ms", r->apply_ms};
+    kvs_result_row res = {0};
+    res.compress_ms = r->compress_ms + r->apply_ms;
+    res.kv_bytes_before = r->bytes_before;
+    res.kv_bytes_after = r->bytes_after;
+    res.note = r->note;
+    res.n_scores = ns;
+    res.scores = sc;
+    (void)in;
+    return kvs_store_put(s, run_id, &row, &res, 1, err);
+}
+
+static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_experiment *e,
+                                 const kvs_run_opts *o, kvs_run_summary *sum, kvs_err *err) {
+    kvs_status rc = KVS_OK;
+    kvs_cell *cells = NULL;
+    unsigned char *done = NULL;
+    int n = 0, n_done = 0, n_new = 0;
+    int64_t run_id = 0;
+    instance in;
+    memset(&in, 0, sizeof in);
+    in.shape = in.length = in.seed = -1;
+
+    if ((rc = kvs_grid_expand(e, &cells, &n, err))) goto cleanup;
+    done = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!done) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    for (int i = 0; i < n; i++) {
+        int d = 0;
+        if ((rc = kvs_store_is_done(s, cells[i].key, &d, err))) goto cleanup;
+        done[i] = (unsigned char)d;
+        n_done += d;
+    }
+    sum->n_cells += n;
+    sum->n_already += n_done;
+    if (o->dry_run) {
+        if (o->progress) print_dry_run(o->progress, e, cells, n, done, n_done);
+        goto cleanup;
+    }
+    if (n_done == n) {
+        if (o->progress)
+            fprintf(o->progress, "experiment '%s': all %d cells already done\n", e->name, n);
+        goto cleanup;
+    }
+    if (e->kind == KVS_KIND_TASK) {
+        rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                        "%s:%d: experiment '%s': not implemented yet: kind 'task' needs the backend "
+                        "(issue 5/6); its config and storage are ready",
+                        cfg->path, e->line, e->name);
+        goto cleanup;
+    }
+    if (e->kind == KVS_KIND_OVERHEAD) {
+        rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                        "%s:%d: experiment '%s': not implemented yet: kind 'overhead' needs the "
+                        "latency harness (issue 4); its config and the latency table are ready",
+                        cfg->path, e->line, e->name);
+        goto cleanup;
+    }
+    kvs_run_info info = {e->name, kvs_exp_kind_name(e->kind), cfg->path, cfg->text, cfg->hash,
+                         cfg->overrides, cfg->dir, n};
+    if ((rc = kvs_store_run_begin(s, &info, &run_id, err))) goto cleanup;
+    sum->run_id = run_id;
+    if (o->progress)
+        fprintf(o->progress, "experiment '%s': %d cells, %d already done, run %lld\n", e->name, n,
+                n_done, (long long)run_id);
+    progress pr = {o, kvs_now_ms(), 0, n - n_done, 0, 0};
+    int threads = o->threads_override > 0 ? o->threads_override : e->threads;
+    int stopped = 0;
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        if ((o->stop && *o->stop) || (o->max_cells > 0 && n_new >= o->max_cells)) {
+            stopped = 1;
+            break;
+        }
+        const kvs_cell *c = &cells[i];
+        char lab[400];
+        cell_label(e, c, lab, sizeof lab);
+        progress_show(&pr, lab, 0);
+        fid_result r;
+        if ((rc = instance_load(&in, e, c, err)) ||
+            (rc = run_fidelity_cell(e, c, &in, threads, &r, err))) {
+            kvs_err_prefix(err, "experiment '%s': cell %.12s (%s)", e->name, c->key, lab);
+            break;
+        }
+        if ((rc = store_fidelity(s, run_id, e, c, &in, &r, err))) break;
+        n_new++;
+        pr.done++;
+        progress_show(&pr, lab, pr.done == pr.total);
+    }
+    progress_end(&pr);
+    sum->n_done += n_new;
+    if (rc) {
+        sum->n_failed++;
+        kvs_err e2 = {0};
+        kvs_store_run_end(s, run_id, "failed", n_new, err->msg, &e2);
+    } else if (stopped) {
+        sum->interrupted = 1;
+        if ((rc = kvs_store_run_end(s, run_id, "interrupted", n_new, NULL, err))) goto cleanup;
+        if (o->progress) {
+            fprintf(o->progress, "stopped: %d new cells stored, %d of %d still to run\n", n_new,
+                    n - n_done - n_new, n);
+            if (o->resume_hint) fprintf(o->progress, "resume with: %s\n", o->resume_hint);
+        }
+    } else {
+        rc = kvs_store_run_end(s, run_id, "done", n_new, NULL, err);
+    }
+cleanup:
+    instance_free(&in);
+    free(cells);
+    free(done);
+    return rc;
+}
+
+kvs_status kvs_run_config(kvs_store *s, const kvs_config *cfg, const kvs_run_opts *opts,
+                          kvs_run_summary *sum, kvs_err *err) {
+    memset(sum, 0, sizeof *sum);
+    for (int i = 0; i < cfg->n_experiments; i++) {
+        kvs_status rc = run_experiment(s, cfg, &cfg->experiments[i], opts, sum, err);
+        if (rc) return rc;
+        if (sum->interrupted) break;
+    }
+    return KVS_OK;
+}

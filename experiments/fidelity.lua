@@ -1,0 +1,28 @@
+-- fidelity.lua: every method on synthetic caches of two model shapes, three
+-- budgets. Scores: attention-output error of probe queries (full vs
+-- compressed cache) and retention of the planted outlier tokens.
+--
+--   kvsieve run experiments/fidelity.lua            -- results/kvsieve.db
+--   kvsieve report --experiment fidelity
+--   kvsieve run experiments/fidelity.lua -D 'dataset.n_tokens={2048}'   -- another N
+--
+-- H2O, LOOK-M and MEDA score tokens with the attention of every prompt
+-- position, so the dataset records the queries of all positions
+-- (queries = "all"); SnapKV takes the last `window` of them.
+
+experiment {
+  name    = "fidelity",
+  kind    = "fidelity",
+  description = "all methods, two shapes, three budgets, synthetic caches",
+  dataset = synthetic {
+    shape    = { "gemma3-270m", "qwen2.5-vl-7b" },
+    n_tokens = 1024,
+    seeds    = { 1, 2 },
+    queries  = "all",
+    probes   = 16,
+  },
+  methods = { "full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache" },
+  budgets = { 0.1, 0.2, 0.5 },
+  params  = { flashcache = { gamma = { 0.1, 0.2 } } },
+  threads = 2,
+}

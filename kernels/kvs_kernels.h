@@ -1,0 +1,188 @@
+/*
+ * kvs_kernels.h -- the CUDA path of kvsieve: device building blocks and the
+ * GPU entry point of the compression methods. This header is the manual of
+ * kernels/.
+ *
+ * What it is:
+ *   - kvs_gpu_compress: the same plan as kvs_compress (core + methods
+ *     registry) for a cache whose K/V/Q views live in device memory
+ *     (kvs_view.device == KVS_CUDA), fp32 / fp16 / bf16, fp32 accumulation.
+ *     Implemented on the device: flashcache, snapkv, h2o, lookm, meda;
+ *     full and streamingllm compute no scores (their plans are index
+ *     arithmetic, taken from the CPU method itself after a device-side
+ *     finiteness check). Any other method is KVS_ERR_UNSUPPORTED naming the
+ *     method and the device.
+ *   - kvs_gpu_apply_layer: compaction (gather) and cosine-argmax merging of
+ *     one layer on the device, the device twin of core's kvs_apply.
+ *   - The building blocks, exposed for the parity tests and the latency
+ *     benchmark: DCT-II / DCT-III along tokens, fused low-pass + deviation +
+ *     per-layer energy, per-segment top-k, 1-D pooling, attention row
+ *     log-sum-exp, column sums, entropies, cosine-argmax assignment.
+ *
+ * Algorithms:
+ *   - DCT: Makhoul's N-point algorithm on cuFFT real transforms (R2C and
+ *     C2R of length N, batched over every (K|V, head, channel) column of a
+ *     layer in column-major [col][N] layout), any N >= 1. The even/odd
+ *     reordering is fused into the fp16/bf16/fp32 -> fp32 transpose; the
+ *     twiddle, the orthonormal scaling, the Parseval energies (low band and
+ *     total, fp64 accumulation) and the low-pass are one kernel on the
+ *     half spectrum; the deviation is one kernel on the C2R output. The
+ *     truncated-basis GEMM route is NOT implemented (it needs an
+ *     omega x N basis, i.e. O(N^2) memory).
+ *   - Top-k: one thread block per segment, MSB-first radix select on 64-bit
+ *     keys (order-preserving float bits, then the complement of the token
+ *     index: ties go to the lower index, all keys distinct), early exit when
+ *     the candidate bucket is exactly filled, then an ordered block-scan
+ *     compaction, so the output is ascending without a sort.
+ *   - Attention statistics: two-pass tiled log-sum-exp (spec/methods.md) on
+ *     CUDA cores in fp32 (64 x 64 logit tiles in shared memory, d in chunks
+ *     of 64; no tensor cores yet). Never an N x N buffer: pass 1 writes
+ *     lse [Hq][Nq]; column sums run one block per (KV head, key tile) over
+ *     every query row of the group (fp64 column accumulators, fixed order:
+ *     deterministic); entropies run one block per query tile over all heads.
+ *   - Merging: evicted keys against unit kept keys in 64 x 64 dot-product
+ *     tiles (argmax, ties to the lower kept slot), then an atomic scatter of
+ *     K and V into the kept rows and one finishing kernel per formula.
+ *
+ * Execution model: every call is asynchronous on the workspace's single
+ * stream. Inside a method there is no host synchronisation except where a
+ * host decision needs device numbers: flashcache with dba=true and meda copy
+ * their per-layer statistics (4 resp. 6 doubles per layer) to the host once,
+ * to run core's kvs_budget_allocate exactly as the CPU does; every method
+ * synchronises once at the end to copy the plan's indices back and read the
+ * device error record (NaN / Inf found on the device, naming layer, head,
+ * token). The workspace is sized once for a maximal shape and never grows.
+ *
+ * Memory: device views are read in place (any head / token stride, channel
+ * stride 1). A device cache view's `modality` pointer is HOST memory ([N]
+ * bytes of metadata); the workspace uploads it.
+ *
+ * What it is not: no CPU fallback (a build without CUDA returns
+ * KVS_ERR_UNSUPPORTED "built without CUDA" from every function, a machine
+ * without a device returns KVS_ERR_UNSUPPORTED "no CUDA device: <reason>"),
+ * no model, no I/O.
+ */
+#ifndef KVS_KERNELS_H
+#define KVS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvsieve.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- devices -------------------------------------------------------------- */
+
+/* Number of CUDA devices. KVS_ERR_UNSUPPORTED with "built without CUDA" or
+ * "no CUDA device: <cudaGetDeviceCount message>" when there is none usable;
+ * then *count = 0. */
+kvs_status kvs_gpu_device_count(int *count, kvs_err *err);
+/* One line about device `dev`: name, compute capability, memory, SMs. */
+kvs_status kvs_gpu_device_describe(int dev, char *buf, size_t n, kvs_err *err);
+
+/* ---- device memory helpers (synchronous; for tests, benchmarks, callers
+ * without CUDA headers) ----------------------------------------------------- */
+
+kvs_status kvs_gpu_malloc(void **ptr, size_t bytes, kvs_err *err);
+void kvs_gpu_free(void *ptr); /* NULL is fine */
+kvs_status kvs_gpu_memcpy_h2d(void *dst, const void *src, size_t bytes, kvs_err *err);
+kvs_status kvs_gpu_memcpy_d2h(void *dst, const void *src, size_t bytes, kvs_err *err);
+/* Fill `bytes` of device memory with the byte pattern 0xFF (a NaN in fp32,
+ * fp16 and bf16): the tests poison outputs with it before each run. */
+kvs_status kvs_gpu_poison(void *ptr, size_t bytes, kvs_err *err);
+
+/* ---- workspace ------------------------------------------------------------ */
+
+typedef struct kvs_gpu_workspace kvs_gpu_workspace;
+
+/* Sizes every buffer and cuFFT plan once for caches up to `max`: n_layers,
+ * n_tokens, n_kv_heads, n_q_heads, head_dim (n_queries and threads are
+ * ignored). Creates its own stream on the current device. */
+kvs_status kvs_gpu_workspace_init(kvs_gpu_workspace **ws, const kvs_shape *max, kvs_err *err);
+void kvs_gpu_workspace_free(kvs_gpu_workspace *ws); /* NULL is fine */
+/* The workspace's stream (a cudaStream_t), for callers that time with events. */
+void *kvs_gpu_workspace_stream(kvs_gpu_workspace *ws);
+/* Wait for the stream; report a CUDA error or a value the device flagged
+ * (NaN / Inf), naming what/layer/head/token. */
+kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err);
+/* Name of the workspace's device ("NVIDIA H200 (sm_90)"). */
+const char *kvs_gpu_workspace_device(const kvs_gpu_workspace *ws);
+
+/* ---- methods -------------------------------------------------------------- */
+
+/* Same contract as kvs_compress (core/kvsieve.h), device views. The plan is
+ * host memory, identical to the CPU method's up to exact score ties that
+ * fp32 rounding may order differently. Synchronises once at the end. */
+kvs_status kvs_gpu_compress(const char *method, const kvs_params *p,
+                            const kvs_cache_view *device_view, const kvs_budget *b,
+                            kvs_gpu_workspace *ws, kvs_plan *out, kvs_err *err);
+
+/* Compaction (+ merge when plan->merge != NONE) of one layer, the device
+ * twin of kvs_apply: k_out, v_out are DEVICE [Hkv][B_l][d] fp32. Async. */
+kvs_status kvs_gpu_apply_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
+                               const kvs_plan *plan, int layer, float *k_out, float *v_out,
+                               kvs_err *err);
+
+/* ---- building blocks (device pointers, async on the workspace stream) ------ */
+
+/* Orthonormal DCT-II / DCT-III of ncols columns of length N, column-major
+ * [ncols][N] fp32 (x and X distinct). Uses the workspace's cuFFT plan when
+ * (N, ncols) is the workspace's layer shape (N = max n_tokens, ncols =
+ * 2 * Hkv * d), else a plan cached in the workspace for this (N, ncols)
+ * (made on first use; ncols * N must fit the workspace). */
+kvs_status kvs_gpu_dct2(kvs_gpu_workspace *ws, const float *x, float *X, int ncols, int N,
+                        kvs_err *err);
+kvs_status kvs_gpu_dct3(kvs_gpu_workspace *ws, const float *X, float *x, int ncols, int N,
+                        kvs_err *err);
+
+/* FlashCache statistics of one layer (K, V device views [Hkv][N][d]):
+ * dev [Hkv][N] = mean_c (K - K_base)^2 + mean_c (V - V_base)^2 with the
+ * low-pass keeping omega coefficients; energy[4] (device, fp64) receives
+ * {low K, total K, low V, total V} (sum of squared orthonormal DCT-II
+ * coefficients of the layer). `layer` only names errors. */
+kvs_status kvs_gpu_flashcache_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
+                                    int layer, int omega, float *dev, double *energy,
+                                    kvs_err *err);
+
+/* Top-k of each of S segments scores[s][0..n) (device, row stride n):
+ * out[s][0..k) the indices of the k largest, ties to the lower index,
+ * ascending. NaN scores are flagged (kvs_gpu_sync reports them). */
+kvs_status kvs_gpu_topk(kvs_gpu_workspace *ws, const float *scores, int S, int n, int k,
+                        int32_t *out, kvs_err *err);
+
+/* 1-D pooling of rows x[r][0..n) (device), stride 1, window k, centred
+ * (padding k/2): is_max ? max ignoring padding : avg over real elements. */
+kvs_status kvs_gpu_pool1d(kvs_gpu_workspace *ws, const float *x, int rows, int n, int k,
+                          int is_max, float *out, kvs_err *err);
+
+/* Attention statistics of one layer, device views q [Hq][Nq][d] (row i at
+ * position N - Nq + i, causal) and k [Hkv][N][d]; outputs device:
+ * lse [Hq][Nq]; colsum [Hkv][N] (GQA mean of the column sums). */
+kvs_status kvs_gpu_attn_lse(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
+                            float *lse, kvs_err *err);
+kvs_status kvs_gpu_attn_colsum(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
+                               const float *lse, float *colsum, kvs_err *err);
+/* Entropies as kvs_attn_entropies; modality is HOST [N] or NULL. This entry
+ * synchronises to return host stats. */
+kvs_status kvs_gpu_attn_entropies(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
+                                  const float *lse, const uint8_t *modality,
+                                  kvs_entropy_stats *out, kvs_err *err);
+
+/* Cosine-argmax assignment of one head, as kvs_merge_assign: kept (device,
+ * [B], sorted), assign (device, [N]): slot of the most similar kept key for
+ * evicted tokens, -1 for kept ones. */
+kvs_status kvs_gpu_merge_assign(kvs_gpu_workspace *ws, const kvs_view *k, int head,
+                                const int32_t *kept, int B, int32_t *assign, kvs_err *err);
+
+/* Fill `count` elements of dtype t (F32/F16/BF16) at device ptr with
+ * deterministic pseudo-random normal(0, scale) values (benchmark inputs). */
+kvs_status kvs_gpu_fill_random(kvs_gpu_workspace *ws, void *ptr, kvs_dtype t, size_t count,
+                               uint64_t seed, float scale, kvs_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVS_KERNELS_H */

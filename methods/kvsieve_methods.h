@@ -1,0 +1,40 @@
+/*
+ * kvsieve_methods.h -- the registry of compression methods.
+ *
+ * Each method is one file in methods/ that defines one `const kvs_method`
+ * (see core/kvsieve.h for the contract) and follows ../shared spec
+ * methods.md to the letter; decisions the spec left open are written in the
+ * file's header comment and in docs/methods.md. Adding a method: one file,
+ * one line in registry.c, its tests.
+ */
+#ifndef KVSIEVE_METHODS_H
+#define KVSIEVE_METHODS_H
+
+#include "kvsieve.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern const kvs_method kvs_method_full;
+extern const kvs_method kvs_method_random;
+extern const kvs_method kvs_method_streamingllm;
+extern const kvs_method kvs_method_h2o;
+extern const kvs_method kvs_method_snapkv;
+extern const kvs_method kvs_method_lookm;
+extern const kvs_method kvs_method_meda;
+extern const kvs_method kvs_method_flashcache;
+
+/* Registry order is the order of tables and `kvsieve methods`. */
+int kvs_methods_count(void);
+const kvs_method *kvs_method_at(int i);
+/* NULL if unknown. */
+const kvs_method *kvs_method_find(const char *name);
+/* Like find, but fills err with "unknown method 'x' (did you mean 'y'?
+ * known: full, random, ...)" when unknown. */
+kvs_status kvs_method_lookup(const char *name, const kvs_method **out, kvs_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,171 @@
+/*
+ * lookm.c -- LOOK-M (text-prior eviction + merging), CPU reference. Follows
+ * the spec (shared/spec/methods.md, "LOOK-M").
+ *
+ * Rules:
+ *   - Scores as H2O: per query head the column sum of the causal attention
+ *     over ALL N prefill queries, GQA mean over the group, raw sums (core's
+ *     two-pass kvs_attn_lse + kvs_attn_colsum, O(N) memory per head).
+ *   - Text prior, per KV head: every text token's score gets + max_j s[j]
+ *     (the max over all tokens of that head, before boosting), so text
+ *     outranks image. Modality absent (NULL) means every token is text, and
+ *     then the ranking equals H2O's.
+ *   - Per KV head and layer with budget B: keep the recent M = floor(B / 2)
+ *     tokens and the top B - M of tokens [0, N - M) by the boosted score (ties:
+ *     lower token index). B >= N keeps everything. This is the paper's rule
+ *     and hits the budget exactly; every layer keeps B = per_layer.
+ *   - Merge (`merge`, default pivotal): written into plan->merge; core's
+ *     kvs_apply assigns every evicted token to the kept token of the same
+ *     KV head with the most cosine-similar KEY and merges K and V with the
+ *     chosen formula (pivotal / average / weighted / none).
+ *
+ * Decisions the spec left open (named parameters or stated here):
+ *   - `text_policy` (enum budget|keep_all, default budget). keep_all (the
+ *     released code: keep every text token) may keep more than B tokens per
+ *     layer, which breaks the exact-budget plan contract (every layer keeps
+ *     exactly its budget, sum = L * per_layer, equal count per head). It is
+ *     therefore NOT implemented: create returns KVS_ERR_UNSUPPORTED with that
+ *     explanation. (When the text tokens fit in the budget, keep_all and
+ *     budget coincide anyway, since boosted text outranks every image token.)
+ *   - `recent_frac` (float, default 0.5, range [0, 1]): M = floor(B *
+ *     recent_frac); the default is exactly the spec's floor(B / 2).
+ *   - Modality values other than text (image, video, audio) get no boost;
+ *     a value outside KVS_MOD_* is KVS_ERR_INVALID.
+ *   - Missing queries or Nq != N: KVS_ERR_INVALID naming lookm, the layer and
+ *     Nq, at create and at observe. Host memory only.
+ *   - The boosted score is formed in fp32 (s + max); two text scores closer
+ *     than one fp32 ulp of (s + max) may become equal and then the lower
+ *     index wins.
+ *
+ * What this file is not: attention statistics live in core/, merging in
+ * core's kvs_apply, shared helpers in textprior.c.
+ */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvsieve_methods.h"
+#include "textprior.h"
+
+static const kvs_param_def lookm_params[] = {
+    {"text_policy", KVS_PARAM_ENUM, 0, 0, 0, "budget|keep_all",
+     "budget: text prior within the exact budget (paper); keep_all (released code, may exceed "
+     "the budget) is rejected as unsupported"},
+    {"merge", KVS_PARAM_ENUM, 0, 0, 0, "pivotal|average|weighted|none",
+     "how evicted tokens are merged into their most key-similar kept token at apply"},
+    {"recent_frac", KVS_PARAM_FLOAT, 0.5, 0.0, 1.0, NULL,
+     "share of the budget kept as the recent window, M = floor(B * recent_frac) (spec: 0.5)"},
+};
+enum { P_TEXT_POLICY = 0, P_MERGE = 1, P_RECENT_RATIO = 2 };
+enum { POLICY_BUDGET = 0, POLICY_KEEP_ALL = 1 };
+
+/* Index in the `merge` choices -> plan merge formula. */
+static const kvs_merge lookm_merge_of[4] = {KVS_MERGE_PIVOTAL, KVS_MERGE_AVERAGE,
+                                            KVS_MERGE_WEIGHTED, KVS_MERGE_NONE};
+
+typedef struct {
+    kvs_shape shape;
+    kvs_merge merge;
+    double recent_frac;
+    int n_observed; /* layers observed so far, in order */
+    float *lse;     /* [Hq][N] scratch for the lse pass */
+    float *scores;  /* [L][Hkv][N] boosted scores */
+} lookm_state;
+
+static int lookm_queries_wanted(const kvs_params *p, int N) {
+    (void)p;
+    return N;
+}
+
+static void lookm_destroy(void *state) {
+    lookm_state *s = state;
+    if (!s) return;
+    free(s->lse);
+    free(s->scores);
+    free(s);
+}
+
+static kvs_status lookm_create(const kvs_params *p, const kvs_shape *shape, void **state,
+                               kvs_err *err) {
+    *state = NULL;
+    kvs_status st = kvs_tp_check_params(&kvs_method_lookm, p, err);
+    if (st != KVS_OK) return st;
+    if ((int)p->v[P_TEXT_POLICY] == POLICY_KEEP_ALL)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "lookm: text_policy=keep_all keeps every text token and may exceed the "
+                          "budget, which breaks the exact-budget plan contract (each layer keeps "
+                          "exactly its budget); use text_policy=budget");
+    if (shape->n_layers < 1 || shape->n_tokens < 1 || shape->n_kv_heads < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID, "lookm: bad shape L=%d N=%d Hkv=%d",
+                          shape->n_layers, shape->n_tokens, shape->n_kv_heads);
+    st = kvs_tp_require_all_queries("lookm", -1, shape->n_tokens, shape->n_q_heads,
+                                    shape->n_queries, shape->n_queries > 0, err);
+    if (st != KVS_OK) return st;
+    lookm_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_errorf(err, KVS_ERR_NOMEM, "lookm: out of memory for the state");
+    s->shape = *shape;
+    s->merge = lookm_merge_of[(int)p->v[P_MERGE]];
+    s->recent_frac = p->v[P_RECENT_RATIO];
+    const size_t N = (size_t)shape->n_tokens;
+    s->lse = malloc(sizeof(float) * (size_t)shape->n_q_heads * N);
+    s->scores = malloc(sizeof(float) * (size_t)shape->n_layers * (size_t)shape->n_kv_heads * N);
+    if (!s->lse || !s->scores) {
+        lookm_destroy(s);
+        return kvs_errorf(err, KVS_ERR_NOMEM,
+                          "lookm: out of memory for [L=%d][Hkv=%d][N=%d] scores", shape->n_layers,
+                          shape->n_kv_heads, shape->n_tokens);
+    }
+    *state = s;
+    return KVS_OK;
+}
+
+static kvs_status lookm_observe(void *state, int layer, const kvs_layer *in,
+                                const uint8_t *modality, kvs_err *err) {
+    lookm_state *s = state;
+    if (layer != s->n_observed || layer >= s->shape.n_layers)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "lookm: observe(layer %d) out of order: expected layer %d of %d", layer,
+                          s->n_observed, s->shape.n_layers);
+    kvs_status st = kvs_tp_check_layer("lookm", layer, in, &s->shape, err);
+    if (st != KVS_OK) return st;
+    st = kvs_tp_check_modality("lookm", layer, modality, s->shape.n_tokens, err);
+    if (st != KVS_OK) return st;
+    const int Hkv = s->shape.n_kv_heads, N = s->shape.n_tokens;
+    float *sc = s->scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
+    st = kvs_tp_scores("lookm", layer, in, 0, s->shape.threads, s->lse, sc, err);
+    if (st != KVS_OK) return st;
+    kvs_tp_text_boost(sc, Hkv, N, modality);
+    s->n_observed++;
+    return KVS_OK;
+}
+
+static kvs_status lookm_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {
+    lookm_state *s = state;
+    const int L = s->shape.n_layers, Hkv = s->shape.n_kv_heads, N = s->shape.n_tokens;
+    if (s->n_observed != L)
+        return kvs_errorf(err, KVS_ERR_INVALID, "lookm: select after %d of %d layers were observed",
+                          s->n_observed, L);
+    if (per_layer < 1 || per_layer > N)
+        return kvs_errorf(err, KVS_ERR_INVALID, "lookm: per-layer budget %d outside [1, N=%d]",
+                          per_layer, N);
+    int *budgets = calloc((size_t)L, sizeof(int)); /* [L], every layer the same */
+    if (!budgets) return kvs_errorf(err, KVS_ERR_NOMEM, "lookm: out of memory");
+    for (int l = 0; l < L; l++) budgets[l] = per_layer;
+    kvs_status st = kvs_tp_fill_plan("lookm", s->scores, L, Hkv, N, budgets, s->recent_frac,
+                                     s->merge, out, err);
+    free(budgets);
+    return st;
+}
+
+const kvs_method kvs_method_lookm = {
+    .name = "lookm",
+    .summary = "LOOK-M: H2O scores with a text prior, recent window, evicted tokens merged",
+    .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+    .params = lookm_params,
+    .n_params = (int)(sizeof lookm_params / sizeof lookm_params[0]),
+    .queries_wanted = lookm_queries_wanted,
+    .create = lookm_create,
+    .observe = lookm_observe,
+    .select = lookm_select,
+    .destroy = lookm_destroy,
+};

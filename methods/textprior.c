@@ -1,0 +1,185 @@
+/*
+ * textprior.c -- private helpers shared by h2o.c, lookm.c and meda.c: the
+ * H2O attention column-sum score, the LOOK-M text prior and the per-head
+ * "recent window + top-k of the rest" selection. See textprior.h.
+ *
+ * What it is not: it computes no attention itself (core's kvs_attn_lse and
+ * kvs_attn_colsum do, in O(N) memory per head), allocates no N x N buffer,
+ * and holds no state between calls.
+ */
+#include "textprior.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+kvs_status kvs_tp_check_params(const kvs_method *m, const kvs_params *p, kvs_err *err) {
+    if (!p || p->n != m->n_params)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: expected %d parameter values, got %d", m->name,
+                          m->n_params, p ? p->n : -1);
+    for (int i = 0; i < m->n_params; i++) {
+        const kvs_param_def *d = &m->params[i];
+        double x = p->v[i];
+        int ok = !isnan(x);
+        if (ok && (d->type == KVS_PARAM_INT || d->type == KVS_PARAM_FLOAT))
+            ok = x >= d->min && x <= d->max && (d->type == KVS_PARAM_FLOAT || x == floor(x));
+        if (ok && d->type == KVS_PARAM_BOOL) ok = x == 0.0 || x == 1.0;
+        if (ok && d->type == KVS_PARAM_ENUM) {
+            int n_choices = 1;
+            for (const char *c = d->choices; c && *c; c++) n_choices += *c == '|';
+            ok = x >= 0 && x < n_choices && x == floor(x);
+        }
+        if (!ok)
+            return kvs_errorf(err, KVS_ERR_INVALID, "%s: parameter %s = %g is out of range", m->name,
+                              d->name, x);
+    }
+    return KVS_OK;
+}
+
+kvs_status kvs_tp_require_all_queries(const char *method, int layer, int n_tokens, int n_q_heads,
+                                      int n_queries, int has_q, kvs_err *err) {
+    char where[32] = "";
+    if (layer >= 0) snprintf(where, sizeof where, "layer %d: ", layer);
+    if (!has_q || n_queries <= 0)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: %sneeds the queries of all N=%d prompt positions "
+                          "(KVS_NEED_Q_ALL) but none were given (Nq=0)",
+                          method, where, n_tokens);
+    if (n_q_heads <= 0)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: %squeries have no heads (Hq=%d)", method,
+                          where, n_q_heads);
+    if (n_queries != n_tokens)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: %sneeds the queries of all N=%d prompt positions "
+                          "(KVS_NEED_Q_ALL) but got Nq=%d",
+                          method, where, n_tokens, n_queries);
+    return KVS_OK;
+}
+
+kvs_status kvs_tp_check_layer(const char *method, int layer, const kvs_layer *in,
+                              const kvs_shape *shape, kvs_err *err) {
+    if (!in)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: layer %d: NULL layer", method, layer);
+    const kvs_view *k = &in->k, *v = &in->v, *q = &in->q;
+    if (!k->data || !v->data)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: layer %d: K or V data is NULL", method,
+                          layer);
+    if (k->device != KVS_HOST || v->device != KVS_HOST || (q->data && q->device != KVS_HOST))
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "%s: layer %d: only host (CPU) memory is supported by this path", method,
+                          layer);
+    if (k->n_tokens != shape->n_tokens || k->n_heads != shape->n_kv_heads ||
+        k->head_dim != shape->head_dim || v->n_tokens != k->n_tokens ||
+        v->n_heads != k->n_heads || v->head_dim != k->head_dim)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: layer %d: K [%d][%d][%d] / V [%d][%d][%d] do not match the shape "
+                          "given at create [Hkv=%d][N=%d][d=%d]",
+                          method, layer, k->n_heads, k->n_tokens, k->head_dim, v->n_heads,
+                          v->n_tokens, v->head_dim, shape->n_kv_heads, shape->n_tokens,
+                          shape->head_dim);
+    kvs_status st = kvs_tp_require_all_queries(method, layer, k->n_tokens, q->n_heads,
+                                               q->data ? q->n_tokens : 0, q->data != NULL, err);
+    if (st != KVS_OK) return st;
+    if (q->head_dim != k->head_dim || q->n_heads % k->n_heads != 0 ||
+        q->n_heads != shape->n_q_heads)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: layer %d: Q [%d][%d][%d] does not fit K [%d][%d][%d] (Hq must be "
+                          "a multiple of Hkv, equal to %d, and d must agree)",
+                          method, layer, q->n_heads, q->n_tokens, q->head_dim, k->n_heads,
+                          k->n_tokens, k->head_dim, shape->n_q_heads);
+    return KVS_OK;
+}
+
+kvs_status kvs_tp_check_modality(const char *method, int layer, const uint8_t *modality, int N,
+                                 kvs_err *err) {
+    if (!modality) return KVS_OK;
+    for (int j = 0; j < N; j++)
+        if (modality[j] > KVS_MOD_AUDIO)
+            return kvs_errorf(err, KVS_ERR_INVALID,
+                              "%s: layer %d: modality[%d] = %d is not a KVS_MOD_* value "
+                              "(0 text, 1 image, 2 video, 3 audio)",
+                              method, layer, j, (int)modality[j]);
+    return KVS_OK;
+}
+
+kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int normalize,
+                         int threads, float *lse /* [Hq][N] */, float *scores /* [Hkv][N] */,
+                         kvs_err *err) {
+    const int N = in->k.n_tokens, Hkv = in->k.n_heads;
+    assert(in->q.data && in->q.n_tokens == N);
+    kvs_status st = kvs_attn_lse(&in->q, &in->k, lse, threads, err);
+    if (st != KVS_OK) return kvs_err_prefix(err, "%s: layer %d", method, layer);
+    st = kvs_attn_colsum(&in->q, &in->k, lse, scores, NULL, threads, err);
+    if (st != KVS_OK) return kvs_err_prefix(err, "%s: layer %d", method, layer);
+    for (int g = 0; g < Hkv; g++) {
+        float *s = scores + (size_t)g * N; /* [N] */
+        for (int j = 0; j < N; j++) {
+            if (!isfinite(s[j]))
+                return kvs_errorf(err, KVS_ERR_NUMERIC,
+                                  "%s: layer %d: KV head %d: attention score of token %d is not "
+                                  "finite (logit overflow?)",
+                                  method, layer, g, j);
+            /* Nq == N: key j is seen by the queries at positions j .. N-1. */
+            if (normalize) s[j] /= (float)(N - j);
+        }
+    }
+    return KVS_OK;
+}
+
+void kvs_tp_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality) {
+    for (int g = 0; g < Hkv; g++) {
+        float *s = scores + (size_t)g * N; /* [N] */
+        float mx = s[0];
+        for (int j = 1; j < N; j++)
+            if (s[j] > mx) mx = s[j];
+        for (int j = 0; j < N; j++)
+            if (!modality || modality[j] == KVS_MOD_TEXT) s[j] += mx;
+    }
+}
+
+int kvs_tp_recent(int B, double frac) {
+    assert(B >= 0 && frac >= 0.0 && frac <= 1.0);
+    double r = floor((double)B * frac);
+    if (r < 0) r = 0;
+    if (r > B) r = B;
+    return (int)r;
+}
+
+kvs_status kvs_tp_select_head(const float *scores /* [N] */, int N, int B, int r,
+                              int32_t *out /* [B] */, kvs_err *err) {
+    assert(N > 0 && B >= 1 && B <= N && r >= 0 && r <= B);
+    if (B >= N) {
+        for (int j = 0; j < N; j++) out[j] = j;
+        return KVS_OK;
+    }
+    const int n_rest = N - r, k = B - r;
+    if (k > 0) {
+        kvs_status st = kvs_topk_indices(scores, n_rest, k, out, err);
+        if (st != KVS_OK) return st;
+    }
+    for (int i = 0; i < r; i++) out[k + i] = n_rest + i;
+#ifndef NDEBUG
+    for (int i = 1; i < B; i++) assert(out[i - 1] < out[i]);
+#endif
+    return KVS_OK;
+}
+
+kvs_status kvs_tp_fill_plan(const char *method, const float *scores /* [L][Hkv][N] */, int L,
+                            int Hkv, int N, const int *budgets /* [L] */, double recent_frac,
+                            kvs_merge merge, kvs_plan *out, kvs_err *err) {
+    kvs_status st = kvs_plan_init(out, method, L, Hkv, N, budgets, err);
+    if (st != KVS_OK) return kvs_err_prefix(err, "%s", method);
+    out->merge = merge;
+    for (int l = 0; l < L && st == KVS_OK; l++) {
+        const int B = budgets[l], r = kvs_tp_recent(B, recent_frac);
+        for (int g = 0; g < Hkv && st == KVS_OK; g++) {
+            const float *sc = scores + ((size_t)l * Hkv + g) * N; /* [N] */
+            st = kvs_tp_select_head(sc, N, B, r, out->layers[l].idx + (size_t)g * B, err);
+            if (st != KVS_OK) kvs_err_prefix(err, "%s: layer %d: KV head %d", method, l, g);
+        }
+    }
+    if (st != KVS_OK) kvs_plan_free(out);
+    return st;
+}

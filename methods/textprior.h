@@ -1,0 +1,74 @@
+/*
+ * textprior.h -- private helpers shared by the attention-score methods h2o,
+ * lookm and meda (methods/h2o.c, lookm.c, meda.c). Not a public header: only
+ * files in methods/ include it.
+ *
+ * What it is: the H2O score (column sums of the causal attention over all
+ * prefill queries, per query head, GQA mean, computed by core's two-pass
+ * O(N)-memory kvs_attn_lse + kvs_attn_colsum), the LOOK-M text prior
+ * (every text token's score += max_j s[j], per KV head), and the per-head
+ * "recent window + top-k of the rest" selection they all share.
+ * What it is not: no attention arithmetic of its own (core/ does it), no
+ * budget allocation across layers (meda.c does that with
+ * kvs_budget_allocate), no merging (core's kvs_apply does it).
+ */
+#ifndef KVS_TEXTPRIOR_H
+#define KVS_TEXTPRIOR_H
+
+#include "kvsieve.h"
+
+/* Checks that p holds m->n_params values, each in its declared range (INT /
+ * FLOAT: [min, max], not NaN; BOOL: 0 or 1; ENUM: an index into choices).
+ * Guards create against a hand-filled kvs_params. */
+kvs_status kvs_tp_check_params(const kvs_method *m, const kvs_params *p, kvs_err *err);
+
+/* Guard used by create (shape) and observe (layer): the method needs the
+ * queries of ALL N prompt positions. Fails with KVS_ERR_INVALID and a message
+ * naming the method, the layer (layer < 0: at create) and Nq. */
+kvs_status kvs_tp_require_all_queries(const char *method, int layer, int n_tokens, int n_q_heads,
+                                      int n_queries, int has_q, kvs_err *err);
+
+/* Checks one layer before scoring: host memory, shape equal to the one given
+ * at create (N, Hkv, Hq, d) and all N queries present. Messages name the
+ * method and layer. */
+kvs_status kvs_tp_check_layer(const char *method, int layer, const kvs_layer *in,
+                              const kvs_shape *shape, kvs_err *err);
+
+/* Modality values must be KVS_MOD_* (0..3); NULL is allowed (all text). */
+kvs_status kvs_tp_check_modality(const char *method, int layer, const uint8_t *modality, int N,
+                                 kvs_err *err);
+
+/* H2O scores of one layer: lse is caller scratch [Hq][N] (left holding the
+ * row log-sum-exp, so MEDA can reuse it for its entropy pass); scores is
+ * [Hkv][N]: s[g][j] = (1/G) sum_{h in g} sum_{i >= j} A_h[i][j], divided by
+ * N - j when `normalize`. One lse pass + one colsum pass. A non-finite score
+ * (logit overflow) is KVS_ERR_NUMERIC naming method, layer, KV head, token. */
+kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int normalize,
+                         int threads, float *lse /* [Hq][N] */, float *scores /* [Hkv][N] */,
+                         kvs_err *err);
+
+/* LOOK-M text prior, in place: for each KV head g, every token j with
+ * modality[j] == KVS_MOD_TEXT (all tokens when modality is NULL) gets
+ * scores[g][j] += max_j' scores[g][j'] (the max over ALL tokens of the head,
+ * taken before any boost). */
+void kvs_tp_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality);
+
+/* Recent-window size r = floor(B * frac), clamped to [0, B]. frac = 0.5 gives
+ * exactly floor(B / 2) (B * 0.5 is exact in double). */
+int kvs_tp_recent(int B, double frac);
+
+/* Per-head selection: if B >= N all tokens; else the last r tokens
+ * [N - r, N) plus the top B - r of [0, N - r) by score (ties: lower index).
+ * out is [B], sorted ascending, unique. */
+kvs_status kvs_tp_select_head(const float *scores /* [N] */, int N, int B, int r,
+                              int32_t *out /* [B] */, kvs_err *err);
+
+/* Build the plan from stored scores: kvs_plan_init with budgets [L], then per
+ * layer l and KV head g kvs_tp_select_head with r = kvs_tp_recent(B_l, frac);
+ * out->merge = merge. On failure the plan is freed and the message names the
+ * method, layer and head. */
+kvs_status kvs_tp_fill_plan(const char *method, const float *scores /* [L][Hkv][N] */, int L,
+                            int Hkv, int N, const int *budgets /* [L] */, double recent_frac,
+                            kvs_merge merge, kvs_plan *out, kvs_err *err);
+
+#endif

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine: installs what it needs,
+# builds with warnings as errors, runs every CTest suite, then repeats the
+# suite under AddressSanitizer + UndefinedBehaviorSanitizer (Debug build).
+# Set KVS_SKIP_SANITIZE=1 to skip the second pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+JOBS=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVSIEVE_WERROR=ON >/dev/null
+cmake --build build -j"$JOBS"
+(cd build && ctest -j"$JOBS" --output-on-failure)
+if [ "${KVS_SKIP_SANITIZE:-0}" != "1" ]; then
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVSIEVE_WERROR=ON -DKVSIEVE_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j"$JOBS"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest -j"$JOBS" --output-on-failure -LE slow)
+fi

@@ -1,0 +1,683 @@
+/*
+ * test_server_http.c -- the HTTP server started in-process on a free loopback
+ * port, driven over HTTP with libcurl, on a tiny random-weight gemma3 model.
+ *
+ * Covers: /health, /v1/models, /tokenize <-> /detokenize round trip,
+ * /completion greedy output equal to an in-process greedy loop on the engine,
+ * seeded sampling reproducibility, stop strings, the OpenAI endpoints, the
+ * kv_compression extension (one object and variants: one prefill, checked on
+ * /metrics; the "full" variant reproduces the plain output; per-layer kv
+ * statistics), /kv/dump read back with kvs_dump_open, bad requests (4xx
+ * naming the field), concurrent requests beyond the slots, and the drain on
+ * stop (a request in flight completes).
+ * Not covered: the real model (integration tests), SIGTERM delivery itself
+ * (cli/cmd_serve.c maps it to kvs_server_stop, exercised here).
+ */
+#include "kvs_backend.h"
+#include "kvs_formats.h"
+#include "kvs_server.h"
+#include "server_internal.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#define N_CTX 96
+
+static int g_port;
+
+typedef struct {
+    char *data;
+    size_t len;
+} buf_t;
+
+static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
+    buf_t *b = ud;
+    size_t k = sz * n;
+    char *nb = realloc(b->data, b->len + k + 1);
+    if (!nb) return 0;
+    memcpy(nb + b->len, p, k);
+    b->data = nb;
+    b->len += k;
+    b->data[b->len] = 0;
+    return k;
+}
+
+/* One HTTP call. Returns the status (0 when the connection failed); *body is
+ * malloc'd (NUL-terminated) and *len its size. */
+static long http(const char *method, const char *path, const char *json, char **body, size_t *len) {
+    CURL *c = curl_easy_init();
+    buf_t b = {NULL, 0};
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    struct curl_slist *h = NULL;
+    if (json) {
+        h = curl_slist_append(h, "Content-Type: application/json");
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(json));
+    }
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    long status = 0;
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    if (body) *body = b.data ? b.data : calloc(1, 1);
+    else free(b.data);
+    if (len) *len = b.len;
+    return status;
+}
+
+/* POST/GET expecting JSON; returns the parsed body (caller deletes). */
+static cJSON *call_json(const char *method, const char *path, const char *json, long *status) {
+    char *body = NULL;
+    *status = http(method, path, json, &body, NULL);
+    cJSON *r = cJSON_Parse(body);
+    if (!r) fprintf(stderr, "%s %s -> %ld, not JSON: %.300s\n", method, path, *status, body);
+    free(body);
+    return r;
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(it) ? it->valuedouble : NAN;
+}
+static const char *str(const cJSON *o, const char *k) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(it) ? it->valuestring : "";
+}
+static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+
+/* A metric value from /metrics text (the first line starting with name). */
+static double metric(const char *name) {
+    char *body = NULL;
+    long st = http("GET", "/metrics", NULL, &body, NULL);
+    double v = NAN;
+    if (st == 200) {
+        size_t n = strlen(name);
+        for (const char *p = body; p && *p;) {
+            if (strncmp(p, name, n) == 0 && (p[n] == ' ' || p[n] == '{')) {
+                const char *sp = strchr(p, ' ');
+                if (sp) v = strtod(sp + 1, NULL);
+                break;
+            }
+            p = strchr(p, '\n');
+            if (p) p++;
+        }
+    }
+    free(body);
+    return v;
+}
+
+/* Expect a 4xx whose error names `field` and whose message contains `words`. */
+static void expect_error(const char *path, const char *json, long want_status, const char *field, const char *words) {
+    long st;
+    cJSON *r = call_json("POST", path, json, &st);
+    const cJSON *e = r ? obj(r, "error") : NULL;
+    CHECK_MSG(st == want_status, "%s %s: status %ld, want %ld", path, json, st, want_status);
+    CHECK_MSG(e && strcmp(str(e, "field"), field) == 0, "%s %s: field '%s', want '%s' (message: %s)", path, json,
+              e ? str(e, "field") : "(none)", field, e ? str(e, "message") : "");
+    CHECK_MSG(e && strstr(str(e, "message"), words), "%s %s: message '%s' lacks '%s'", path, json,
+              e ? str(e, "message") : "", words);
+    cJSON_Delete(r);
+}
+
+/* The engine's own greedy continuation (the reference for /completion). */
+static int engine_greedy(kvs_model *m, const int32_t *prompt, int n, int n_predict, int32_t *out) {
+    kvs_err err_ = {0}, *err = &err_;
+    kvs_session *s = NULL;
+    kvs_session_opts so = {N_CTX, 1, 0};
+    const int V = kvs_model_get_info(m)->n_vocab;
+    float *logits = malloc((size_t)V * sizeof *logits);
+    int k = 0;
+    if (kvs_session_new(m, &so, &s, err) || kvs_session_prefill(s, prompt, n, NULL, logits, err)) {
+        fprintf(stderr, "engine_greedy: %s\n", err->msg);
+        k = -1;
+        goto done;
+    }
+    while (k < n_predict) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        if (kvs_token_is_eog(m, best)) break;
+        out[k++] = best;
+        if (k == n_predict) break;
+        if (kvs_session_decode(s, best, logits, err)) {
+            fprintf(stderr, "engine_greedy decode: %s\n", err->msg);
+            k = -1;
+            break;
+        }
+    }
+done:
+    kvs_session_free(s);
+    free(logits);
+    return k;
+}
+
+static int json_tokens(const cJSON *arr, int32_t *out, int cap) {
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        if (n < cap) out[n] = (int32_t)it->valuedouble;
+        n++;
+    }
+    return n;
+}
+
+static void test_basic(kvs_model *m) {
+    long st;
+    cJSON *r = call_json("GET", "/health", NULL, &st);
+    CHECK_EQ_INT(st, 200);
+    CHECK(r && strcmp(str(r, "status"), "ok") == 0);
+    cJSON_Delete(r);
+
+    r = call_json("GET", "/v1/models", NULL, &st);
+    CHECK_EQ_INT(st, 200);
+    const cJSON *d0 = r ? cJSON_GetArrayItem(obj(r, "data"), 0) : NULL;
+    CHECK(d0 && strcmp(str(d0, "id"), "tiny-gemma3-test") == 0);
+    CHECK(d0 && num(obj(d0, "meta"), "n_vocab") == kvs_model_get_info(m)->n_vocab);
+    CHECK(d0 && strcmp(str(obj(d0, "meta"), "arch"), "gemma3") == 0);
+    cJSON_Delete(r);
+
+    /* tokenize: same ids as the engine; detokenize gives the engine's text back */
+    kvs_err err_ = {0}, *err = &err_;
+    int32_t *ref = NULL;
+    int nref = 0;
+    CHECK_OK(kvs_tokenize(m, "hello world in the", 18, 0, 1, &ref, &nref, err), err);
+    r = call_json("POST", "/tokenize", "{\"content\": \"hello world in the\"}", &st);
+    CHECK_EQ_INT(st, 200);
+    int32_t toks[64];
+    int n = r ? json_tokens(obj(r, "tokens"), toks, 64) : -1;
+    CHECK_EQ_INT(n, nref);
+    CHECK(n == nref && n > 0 && memcmp(toks, ref, (size_t)n * sizeof *toks) == 0);
+    CHECK_MSG(n == 4, "'hello world in the' should be 4 word tokens, got %d", n);
+    cJSON_Delete(r);
+    char body[512];
+    int o = snprintf(body, sizeof body, "{\"tokens\": [");
+    for (int i = 0; i < nref; i++) o += snprintf(body + o, sizeof body - (size_t)o, "%s%d", i ? "," : "", ref[i]);
+    snprintf(body + o, sizeof body - (size_t)o, "]}");
+    r = call_json("POST", "/detokenize", body, &st);
+    CHECK_EQ_INT(st, 200);
+    char *text = NULL;
+    CHECK_OK(kvs_detokenize(m, ref, nref, 0, &text, err), err);
+    CHECK_MSG(r && text && strcmp(str(r, "content"), text) == 0, "detokenize '%s' vs engine '%s'",
+              r ? str(r, "content") : "", text ? text : "");
+    CHECK(r && strstr(str(r, "content"), "hello world in the"));
+    free(text);
+    cJSON_Delete(r);
+    free(ref);
+
+    /* with_pieces and add_special */
+    r = call_json("POST", "/tokenize", "{\"content\": \"hello\", \"with_pieces\": true, \"add_special\": true}", &st);
+    CHECK_EQ_INT(st, 200);
+    const cJSON *arr = r ? obj(r, "tokens") : NULL;
+    CHECK_EQ_INT(cJSON_GetArraySize(arr), 2);
+    CHECK(num(cJSON_GetArrayItem(arr, 0), "id") == kvs_model_special(m)->bos);
+    CHECK(strcmp(str(cJSON_GetArrayItem(arr, 1), "piece"), " hello") == 0 ||
+          strcmp(str(cJSON_GetArrayItem(arr, 1), "piece"), "\xe2\x96\x81hello") == 0);
+    cJSON_Delete(r);
+}
+
+static void test_completion(kvs_model *m) {
+    long st;
+    kvs_err err_ = {0}, *err = &err_;
+    const char *prompt = "the world is hello in the world at it";
+    int32_t *ptoks = NULL;
+    int np = 0;
+    CHECK_OK(kvs_tokenize(m, prompt, strlen(prompt), kvs_model_special(m)->add_bos, 1, &ptoks, &np, err), err);
+    int32_t ref[32];
+    int nref = engine_greedy(m, ptoks, np, 12, ref);
+    CHECK(nref > 0);
+
+    char req[512];
+    snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 12}", prompt);
+    cJSON *r = call_json("POST", "/completion", req, &st);
+    CHECK_EQ_INT(st, 200);
+    int32_t got[32];
+    int ng = r ? json_tokens(obj(r, "tokens"), got, 32) : -1;
+    CHECK_MSG(ng == nref && memcmp(got, ref, (size_t)(ng > 0 ? ng : 0) * sizeof *got) == 0,
+              "server greedy (%d tokens) differs from the engine's (%d)", ng, nref);
+    CHECK(r && num(r, "tokens_predicted") == ng);
+    CHECK(r && num(r, "tokens_evaluated") == np);
+    CHECK(r && strcmp(str(r, "stop_type"), nref == 12 ? "limit" : "eos") == 0);
+    const cJSON *t = r ? obj(r, "timings") : NULL;
+    static const char *const names[] = {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
+                                        "predicted_n", "predicted_ms", "predicted_per_token_ms",
+                                        "predicted_per_second"};
+    for (int i = 0; i < 8; i++) CHECK_MSG(t && isfinite(num(t, names[i])), "timings.%s missing", names[i]);
+    CHECK(t && num(t, "prompt_n") == np && num(t, "predicted_n") == ng);
+    CHECK(t && num(t, "prompt_ms") > 0);
+    /* the content is the detokenised tokens (cleaned to valid UTF-8) */
+    char *text = NULL;
+    CHECK_OK(kvs_detokenize(m, got, ng, 0, &text, err), err);
+    char *clean = text ? srv_utf8_clean(text, strlen(text)) : NULL;
+    CHECK(r && clean && strcmp(str(r, "content"), clean) == 0);
+    const cJSON *kv = r ? obj(r, "kv") : NULL;
+    CHECK(kv && strcmp(str(kv, "method"), "none") == 0);
+    CHECK(kv && num(kv, "tokens_before") == num(kv, "tokens_after") && num(kv, "bytes_before") > 0);
+    CHECK(kv && cJSON_GetArraySize(obj(kv, "layers")) == TINY_LAYERS);
+    free(text);
+    free(clean);
+    cJSON_Delete(r);
+
+    /* token-id prompt gives the same */
+    int o = snprintf(req, sizeof req, "{\"n_predict\": 12, \"prompt\": [");
+    for (int i = 0; i < np; i++) o += snprintf(req + o, sizeof req - (size_t)o, "%s%d", i ? "," : "", ptoks[i]);
+    snprintf(req + o, sizeof req - (size_t)o, "]}");
+    r = call_json("POST", "/completion", req, &st);
+    CHECK_EQ_INT(st, 200);
+    ng = r ? json_tokens(obj(r, "tokens"), got, 32) : -1;
+    CHECK(ng == nref && memcmp(got, ref, (size_t)(ng > 0 ? ng : 0) * sizeof *got) == 0);
+    cJSON_Delete(r);
+
+    /* seeded sampling: same seed -> same tokens, and the seed is reported */
+    snprintf(req, sizeof req,
+             "{\"prompt\": \"%s\", \"n_predict\": 16, \"temperature\": 1.5, \"top_k\": 40, \"top_p\": 0.95, \"seed\": 77}",
+             prompt);
+    int32_t a[32], b[32];
+    r = call_json("POST", "/completion", req, &st);
+    int na = r ? json_tokens(obj(r, "tokens"), a, 32) : -1;
+    CHECK(r && num(obj(r, "generation_settings"), "seed") == 77);
+    cJSON_Delete(r);
+    r = call_json("POST", "/completion", req, &st);
+    int nb = r ? json_tokens(obj(r, "tokens"), b, 32) : -2;
+    cJSON_Delete(r);
+    CHECK(na == nb && na > 0 && memcmp(a, b, (size_t)na * sizeof *a) == 0);
+
+    /* stop string: the piece of a printable token of a sampled output (the
+     * greedy output of a random model repeats one token); the same seed
+     * replays the same tokens up to the stop */
+    snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 40, \"temperature\": 1.0, \"seed\": 123}",
+             prompt);
+    r = call_json("POST", "/completion", req, &st);
+    int32_t full[48];
+    int nfull = r ? json_tokens(obj(r, "tokens"), full, 48) : 0;
+    cJSON_Delete(r);
+    char piece[64], *raw = NULL;
+    int stop_at = -1;
+    for (int i = 2; i < nfull && i < 48 && stop_at < 0; i++) {
+        int k = kvs_token_to_piece(m, full[i], 0, piece, (int)sizeof piece - 1);
+        if (k < 1 || k >= (int)sizeof piece - 1) continue;
+        piece[k] = 0;
+        int ok = 1, visible = 0;
+        for (int j = 0; j < k; j++) {
+            ok &= piece[j] >= 32 && piece[j] < 127 && piece[j] != '"' && piece[j] != '\\';
+            visible |= piece[j] > 32;
+        }
+        if (ok && visible) stop_at = i;
+    }
+    CHECK_MSG(stop_at > 0, "no printable token among %d sampled tokens to use as a stop string", nfull);
+    if (stop_at > 0) {
+        CHECK_OK(kvs_detokenize(m, full, nfull, 0, &raw, err), err);
+        const char *hit = raw ? strstr(raw, piece) : NULL;
+        CHECK(hit != NULL);
+        size_t cut = hit ? (size_t)(hit - raw) : 0;
+        char *want = raw ? srv_utf8_clean(raw, cut) : NULL;
+        snprintf(req, sizeof req,
+                 "{\"prompt\": \"%s\", \"n_predict\": 40, \"temperature\": 1.0, \"seed\": 123, \"stop\": [\"%s\"]}",
+                 prompt, piece);
+        r = call_json("POST", "/completion", req, &st);
+        CHECK_EQ_INT(st, 200);
+        CHECK(r && strcmp(str(r, "stop_type"), "word") == 0);
+        CHECK(r && strcmp(str(r, "stopping_word"), piece) == 0);
+        CHECK_MSG(r && want && strcmp(str(r, "content"), want) == 0, "stop '%s': content '%s', want '%s'", piece,
+                  r ? str(r, "content") : "", want ? want : "");
+        CHECK(r && num(r, "tokens_predicted") <= stop_at + 1);
+        cJSON_Delete(r);
+        free(want);
+        free(raw);
+    }
+
+    /* OpenAI text completion: same greedy text, usage numbers */
+    snprintf(req, sizeof req, "{\"model\": \"x\", \"prompt\": \"%s\", \"max_tokens\": 12}", prompt);
+    r = call_json("POST", "/v1/completions", req, &st);
+    CHECK_EQ_INT(st, 200);
+    const cJSON *c0 = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
+    CHECK_OK(kvs_detokenize(m, ref, nref, 0, &text, err), err);
+    clean = text ? srv_utf8_clean(text, strlen(text)) : NULL;
+    CHECK(c0 && clean && strcmp(str(c0, "text"), clean) == 0);
+    CHECK(c0 && strcmp(str(c0, "finish_reason"), nref == 12 ? "length" : "stop") == 0);
+    CHECK(r && num(obj(r, "usage"), "prompt_tokens") == np && num(obj(r, "usage"), "completion_tokens") == nref);
+    CHECK(r && strcmp(str(r, "object"), "text_completion") == 0);
+    free(text);
+    free(clean);
+    cJSON_Delete(r);
+
+    /* chat: the template is applied and the answer comes back as a message */
+    r = call_json("POST", "/v1/chat/completions",
+                  "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", "
+                  "\"content\": [{\"type\": \"text\", \"text\": \"hello\"}, {\"type\": \"text\", \"text\": \" world\"}]}], "
+                  "\"max_tokens\": 6}",
+                  &st);
+    CHECK_EQ_INT(st, 200);
+    c0 = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
+    CHECK(c0 && strcmp(str(obj(c0, "message"), "role"), "assistant") == 0);
+    CHECK(r && num(obj(r, "usage"), "completion_tokens") <= 6);
+    CHECK(r && strcmp(str(r, "object"), "chat.completion") == 0);
+    /* the prompt is the template's: more tokens than the two words */
+    CHECK(r && num(obj(r, "usage"), "prompt_tokens") > 4);
+    cJSON_Delete(r);
+    free(ptoks);
+}
+
+static void test_variants(void) {
+    long st;
+    const char *prompt = "hello world the hello in it is the world at an on hello world it is in the world "
+                         "hello the an at world is it the world";
+    char req[2048];
+    snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 10}", prompt);
+    cJSON *plain = call_json("POST", "/completion", req, &st);
+    CHECK_EQ_INT(st, 200);
+    double pre0 = metric("kvsieve_prefills_total"), comp0 = metric("kvsieve_compressions_total");
+    snprintf(req, sizeof req,
+             "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_compression\": {\"variants\": ["
+             "{\"method\": \"full\"},"
+             "{\"method\": \"streamingllm\", \"ratio\": 0.5, \"name\": \"sl\"},"
+             "{\"method\": \"snapkv\", \"tokens\": 8},"
+             "{\"method\": \"h2o\", \"ratio\": 0.3, \"compress_local\": true}]}}",
+             prompt);
+    cJSON *r = call_json("POST", "/completion", req, &st);
+    CHECK_EQ_INT(st, 200);
+    double pre1 = metric("kvsieve_prefills_total"), comp1 = metric("kvsieve_compressions_total");
+    CHECK_MSG(pre1 - pre0 == 1, "4 variants cost %g prefills, want 1", pre1 - pre0);
+    CHECK_MSG(comp1 - comp0 == 4, "4 variants ran %g compressions", comp1 - comp0);
+    const cJSON *vs = r ? obj(r, "variants") : NULL;
+    CHECK_EQ_INT(cJSON_GetArraySize(vs), 4);
+    /* the full variant reproduces the plain request */
+    const cJSON *v0 = cJSON_GetArrayItem(vs, 0);
+    CHECK(v0 && plain && strcmp(str(v0, "content"), str(plain, "content")) == 0);
+    CHECK(v0 && plain &&
+          cJSON_Compare(obj(v0, "tokens"), obj(plain, "tokens"), 1));
+    CHECK(r && plain && strcmp(str(r, "content"), str(plain, "content")) == 0);
+    const int n_prompt = plain ? (int)num(obj(plain, "timings"), "prompt_n") : 0;
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetArrayItem(vs, i);
+        const cJSON *kv = obj(v, "kv"), *t = obj(v, "timings");
+        CHECK_MSG(kv && t, "variant %d lacks kv or timings", i);
+        if (!kv || !t) continue;
+        CHECK(num(t, "prompt_n") == n_prompt);
+        CHECK(num(kv, "compress_ms") >= 0);
+        CHECK(num(kv, "n_prompt") == n_prompt);
+        const cJSON *layers = obj(kv, "layers");
+        CHECK_EQ_INT(cJSON_GetArraySize(layers), TINY_LAYERS);
+        for (int l = 0; l < TINY_LAYERS; l++) {
+            const cJSON *ly = cJSON_GetArrayItem(layers, l);
+            int local = cJSON_IsTrue(obj(ly, "local"));
+            CHECK_EQ_INT(local, l != 5); /* gemma3: every 6th layer is global */
+            double tb = num(ly, "tokens_before"), ta = num(ly, "tokens_after");
+            double bb = num(ly, "bytes_before"), ba = num(ly, "bytes_after");
+            CHECK(tb > 0 && ta <= tb && ba <= bb);
+            int expect_compressed = i > 0 && (!local || i == 3);
+            CHECK_MSG((ta < tb) == expect_compressed, "variant %d layer %d: tokens %g -> %g", i, l, tb, ta);
+            if (expect_compressed) CHECK_MSG(ba < bb, "variant %d layer %d: bytes %g -> %g not freed", i, l, bb, ba);
+        }
+    }
+    const cJSON *v1 = cJSON_GetArrayItem(vs, 1);
+    CHECK(strcmp(str(v1, "name"), "sl") == 0);
+    CHECK(strcmp(str(obj(v1, "kv"), "method"), "streamingllm") == 0);
+    CHECK(num(obj(obj(v1, "kv"), "budget"), "ratio") == 0.5);
+    CHECK(obj(obj(v1, "kv"), "params") && cJSON_IsObject(obj(obj(v1, "kv"), "params")));
+    /* the global layer of streamingllm at 0.5 keeps floor(0.5 N) per head */
+    const cJSON *gl = cJSON_GetArrayItem(obj(obj(v1, "kv"), "layers"), 5);
+    CHECK_MSG(num(gl, "tokens_after") == (double)(n_prompt / 2) * TINY_KV_HEADS ||
+                  num(gl, "tokens_after") == (double)(n_prompt / 2),
+              "streamingllm 0.5: layer 5 keeps %g of %d", num(gl, "tokens_after"), n_prompt);
+    const cJSON *v2 = cJSON_GetArrayItem(vs, 2);
+    CHECK(num(obj(obj(v2, "kv"), "budget"), "tokens") == 8);
+    cJSON_Delete(r);
+    cJSON_Delete(plain);
+
+    /* one object: "kv" describes it, no "variants" */
+    pre0 = metric("kvsieve_prefills_total");
+    snprintf(req, sizeof req,
+             "{\"prompt\": \"%s\", \"n_predict\": 4, \"kv_compression\": {\"method\": \"random\", \"ratio\": 0.25, "
+             "\"params\": {\"seed\": 3}}}",
+             prompt);
+    r = call_json("POST", "/completion", req, &st);
+    CHECK_EQ_INT(st, 200);
+    CHECK(r && !obj(r, "variants"));
+    CHECK(r && strcmp(str(obj(r, "kv"), "method"), "random") == 0);
+    CHECK(r && num(obj(obj(r, "kv"), "params"), "seed") == 3);
+    CHECK(r && num(obj(r, "kv"), "tokens_after") < num(obj(r, "kv"), "tokens_before"));
+    CHECK(metric("kvsieve_prefills_total") - pre0 == 1);
+    cJSON_Delete(r);
+}
+
+static void test_dump(void) {
+    char *body = NULL;
+    size_t len = 0;
+    long st = http("POST", "/kv/dump", "{\"prompt\": \"hello world the world\", \"queries\": 3, \"dtype\": \"F16\"}",
+                   &body, &len);
+    CHECK_EQ_INT(st, 200);
+    char path[] = "/tmp/kvs-test-dump-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        CHECK((size_t)write(fd, body, len) == len);
+        close(fd);
+        kvs_dump d;
+        kvs_err err_ = {0}, *err = &err_;
+        CHECK_OK(kvs_dump_open(path, &d, err), err);
+        if (err->code == KVS_OK) {
+            CHECK_EQ_INT(d.shape.n_layers, TINY_LAYERS);
+            CHECK_EQ_INT(d.shape.n_kv_heads, TINY_KV_HEADS);
+            CHECK_EQ_INT(d.shape.head_dim, TINY_HEAD_DIM);
+            CHECK_EQ_INT(d.shape.n_tokens, 5); /* BOS + 4 words */
+            CHECK_EQ_INT(d.shape.n_queries, 3);
+            CHECK_EQ_INT(d.shape.n_q_heads, TINY_HEADS);
+            CHECK(d.view.layers[0].k.dtype == KVS_F16);
+            kvs_dump_close(&d);
+        }
+        unlink(path);
+    }
+    free(body);
+}
+
+static void test_bad_requests(void) {
+    double e0 = metric("kvsieve_request_errors_total");
+    (void)e0;
+    expect_error("/completion", "{\"n_predict\": 4}", 400, "prompt", "required");
+    expect_error("/completion", "{\"prompt\": 5}", 400, "prompt", "string");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"n_predict\": \"ten\"}", 400, "n_predict", "integer");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"temperature\": \"hot\"}", 400, "temperature", "number");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"top_p\": 0}", 400, "top_p", "(0, 1]");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"stream\": true}", 400, "stream", "not supported");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"stop\": [\"ok\", 3]}", 400, "stop[1]", "string");
+    expect_error("/completion", "{\"prompt\": [1, 2, 999999]}", 400, "prompt[2]", "token id");
+    expect_error("/completion", "{\"prompt\": \"hi\"", 400, "body", "JSON");
+    expect_error("/completion", "[1, 2]", 400, "body", "object");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"kv_compression\": {\"method\": \"nosuch\", \"ratio\": 0.5}}",
+                 400, "kv_compression.method", "nosuch");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"kv_compression\": {\"method\": \"snapkv\", \"ratio\": 0}}",
+                 400, "kv_compression.ratio", "(0, 1]");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"kv_compression\": {\"method\": \"snapkv\"}}", 400,
+                 "kv_compression.ratio", "budget");
+    expect_error("/completion",
+                 "{\"prompt\": \"hi\", \"kv_compression\": {\"variants\": [{\"method\": \"full\"}, "
+                 "{\"method\": \"h2o\", \"ratio\": 1.5}]}}",
+                 400, "kv_compression.variants[1].ratio", "(0, 1]");
+    expect_error("/completion",
+                 "{\"prompt\": \"hi\", \"kv_compression\": {\"method\": \"snapkv\", \"ratio\": 0.5, "
+                 "\"params\": {\"windoww\": 4}}}",
+                 400, "kv_compression.params.windoww", "windoww");
+    expect_error("/completion",
+                 "{\"prompt\": \"hi\", \"kv_compression\": {\"method\": \"snapkv\", \"ratio\": 0.5, \"budget\": 3}}",
+                 400, "kv_compression.budget", "unknown field");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"kv_compression\": {\"method\": \"snapkv\", \"tokens\": 0}}", 400,
+                 "kv_compression.tokens", "[1,");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"kv_compression\": 7}", 400, "kv_compression", "object");
+    /* a prompt longer than the context: refused, not truncated */
+    char req[4096];
+    int o = snprintf(req, sizeof req, "{\"prompt\": \"");
+    for (int i = 0; i < N_CTX + 10; i++) o += snprintf(req + o, sizeof req - (size_t)o, "hello ");
+    snprintf(req + o, sizeof req - (size_t)o, "\", \"n_predict\": 2}");
+    expect_error("/completion", req, 400, "prompt", "not truncated");
+    expect_error("/v1/completions", req, 400, "prompt", "context");
+    expect_error("/kv/dump", req, 400, "prompt", "context");
+    expect_error("/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}", 400, "n", "[1, 1]");
+    expect_error("/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": -5}", 400, "max_tokens", "[-1,");
+    expect_error("/v1/chat/completions", "{\"max_tokens\": 3}", 400, "messages", "required");
+    expect_error("/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", 400,
+                 "messages[0].role", "robot");
+    expect_error("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages[0].content",
+                 "required");
+    expect_error("/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", 400,
+                 "messages[0].content[0].type", "image_url");
+    expect_error("/tokenize", "{}", 400, "content", "required");
+    expect_error("/tokenize", "{\"content\": \"x\", \"with_pieces\": 1}", 400, "with_pieces", "true or false");
+    expect_error("/detokenize", "{\"tokens\": [1, 999999]}", 400, "tokens[1]", "not a token id");
+    expect_error("/detokenize", "{\"tokens\": \"abc\"}", 400, "tokens", "array");
+    expect_error("/kv/dump", "{\"prompt\": \"hi\", \"dtype\": \"F64\"}", 400, "dtype", "F64");
+    expect_error("/nowhere", "{}", 404, "path", "no endpoint");
+    long st;
+    cJSON *r = call_json("GET", "/completion", NULL, &st);
+    CHECK_EQ_INT(st, 405);
+    CHECK(r && strcmp(str(obj(r, "error"), "field"), "method") == 0);
+    cJSON_Delete(r);
+    double e1 = metric("kvsieve_request_errors_total");
+    CHECK(isfinite(e1));
+}
+
+/* ---- concurrency and drain ------------------------------------------------ */
+
+typedef struct {
+    const char *req;
+    long status;
+    char *body;
+} job_t;
+
+static void *job_run(void *p) {
+    job_t *j = p;
+    j->status = http("POST", "/completion", j->req, &j->body, NULL);
+    return NULL;
+}
+
+static void test_queue(void) {
+    const char *req = "{\"prompt\": \"hello world the world is\", \"n_predict\": 24}";
+    enum { J = 5 };
+    job_t jobs[J];
+    pthread_t th[J];
+    for (int i = 0; i < J; i++) {
+        jobs[i] = (job_t){req, 0, NULL};
+        pthread_create(&th[i], NULL, job_run, &jobs[i]);
+    }
+    for (int i = 0; i < J; i++) pthread_join(th[i], NULL);
+    cJSON *r0 = cJSON_Parse(jobs[0].body);
+    for (int i = 0; i < J; i++) {
+        CHECK_EQ_INT(jobs[i].status, 200);
+        cJSON *ri = cJSON_Parse(jobs[i].body);
+        CHECK_MSG(r0 && ri && cJSON_Compare(obj(r0, "tokens"), obj(ri, "tokens"), 1),
+                  "concurrent request %d gave other tokens", i);
+        cJSON_Delete(ri);
+        free(jobs[i].body);
+    }
+    cJSON_Delete(r0);
+    CHECK(metric("kvsieve_requests_processing") == 0);
+    CHECK(metric("kvsieve_requests_waiting") == 0);
+}
+
+static void *stop_run(void *p) {
+    kvs_server_stop(p);
+    return NULL;
+}
+
+/* Drain: hold both slots from here so a request is queued, stop the server
+ * from another thread, see it refuse new work, then free the slots: the
+ * queued request must still complete with 200 before stop returns. */
+static void test_drain(kvs_server *srv) {
+    srv_slot_acquire(srv);
+    srv_slot_acquire(srv);
+    job_t j = {"{\"prompt\": \"hello world the world is\", \"n_predict\": 20}", 0, NULL};
+    pthread_t th, stopper;
+    pthread_create(&th, NULL, job_run, &j);
+    int waited = 0;
+    for (int i = 0; i < 4000 && metric("kvsieve_requests_waiting") < 1; i++) {
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        waited = i;
+    }
+    CHECK_MSG(metric("kvsieve_requests_waiting") == 1, "the request did not queue (waited %d ms)", waited);
+    pthread_create(&stopper, NULL, stop_run, srv);
+    long h = 200;
+    for (int i = 0; i < 4000 && h == 200; i++) {
+        h = http("GET", "/health", NULL, NULL, NULL);
+        if (h == 200) nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    CHECK_MSG(h == 503 || h == 0, "while draining /health answered %ld", h);
+    CHECK_EQ_INT(j.status, 0); /* still queued */
+    srv_slot_release(srv);
+    srv_slot_release(srv);
+    pthread_join(th, NULL);
+    pthread_join(stopper, NULL);
+    CHECK_MSG(j.status == 200, "request queued during the drain got %ld", j.status);
+    cJSON *r = cJSON_Parse(j.body);
+    CHECK(r && cJSON_GetArraySize(obj(r, "tokens")) > 0);
+    cJSON_Delete(r);
+    free(j.body);
+    /* after stop nothing listens */
+    CHECK_EQ_INT(http("GET", "/health", NULL, NULL, NULL), 0);
+}
+
+int main(void) {
+    kvs_err err_ = {0}, *err = &err_;
+    char dir[] = "/tmp/kvs-server-test-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char path[128];
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    int V = 0;
+    kvs_model *m = NULL;
+    kvs_server *srv = NULL;
+    CHECK_OK(tiny_model_write(path, 20261129, &V, err), err);
+    kvs_model_opts mo = {1};
+    CHECK_OK(kvs_model_load(path, &mo, &m, err), err);
+    if (!m) goto done;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
+    /* config errors */
+    kvs_server_config cfg;
+    kvs_server_config_defaults(&cfg);
+    cfg.port = 0;
+    cfg.slots = 0;
+    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "slots");
+    cfg.slots = 2;
+    cfg.host = "no.such.host.invalid";
+    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "no.such.host.invalid");
+
+    cfg.host = "127.0.0.1";
+    cfg.n_ctx = 100000; /* the tiny model was trained for 512 */
+    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "context length 512");
+    cfg.threads = 1;
+    cfg.n_ctx = N_CTX;
+    CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
+    if (!srv) goto done;
+    g_port = kvs_server_port(srv);
+    CHECK(g_port > 0);
+
+    test_basic(m);
+    test_completion(m);
+    test_variants();
+    test_dump();
+    test_bad_requests();
+    test_queue();
+    test_drain(srv);
+    srv = NULL;
+done:
+    kvs_server_stop(srv);
+    kvs_model_free(m);
+    unlink(path);
+    rmdir(dir);
+    curl_global_cleanup();
+    return kvs_test_finish("test_server_http");
+}

@@ -20,6 +20,7 @@ double kvs_vexp_sub(float *x, int n, float sub);
 void kvs_vgelu_mul(float *g, const float *u, int n); /* g = gelu_tanh(g) * u */
 void kvs_vsilu_mul(float *g, const float *u, int n); /* g = silu(g) * u */
 void kvs_vaxpy(float *o, float a, const float *x, int n); /* o += a x */
+double kvs_sumsq(const float *x, int n);                 /* sum of squares */
 
 /* ---- thread pool (pool.c) ---------------------------------------------------- */
 typedef void (*kvs_pool_fn)(void *arg, int ith, int nth);

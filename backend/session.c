@@ -25,7 +25,7 @@
 
 #include "engine_private.h"
 
-#define KVS_UBATCH 1024 /* prefill chunk (tokens) */
+#define KVS_UBATCH 2048 /* prefill chunk (tokens) */
 #define KVS_QTILE 128   /* prefill attention query tile */
 
 typedef struct {
@@ -56,8 +56,7 @@ struct kvs_session {
 /* ---- small math ------------------------------------------------------------- */
 
 static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double ss = kvs_sumsq(x, n);
     float r = 1.0f / sqrtf((float)(ss / n) + eps);
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }

@@ -88,3 +88,21 @@ void kvs_vaxpy(float *o, float a, const float *x, int n) {
 #endif
     for (; i < n; i++) o[i] += a * x[i];
 }
+
+double kvs_sumsq(const float *x, int n) {
+    int i = 0;
+    double s = 0;
+#ifdef KVS_SIMD_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(a0, a1));
+    for (int k = 0; k < 8; k++) s += t[k];
+#endif
+    for (; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}

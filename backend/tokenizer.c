@@ -7,10 +7,15 @@
  * highest vocabulary score, characters outside the vocabulary fall back to
  * <0xNN> byte tokens), special-token partitioning (user-defined tokens always,
  * control tokens when asked, longest match first), detokenisation, and the
- * chat templates of gemma, llama 2/3 and ChatML (qwen2).
- * What it is not: byte-level BPE (tokenizer.ggml.model = "gpt2", llama 3 and
- * qwen2 vocabularies) is not implemented yet: loading such a model fails with
- * KVS_ERR_UNSUPPORTED naming the tokenizer.
+ * chat templates of gemma, llama 2/3 and ChatML (qwen2); byte-level BPE
+ * (tokenizer.ggml.model = "gpt2": llama 3, qwen2): bytes mapped to printable
+ * code points as GPT-2 does, a pre-tokeniser that follows the llama 3 split
+ * pattern (qwen2: digits one by one), then merges by rank.
+ * What it is not: a full Unicode database. The pre-tokeniser classifies ASCII
+ * exactly; other code points are letters except the common space and
+ * punctuation blocks (U+00A0-U+00BF, U+2000-U+206F, U+3000-U+303F,
+ * U+FF00-U+FF0F), so rare scripts' digits or symbols may split differently
+ * from the reference implementation.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -37,6 +42,14 @@ struct kvs_tokenizer {
     int32_t eog[8];
     int n_eog;
     int family;        /* template family */
+    int bpe;           /* 1: byte-level BPE (gpt2), 0: SentencePiece */
+    int bpe_digits1;   /* qwen2 pre-tokeniser: one digit per piece */
+    const kvs_gguf_str *merges; /* [n_merges] "left right", in the mapping */
+    int n_merges;
+    int32_t *mh;       /* hash of merges -> rank, -1 empty */
+    uint32_t mh_mask;
+    uint16_t byte_cp[256]; /* byte -> code point (GPT-2 mapping) */
+    int16_t cp_byte[512];  /* code point -> byte, -1 if none */
 };
 
 enum { FAM_GEMMA = 1, FAM_LLAMA2 = 2, FAM_LLAMA3 = 3, FAM_CHATML = 4 };
@@ -66,6 +79,7 @@ void kvs_tokenizer_free(kvs_tokenizer *t) {
     free(t->type);
     free(t->ht);
     free(t->spec);
+    free(t->mh);
     free(t);
 }
 
@@ -82,15 +96,76 @@ static int cmp_len_id(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* ---- byte-level BPE tables ------------------------------------------------------ */
+
+static int32_t merge_rank(const kvs_tokenizer *t, const char *a, size_t na, const char *b, size_t nb) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < na; i++) h = (h ^ (uint8_t)a[i]) * 16777619u;
+    h = (h ^ (uint8_t)' ') * 16777619u;
+    for (size_t i = 0; i < nb; i++) h = (h ^ (uint8_t)b[i]) * 16777619u;
+    h &= t->mh_mask;
+    for (;;) {
+        int32_t r = t->mh[h];
+        if (r < 0) return -1;
+        const kvs_gguf_str *ms = &t->merges[r];
+        if (ms->len == na + 1 + nb && !memcmp(ms->s, a, na) && ms->s[na] == ' ' && !memcmp(ms->s + na + 1, b, nb))
+            return r;
+        h = (h + 1) & t->mh_mask;
+    }
+}
+
+static kvs_status bpe_load(kvs_tokenizer *t, const kvs_model *m, kvs_err *err) {
+    const kvs_gguf_kv *km = kvs_gguf_find_kv(&m->g, "tokenizer.ggml.merges");
+    if (!km || km->type != KVS_GGUF_ARRAY || km->arr_type != KVS_GGUF_STRING || km->arr_n > (1u << 24))
+        return kvs_errorf(err, KVS_ERR_FORMAT, "%s: tokenizer.ggml.merges is missing or not a string array",
+                          m->info.path);
+    char pre[32] = "";
+    kvs_gguf_get_str(&m->g, "tokenizer.ggml.pre", pre, sizeof pre, NULL);
+    t->bpe_digits1 = !strcmp(pre, "qwen2") || m->arch == KVS_ARCH_QWEN2;
+    t->merges = km->arr_strs;
+    t->n_merges = (int)km->arr_n;
+    uint32_t cap = 1;
+    while (cap < 2u * (uint32_t)t->n_merges + 2) cap <<= 1;
+    t->mh = malloc((size_t)cap * 4);
+    if (!t->mh) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for merges", m->info.path);
+    memset(t->mh, 0xff, (size_t)cap * 4);
+    t->mh_mask = cap - 1;
+    for (int r = 0; r < t->n_merges; r++) {
+        const kvs_gguf_str *ms = &t->merges[r];
+        const char *sp = ms->len > 1 ? memchr(ms->s + 1, ' ', ms->len - 1) : NULL;
+        if (!sp)
+            return kvs_errorf(err, KVS_ERR_FORMAT, "%s: tokenizer.ggml.merges[%d] has no space separating two pieces",
+                              m->info.path, r);
+        size_t na = (size_t)(sp - ms->s);
+        if (merge_rank(t, ms->s, na, sp + 1, ms->len - na - 1) >= 0) continue; /* duplicate: first rank wins */
+        uint32_t h = 2166136261u;
+        for (uint64_t i = 0; i < ms->len; i++) h = (h ^ (uint8_t)ms->s[i]) * 16777619u;
+        h &= t->mh_mask;
+        while (t->mh[h] >= 0) h = (h + 1) & t->mh_mask;
+        t->mh[h] = r;
+    }
+    /* GPT-2 byte <-> code point mapping: printable Latin-1 bytes map to themselves */
+    int extra = 0;
+    for (int i = 0; i < 512; i++) t->cp_byte[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        int keep = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        t->byte_cp[b] = (uint16_t)(keep ? b : 256 + extra++);
+        t->cp_byte[t->byte_cp[b]] = (int16_t)b;
+    }
+    return KVS_OK;
+}
+
 kvs_status kvs_tokenizer_load(kvs_model *m, kvs_err *err) {
     const kvs_gguf *g = &m->g;
     const char *path = m->info.path;
     char model[32] = "";
     kvs_status st = kvs_gguf_get_str(g, "tokenizer.ggml.model", model, sizeof model, NULL);
     if (st) return kvs_errorf(err, KVS_ERR_FORMAT, "%s: metadata tokenizer.ggml.model is missing", path);
-    if (strcmp(model, "llama") != 0)
+    int bpe = !strcmp(model, "gpt2");
+    if (strcmp(model, "llama") != 0 && !bpe)
         return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
-                          "%s: tokenizer '%s' is not supported yet (only SentencePiece-style 'llama')", path, model);
+                          "%s: tokenizer '%s' is not supported (supported: 'llama' SentencePiece, 'gpt2' byte-level BPE)",
+                          path, model);
     const kvs_gguf_kv *kt = kvs_gguf_find_kv(g, "tokenizer.ggml.tokens");
     const kvs_gguf_kv *ks = kvs_gguf_find_kv(g, "tokenizer.ggml.scores");
     const kvs_gguf_kv *ky = kvs_gguf_find_kv(g, "tokenizer.ggml.token_type");
@@ -108,6 +183,7 @@ kvs_status kvs_tokenizer_load(kvs_model *m, kvs_err *err) {
     kvs_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for the tokenizer", path);
     t->n = n;
+    t->bpe = bpe;
     size_t total = 0;
     for (int i = 0; i < n; i++) total += kt->arr_strs[i].len + 1;
     uint32_t cap = 1;
@@ -179,7 +255,8 @@ kvs_status kvs_tokenizer_load(kvs_model *m, kvs_err *err) {
     sp->unk = kvs_gguf_get_i64(g, "tokenizer.ggml.unknown_token_id", &v, NULL) == KVS_OK && v >= 0 && v < n ? (int32_t)v : -1;
     sp->pad = kvs_gguf_get_i64(g, "tokenizer.ggml.padding_token_id", &v, NULL) == KVS_OK && v >= 0 && v < n ? (int32_t)v : -1;
     sp->add_bos = kvs_gguf_get_i64(g, "tokenizer.ggml.add_bos_token", &v, NULL) == KVS_OK ? (int)v : 1;
-    t->add_space_prefix = kvs_gguf_get_i64(g, "tokenizer.ggml.add_space_prefix", &v, NULL) == KVS_OK ? (int)v : 1;
+    t->add_space_prefix = kvs_gguf_get_i64(g, "tokenizer.ggml.add_space_prefix", &v, NULL) == KVS_OK ? (int)v : !bpe;
+    if (bpe && (st = bpe_load(t, m, err))) goto cleanup;
     sp->eot = -1;
     static const char *eot_names[] = {"<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>"};
     for (size_t i = 0; i < sizeof eot_names / sizeof eot_names[0]; i++) {
@@ -390,6 +467,211 @@ cleanup:
     return st;
 }
 
+/* ---- byte-level BPE ------------------------------------------------------------- */
+
+/* Decode one UTF-8 code point at s[i] (invalid bytes count as one code point
+ * equal to the byte). Returns its byte length. */
+static int utf8_cp(const char *s, size_t n, size_t i, uint32_t *cp) {
+    uint8_t c = (uint8_t)s[i];
+    int l = utf8_len(c);
+    if (l == 1 || i + (size_t)l > n) {
+        *cp = c;
+        return 1;
+    }
+    uint32_t v = c & (l == 2 ? 0x1F : l == 3 ? 0x0F : 0x07);
+    for (int k = 1; k < l; k++) {
+        uint8_t cc = (uint8_t)s[i + k];
+        if ((cc & 0xC0) != 0x80) {
+            *cp = c;
+            return 1;
+        }
+        v = (v << 6) | (cc & 0x3F);
+    }
+    *cp = v;
+    return l;
+}
+
+enum { CL_LETTER, CL_NUMBER, CL_SPACE, CL_OTHER };
+
+static int cp_class(uint32_t c) {
+    if (c < 128) {
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CL_LETTER;
+        if (c >= '0' && c <= '9') return CL_NUMBER;
+        if (c == ' ' || (c >= 9 && c <= 13)) return CL_SPACE;
+        return CL_OTHER;
+    }
+    if (c == 0xA0 || c == 0x85 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+        c == 0x202F || c == 0x205F || c == 0x3000)
+        return CL_SPACE;
+    if ((c >= 0x80 && c <= 0xBF) || c == 0xD7 || c == 0xF7 || (c >= 0x2000 && c <= 0x206F) ||
+        (c >= 0x3000 && c <= 0x303F) || (c >= 0xFF00 && c <= 0xFF0F) || (c >= 0x1F000 && c <= 0x1FAFF))
+        return CL_OTHER;
+    return CL_LETTER;
+}
+
+/* Length in bytes of the pre-token starting at text[i] (llama 3 split rules). */
+static size_t pretok_len(const kvs_tokenizer *t, const char *s, size_t n, size_t i) {
+    uint32_t c, c2 = 0;
+    int l = utf8_cp(s, n, i, &c), l2 = 0;
+    int cl = cp_class(c), cl2 = -1;
+    if (i + (size_t)l < n) {
+        l2 = utf8_cp(s, n, i + (size_t)l, &c2);
+        cl2 = cp_class(c2);
+    }
+    /* 1. contractions 's 't 're 've 'm 'll 'd (any case) */
+    if (c == '\'' && i + 1 < n) {
+        char a = (char)(s[i + 1] | 0x20), b = i + 2 < n ? (char)(s[i + 2] | 0x20) : 0;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    }
+    /* 2. [^\r\n\p{L}\p{N}]? \p{L}+ */
+    size_t j = i;
+    if (cl == CL_LETTER) j = i;
+    else if (c != '\r' && c != '\n' && cl != CL_NUMBER && cl2 == CL_LETTER) j = i + (size_t)l;
+    else j = (size_t)-1;
+    if (j != (size_t)-1) {
+        while (j < n) {
+            uint32_t d;
+            int dl = utf8_cp(s, n, j, &d);
+            if (cp_class(d) != CL_LETTER) break;
+            j += (size_t)dl;
+        }
+        return j - i;
+    }
+    /* 3. \p{N}{1,3} (qwen2: \p{N}) */
+    if (cl == CL_NUMBER) {
+        int max = t->bpe_digits1 ? 1 : 3, k = 0;
+        j = i;
+        while (j < n && k < max) {
+            uint32_t d;
+            int dl = utf8_cp(s, n, j, &d);
+            if (cp_class(d) != CL_NUMBER) break;
+            j += (size_t)dl;
+            k++;
+        }
+        return j - i;
+    }
+    /* 4. ' '? [^\s\p{L}\p{N}]+ [\r\n]* */
+    j = i;
+    if (c == ' ' && cl2 == CL_OTHER) j = i + 1;
+    if (j < n) {
+        uint32_t d;
+        utf8_cp(s, n, j, &d);
+        if (cp_class(d) == CL_OTHER) {
+            while (j < n) {
+                int dl = utf8_cp(s, n, j, &d);
+                if (cp_class(d) != CL_OTHER) break;
+                j += (size_t)dl;
+            }
+            while (j < n && (s[j] == '\r' || s[j] == '\n')) j++;
+            return j - i;
+        }
+    }
+    /* whitespace rules 5-7 */
+    if (cl == CL_SPACE) {
+        size_t e = i, last_nl = (size_t)-1, prev = i;
+        while (e < n) {
+            uint32_t d;
+            int dl = utf8_cp(s, n, e, &d);
+            if (cp_class(d) != CL_SPACE) break;
+            if (d == '\r' || d == '\n') last_nl = e;
+            prev = e;
+            e += (size_t)dl;
+        }
+        if (last_nl != (size_t)-1) return last_nl + 1 - i;  /* 5. \s*[\r\n]+ */
+        if (e == n || prev == i) return e - i;               /* 6./7. run at the end, or a single space */
+        return prev - i;                                     /* 6. \s+(?!\S): leave the last space */
+    }
+    return (size_t)l;
+}
+
+/* BPE over one pre-token: mapped code points merged by rank. */
+static kvs_status bpe_word(const kvs_tokenizer *t, const char *w, size_t wn, ivec *out, kvs_err *err) {
+    kvs_status st = KVS_OK;
+    char *buf = malloc(wn * 2 + 1); /* each byte maps to a code point of <= 2 UTF-8 bytes */
+    sym *sy = malloc((wn + 1) * sizeof *sy);
+    heap h = {0};
+    if (!buf || !sy) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "tokenizer: out of memory");
+        goto cleanup;
+    }
+    size_t bn = 0;
+    int ns = 0;
+    for (size_t i = 0; i < wn; i++) {
+        uint16_t cp = t->byte_cp[(uint8_t)w[i]];
+        uint32_t start = (uint32_t)bn;
+        if (cp < 0x80) buf[bn++] = (char)cp;
+        else {
+            buf[bn++] = (char)(0xC0 | (cp >> 6));
+            buf[bn++] = (char)(0x80 | (cp & 0x3F));
+        }
+        sy[ns] = (sym){ns - 1, -1, start, (uint32_t)bn - start};
+        if (ns > 0) sy[ns - 1].next = ns;
+        ns++;
+    }
+    int ok = 1;
+    for (int i = 1; i < ns; i++) {
+        int32_t r = merge_rank(t, buf + sy[i - 1].start, sy[i - 1].n, buf + sy[i].start, sy[i].n);
+        if (r >= 0 && !heap_push(&h, (bigram){i - 1, i, -(float)r, sy[i - 1].n + sy[i].n})) ok = 0;
+    }
+    while (ok && h.n > 0) {
+        bigram b = heap_pop(&h);
+        sym *L = &sy[b.left], *R = &sy[b.right];
+        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size || L->next != b.right) continue;
+        L->n += R->n;
+        R->n = 0;
+        L->next = R->next;
+        if (R->next >= 0) sy[R->next].prev = b.left;
+        if (L->prev >= 0) {
+            sym *P = &sy[L->prev];
+            int32_t r = merge_rank(t, buf + P->start, P->n, buf + L->start, L->n);
+            if (r >= 0 && !heap_push(&h, (bigram){L->prev, b.left, -(float)r, P->n + L->n})) ok = 0;
+        }
+        if (L->next >= 0) {
+            sym *N = &sy[L->next];
+            int32_t r = merge_rank(t, buf + L->start, L->n, buf + N->start, N->n);
+            if (r >= 0 && !heap_push(&h, (bigram){b.left, L->next, -(float)r, L->n + N->n})) ok = 0;
+        }
+    }
+    for (int i = 0; ok && i >= 0 && i < ns; i = sy[i].next) {
+        int32_t id = lookup(t, buf + sy[i].start, sy[i].n);
+        if (id < 0) {
+            /* not in the vocabulary: emit its bytes' single-symbol tokens */
+            for (uint32_t k = 0; k < sy[i].n;) {
+                int cl = utf8_len((uint8_t)buf[sy[i].start + k]);
+                int32_t bid = lookup(t, buf + sy[i].start + k, (size_t)cl);
+                if (bid < 0) {
+                    st = kvs_errorf(err, KVS_ERR_INVALID, "tokenizer: byte symbol '%.*s' is not in the vocabulary", cl,
+                                    buf + sy[i].start + k);
+                    goto cleanup;
+                }
+                if (!iv_push(out, bid)) ok = 0;
+                k += (uint32_t)cl;
+            }
+        } else if (!iv_push(out, id))
+            ok = 0;
+        if (sy[i].next == -1) break;
+    }
+    if (!ok) st = kvs_errorf(err, KVS_ERR_NOMEM, "tokenizer: out of memory");
+cleanup:
+    free(buf);
+    free(sy);
+    free(h.a);
+    return st;
+}
+
+static kvs_status bpe_fragment(const kvs_tokenizer *t, const char *text, size_t len, ivec *out, kvs_err *err) {
+    size_t i = 0;
+    while (i < len) {
+        size_t l = pretok_len(t, text, len, i);
+        assert(l > 0);
+        kvs_status st = bpe_word(t, text + i, l, out, err);
+        if (st) return st;
+        i += l;
+    }
+    return KVS_OK;
+}
+
 kvs_status kvs_tokenize(const kvs_model *m, const char *text, size_t len, int add_bos, int parse_special,
                         int32_t **out, int *n_out, kvs_err *err) {
     const kvs_tokenizer *t = TOK(m);
@@ -419,7 +701,8 @@ kvs_status kvs_tokenize(const kvs_model *m, const char *text, size_t len, int ad
         if (hit >= 0 || i == len) {
             if (i > frag) {
                 int prefix = t->add_space_prefix && first;
-                st = spm_fragment(t, text + frag, i - frag, prefix, &v, err);
+                st = t->bpe ? bpe_fragment(t, text + frag, i - frag, &v, err)
+                            : spm_fragment(t, text + frag, i - frag, prefix, &v, err);
                 if (st) goto cleanup;
             }
             first = 0;
@@ -460,8 +743,24 @@ int kvs_token_to_piece(const kvs_model *m, int32_t tok, int render_special, char
         if ((int)l <= n) memcpy(buf, s, l);
         return (int)l;
     }
-    /* U+2581 -> space */
     int w = 0;
+    if (t->bpe) { /* mapped code points back to bytes */
+        for (uint32_t i = 0; i < l;) {
+            uint32_t cp;
+            int cl = utf8_cp(s, l, i, &cp);
+            int b = cp < 512 ? t->cp_byte[cp] : -1;
+            if (b >= 0) {
+                if (w < n) buf[w] = (char)b;
+                w++;
+            } else { /* not a mapped byte: copy as is */
+                for (int k = 0; k < cl; k++, w++)
+                    if (w < n) buf[w] = s[i + k];
+            }
+            i += (uint32_t)cl;
+        }
+        return w;
+    }
+    /* U+2581 -> space */
     for (uint32_t i = 0; i < l;) {
         if (i + 3 <= l && !memcmp(s + i, "\xe2\x96\x81", 3)) {
             if (w < n) buf[w] = ' ';

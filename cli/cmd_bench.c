@@ -2,8 +2,9 @@
  * cmd_bench.c -- `kvsieve bench`: prefill and decode tokens/s of a GGUF model
  * at a given prompt length (the engine bars of performance.md section 3).
  * The prompt is real text (a fixed paragraph repeated) tokenised and cut to
- * the requested length; decode is greedy. Prints machine, build, model,
- * shapes and repetitions, then one line per repetition and the medians.
+ * the requested length; decode is greedy. A short untimed warm-up run first
+ * faults in the weight pages. Prints machine, build, model, shapes and
+ * repetitions, then one line per repetition and the medians.
  * What it is not: no database rows (the runner stores results), no
  * compression timing (see `kvsieve generate --method`).
  */
@@ -114,6 +115,10 @@ int kvs_cmd_bench(int argc, char **argv) {
 #endif
            info->name, info->arch, info->weight_types, info->n_layers, info->n_embd, info->n_heads, info->n_kv_heads,
            info->head_dim, info->n_vocab, n, gen, reps);
+    /* warm-up: touch every weight page of the mapping once (not timed) */
+    if (kvs_session_prefill(s, toks, n < 16 ? n : 16, NULL, logits, &err) != KVS_OK ||
+        kvs_session_decode(s, argmax(logits, info->n_vocab), logits, &err) != KVS_OK)
+        goto fail;
     for (long r = 0; r < reps; r++) {
         kvs_session_reset(s);
         double t0 = kvs_now_ms();

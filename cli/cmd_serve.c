@@ -107,8 +107,9 @@ int kvs_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvsieve serve: %s\n", err.msg);
         goto cleanup;
     }
-    fprintf(stderr, "kvsieve serve: listening on http://%s:%d (slots %d, threads %ld)\n", cfg.host,
-            kvs_server_port(srv), cfg.slots, threads);
+    int v6 = strchr(cfg.host, ':') != NULL; /* an IPv6 literal goes in brackets in a URL */
+    fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld)\n", v6 ? "[" : "",
+            cfg.host, v6 ? "]" : "", kvs_server_port(srv), cfg.slots, threads);
     fflush(stderr);
     int sig = 0;
     if (sigwait(&stop_set, &sig) != 0) {

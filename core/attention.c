@@ -1,7 +1,8 @@
 /*
  * attention.c -- attention statistics of one layer in O(N) memory per head:
  * the row log-sum-exp (kvs_attn_lse), the GQA-averaged column sums with
- * optional row entropies (kvs_attn_colsum) and the entropies of the
+ * optional row entropies (kvs_attn_colsum), both from one pass over the
+ * logits (kvs_attn_colsum_fused), and the entropies of the
  * head-averaged attention, plain and MEDA cross-modal (kvs_attn_entropies).
  *
  * What it is: the CPU reference of these statistics, the dominant cost of
@@ -14,6 +15,14 @@
  * already fp32 with a usable stride), causal tiles beyond the last row's
  * position are skipped, the diagonal tile is masked per row. The exp / log
  * loops use GCC vector extensions (8 lanes) so they vectorise at -O2.
+ *
+ * Fused path (kvs_attn_colsum_fused): the same statistics from ONE GEMM per
+ * row block instead of two: a block of up to FUSED_ROWS stacked rows (G heads
+ * x tq rows) gets its logits against all causally visible keys into a
+ * per-thread [rows][N] buffer (threads * FUSED_ROWS * N * 4 bytes, O(N) per
+ * thread, never N x N); each row then yields its exact max, e = exp(s - max)
+ * (stored in place), lse = max + log(sum e) and p = e / sum e, accumulated
+ * into the column sums in the same fixed slab order as the two-pass path.
  *
  * Threads: pthreads pull work units from an atomic counter. Every result is
  * independent of the thread count: the lse and entropy units own disjoint
@@ -47,6 +56,7 @@ enum {
     TQ_MAX = 256, /* ... grown to 256 / G for G = 1, 2 so the GEMM has >= 128 rows */
     TK = 256,  /* keys per tile (multiple of VL) */
     NSLAB = 8, /* colsum: fixed row slabs per KV head (determinism) */
+    FUSED_ROWS = 256,  /* fused colsum: stacked rows (G heads x rows) per logit buffer */
     VL = 8     /* vector lanes */
 };
 
@@ -620,12 +630,240 @@ cleanup:
 }
 
 /* ------------------------------------------------------------------------ */
+/* Fused one-pass lse + column sums (+ row entropies)                        */
+/* ------------------------------------------------------------------------ */
+
+/* A unit is (KV head g, slab) as in colsum; each row block of the slab is
+ * M = G * tq stacked rows. One GEMM writes the block's logits against all
+ * keys up to the block's last position into a per-thread [M][ld] buffer
+ * (ld = N rounded up to VL, plus VL so rows do not alias in the cache);
+ * then each row, while it sits in L1/L2, gets its exact max and log-sum-exp
+ * and its probabilities p = exp(s - lse), added to a per-thread float
+ * column accumulator [ld] in row order R = 0 .. M-1 (the same order per key
+ * as the two-pass colsum), which is added to the slab's double accumulator
+ * after the block. Sums over keys run in float within TK-key chunks and in
+ * double across chunks, like the two-pass path. */
+
+typedef struct {
+    const attn_ctx *c;
+    scratch *sc;
+    float *big;         /* [threads][M][ld] logit buffers */
+    float *colf;        /* [threads][ld] float column accumulators of one block */
+    int64_t ld;         /* row stride of big */
+    float *lse;         /* [Hq][Nq] out */
+    float *row_entropy; /* [Hq][Nq] or NULL */
+    int n_slab;
+    int slab_b0[NSLAB + 1];
+    double *acc; /* [Hkv][n_slab][N] */
+} fused_job;
+
+/* One row of logits s[0 .. nv) (the causal keys; s[nv .. nv rounded up to
+ * VL) is masked here): replaces them by e = exp(s - max) and returns
+ * 1 / sum e, so p = e * the result (= exp(s - lse) up to rounding).
+ * *lse = max + log(sum e); *ps = sum p s when want_ps (else 0). Sums run in
+ * float over TK-key chunks and in double across chunks. */
+static inline float fused_row(float *s, int nv, int want_ps, float *lse, double *ps) {
+    const int nvp = (nv + VL - 1) / VL * VL;
+    mask_tail(s, nv, nvp);
+    v8f mx = v8_set1(MASKED);
+    for (int j = 0; j < nvp; j += VL) mx = v8_max(mx, v8_load(s + j));
+    const v8f mb = v8_set1(v8_hmax(mx));
+    double l = 0.0, es = 0.0;
+    for (int j0 = 0; j0 < nvp; j0 += TK) {
+        const int je = j0 + TK < nvp ? j0 + TK : nvp;
+        v8f sum = v8_set1(0.0f), sp = sum;
+        if (want_ps) {
+            for (int j = j0; j < je; j += VL) {
+                const v8f sv = v8_load(s + j), e = v8_exp(sv - mb);
+                v8_store(s + j, e);
+                sum += e;
+                sp += e * sv;
+            }
+            es += v8_hsum(sp);
+        } else {
+            for (int j = j0; j < je; j += VL) {
+                const v8f e = v8_exp(v8_load(s + j) - mb);
+                v8_store(s + j, e);
+                sum += e;
+            }
+        }
+        l += v8_hsum(sum);
+    }
+    *lse = (float)((double)mb[0] + log(l));
+    *ps = es / l;
+    return (float)(1.0 / l);
+}
+
+static void fused_unit(void *jp, int tid, int u) {
+    fused_job *J = jp;
+    const attn_ctx *c = J->c;
+    scratch *sc = &J->sc[tid];
+    const int g = u / J->n_slab, sl = u % J->n_slab;
+    const int64_t ld = J->ld;
+    double *acc = J->acc + ((size_t)g * J->n_slab + sl) * c->N; /* [N] */
+    float *buf = J->big + (size_t)tid * (size_t)(c->G * c->tq) * (size_t)ld; /* [M][ld] */
+    float *col = J->colf + (size_t)tid * (size_t)ld;                         /* [ld] */
+    const int ent = J->row_entropy != NULL;
+    for (int b = J->slab_b0[sl]; b < J->slab_b0[sl + 1]; b++) {
+        const int i0 = b * c->tq, nr = block_rows(c, b), M = c->G * nr;
+        const int W = c->off + i0 + nr; /* keys 0 .. W-1 are visible to some row */
+        const int Wp = (W + VL - 1) / VL * VL;
+        assert(Wp <= ld);
+        load_q_group(c, g, i0, nr, sc->qb);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, c->d, c->scale, sc->qb, c->d,
+                    c->kf + (int64_t)g * c->kf_head, (int)c->kf_tok, 0.0f, buf, (int)ld);
+        memset(col, 0, sizeof(float) * (size_t)Wp);
+        for (int R = 0; R < M; R++) {
+            const int r = R % nr, h = g * c->G + R / nr;
+            const int nv = c->off + i0 + r + 1; /* causal keys 0 .. p */
+            const int nvp = (nv + VL - 1) / VL * VL;
+            float *s = buf + (size_t)R * (size_t)ld; /* [ld] */
+            float lf;
+            double ps;
+            const v8f il = v8_set1(fused_row(s, nv, ent, &lf, &ps));
+            J->lse[(size_t)h * c->Nq + i0 + r] = lf;
+            if (ent) J->row_entropy[(size_t)h * c->Nq + i0 + r] = (float)((double)lf - ps);
+            for (int j = 0; j < nvp; j += VL) v8_store(col + j, v8_load(col + j) + v8_load(s + j) * il);
+        }
+        for (int j = 0; j < W; j++) acc[j] += (double)col[j];
+    }
+}
+
+kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *lse, float *colsum,
+                                 float *row_entropy, int threads, kvs_err *err) {
+    static const char fn[] = "kvs_attn_colsum_fused";
+    attn_ctx c;
+    scratch *sc = NULL;
+    int nt = 0, blas = -1;
+    float *lse_owned = NULL; /* [Hq][Nq] when the caller passes lse = NULL */
+    fused_job J;
+    memset(&J, 0, sizeof J);
+    kvs_status st = ctx_init(&c, q, k, 1, fn, err);
+    if (st) goto cleanup;
+    if (!colsum) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL colsum output", fn);
+        goto cleanup;
+    }
+    memset(colsum, 0, sizeof(float) * (size_t)c.Hkv * (size_t)c.N);
+    if (c.Nq == 0) goto cleanup;
+    /* rows per block and head: FUSED_ROWS stacked rows in all (at least one per head) */
+    c.tq = FUSED_ROWS / c.G > 0 ? FUSED_ROWS / c.G : 1;
+    c.nb = (c.Nq + c.tq - 1) / c.tq;
+    if (!lse) {
+        lse = lse_owned = malloc(sizeof(float) * (size_t)c.Hq * (size_t)c.Nq);
+        if (!lse) {
+            st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for lse (%d heads x %d rows)", fn,
+                            c.Hq, c.Nq);
+            goto cleanup;
+        }
+    }
+    J.c = &c;
+    J.lse = lse;
+    J.row_entropy = row_entropy;
+    J.n_slab = make_slabs(&c, J.slab_b0);
+    J.ld = ((int64_t)c.N + VL - 1) / VL * VL + VL;
+    const int n_units = c.Hkv * J.n_slab;
+    nt = clamp_threads(threads, n_units);
+    const size_t M = (size_t)c.G * (size_t)c.tq;
+    J.acc = calloc((size_t)c.Hkv * (size_t)J.n_slab * (size_t)c.N, sizeof(double));
+    J.big = malloc(sizeof(float) * (size_t)nt * M * (size_t)J.ld);    /* [nt][M][ld] */
+    J.colf = malloc(sizeof(float) * (size_t)nt * (size_t)J.ld);       /* [nt][ld] */
+    sc = scratch_alloc(nt, (int)M, 1, c.d, 0);
+    if (!J.acc || !J.big || !J.colf || !sc) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM,
+                        "%s: no memory for the logit buffers (%d threads x %d rows x %d keys)", fn,
+                        nt, (int)M, c.N);
+        goto cleanup;
+    }
+    J.sc = sc;
+    blas = blas_single_begin();
+    st = pool_run(&J, fused_unit, n_units, nt, fn, err);
+    if (st) goto cleanup;
+    for (int h = 0; h < c.Hq; h++)
+        for (int i = 0; i < c.Nq; i++)
+            if (!isfinite(lse[(size_t)h * c.Nq + i])) {
+                st = kvs_errorf(err, KVS_ERR_NUMERIC,
+                                "%s: log-sum-exp of query head %d row %d is not finite (NaN or "
+                                "Inf in q or k?)", fn, h, i);
+                goto cleanup;
+            }
+    const double inv_g = 1.0 / c.G;
+    for (int g = 0; g < c.Hkv; g++)
+        for (int j = 0; j < c.N; j++) {
+            double s = 0.0;
+            for (int sl = 0; sl < J.n_slab; sl++) s += J.acc[((size_t)g * J.n_slab + sl) * c.N + j];
+            colsum[(size_t)g * c.N + j] = (float)(s * inv_g);
+        }
+cleanup:
+    if (blas >= 0) blas_single_end(blas);
+    scratch_free(sc, nt);
+    free(J.acc);
+    free(J.big);
+    free(J.colf);
+    free(lse_owned);
+    ctx_free(&c);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Pass 2b: entropies of the head-averaged attention                         */
 /* ------------------------------------------------------------------------ */
 
 enum { ROW_NONE = 0, ROW_TV = 1, ROW_VT = 2 };
 
 static int is_visual(uint8_t m) { return m == KVS_MOD_IMAGE || m == KVS_MOD_VIDEO; }
+
+/* Prefix counts of visual and text keys: *nvis, *ntxt are [N+1] (malloc'd,
+ * the caller frees them, also on error). Checks every modality value. */
+static kvs_status modality_counts(const uint8_t *modality, int N, int32_t **nvis, int32_t **ntxt,
+                                  const char *fn, kvs_err *err) {
+    *nvis = malloc(sizeof(int32_t) * ((size_t)N + 1)); /* [N+1] */
+    *ntxt = malloc(sizeof(int32_t) * ((size_t)N + 1)); /* [N+1] */
+    if (!*nvis || !*ntxt)
+        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for modality counts (N = %d)", fn, N);
+    int32_t *nv = *nvis, *nt = *ntxt;
+    nv[0] = nt[0] = 0;
+    for (int j = 0; j < N; j++) {
+        if (modality[j] > KVS_MOD_AUDIO)
+            return kvs_errorf(err, KVS_ERR_INVALID, "%s: modality of token %d is %d (not a KVS_MOD_*)",
+                              fn, j, (int)modality[j]);
+        nv[j + 1] = nv[j] + (is_visual(modality[j]) ? 1 : 0);
+        nt[j + 1] = nt[j] + (modality[j] == KVS_MOD_TEXT ? 1 : 0);
+    }
+    return KVS_OK;
+}
+
+/* Kind of query row at position p (ROW_*), from the prefix counts. */
+static int8_t row_kind(const uint8_t *modality, const int32_t *nvis, const int32_t *ntxt, int p) {
+    if (!modality) return ROW_NONE;
+    const uint8_t qm = modality[p];
+    if (qm == KVS_MOD_TEXT && nvis[p + 1] > 0) return ROW_TV;
+    if (is_visual(qm) && ntxt[p + 1] > 0) return ROW_VT;
+    return ROW_NONE;
+}
+
+/* Means over rows in row order (independent of the thread count). */
+static kvs_status ent_reduce(const double *h_plain, const double *h_x, const int8_t *kind, int Nq,
+                             kvs_entropy_stats *out, const char *fn, kvs_err *err) {
+    double sp = 0.0, stv = 0.0, svt = 0.0;
+    for (int i = 0; i < Nq; i++) {
+        sp += h_plain[i];
+        if (kind[i] == ROW_TV) {
+            stv += h_x[i];
+            out->n_tv++;
+        } else if (kind[i] == ROW_VT) {
+            svt += h_x[i];
+            out->n_vt++;
+        }
+    }
+    out->plain = sp / Nq;
+    out->e_tv = out->n_tv ? stv / (double)out->n_tv : 0.0;
+    out->e_vt = out->n_vt ? svt / (double)out->n_vt : 0.0;
+    if (!isfinite(out->plain) || !isfinite(out->e_tv) || !isfinite(out->e_vt))
+        return kvs_errorf(err, KVS_ERR_NUMERIC, "%s: entropy is not finite (NaN or Inf in q or k?)",
+                          fn);
+    return KVS_OK;
+}
 
 typedef struct {
     const attn_ctx *c;
@@ -650,13 +888,7 @@ static void ent_unit(void *jp, int tid, int u) {
     int8_t kind[TQ_MAX];
     for (int r = 0; r < nr; r++) {
         zp[r] = tp[r] = zx[r] = tx[r] = 0.0;
-        kind[r] = ROW_NONE;
-        if (J->modality) {
-            const int p = c->off + i0 + r;
-            const uint8_t qm = J->modality[p];
-            if (qm == KVS_MOD_TEXT && J->n_vis[p + 1] > 0) kind[r] = ROW_TV;
-            if (is_visual(qm) && J->n_txt[p + 1] > 0) kind[r] = ROW_VT;
-        }
+        kind[r] = row_kind(J->modality, J->n_vis, J->n_txt, c->off + i0 + r);
     }
     /* all Hq heads: group g's rows start at g * G * nr; [Hq*nr][d] */
     for (int g = 0; g < c->Hkv; g++) load_q_group(c, g, i0, nr, sc->qb + (size_t)g * GM * c->d);
@@ -744,23 +976,8 @@ kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float 
     st = check_lse(&c, lse, fn, err);
     if (st) goto cleanup;
     if (modality) {
-        nvis = malloc(sizeof(int32_t) * ((size_t)c.N + 1)); /* [N+1] */
-        ntxt = malloc(sizeof(int32_t) * ((size_t)c.N + 1)); /* [N+1] */
-        if (!nvis || !ntxt) {
-            st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for modality counts (N = %d)", fn,
-                            c.N);
-            goto cleanup;
-        }
-        nvis[0] = ntxt[0] = 0;
-        for (int j = 0; j < c.N; j++) {
-            if (modality[j] > KVS_MOD_AUDIO) {
-                st = kvs_errorf(err, KVS_ERR_INVALID, "%s: modality of token %d is %d (not a KVS_MOD_*)",
-                                fn, j, (int)modality[j]);
-                goto cleanup;
-            }
-            nvis[j + 1] = nvis[j] + (is_visual(modality[j]) ? 1 : 0);
-            ntxt[j + 1] = ntxt[j] + (modality[j] == KVS_MOD_TEXT ? 1 : 0);
-        }
+        st = modality_counts(modality, c.N, &nvis, &ntxt, fn, err);
+        if (st) goto cleanup;
     }
     J.c = &c;
     J.lse = lse;
@@ -780,28 +997,231 @@ kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float 
     blas = blas_single_begin();
     st = pool_run(&J, ent_unit, c.nb, nt, fn, err);
     if (st) goto cleanup;
-    double sp = 0.0, stv = 0.0, svt = 0.0;
-    for (int i = 0; i < c.Nq; i++) {
-        sp += J.h_plain[i];
-        if (J.kind[i] == ROW_TV) {
-            stv += J.h_x[i];
-            out->n_tv++;
-        } else if (J.kind[i] == ROW_VT) {
-            svt += J.h_x[i];
-            out->n_vt++;
-        }
-    }
-    out->plain = sp / c.Nq;
-    out->e_tv = out->n_tv ? stv / (double)out->n_tv : 0.0;
-    out->e_vt = out->n_vt ? svt / (double)out->n_vt : 0.0;
-    if (!isfinite(out->plain) || !isfinite(out->e_tv) || !isfinite(out->e_vt))
-        st = kvs_errorf(err, KVS_ERR_NUMERIC, "%s: entropy is not finite (NaN or Inf in q or k?)", fn);
+    st = ent_reduce(J.h_plain, J.h_x, J.kind, c.Nq, out, fn, err);
 cleanup:
     if (blas >= 0) blas_single_end(blas);
     scratch_free(sc, nt);
     free(J.h_plain);
     free(J.h_x);
     free(J.kind);
+    free(nvis);
+    free(ntxt);
+    ctx_free(&c);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fused one-pass lse + column sums + entropies (everything MEDA needs)      */
+/* ------------------------------------------------------------------------ */
+
+/* A unit is one slab of row blocks; a row block is tq rows of ALL Hq heads
+ * (Hq * tq <= FUSED_ROWS stacked rows, at least one row per head), so the
+ * head-averaged attention of a row is at hand. Per KV group one GEMM fills
+ * the group's G * nr rows of the per-thread [Hq * tq][ld] buffer; each row
+ * becomes its probabilities in place (fused_row), added to the group's
+ * float column accumulator in row order; then each query row's Abar over
+ * the Hq heads (summed in head order, as kvs_attn_entropies does) gives the
+ * plain and cross-modal entropy sums. */
+
+typedef struct {
+    const attn_ctx *c;
+    scratch *sc;              /* qb: [G*tq][d] */
+    float *big;               /* [threads][Hq*tq][ld] */
+    float *colf;              /* [threads][ld] column accumulator, NULL without colsum */
+    int64_t ld;
+    float *lse;               /* [Hq][Nq] */
+    float *row_entropy;       /* [Hq][Nq] or NULL */
+    const uint8_t *modality;  /* [N] or NULL */
+    const int32_t *n_vis;     /* [N+1] or NULL */
+    const int32_t *n_txt;     /* [N+1] or NULL */
+    double *h_plain;          /* [Nq] */
+    double *h_x;              /* [Nq] */
+    int8_t *kind;             /* [Nq] */
+    int n_slab;
+    int slab_b0[NSLAB + 1];
+    double *acc;              /* [n_slab][Hkv][N] or NULL */
+} stats_job;
+
+static void stats_unit(void *jp, int tid, int sl) {
+    stats_job *J = jp;
+    const attn_ctx *c = J->c;
+    scratch *sc = &J->sc[tid];
+    const int64_t ld = J->ld;
+    float *buf = J->big + (size_t)tid * (size_t)(c->Hq * c->tq) * (size_t)ld; /* [Hq*tq][ld] */
+    float *col = J->colf ? J->colf + (size_t)tid * (size_t)ld : NULL;         /* [ld] */
+    const int want_ps = J->row_entropy != NULL;
+    const v8f inv_hq = v8_set1((float)(1.0 / c->Hq));
+    float kmv[TK], kmt[TK]; /* eligibility of a chunk's keys: visual, text */
+    for (int b = J->slab_b0[sl]; b < J->slab_b0[sl + 1]; b++) {
+        const int i0 = b * c->tq, nr = block_rows(c, b), GM = c->G * nr;
+        const int W = c->off + i0 + nr; /* keys 0 .. W-1 are visible to some row */
+        assert((W + VL - 1) / VL * VL <= ld);
+        for (int g = 0; g < c->Hkv; g++) {
+            float *gb = buf + (size_t)g * GM * (size_t)ld; /* [GM][ld]: rows of heads g*G .. */
+            load_q_group(c, g, i0, nr, sc->qb);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, GM, W, c->d, c->scale, sc->qb,
+                        c->d, c->kf + (int64_t)g * c->kf_head, (int)c->kf_tok, 0.0f, gb, (int)ld);
+            if (col) memset(col, 0, sizeof(float) * (size_t)((W + VL - 1) / VL * VL));
+            for (int R = 0; R < GM; R++) {
+                const int r = R % nr, h = g * c->G + R / nr;
+                const int nv = c->off + i0 + r + 1, nvp = (nv + VL - 1) / VL * VL;
+                float *s = gb + (size_t)R * (size_t)ld; /* [ld] */
+                float lf;
+                double ps;
+                const v8f il = v8_set1(fused_row(s, nv, want_ps, &lf, &ps));
+                J->lse[(size_t)h * c->Nq + i0 + r] = lf;
+                if (want_ps) J->row_entropy[(size_t)h * c->Nq + i0 + r] = (float)((double)lf - ps);
+                for (int j = 0; j < nvp; j += VL) {
+                    const v8f p = v8_load(s + j) * il;
+                    v8_store(s + j, p);
+                    if (col) v8_store(col + j, v8_load(col + j) + p);
+                }
+            }
+            if (col) {
+                double *acc = J->acc + ((size_t)sl * c->Hkv + g) * c->N; /* [N] */
+                for (int j = 0; j < W; j++) acc[j] += (double)col[j];
+            }
+        }
+        /* entropies of Abar = mean over the Hq heads; head h, row r is buf row h * nr + r */
+        for (int r = 0; r < nr; r++) {
+            const int p = c->off + i0 + r, nv = p + 1, nvp = (nv + VL - 1) / VL * VL;
+            int8_t kind = row_kind(J->modality, J->n_vis, J->n_txt, p);
+            const float *km = kind == ROW_TV ? kmv : kmt;
+            double zp = 0.0, tp = 0.0, zx = 0.0, tx = 0.0;
+            for (int j0 = 0; j0 < nvp; j0 += TK) {
+                const int je = j0 + TK < nvp ? j0 + TK : nvp;
+                if (kind != ROW_NONE)
+                    for (int j = j0; j < je; j++) {
+                        const int ok = j < nv;
+                        kmv[j - j0] = ok && is_visual(J->modality[j]) ? 1.0f : 0.0f;
+                        kmt[j - j0] = ok && J->modality[j] == KVS_MOD_TEXT ? 1.0f : 0.0f;
+                    }
+                v8f vz = v8_set1(0.0f), vt = vz, vzx = vz, vtx = vz;
+                for (int j = j0; j < je; j += VL) {
+                    v8f a = v8_load(buf + (size_t)r * (size_t)ld + j);
+                    for (int h = 1; h < c->Hq; h++) a += v8_load(buf + ((size_t)h * nr + r) * (size_t)ld + j);
+                    const v8f av = a * inv_hq;
+                    const v8f t = v8_xlogx(av);
+                    vz += av;
+                    vt += t;
+                    if (kind != ROW_NONE) {
+                        const v8f mk = v8_load(km + (j - j0));
+                        vzx += av * mk;
+                        vtx += t * mk;
+                    }
+                }
+                zp += v8_hsum(vz);
+                tp += v8_hsum(vt);
+                if (kind != ROW_NONE) {
+                    zx += v8_hsum(vzx);
+                    tx += v8_hsum(vtx);
+                }
+            }
+            /* entropy of a / Z: log Z - (sum a log a) / Z */
+            J->h_plain[i0 + r] = log(zp) - tp / zp;
+            if (kind != ROW_NONE && !(zx > 0.0)) kind = ROW_NONE; /* restricted mass underflowed */
+            J->kind[i0 + r] = kind;
+            J->h_x[i0 + r] = kind != ROW_NONE ? log(zx) - tx / zx : 0.0;
+        }
+    }
+}
+
+kvs_status kvs_attn_stats_fused(const kvs_view *q, const kvs_view *k, const uint8_t *modality,
+                                float *lse, float *colsum, float *row_entropy,
+                                kvs_entropy_stats *ent, int threads, kvs_err *err) {
+    static const char fn[] = "kvs_attn_stats_fused";
+    attn_ctx c;
+    scratch *sc = NULL;
+    int nt = 0, blas = -1;
+    float *lse_owned = NULL; /* [Hq][Nq] when the caller passes lse = NULL */
+    int32_t *nvis = NULL, *ntxt = NULL;
+    stats_job J;
+    memset(&J, 0, sizeof J);
+    kvs_status st = ctx_init(&c, q, k, 0, fn, err);
+    if (st) goto cleanup;
+    if (!ent) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL entropy output", fn);
+        goto cleanup;
+    }
+    memset(ent, 0, sizeof *ent);
+    if (colsum) memset(colsum, 0, sizeof(float) * (size_t)c.Hkv * (size_t)c.N);
+    if (c.Nq == 0) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: no query rows (Nq = 0): mean entropy undefined",
+                        fn);
+        goto cleanup;
+    }
+    if (modality) {
+        st = modality_counts(modality, c.N, &nvis, &ntxt, fn, err);
+        if (st) goto cleanup;
+    }
+    /* rows per block and head: FUSED_ROWS stacked rows over all Hq heads */
+    c.tq = FUSED_ROWS / c.Hq > 0 ? FUSED_ROWS / c.Hq : 1;
+    c.nb = (c.Nq + c.tq - 1) / c.tq;
+    if (!lse) {
+        lse = lse_owned = malloc(sizeof(float) * (size_t)c.Hq * (size_t)c.Nq);
+        if (!lse) {
+            st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for lse (%d heads x %d rows)", fn,
+                            c.Hq, c.Nq);
+            goto cleanup;
+        }
+    }
+    J.c = &c;
+    J.lse = lse;
+    J.row_entropy = row_entropy;
+    J.modality = modality;
+    J.n_vis = nvis;
+    J.n_txt = ntxt;
+    J.n_slab = make_slabs(&c, J.slab_b0);
+    J.ld = ((int64_t)c.N + VL - 1) / VL * VL + VL;
+    nt = clamp_threads(threads, J.n_slab);
+    const size_t rows = (size_t)c.Hq * (size_t)c.tq;
+    J.h_plain = malloc(sizeof(double) * (size_t)c.Nq); /* [Nq] */
+    J.h_x = malloc(sizeof(double) * (size_t)c.Nq);     /* [Nq] */
+    J.kind = malloc((size_t)c.Nq);                     /* [Nq] */
+    J.big = malloc(sizeof(float) * (size_t)nt * rows * (size_t)J.ld); /* [nt][Hq*tq][ld] */
+    if (colsum) {
+        J.acc = calloc((size_t)J.n_slab * (size_t)c.Hkv * (size_t)c.N, sizeof(double));
+        J.colf = malloc(sizeof(float) * (size_t)nt * (size_t)J.ld); /* [nt][ld] */
+    }
+    sc = scratch_alloc(nt, c.G * c.tq, 1, c.d, 0);
+    if (!J.h_plain || !J.h_x || !J.kind || !J.big || (colsum && (!J.acc || !J.colf)) || !sc) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM,
+                        "%s: no memory for the logit buffers (%d threads x %d rows x %d keys)", fn,
+                        nt, (int)rows, c.N);
+        goto cleanup;
+    }
+    J.sc = sc;
+    blas = blas_single_begin();
+    st = pool_run(&J, stats_unit, J.n_slab, nt, fn, err);
+    if (st) goto cleanup;
+    for (int h = 0; h < c.Hq; h++)
+        for (int i = 0; i < c.Nq; i++)
+            if (!isfinite(lse[(size_t)h * c.Nq + i])) {
+                st = kvs_errorf(err, KVS_ERR_NUMERIC,
+                                "%s: log-sum-exp of query head %d row %d is not finite (NaN or "
+                                "Inf in q or k?)", fn, h, i);
+                goto cleanup;
+            }
+    if (colsum) {
+        const double inv_g = 1.0 / c.G;
+        for (int g = 0; g < c.Hkv; g++)
+            for (int j = 0; j < c.N; j++) {
+                double s = 0.0;
+                for (int sl = 0; sl < J.n_slab; sl++) s += J.acc[((size_t)sl * c.Hkv + g) * c.N + j];
+                colsum[(size_t)g * c.N + j] = (float)(s * inv_g);
+            }
+    }
+    st = ent_reduce(J.h_plain, J.h_x, J.kind, c.Nq, ent, fn, err);
+cleanup:
+    if (blas >= 0) blas_single_end(blas);
+    scratch_free(sc, nt);
+    free(J.h_plain);
+    free(J.h_x);
+    free(J.kind);
+    free(J.big);
+    free(J.colf);
+    free(J.acc);
+    free(lse_owned);
     free(nvis);
     free(ntxt);
     ctx_free(&c);

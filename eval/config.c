@@ -124,6 +124,23 @@ static int l_load(lua_State *L) {
     return 1;
 }
 
+/* A config is a description, not a program: stop one that runs away
+ * (an endless loop) after about 2e8 VM instructions. The counter lives in
+ * the state's extra space. */
+#define HOOK_EVERY 1000000
+#define HOOK_LIMIT 200
+static void l_count_hook(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    long *ticks = *(long **)lua_getextraspace(L);
+    if (++*ticks > HOOK_LIMIT) {
+        luaL_where(L, 0); /* the running function: where the loop is */
+        lua_pushfstring(L, "the config ran for more than %d million instructions (an endless loop?)",
+                        HOOK_LIMIT);
+        lua_concat(L, 2);
+        lua_error(L);
+    }
+}
+
 static void open_sandbox(lua_State *L, const char *dir) {
     luaL_requiref(L, "_G", luaopen_base, 1);
     luaL_requiref(L, "string", luaopen_string, 1);
@@ -216,19 +233,30 @@ static int find_key(const char *text, int from, const char *key, int *col_line, 
 }
 
 /* The line to report for a field path ("params.flashcache.gamma[2]") of a
- * table whose call is at base_line. */
+ * table whose call is at base_line: the chain of keys found in order after
+ * base_line; when the chain is incomplete (a helper table built in a local
+ * variable, say), the chain without its leading keys. */
 static int field_line(const vctx *v, int base_line, const char *field) {
     char buf[256];
+    char *tok[16];
+    int nt = 0;
     snprintf(buf, sizeof buf, "%s", field);
-    int line = base_line, l;
-    const char *pos = NULL;
-    for (char *tok = strtok(buf, "."); tok; tok = strtok(NULL, ".")) {
-        tok[strcspn(tok, "[")] = '\0';
-        if (!*tok) continue;
-        if (!find_key(v->text, line, tok, &l, &pos)) break;
-        line = l;
+    for (char *t = strtok(buf, "."); t && nt < 16; t = strtok(NULL, ".")) {
+        t[strcspn(t, "[")] = '\0';
+        if (*t) tok[nt++] = t;
     }
-    return line;
+    for (int skip = 0; skip < nt; skip++) {
+        int line = base_line, l = 0, ok = 1;
+        const char *pos = NULL;
+        for (int i = skip; i < nt && ok; i++) {
+            if (find_key(v->text, line, tok[i], &l, &pos))
+                line = l;
+            else
+                ok = 0;
+        }
+        if (ok) return line;
+    }
+    return base_line;
 }
 
 /* The -D override that set a field, or NULL. */
@@ -402,6 +430,7 @@ static kvs_status get_ints(const vctx *v, int t, int base_line, const char *key,
         return KVS_OK;
     }
     int is_list, n = list_len(L, idx, &is_list);
+    *out = NULL;
     if (is_list && (rc = check_sequence(v, idx, base_line, field))) goto done;
     *out = malloc(sizeof **out * (size_t)n);
     if (!*out) {
@@ -436,6 +465,11 @@ static kvs_status get_ints(const vctx *v, int t, int base_line, const char *key,
     }
 done:
     lua_pop(L, 1);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n_out = 0;
+    }
     return rc;
 }
 
@@ -1336,6 +1370,9 @@ kvs_status kvs_config_load_text(const char *path, const char *text, const char *
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "cannot create a Lua state");
         goto cleanup;
     }
+    long ticks = 0;
+    *(long **)lua_getextraspace(L) = &ticks;
+    lua_sethook(L, l_count_hook, LUA_MASKCOUNT, HOOK_EVERY);
     open_sandbox(L, cfg->dir);
     char chunkname[1100];
     snprintf(chunkname, sizeof chunkname, "@%s", path);

@@ -887,6 +887,7 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
                            "best per column; Delta: difference to full\n\n",
                         B, (unsigned long long)seed);
         }
+        if (n_lat > 0) fprintf(f, md ? "## compression latency\n\n" : "%% compression latency\n\n");
         write_latency(lat, n_lat, f, o->format);
     }
     if (ferror(f)) rc = kvs_errorf(err, KVS_ERR_IO, "report: write failed");

@@ -4,7 +4,7 @@
 --
 --   kvsieve run experiments/fidelity.lua            -- results/kvsieve.db
 --   kvsieve report --experiment fidelity
---   kvsieve run experiments/fidelity.lua -D 'dataset.n_tokens={2048}'   -- another N
+--   kvsieve run experiments/fidelity.lua -D 'dataset.n_tokens={1024}'   -- longer prompts (slower)
 --
 -- H2O, LOOK-M and MEDA score tokens with the attention of every prompt
 -- position, so the dataset records the queries of all positions
@@ -16,7 +16,7 @@ experiment {
   description = "all methods, two shapes, three budgets, synthetic caches",
   dataset = synthetic {
     shape    = { "gemma3-270m", "qwen2.5-vl-7b" },
-    n_tokens = 1024,
+    n_tokens = 512,
     seeds    = { 1, 2 },
     queries  = "all",
     probes   = 16,

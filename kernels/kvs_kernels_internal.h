@@ -60,7 +60,7 @@ typedef struct {
 
 struct kvs_gpu_workspace {
     int device;
-    char device_name[160];
+    char device_name[320];
     cudaStream_t stream;
     /* capacity */
     int L, N, Hkv, Hq, d;
@@ -107,6 +107,10 @@ kvs_status kvs_gpu_cuda_check(int cuda_rc, const char *what, kvs_err *err);
 /* Checks a device view against the workspace (device memory, dtype, dims). */
 kvs_status kvs_gpu_check_view(const kvs_gpu_workspace *ws, const kvs_view *v, const char *what,
                               kvs_err *err);
+
+/* cuFFT plans for (N, ncols) columns (made once per shape; a cache of another
+ * length re-makes them). */
+kvs_status kvs_gpu_ensure_plans(kvs_gpu_workspace *ws, int N, int ncols, kvs_err *err);
 
 /* Launchers (async on ws->stream; 0 on success, else a cudaError_t). */
 int kvs_launch_reset_err(kvs_gpu_workspace *ws);

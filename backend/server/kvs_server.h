@@ -47,13 +47,19 @@
  *   compress_local=false, name} or {variants: [such objects]} or a bare array
  *   of them. One prefill per request; each variant compresses a copy of the
  *   prefill cache. "kv" = {method, params (all values), budget, compress_local,
- *   compress_ms, n_prompt, tokens_before/after, bytes_before/after (total,
+ *   compress_ms (end of prefill -> decode may start: the method's cost),
+ *   copy_ms (copying the shared prefill cache for this variant), n_prompt, tokens_before/after, bytes_before/after (total,
  *   _global, _local), note, layers: [{layer, local, compressed, tokens_before,
  *   tokens_after, bytes_before, bytes_after}]}.
  * Errors: {"error": {"message", "field", "type", "code"}}; 400 bad field,
  *   404 unknown path, 405 wrong method, 413 body too large, 503 draining,
  *   500 engine failure. A prompt longer than the context is 400, never
- *   truncated.
+ *   truncated. Options this server does not implement (penalties, min_p,
+ *   typical_p, mirostat, logprobs / n_probs, echo, best_of, grammar,
+ *   json_schema, tools, logit_bias, response_format other than text) are
+ *   refused with 400 naming them unless given their neutral value; other
+ *   unknown top-level fields are ignored, unknown fields inside
+ *   kv_compression are refused.
  */
 #ifndef KVS_SERVER_H
 #define KVS_SERVER_H

@@ -65,6 +65,7 @@ typedef struct {
     double predicted_ms;
     kvs_kv_stats stats;
     double compress_ms;
+    double copy_ms; /* copying the prefill cache for this variant (not part of compress_ms) */
 } gen_out;
 
 static void gen_req_free(gen_req *g) {
@@ -382,8 +383,47 @@ static int parse_stop(const cJSON *root, gen_req *g, srv_error *e) {
     return 0;
 }
 
+/* Sampling and output options this server does not implement are refused
+ * when set to anything but their neutral value, never silently ignored. */
+static int refuse_unsupported(const cJSON *root, srv_error *e) {
+    static const struct {
+        const char *name;
+        double neutral;
+    } nums[] = {{"n_probs", 0},   {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repeat_penalty", 1},
+                {"min_p", 0},     {"typical_p", 1},        {"mirostat", 0},          {"best_of", 1},
+                {"top_logprobs", 0}};
+    static const char *const msg = "%s is not supported by this server (it samples with temperature, top_k, "
+                                   "top_p and seed, and stops on stop strings, EOS and n_predict / max_tokens)";
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, nums[i].name);
+        if (it && !cJSON_IsNull(it) && !(cJSON_IsNumber(it) && it->valuedouble == nums[i].neutral))
+            return srv_fail(e, 400, nums[i].name, msg, nums[i].name);
+    }
+    static const char *const flags[] = {"logprobs", "echo"};
+    for (size_t i = 0; i < 2; i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, flags[i]);
+        if (it && !cJSON_IsNull(it) && !cJSON_IsFalse(it) && !(cJSON_IsNumber(it) && it->valuedouble == 0))
+            return srv_fail(e, 400, flags[i], msg, flags[i]);
+    }
+    static const char *const things[] = {"grammar", "json_schema", "tools", "logit_bias"};
+    for (size_t i = 0; i < 4; i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, things[i]);
+        int empty = !it || cJSON_IsNull(it) || (cJSON_IsString(it) && !it->valuestring[0]) ||
+                    ((cJSON_IsArray(it) || cJSON_IsObject(it)) && !it->child);
+        if (!empty) return srv_fail(e, 400, things[i], msg, things[i]);
+    }
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
+            return srv_fail(e, 400, "response_format", "response_format: only {\"type\": \"text\"} is supported");
+    }
+    return 0;
+}
+
 static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e) {
     int stream = 0;
+    if (refuse_unsupported(root, e)) return -1;
     if (srv_get_bool(root, "stream", "", 0, &stream, e)) return -1;
     if (stream) return srv_fail(e, 400, "stream", "stream: streaming responses are not supported; send stream: false");
     if (ep != EP_COMPLETION) {
@@ -393,7 +433,7 @@ static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *
     kvs_sampling_defaults(&g->sp);
     if (srv_get_double(root, "temperature", "", 0.0, 0.0, 1e6, &g->sp.temperature, e)) return -1;
     long long k;
-    if (srv_get_int(root, "top_k", "", 0, 0, 1LL << 31, &k, e)) return -1;
+    if (srv_get_int(root, "top_k", "", 0, 0, 2147483647LL, &k, e)) return -1;
     g->sp.top_k = (int)(k > s->info->n_vocab ? s->info->n_vocab : k);
     if (srv_get_double(root, "top_p", "", 1.0, 0.0, 1.0, &g->sp.top_p, e)) return -1;
     if (g->sp.top_p <= 0.0) return srv_fail(e, 400, "top_p", "top_p must be in (0, 1], got 0");
@@ -408,11 +448,11 @@ static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *
     long long np = -1;
     const char *npf = "n_predict";
     if (ep == EP_COMPLETION) {
-        if (srv_get_int(root, "n_predict", "", -1, -1, 1LL << 31, &np, e)) return -1;
+        if (srv_get_int(root, "n_predict", "", -1, -1, 2147483647LL, &np, e)) return -1;
     } else {
         const cJSON *mct = cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens");
         npf = mct && !cJSON_IsNull(mct) ? "max_completion_tokens" : "max_tokens";
-        if (srv_get_int(root, npf, "", -1, -1, 1LL << 31, &np, e)) return -1;
+        if (srv_get_int(root, npf, "", -1, -1, 2147483647LL, &np, e)) return -1;
     }
     g->n_predict = (int)np;
     kvs_stop_init(&g->stop, g->n_predict);
@@ -584,15 +624,17 @@ static int run_request(kvs_server *s, const gen_req *g, gen_out *outs, int n_out
     for (int i = 0; i < n_outs; i++) {
         const variant_req *v = g->n_variants ? &g->variants[i] : NULL;
         kvs_session *ses = pre;
+        gen_out *o = &outs[i];
         if (work) {
+            double tc = kvs_now_ms();
             kvs_session_reset(work);
             if (kvs_session_copy(work, pre, &err) != KVS_OK) {
                 rc = srv_fail(e, 500, "", "variant %d: cannot copy the prefill cache: %s", i, err.msg);
                 goto cleanup;
             }
+            o->copy_ms = kvs_now_ms() - tc;
             ses = work;
         }
-        gen_out *o = &outs[i];
         if (v && v->method) {
             kvs_compress_opts co;
             memset(&co, 0, sizeof co);
@@ -669,6 +711,7 @@ static cJSON *kv_json(const variant_req *v, const gen_out *o) {
     else cJSON_AddNumberToObject(b, "ratio", v ? v->budget.ratio : 1.0);
     cJSON_AddBoolToObject(kv, "compress_local", v && v->compress_local);
     cJSON_AddNumberToObject(kv, "compress_ms", o->compress_ms);
+    cJSON_AddNumberToObject(kv, "copy_ms", o->copy_ms);
     cJSON_AddNumberToObject(kv, "n_prompt", st->n_prompt);
     int64_t tb = 0, ta = 0;
     cJSON *layers = cJSON_CreateArray();
@@ -884,7 +927,7 @@ void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_resp
     }
     long long nq;
     int include_local;
-    if (srv_get_int(root, "queries", "", 0, -1, 1LL << 31, &nq, &e)) goto fail;
+    if (srv_get_int(root, "queries", "", 0, -1, 2147483647LL, &nq, &e)) goto fail;
     if (srv_get_bool(root, "include_local", "", 1, &include_local, &e)) goto fail;
     if (parse_prompt(s, root, &g, &e)) goto fail;
     if (g.n_prompt < 1) {

@@ -28,10 +28,11 @@ tiny_spec tiny_default(const char *arch) {
     return s;
 }
 
-static const char *PIECES[] = {"\xe2\x96\x81", "\xe2\x96\x81the", "\xe2\x96\x81a", "he", "th", "the", "an", "\xe2\x96\x81an",
-                               "d", "e", "h", "t", "a", "n", "o", "s", "r", "l", "\xe2\x96\x81is", "is", "i", "c",
-                               "\xe2\x96\x81cat", "at", "ca", "\xe2\x96\x81s", "\xe2\x96\x81c", "\xe2\x96\x81t",
-                               "\xe2\x96\x81o", "on", "\xe2\x96\x81on", "\n", "  "};
+#define SP "\xe2\x96\x81" /* U+2581, SentencePiece space */
+static const char *PIECES[] = {SP, SP "the", SP "a", "he", "th", "the", "an", SP "an",
+                               "d", "e", "h", "t", "a", "n", "o", "s", "r", "l", SP "is", "is", "i", "c",
+                               SP "cat", "at", "ca", SP "s", SP "c", SP "t",
+                               SP "o", "on", SP "on", "\n", "  "};
 #define N_PIECES ((int)(sizeof PIECES / sizeof PIECES[0]))
 
 static kvs_status add_mat(kvs_gguf_writer *w, const char *name, int type, int64_t cols, int64_t rows, double scale,
@@ -229,7 +230,8 @@ static double meta_f(const kvs_gguf *g, const char *arch, const char *k, double 
     return kvs_gguf_get_f64(g, key, &v, NULL) == KVS_OK ? v : def;
 }
 
-kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, double *logits, kvs_err *err) {
+kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, const uint8_t *keep, double *logits,
+                       kvs_err *err) {
     const kvs_gguf *g = kvs_model_gguf(m);
     char arch[32];
     kvs_status st = kvs_gguf_get_str(g, "general.architecture", arch, sizeof arch, err);
@@ -243,9 +245,11 @@ kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, double *l
     const int W = gemma ? (int)meta_i(g, arch, "attention.sliding_window", 0) : 0;
     const double eps = meta_f(g, arch, "attention.layer_norm_rms_epsilon", 1e-6);
     const double base_g = meta_f(g, arch, "rope.freq_base", gemma ? 1e6 : 1e4), base_l = gemma ? 1e4 : base_g;
-    int64_t V = 0, ec = 0;
-    double *embd = tensor_d(g, "token_embd.weight", &V, &ec);
-    double *out_w = tensor_d(g, "output.weight", NULL, NULL);
+    const kvs_gguf_tensor *te = kvs_gguf_find_tensor(g, "token_embd.weight");
+    const kvs_gguf_tensor *tout = kvs_gguf_find_tensor(g, "output.weight");
+    if (!tout) tout = te; /* tied */
+    float *frow = malloc((size_t)E * sizeof *frow); /* one dequantised row (token_embd may be huge) */
+    int64_t V = te ? te->ne[1] : 0;
     double *onorm = tensor_d(g, "output_norm.weight", NULL, NULL);
     double *X = calloc((size_t)n * E, sizeof *X);            /* [n][E] */
     double *Kc = calloc((size_t)L * n * Hkv * D, sizeof *Kc); /* [L][n][Hkv*D] */
@@ -254,12 +258,16 @@ kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, double *l
     double *att = malloc((size_t)Hq * D * sizeof *att), *o = malloc((size_t)E * sizeof *o);
     double *gg = malloc((size_t)F * sizeof *gg), *uu = malloc((size_t)F * sizeof *uu);
     double *sc = malloc((size_t)n * sizeof *sc);
-    if (!embd || !onorm || !X || !Kc || !Vc || !xn || !q || !att || !o || !gg || !uu || !sc) {
+    if (!te || !frow || !onorm || !X || !Kc || !Vc || !xn || !q || !att || !o || !gg || !uu || !sc) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "reference: out of memory or missing tensor");
         goto cleanup;
     }
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < E; i++) X[(size_t)t * E + i] = embd[(size_t)toks[t] * E + i] * (gemma ? sqrt((double)E) : 1.0);
+    for (int t = 0; t < n; t++) {
+        if ((st = kvs_dequant_row(te->type, (const uint8_t *)te->data + kvs_ggml_row_size(te->type, E) * (size_t)toks[t],
+                                  frow, E, err)))
+            goto cleanup;
+        for (int i = 0; i < E; i++) X[(size_t)t * E + i] = frow[i] * (gemma ? sqrt((double)E) : 1.0);
+    }
     for (int l = 0; l < L; l++) {
         char nm[96];
 #define T(x) (snprintf(nm, sizeof nm, "blk.%d.%s", l, x), tensor_d(g, nm, NULL, NULL))
@@ -301,7 +309,12 @@ kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, double *l
                 const double *qh = Qall + ((size_t)t * Hq + h) * D;
                 int j0 = local && t - W + 1 > 0 ? t - W + 1 : 0;
                 double mx = -INFINITY;
+                const uint8_t *kp = keep && t == n - 1 ? keep + ((size_t)l * Hkv + kh) * n : NULL;
                 for (int j = j0; j <= t; j++) {
+                    if (kp && j < t && !kp[j]) {
+                        sc[j] = -INFINITY;
+                        continue;
+                    }
                     double s = 0;
                     for (int d = 0; d < D; d++) s += qh[d] * K[((size_t)j * Hkv + kh) * D + d];
                     sc[j] = s / sqrt((double)D);
@@ -325,7 +338,7 @@ kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, double *l
             ref_mv(wu, NULL, xn, F, E, uu);
             for (int i = 0; i < F; i++) {
                 double a = gg[i];
-                double act = gemma ? 0.5 * a * (1.0 + tanh(sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)))
+                double act = gemma ? 0.5 * a * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (a + 0.044715 * a * a * a)))
                                    : a / (1.0 + exp(-a));
                 gg[i] = act * uu[i];
             }
@@ -341,9 +354,16 @@ kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, double *l
     }
     for (int i = 0; i < E; i++) xn[i] = X[(size_t)(n - 1) * E + i];
     ref_rmsnorm(xn, onorm, E, eps);
-    ref_mv(out_w ? out_w : embd, NULL, xn, (int)V, E, logits);
+    for (int64_t r = 0; r < V; r++) {
+        if ((st = kvs_dequant_row(tout->type, (const uint8_t *)tout->data + kvs_ggml_row_size(tout->type, E) * (size_t)r,
+                                  frow, E, err)))
+            goto cleanup;
+        double s = 0;
+        for (int i = 0; i < E; i++) s += frow[i] * xn[i];
+        logits[r] = s;
+    }
 cleanup:
-    free(embd); free(out_w); free(onorm); free(X); free(Kc); free(Vc); free(xn); free(q);
+    free(frow); free(onorm); free(X); free(Kc); free(Vc); free(xn); free(q);
     free(att); free(o); free(gg); free(uu); free(sc);
     return st;
 }

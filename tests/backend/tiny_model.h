@@ -28,7 +28,11 @@ tiny_spec tiny_default(const char *arch);
 kvs_status tiny_write(const tiny_spec *s, const char *path, kvs_err *err);
 
 /* float64 reference forward over a loaded model's GGUF: logits [n_vocab] of
- * the last of the n tokens. Reads the tensors and metadata itself. */
-kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, double *logits, kvs_err *err);
+ * the last of the n tokens. Reads the tensors and metadata itself.
+ * keep (may be NULL) is [L][Hkv][n]: the LAST position's attention in layer l,
+ * KV head h only sees earlier positions j with keep[(l*Hkv + h)*n + j] != 0
+ * (a compressed prefix cache); every other position attends normally. */
+kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, const uint8_t *keep, double *logits,
+                       kvs_err *err);
 
 #endif

@@ -92,4 +92,48 @@ static inline double ref_entropy(const double *a, const int *use, int n) {
     return h;
 }
 
+/* kvs_attn_entropies reference: Abar = mean over all Hq heads; rows at
+ * p = N - Nq + i; mod is [N] or NULL. */
+static inline kvs_entropy_stats ref_entropy_stats(const float *q, const float *k, int Hq, int Hkv, int Nq, int N,
+                                   int d, const uint8_t *mod) {
+    double *A = ref_probs(q, k, Hq, Hkv, Nq, N, d, NULL);
+    double *ab = malloc(sizeof(double) * (size_t)N);
+    int *use = malloc(sizeof(int) * (size_t)N);
+    kvs_entropy_stats r = {0};
+    for (int i = 0; i < Nq; i++) {
+        const int p = N - Nq + i;
+        for (int j = 0; j < N; j++) {
+            ab[j] = 0.0;
+            for (int h = 0; h < Hq; h++) ab[j] += A[((size_t)h * Nq + i) * N + j];
+            ab[j] /= Hq;
+            use[j] = j <= p;
+        }
+        r.plain += ref_entropy(ab, use, N);
+        if (!mod) continue;
+        const int qtext = mod[p] == KVS_MOD_TEXT;
+        const int qvis = mod[p] == KVS_MOD_IMAGE || mod[p] == KVS_MOD_VIDEO;
+        if (!qtext && !qvis) continue;
+        for (int j = 0; j < N; j++) {
+            const int kvis = mod[j] == KVS_MOD_IMAGE || mod[j] == KVS_MOD_VIDEO;
+            use[j] = j <= p && (qtext ? kvis : mod[j] == KVS_MOD_TEXT);
+        }
+        const double h = ref_entropy(ab, use, N);
+        if (h < 0.0) continue;
+        if (qtext) {
+            r.e_tv += h;
+            r.n_tv++;
+        } else {
+            r.e_vt += h;
+            r.n_vt++;
+        }
+    }
+    r.plain /= Nq;
+    if (r.n_tv) r.e_tv /= (double)r.n_tv;
+    if (r.n_vt) r.e_vt /= (double)r.n_vt;
+    free(A);
+    free(ab);
+    free(use);
+    return r;
+}
+
 #endif

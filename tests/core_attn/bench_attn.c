@@ -1,11 +1,13 @@
 /*
  * bench_attn.c -- micro-benchmark of the two attention passes (kvs_attn_lse
- * + kvs_attn_colsum), the dominant cost of H2O / LOOK-M / MEDA on CPU.
+ * + kvs_attn_colsum) and of the fused one-pass kvs_attn_colsum_fused, the
+ * dominant cost of H2O / LOOK-M / MEDA on CPU.
  * Not a test: it prints ms and GFLOP/s (logit FLOPs only: 2 d per causal
- * (query, key) pair per query head and pass) at the gemma3-270m shape
+ * (query, key) pair per query head and pass; one pass for fused) at the gemma3-270m shape
  * (Hq 4, Hkv 1, d 256, Nq = N) for N = 2048 and 8192 on 1 and 2 threads,
  * plus the projection to 18 layers. With --extra it also times
- * kvs_attn_entropies (MEDA's pass) and kvs_apply with pivotal merging at
+ * kvs_attn_entropies (MEDA's pass, given lse), kvs_attn_stats_fused (lse +
+ * colsum + entropies in one pass) and kvs_apply with pivotal merging at
  * rho = 0.2 (one layer, every 5th token kept).
  * Usage: bench_attn [--f16] [--extra] [--reps R] [--n N]...
  */
@@ -43,8 +45,8 @@ int main(int argc, char **argv) {
     printf("bench_attn: kvs_attn_lse + kvs_attn_colsum, Hq %d Hkv %d d %d Nq = N, dtype %s, "
            "%d reps (median), %ld online CPUs\n", Hq, Hkv, d, kvs_dtype_name(t), reps,
            sysconf(_SC_NPROCESSORS_ONLN));
-    printf("%6s %7s %10s %10s %10s %9s %14s\n", "N", "threads", "lse_ms", "colsum_ms", "total_ms",
-           "GFLOP/s", "18_layers_s");
+    printf("%6s %7s %10s %10s %10s %10s %9s %14s\n", "N", "threads", "path", "lse_ms", "colsum_ms",
+           "total_ms", "GFLOP/s", "18_layers_s");
     for (int ni = 0; ni < nn; ni++) {
         const int N = ns[ni];
         const size_t es = kvs_dtype_size(t);
@@ -89,8 +91,22 @@ int main(int argc, char **argv) {
             qsort(tl, R, sizeof(double), cmp_d);
             qsort(tc, R, sizeof(double), cmp_d);
             const double ml = tl[R / 2], mc = tc[R / 2], tot = ml + mc;
-            printf("%6d %7d %10.1f %10.1f %10.1f %9.1f %14.2f\n", N, th, ml, mc, tot,
-                   2.0 * flops / (tot * 1e6), 18.0 * tot / 1000.0);
+            printf("%6d %7d %10s %10.1f %10.1f %10.1f %9.1f %14.2f\n", N, th, "two-pass", ml, mc,
+                   tot, 2.0 * flops / (tot * 1e6), 18.0 * tot / 1000.0);
+            fflush(stdout);
+            double tf[16];
+            for (int r = 0; r < R; r++) {
+                const double t0 = kvs_now_ms();
+                if (kvs_attn_colsum_fused(&qv, &kv, lse, cs, NULL, th, &err) != KVS_OK) {
+                    fprintf(stderr, "bench_attn: %s\n", err.msg);
+                    return 1;
+                }
+                tf[r] = kvs_now_ms() - t0;
+            }
+            qsort(tf, R, sizeof(double), cmp_d);
+            const double mf = tf[R / 2];
+            printf("%6d %7d %10s %10s %10s %10.1f %9.1f %14.2f\n", N, th, "fused", "-", "-", mf,
+                   flops / (mf * 1e6), 18.0 * mf / 1000.0);
             fflush(stdout);
         }
         if (extra) {
@@ -106,6 +122,15 @@ int main(int argc, char **argv) {
                 }
                 printf("  entropies N %d threads %d: %.1f ms (plain %.3f E_TV %.3f E_VT %.3f)\n", N,
                        th, kvs_now_ms() - t0, est.plain, est.e_tv, est.e_vt);
+                /* MEDA's whole need (lse + colsum + entropies) in one pass */
+                const double t1 = kvs_now_ms();
+                if (kvs_attn_stats_fused(&qv, &kv, mod, NULL, cs, NULL, &est, th, &err) != KVS_OK) {
+                    fprintf(stderr, "bench_attn: %s\n", err.msg);
+                    return 1;
+                }
+                printf("  stats_fused (lse + colsum + entropies) N %d threads %d: %.1f ms (plain %.3f "
+                       "E_TV %.3f E_VT %.3f)\n", N, th, kvs_now_ms() - t1, est.plain, est.e_tv,
+                       est.e_vt);
             }
             /* apply: V = K is enough for timing */
             kvs_layer ly = {.k = kv, .v = kv, .q = qv};

@@ -9,49 +9,6 @@
 #include "kvsieve.h"
 #include "test_util.h"
 
-/* Reference: Abar = mean over all Hq heads; rows at p = N - Nq + i. */
-static kvs_entropy_stats ref_stats(const float *q, const float *k, int Hq, int Hkv, int Nq, int N,
-                                   int d, const uint8_t *mod) {
-    double *A = ref_probs(q, k, Hq, Hkv, Nq, N, d, NULL);
-    double *ab = malloc(sizeof(double) * (size_t)N);
-    int *use = malloc(sizeof(int) * (size_t)N);
-    kvs_entropy_stats r = {0};
-    for (int i = 0; i < Nq; i++) {
-        const int p = N - Nq + i;
-        for (int j = 0; j < N; j++) {
-            ab[j] = 0.0;
-            for (int h = 0; h < Hq; h++) ab[j] += A[((size_t)h * Nq + i) * N + j];
-            ab[j] /= Hq;
-            use[j] = j <= p;
-        }
-        r.plain += ref_entropy(ab, use, N);
-        if (!mod) continue;
-        const int qtext = mod[p] == KVS_MOD_TEXT;
-        const int qvis = mod[p] == KVS_MOD_IMAGE || mod[p] == KVS_MOD_VIDEO;
-        if (!qtext && !qvis) continue;
-        for (int j = 0; j < N; j++) {
-            const int kvis = mod[j] == KVS_MOD_IMAGE || mod[j] == KVS_MOD_VIDEO;
-            use[j] = j <= p && (qtext ? kvis : mod[j] == KVS_MOD_TEXT);
-        }
-        const double h = ref_entropy(ab, use, N);
-        if (h < 0.0) continue;
-        if (qtext) {
-            r.e_tv += h;
-            r.n_tv++;
-        } else {
-            r.e_vt += h;
-            r.n_vt++;
-        }
-    }
-    r.plain /= Nq;
-    if (r.n_tv) r.e_tv /= (double)r.n_tv;
-    if (r.n_vt) r.e_vt /= (double)r.n_vt;
-    free(A);
-    free(ab);
-    free(use);
-    return r;
-}
-
 static void check_case(int Hq, int Hkv, int Nq, int N, int d, kvs_dtype t, double scale,
                        const uint8_t *mod, uint64_t seed, int threads) {
     uint64_t rng = seed;
@@ -65,7 +22,7 @@ static void check_case(int Hq, int Hkv, int Nq, int N, int d, kvs_dtype t, doubl
     kvs_entropy_stats got;
     CHECK_OK(kvs_attn_lse(&q, &k, lse, threads, err), err);
     CHECK_OK(kvs_attn_entropies(&q, &k, lse, mod, &got, threads, err), err);
-    const kvs_entropy_stats ref = ref_stats(qv, kv, Hq, Hkv, Nq, N, d, mod);
+    const kvs_entropy_stats ref = ref_entropy_stats(qv, kv, Hq, Hkv, Nq, N, d, mod);
     CHECK_MSG(fabs(got.plain - ref.plain) <= 2e-5 * (1.0 + ref.plain),
               "Hq%d Hkv%d Nq%d N%d d%d: plain %.9g vs %.9g", Hq, Hkv, Nq, N, d, got.plain, ref.plain);
     CHECK_EQ_INT(got.n_tv, ref.n_tv);
@@ -136,7 +93,7 @@ static void test_single_modality(void) {
     CHECK_EQ_INT(a.n_tv + a.n_vt + b.n_tv + b.n_vt + c.n_tv + c.n_vt, 0);
     CHECK(a.plain == b.plain && a.plain == c.plain);
     CHECK(a.plain > 0.0 && a.plain < log((double)N));
-    const kvs_entropy_stats r = ref_stats(qv, kv, Hq, Hkv, Nq, N, d, NULL);
+    const kvs_entropy_stats r = ref_entropy_stats(qv, kv, Hq, Hkv, Nq, N, d, NULL);
     CHECK_NEAR(a.plain, r.plain, 2e-5);
     free(lse);
     free(text);

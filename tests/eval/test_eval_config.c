@@ -88,6 +88,10 @@ static void test_errors(void) {
                  "experiment {\n  name = \"x\",\n  dataset = synthetic {\n    shape = \"tiny\",\n"
                  "    n_tokens = 64,\n    seed = 3,\n  },\n  methods = { \"full\" },\n  budgets = 0.2,\n}\n",
                  "dataset.seed: unknown key 'seed'", "did you mean 'seeds'", 6);
+    expect_error("local.lua",
+                 "local ds = synthetic {\n  shape = \"tiny\",\n  n_tokens = 64,\n  probes = 0,\n}\n"
+                 "experiment {\n  name = \"x\",\n  dataset = ds,\n  methods = { \"full\" },\n  budgets = 0.2,\n}\n",
+                 "dataset.probes: 0 out of range [1, 4096]", NULL, 4);
     expect_error("shape.lua",
                  "experiment {\n  name = \"x\",\n  dataset = synthetic { shape = \"tinyy\", n_tokens = 64 },\n"
                  "  methods = { \"full\" },\n  budgets = 0.2,\n}\n",
@@ -246,11 +250,39 @@ static void test_sandbox(void) {
                 KVS_ERR_INVALID, &err, "outside the config's folder");
     CHECK_FAILS(load("write.lua", "local f = io.open(\"name.txt\", \"w\")\n", NULL, 0, &cfg, &err),
                 KVS_ERR_INVALID, &err, "read-only");
+    CHECK_FAILS(load("loop.lua", "local i = 0\nwhile true do i = i + 1 end\n", NULL, 0, &cfg, &err),
+                KVS_ERR_INVALID, &err, "loop.lua:2: the config ran for more than");
     CHECK_FAILS(load("none.lua", "local x = 1\n", NULL, 0, &cfg, &err), KVS_ERR_INVALID, &err,
                 "no experiment{...}");
 }
 
-int main(void) {
+/* The shipped experiments/fidelity.lua loads and has the documented grid. */
+static void test_shipped(const char *golden_dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/../../../experiments/fidelity.lua", golden_dir);
+    kvs_config cfg;
+    kvs_err err = {0};
+    CHECK_OK(kvs_config_load(path, NULL, 0, &cfg, &err), &err);
+    if (err.code) return;
+    kvs_experiment *e = &cfg.experiments[0];
+    CHECK(!strcmp(e->name, "fidelity"));
+    CHECK_EQ_INT(e->n_shapes, 2);
+    CHECK_EQ_INT(e->n_budgets, 3);
+    int methods = 0;
+    for (int i = 0; i < e->n_variants; i++)
+        methods += i == 0 || e->variants[i].method != e->variants[i - 1].method;
+    CHECK_EQ_INT(methods, kvs_methods_count()); /* every registered method */
+    CHECK_EQ_INT(e->queries, -1);              /* H2O, LOOK-M, MEDA need all queries */
+    kvs_cell *cells;
+    int n;
+    CHECK_OK(kvs_grid_expand(e, &cells, &n, &err), &err);
+    CHECK_EQ_INT(n, 2 * 2 * (1 + (e->n_variants - 1) * 3));
+    free(cells);
+    kvs_config_free(&cfg);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) test_shipped(argv[1]);
     if (eval_tmpdir(dir, "cfg")) {
         fprintf(stderr, "mkdtemp failed\n");
         return 1;

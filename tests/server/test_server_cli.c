@@ -10,7 +10,7 @@
  */
 #include "kvs_backend.h"
 #include "test_util.h"
-#include "tiny_model.h"
+#include "backend/tiny_model.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -109,7 +109,7 @@ typedef struct {
 
 static void *job_run(void *p) {
     job_t *j = p;
-    j->status = http("/completion", "{\"prompt\": \"hello world\", \"n_predict\": 60}");
+    j->status = http("/completion", "{\"prompt\": \"the cat\", \"n_predict\": 60}");
     return NULL;
 }
 
@@ -124,8 +124,8 @@ int main(int argc, char **argv) {
     if (!mkdtemp(dir)) return 1;
     char model[128];
     snprintf(model, sizeof model, "%s/tiny.gguf", dir);
-    int V;
-    CHECK_OK(tiny_model_write(model, 7, &V, err), err);
+    tiny_spec spec = tiny_default("gemma3");
+    CHECK_OK(tiny_write(&spec, model, err), err);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     char buf[8192];
     size_t len = 0;

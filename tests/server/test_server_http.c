@@ -1,6 +1,8 @@
 /*
  * test_server_http.c -- the HTTP server started in-process on a free loopback
- * port, driven over HTTP with libcurl, on a tiny random-weight gemma3 model.
+ * port, driven over HTTP with libcurl, on a tiny random-weight model written by
+ * the engine's test helper (tests/backend/tiny_model.c); argv[1] names the
+ * architecture (gemma3, llama, qwen2; default gemma3).
  *
  * Covers: /health, /v1/models, /tokenize <-> /detokenize round trip,
  * /completion greedy output equal to an in-process greedy loop on the engine,
@@ -8,7 +10,7 @@
  * kv_compression extension (one object and variants: one prefill, checked on
  * /metrics; the "full" variant reproduces the plain output; per-layer kv
  * statistics), /kv/dump read back with kvs_dump_open, bad requests (4xx
- * naming the field), concurrent requests beyond the slots, and the drain on
+ * naming the field; 413 over the body limit), concurrent requests beyond the slots, and the drain on
  * stop (a request in flight completes).
  * Not covered: the real model (integration tests), SIGTERM delivery itself
  * (cli/cmd_serve.c maps it to kvs_server_stop, exercised here).
@@ -18,7 +20,7 @@
 #include "kvs_server.h"
 #include "server_internal.h"
 #include "test_util.h"
-#include "tiny_model.h"
+#include "backend/tiny_model.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -29,6 +31,10 @@
 #define N_CTX 96
 
 static int g_port;
+static tiny_spec g_spec; /* the model under test (argv[1] names its architecture) */
+
+/* gemma3 alternates 5 sliding-window layers with 1 global one */
+static int layer_is_local(int l) { return !strcmp(g_spec.arch, "gemma3") && (l + 1) % 6 != 0; }
 
 typedef struct {
     char *data;
@@ -183,23 +189,23 @@ static void test_basic(kvs_model *m) {
     r = call_json("GET", "/v1/models", NULL, &st);
     CHECK_EQ_INT(st, 200);
     const cJSON *d0 = r ? cJSON_GetArrayItem(obj(r, "data"), 0) : NULL;
-    CHECK(d0 && strcmp(str(d0, "id"), "tiny-gemma3-test") == 0);
+    CHECK(d0 && strcmp(str(d0, "id"), kvs_model_get_info(m)->name) == 0);
     CHECK(d0 && num(obj(d0, "meta"), "n_vocab") == kvs_model_get_info(m)->n_vocab);
-    CHECK(d0 && strcmp(str(obj(d0, "meta"), "arch"), "gemma3") == 0);
+    CHECK(d0 && strcmp(str(obj(d0, "meta"), "arch"), g_spec.arch) == 0);
     cJSON_Delete(r);
 
     /* tokenize: same ids as the engine; detokenize gives the engine's text back */
     kvs_err err_ = {0}, *err = &err_;
     int32_t *ref = NULL;
     int nref = 0;
-    CHECK_OK(kvs_tokenize(m, "hello world in the", 18, 0, 1, &ref, &nref, err), err);
-    r = call_json("POST", "/tokenize", "{\"content\": \"hello world in the\"}", &st);
+    CHECK_OK(kvs_tokenize(m, "the cat is on", 13, 0, 1, &ref, &nref, err), err);
+    r = call_json("POST", "/tokenize", "{\"content\": \"the cat is on\"}", &st);
     CHECK_EQ_INT(st, 200);
     int32_t toks[64];
     int n = r ? json_tokens(obj(r, "tokens"), toks, 64) : -1;
     CHECK_EQ_INT(n, nref);
     CHECK(n == nref && n > 0 && memcmp(toks, ref, (size_t)n * sizeof *toks) == 0);
-    CHECK_MSG(n == 4, "'hello world in the' should be 4 word tokens, got %d", n);
+    CHECK_MSG(n == 4, "'the cat is on' should be 4 word tokens, got %d", n);
     cJSON_Delete(r);
     char body[512];
     int o = snprintf(body, sizeof body, "{\"tokens\": [");
@@ -211,26 +217,26 @@ static void test_basic(kvs_model *m) {
     CHECK_OK(kvs_detokenize(m, ref, nref, 0, &text, err), err);
     CHECK_MSG(r && text && strcmp(str(r, "content"), text) == 0, "detokenize '%s' vs engine '%s'",
               r ? str(r, "content") : "", text ? text : "");
-    CHECK(r && strstr(str(r, "content"), "hello world in the"));
+    CHECK(r && strstr(str(r, "content"), "the cat is on"));
     free(text);
     cJSON_Delete(r);
     free(ref);
 
     /* with_pieces and add_special */
-    r = call_json("POST", "/tokenize", "{\"content\": \"hello\", \"with_pieces\": true, \"add_special\": true}", &st);
+    r = call_json("POST", "/tokenize", "{\"content\": \"the cat\", \"with_pieces\": true, \"add_special\": true}", &st);
     CHECK_EQ_INT(st, 200);
     const cJSON *arr = r ? obj(r, "tokens") : NULL;
-    CHECK_EQ_INT(cJSON_GetArraySize(arr), 2);
+    CHECK_EQ_INT(cJSON_GetArraySize(arr), 3);
     CHECK(num(cJSON_GetArrayItem(arr, 0), "id") == kvs_model_special(m)->bos);
-    CHECK(strcmp(str(cJSON_GetArrayItem(arr, 1), "piece"), " hello") == 0 ||
-          strcmp(str(cJSON_GetArrayItem(arr, 1), "piece"), "\xe2\x96\x81hello") == 0);
+    CHECK(strcmp(str(cJSON_GetArrayItem(arr, 1), "piece"), "the") == 0);
+    CHECK(strcmp(str(cJSON_GetArrayItem(arr, 2), "piece"), " cat") == 0);
     cJSON_Delete(r);
 }
 
 static void test_completion(kvs_model *m) {
     long st;
     kvs_err err_ = {0}, *err = &err_;
-    const char *prompt = "the world is hello in the world at it";
+    const char *prompt = "the cat is on the cat a cat is an cat";
     int32_t *ptoks = NULL;
     int np = 0;
     CHECK_OK(kvs_tokenize(m, prompt, strlen(prompt), kvs_model_special(m)->add_bos, 1, &ptoks, &np, err), err);
@@ -264,7 +270,7 @@ static void test_completion(kvs_model *m) {
     const cJSON *kv = r ? obj(r, "kv") : NULL;
     CHECK(kv && strcmp(str(kv, "method"), "none") == 0);
     CHECK(kv && num(kv, "tokens_before") == num(kv, "tokens_after") && num(kv, "bytes_before") > 0);
-    CHECK(kv && cJSON_GetArraySize(obj(kv, "layers")) == TINY_LAYERS);
+    CHECK(kv && cJSON_GetArraySize(obj(kv, "layers")) == g_spec.n_layers);
     free(text);
     free(clean);
     cJSON_Delete(r);
@@ -355,7 +361,7 @@ static void test_completion(kvs_model *m) {
     /* chat: the template is applied and the answer comes back as a message */
     r = call_json("POST", "/v1/chat/completions",
                   "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", "
-                  "\"content\": [{\"type\": \"text\", \"text\": \"hello\"}, {\"type\": \"text\", \"text\": \" world\"}]}], "
+                  "\"content\": [{\"type\": \"text\", \"text\": \"the\"}, {\"type\": \"text\", \"text\": \" cat\"}]}], "
                   "\"max_tokens\": 6}",
                   &st);
     CHECK_EQ_INT(st, 200);
@@ -371,8 +377,8 @@ static void test_completion(kvs_model *m) {
 
 static void test_variants(void) {
     long st;
-    const char *prompt = "hello world the hello in it is the world at an on hello world it is in the world "
-                         "hello the an at world is it the world";
+    const char *prompt = "the cat is on the cat a cat is an cat the cat on a cat is the cat an cat on the "
+                         "cat is a cat the cat is on an cat";
     char req[2048];
     snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 10}", prompt);
     cJSON *plain = call_json("POST", "/completion", req, &st);
@@ -408,11 +414,11 @@ static void test_variants(void) {
         CHECK(num(kv, "compress_ms") >= 0);
         CHECK(num(kv, "n_prompt") == n_prompt);
         const cJSON *layers = obj(kv, "layers");
-        CHECK_EQ_INT(cJSON_GetArraySize(layers), TINY_LAYERS);
-        for (int l = 0; l < TINY_LAYERS; l++) {
+        CHECK_EQ_INT(cJSON_GetArraySize(layers), g_spec.n_layers);
+        for (int l = 0; l < g_spec.n_layers; l++) {
             const cJSON *ly = cJSON_GetArrayItem(layers, l);
             int local = cJSON_IsTrue(obj(ly, "local"));
-            CHECK_EQ_INT(local, l != 5); /* gemma3: every 6th layer is global */
+            CHECK_EQ_INT(local, layer_is_local(l));
             double tb = num(ly, "tokens_before"), ta = num(ly, "tokens_after");
             double bb = num(ly, "bytes_before"), ba = num(ly, "bytes_after");
             CHECK(tb > 0 && ta <= tb && ba <= bb);
@@ -428,7 +434,7 @@ static void test_variants(void) {
     CHECK(obj(obj(v1, "kv"), "params") && cJSON_IsObject(obj(obj(v1, "kv"), "params")));
     /* the global layer of streamingllm at 0.5 keeps floor(0.5 N) per head */
     const cJSON *gl = cJSON_GetArrayItem(obj(obj(v1, "kv"), "layers"), 5);
-    CHECK_MSG(num(gl, "tokens_after") == (double)(n_prompt / 2) * TINY_KV_HEADS ||
+    CHECK_MSG(num(gl, "tokens_after") == (double)(n_prompt / 2) * g_spec.n_kv_heads ||
                   num(gl, "tokens_after") == (double)(n_prompt / 2),
               "streamingllm 0.5: layer 5 keeps %g of %d", num(gl, "tokens_after"), n_prompt);
     const cJSON *v2 = cJSON_GetArrayItem(vs, 2);
@@ -455,7 +461,7 @@ static void test_variants(void) {
 static void test_dump(void) {
     char *body = NULL;
     size_t len = 0;
-    long st = http("POST", "/kv/dump", "{\"prompt\": \"hello world the world\", \"queries\": 3, \"dtype\": \"F16\"}",
+    long st = http("POST", "/kv/dump", "{\"prompt\": \"the cat is on\", \"queries\": 3, \"dtype\": \"F16\"}",
                    &body, &len);
     CHECK_EQ_INT(st, 200);
     char path[] = "/tmp/kvs-test-dump-XXXXXX";
@@ -468,12 +474,12 @@ static void test_dump(void) {
         kvs_err err_ = {0}, *err = &err_;
         CHECK_OK(kvs_dump_open(path, &d, err), err);
         if (err->code == KVS_OK) {
-            CHECK_EQ_INT(d.shape.n_layers, TINY_LAYERS);
-            CHECK_EQ_INT(d.shape.n_kv_heads, TINY_KV_HEADS);
-            CHECK_EQ_INT(d.shape.head_dim, TINY_HEAD_DIM);
+            CHECK_EQ_INT(d.shape.n_layers, g_spec.n_layers);
+            CHECK_EQ_INT(d.shape.n_kv_heads, g_spec.n_kv_heads);
+            CHECK_EQ_INT(d.shape.head_dim, g_spec.head_dim);
             CHECK_EQ_INT(d.shape.n_tokens, 5); /* BOS + 4 words */
             CHECK_EQ_INT(d.shape.n_queries, 3);
-            CHECK_EQ_INT(d.shape.n_q_heads, TINY_HEADS);
+            CHECK_EQ_INT(d.shape.n_q_heads, g_spec.n_heads);
             CHECK(d.view.layers[0].k.dtype == KVS_F16);
             kvs_dump_close(&d);
         }
@@ -492,6 +498,11 @@ static void test_bad_requests(void) {
     expect_error("/completion", "{\"prompt\": \"hi\", \"top_p\": 0}", 400, "top_p", "(0, 1]");
     expect_error("/completion", "{\"prompt\": \"hi\", \"stream\": true}", 400, "stream", "not supported");
     expect_error("/completion", "{\"prompt\": \"hi\", \"stop\": [\"ok\", 3]}", 400, "stop[1]", "string");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"repeat_penalty\": 1.1}", 400, "repeat_penalty", "not supported");
+    expect_error("/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 5}", 400, "logprobs", "not supported");
+    expect_error("/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_object\"}}",
+                 400, "response_format", "text");
     expect_error("/completion", "{\"prompt\": [1, 2, 999999]}", 400, "prompt[2]", "token id");
     expect_error("/completion", "{\"prompt\": \"hi\"", 400, "body", "JSON");
     expect_error("/completion", "[1, 2]", 400, "body", "object");
@@ -518,7 +529,7 @@ static void test_bad_requests(void) {
     /* a prompt longer than the context: refused, not truncated */
     char req[4096];
     int o = snprintf(req, sizeof req, "{\"prompt\": \"");
-    for (int i = 0; i < N_CTX + 10; i++) o += snprintf(req + o, sizeof req - (size_t)o, "hello ");
+    for (int i = 0; i < N_CTX + 10; i++) o += snprintf(req + o, sizeof req - (size_t)o, "the ");
     snprintf(req + o, sizeof req - (size_t)o, "\", \"n_predict\": 2}");
     expect_error("/completion", req, 400, "prompt", "not truncated");
     expect_error("/v1/completions", req, 400, "prompt", "context");
@@ -563,7 +574,7 @@ static void *job_run(void *p) {
 }
 
 static void test_queue(void) {
-    const char *req = "{\"prompt\": \"hello world the world is\", \"n_predict\": 24}";
+    const char *req = "{\"prompt\": \"the cat is on the\", \"n_predict\": 24}";
     enum { J = 5 };
     job_t jobs[J];
     pthread_t th[J];
@@ -597,7 +608,7 @@ static void *stop_run(void *p) {
 static void test_drain(kvs_server *srv) {
     srv_slot_acquire(srv);
     srv_slot_acquire(srv);
-    job_t j = {"{\"prompt\": \"hello world the world is\", \"n_predict\": 20}", 0, NULL};
+    job_t j = {"{\"prompt\": \"the cat is on the\", \"n_predict\": 20}", 0, NULL};
     pthread_t th, stopper;
     pthread_create(&th, NULL, job_run, &j);
     int waited = 0;
@@ -627,8 +638,9 @@ static void test_drain(kvs_server *srv) {
     CHECK_EQ_INT(http("GET", "/health", NULL, NULL, NULL), 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     kvs_err err_ = {0}, *err = &err_;
+    g_spec = tiny_default(argc > 1 ? argv[1] : "gemma3");
     char dir[] = "/tmp/kvs-server-test-XXXXXX";
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
@@ -636,10 +648,9 @@ int main(void) {
     }
     char path[128];
     snprintf(path, sizeof path, "%s/tiny.gguf", dir);
-    int V = 0;
     kvs_model *m = NULL;
     kvs_server *srv = NULL;
-    CHECK_OK(tiny_model_write(path, 20261129, &V, err), err);
+    CHECK_OK(tiny_write(&g_spec, path, err), err);
     kvs_model_opts mo = {1};
     CHECK_OK(kvs_model_load(path, &mo, &m, err), err);
     if (!m) goto done;
@@ -656,10 +667,26 @@ int main(void) {
     CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "no.such.host.invalid");
 
     cfg.host = "127.0.0.1";
-    cfg.n_ctx = 100000; /* the tiny model was trained for 512 */
-    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "context length 512");
+    cfg.n_ctx = 100000; /* the tiny model was trained for 256 */
+    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "context length 256");
     cfg.threads = 1;
     cfg.n_ctx = N_CTX;
+    /* a body over the limit: 413 naming "body" */
+    cfg.max_body = 2048;
+    CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
+    if (srv) {
+        g_port = kvs_server_port(srv);
+        char *big = malloc(4096);
+        memset(big, ' ', 4095);
+        memcpy(big, "{\"prompt\": \"", 12);
+        memcpy(big + 4090, "\"}", 2);
+        big[4092] = 0;
+        expect_error("/completion", big, 413, "body", "larger than 2048");
+        free(big);
+        kvs_server_stop(srv);
+        srv = NULL;
+    }
+    cfg.max_body = (size_t)1 << 20;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) goto done;
     g_port = kvs_server_port(srv);
@@ -679,5 +706,6 @@ done:
     unlink(path);
     rmdir(dir);
     curl_global_cleanup();
+    printf("architecture %s\n", g_spec.arch);
     return kvs_test_finish("test_server_http");
 }

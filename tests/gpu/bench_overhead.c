@@ -1,0 +1,352 @@
+/*
+ * bench_overhead.c -- GPU latency of each method's compression step vs
+ * sequence length (the paper's overhead table), one device, one shape.
+ *
+ * What it measures, per (method, N): kvs_gpu_compress (scoring, budgets,
+ * selection, the plan copied back) and that plus kvs_gpu_apply_layer for
+ * every layer (compaction / merging into preallocated fp32 buffers), timed
+ * with CUDA events on the workspace stream; 2 warm-up runs, then >= 20
+ * repetitions over 2 rotated input sets; median / p10 / p90. Bytes moved is
+ * the cache data the method must read at least once (K+V for flashcache /
+ * streamingllm / full, K + window Q for snapkv, K + all Q (+V) for the
+ * attention methods); GB/s against the device copy bandwidth measured in the
+ * same run (cudaMemcpy device to device, read + write). Attention methods
+ * also print TFLOP/s for their logit passes (2 Hq N^2/2 d FLOP per pass,
+ * 2 passes, 3 for meda).
+ * Inputs: deterministic pseudo-random normal K/V/Q (kvs_gpu_fill_random),
+ * fp16 by default, modality 10% text, 80% image, 10% text.
+ * Cells whose predicted time (from the previous N, scaled by N or N^2)
+ * exceeds the per-cell or the global time budget are reported as skipped,
+ * never silently dropped. Prints one line per cell as it goes and the table
+ * last; --csv writes the rows.
+ * What it is not: no CPU timing (the CPU table is eval's overhead study), no
+ * database writes (the runner owns the store).
+ *
+ * usage: bench_overhead [--n 2048,4096,...] [--methods a,b] [--reps 20]
+ *                       [--dtype f16|bf16|f32] [--ratio 0.2] [--budget-s 300]
+ *                       [--cell-s 40] [--csv FILE]
+ */
+#include <cuda_runtime_api.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvs_kernels.h"
+#include "kvsieve_methods.h"
+
+enum { MAX_N = 16, MAX_M = 16, SETS = 2, WARMUP = 2 };
+
+typedef struct {
+    const char *method;
+    int N;
+    int status; /* 0 ok, 1 skipped, 2 failed */
+    char why[200];
+    double med, p10, p90, total_med; /* ms */
+    double bytes, flops;
+} row;
+
+static int cmp_d(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const double *sorted, int n, double q) {
+    const double pos = q * (n - 1);
+    const int i = (int)floor(pos);
+    const double f = pos - i;
+    return i + 1 < n ? sorted[i] * (1 - f) + sorted[i + 1] * f : sorted[n - 1];
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int is_attn(const char *m) { return !strcmp(m, "h2o") || !strcmp(m, "lookm") || !strcmp(m, "meda"); }
+
+int main(int argc, char **argv) {
+    int Ns[MAX_N] = {2048, 4096, 8192, 16384, 32768, 65536}, nN = 6;
+    const char *methods[MAX_M] = {"flashcache", "snapkv", "streamingllm", "h2o", "lookm", "meda"};
+    int nM = 6, reps = 20;
+    double ratio = 0.2, budget_s = 300.0, cell_s = 40.0;
+    kvs_dtype dt = KVS_F16;
+    const char *csv = NULL;
+    static char mbuf[512], nbuf[256];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "bench_overhead: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--n")) {
+            snprintf(nbuf, sizeof nbuf, "%s", v);
+            nN = 0;
+            for (char *t = strtok(nbuf, ","); t && nN < MAX_N; t = strtok(NULL, ",")) Ns[nN++] = atoi(t);
+        } else if (!strcmp(a, "--methods")) {
+            snprintf(mbuf, sizeof mbuf, "%s", v);
+            nM = 0;
+            for (char *t = strtok(mbuf, ","); t && nM < MAX_M; t = strtok(NULL, ",")) methods[nM++] = t;
+        } else if (!strcmp(a, "--reps")) {
+            reps = atoi(v);
+        } else if (!strcmp(a, "--ratio")) {
+            ratio = atof(v);
+        } else if (!strcmp(a, "--budget-s")) {
+            budget_s = atof(v);
+        } else if (!strcmp(a, "--cell-s")) {
+            cell_s = atof(v);
+        } else if (!strcmp(a, "--csv")) {
+            csv = v;
+        } else if (!strcmp(a, "--dtype")) {
+            dt = !strcmp(v, "f32") ? KVS_F32 : !strcmp(v, "bf16") ? KVS_BF16 : KVS_F16;
+        } else {
+            fprintf(stderr, "bench_overhead: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (reps < 20) {
+        fprintf(stderr, "bench_overhead: --reps must be >= 20 (the protocol)\n");
+        return 2;
+    }
+    const double t_start = now_s();
+    kvs_err err;
+    kvs_err_clear(&err);
+    int ndev = 0;
+    if (kvs_gpu_device_count(&ndev, &err) != KVS_OK) {
+        printf("SKIP: bench_overhead: %s\n", err.msg);
+        return 77;
+    }
+    char desc[512];
+    kvs_gpu_device_describe(0, desc, sizeof desc, &err);
+    /* qwen2.5-vl-7b: 28 layers, 28 query heads, 4 KV heads, d = 128 */
+    const int L = 28, Hq = 28, Hkv = 4, d = 128, W = 32;
+    const size_t es = kvs_dtype_size(dt);
+    printf("bench_overhead: %s\nshape qwen2.5-vl-7b (L=%d Hq=%d Hkv=%d d=%d), dtype %s, ratio %g, "
+           "reps %d (+%d warm-up), %d rotated input sets\n",
+           desc, L, Hq, Hkv, d, kvs_dtype_name(dt), ratio, reps, WARMUP, SETS);
+
+    /* device copy bandwidth */
+    double copy_gbs = 0.0;
+    {
+        const size_t cb = (size_t)1 << 31;
+        void *a = NULL, *b = NULL;
+        if (kvs_gpu_malloc(&a, cb, &err) == KVS_OK && kvs_gpu_malloc(&b, cb, &err) == KVS_OK) {
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0);
+            cudaEventCreate(&e1);
+            double t[10];
+            for (int r = -2; r < 10; r++) {
+                cudaEventRecord(e0, 0);
+                cudaMemcpyAsync(b, a, cb, cudaMemcpyDeviceToDevice, 0);
+                cudaEventRecord(e1, 0);
+                cudaEventSynchronize(e1);
+                float ms = 0;
+                cudaEventElapsedTime(&ms, e0, e1);
+                if (r >= 0) t[r] = ms;
+            }
+            qsort(t, 10, sizeof t[0], cmp_d);
+            copy_gbs = 2.0 * (double)cb / (pct(t, 10, 0.5) * 1e-3) / 1e9;
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+        }
+        kvs_gpu_free(a);
+        kvs_gpu_free(b);
+        printf("device copy bandwidth (read + write): %.0f GB/s\n", copy_gbs);
+    }
+
+    row rows[MAX_N * MAX_M];
+    int nrows = 0;
+    double last_ms[MAX_M];
+    int last_n[MAX_M];
+    for (int m = 0; m < nM; m++) {
+        last_ms[m] = 0.0;
+        last_n[m] = 0;
+    }
+    int need_q_all = 0;
+    for (int m = 0; m < nM; m++) need_q_all |= is_attn(methods[m]);
+    for (int ni = 0; ni < nN; ni++) {
+        const int N = Ns[ni];
+        const int Nq = need_q_all ? N : W;
+        const size_t nkv = (size_t)Hkv * N * d, nq = (size_t)Hq * Nq * d;
+        void *K[SETS][28], *V[SETS][28], *Q[SETS][28];
+        float *ko[28], *vo[28];
+        memset(K, 0, sizeof K);
+        memset(V, 0, sizeof V);
+        memset(Q, 0, sizeof Q);
+        memset(ko, 0, sizeof ko);
+        memset(vo, 0, sizeof vo);
+        kvs_layer layers[SETS][28];
+        kvs_cache_view cv[SETS];
+        uint8_t *mod = malloc((size_t)N);
+        for (int j = 0; j < N; j++) mod[j] = (j < N / 10 || j >= N - N / 10) ? KVS_MOD_TEXT : KVS_MOD_IMAGE;
+        kvs_shape mx = {L, N, Hkv, Hq, d, 0, 1};
+        kvs_gpu_workspace *ws = NULL;
+        int ok = kvs_gpu_workspace_init(&ws, &mx, &err) == KVS_OK;
+        for (int s = 0; ok && s < SETS; s++)
+            for (int l = 0; ok && l < L; l++) {
+                ok = kvs_gpu_malloc(&K[s][l], nkv * es, &err) == KVS_OK &&
+                     kvs_gpu_malloc(&V[s][l], nkv * es, &err) == KVS_OK &&
+                     kvs_gpu_malloc(&Q[s][l], nq * es, &err) == KVS_OK &&
+                     kvs_gpu_fill_random(ws, K[s][l], dt, nkv, 1000u * s + 3u * l + 1u, 1.0f, &err) == KVS_OK &&
+                     kvs_gpu_fill_random(ws, V[s][l], dt, nkv, 1000u * s + 3u * l + 2u, 1.0f, &err) == KVS_OK &&
+                     kvs_gpu_fill_random(ws, Q[s][l], dt, nq, 1000u * s + 3u * l + 3u, 1.0f, &err) == KVS_OK;
+                if (!ok) break;
+                layers[s][l].k = kvs_view_make(K[s][l], dt, Hkv, N, d);
+                layers[s][l].v = kvs_view_make(V[s][l], dt, Hkv, N, d);
+                layers[s][l].q = kvs_view_make(Q[s][l], dt, Hq, Nq, d);
+                layers[s][l].k.device = layers[s][l].v.device = layers[s][l].q.device = KVS_CUDA;
+                cv[s].n_layers = L;
+                cv[s].layers = layers[s];
+                cv[s].modality = mod;
+            }
+        for (int l = 0; ok && l < L; l++)
+            ok = kvs_gpu_malloc((void **)&ko[l], nkv * 4, &err) == KVS_OK &&
+                 kvs_gpu_malloc((void **)&vo[l], nkv * 4, &err) == KVS_OK;
+        if (ok) ok = kvs_gpu_sync(ws, &err) == KVS_OK;
+        if (!ok) printf("N=%d: setup failed: %s\n", N, err.msg);
+        cudaStream_t st = ws ? (cudaStream_t)kvs_gpu_workspace_stream(ws) : 0;
+        for (int m = 0; m < nM; m++) {
+            row *r = &rows[nrows++];
+            memset(r, 0, sizeof *r);
+            r->method = methods[m];
+            r->N = N;
+            const int attn = is_attn(methods[m]);
+            const double kvb = 2.0 * L * (double)nkv * es, kb = L * (double)nkv * es;
+            r->bytes = !strcmp(methods[m], "snapkv") ? kb + L * (double)Hq * W * d * es
+                       : attn ? kb + L * (double)nq * es : kvb;
+            r->flops = attn ? (strcmp(methods[m], "meda") ? 2.0 : 3.0) * L * 2.0 * Hq * (double)N * N / 2.0 * d
+                            : !strcmp(methods[m], "snapkv") ? 2.0 * L * 2.0 * Hq * (double)W * N * d : 0.0;
+            if (!ok) {
+                r->status = 2;
+                snprintf(r->why, sizeof r->why, "setup failed");
+                continue;
+            }
+            const kvs_method *me = kvs_method_find(methods[m]);
+            if (!me) {
+                r->status = 2;
+                snprintf(r->why, sizeof r->why, "unknown method");
+                continue;
+            }
+            /* prediction from the previous N: attention ~N^2, others ~N */
+            if (last_n[m] > 0) {
+                const double f = (double)N / last_n[m];
+                const double pred_s = last_ms[m] * (attn ? f * f : f) * (reps + WARMUP) * 2.0 / 1e3;
+                const double left = budget_s - (now_s() - t_start);
+                if (pred_s > cell_s || pred_s > left) {
+                    r->status = 1;
+                    snprintf(r->why, sizeof r->why,
+                             "skipped: predicted %.0f s for %d runs (cell budget %.0f s, %.0f s left)",
+                             pred_s, reps + WARMUP, cell_s, left);
+                    last_n[m] = -1; /* larger N: skipped too */
+                    continue;
+                }
+            } else if (last_n[m] < 0) {
+                r->status = 1;
+                snprintf(r->why, sizeof r->why, "skipped: a smaller N already exceeded the budget");
+                continue;
+            }
+            kvs_params p;
+            kvs_params_defaults(me, &p);
+            kvs_budget b = {ratio, 0};
+            if (!strcmp(methods[m], "full")) b.ratio = 1.0;
+            double *ts = malloc(sizeof(double) * reps), *tt = malloc(sizeof(double) * reps);
+            cudaEvent_t e0, e1, e2;
+            cudaEventCreate(&e0);
+            cudaEventCreate(&e1);
+            cudaEventCreate(&e2);
+            for (int it = -WARMUP; it < reps && r->status == 0; it++) {
+                const kvs_cache_view *c = &cv[(it + WARMUP) % SETS];
+                kvs_plan plan;
+                cudaEventRecord(e0, st);
+                kvs_status s = kvs_gpu_compress(methods[m], &p, c, &b, ws, &plan, &err);
+                cudaEventRecord(e1, st);
+                for (int l = 0; s == KVS_OK && l < L; l++)
+                    s = kvs_gpu_apply_layer(ws, &c->layers[l], &plan, l, ko[l], vo[l], &err);
+                cudaEventRecord(e2, st);
+                if (s == KVS_OK) s = kvs_gpu_sync(ws, &err);
+                if (s != KVS_OK) {
+                    r->status = 2;
+                    snprintf(r->why, sizeof r->why, "failed: %.180s", err.msg);
+                } else if (it >= 0) {
+                    float a = 0, bb = 0;
+                    cudaEventElapsedTime(&a, e0, e1);
+                    cudaEventElapsedTime(&bb, e0, e2);
+                    ts[it] = a;
+                    tt[it] = bb;
+                }
+                kvs_plan_free(&plan); /* kvs_gpu_compress zeroes it on failure */
+            }
+            if (r->status == 0) {
+                qsort(ts, reps, sizeof ts[0], cmp_d);
+                qsort(tt, reps, sizeof tt[0], cmp_d);
+                r->med = pct(ts, reps, 0.5);
+                r->p10 = pct(ts, reps, 0.1);
+                r->p90 = pct(ts, reps, 0.9);
+                r->total_med = pct(tt, reps, 0.5);
+                last_ms[m] = r->total_med;
+                last_n[m] = N;
+            } else {
+                last_n[m] = -1;
+            }
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+            cudaEventDestroy(e2);
+            free(ts);
+            free(tt);
+            if (r->status == 0)
+                printf("%-12s N=%6d  select %9.3f ms (p10 %.3f, p90 %.3f)  +apply %9.3f ms  %7.1f GB/s  "
+                       "%6.2f TFLOP/s\n",
+                       r->method, N, r->med, r->p10, r->p90, r->total_med, r->bytes / (r->med * 1e6),
+                       r->flops / (r->med * 1e9));
+            else
+                printf("%-12s N=%6d  %s\n", r->method, N, r->why);
+            fflush(stdout);
+        }
+        for (int s = 0; s < SETS; s++)
+            for (int l = 0; l < L; l++) {
+                kvs_gpu_free(K[s][l]);
+                kvs_gpu_free(V[s][l]);
+                kvs_gpu_free(Q[s][l]);
+            }
+        for (int l = 0; l < L; l++) {
+            kvs_gpu_free(ko[l]);
+            kvs_gpu_free(vo[l]);
+        }
+        kvs_gpu_workspace_free(ws);
+        free(mod);
+    }
+    FILE *f = csv ? fopen(csv, "w") : NULL;
+    if (f)
+        fprintf(f, "device,shape,dtype,method,N,status,select_median_ms,select_p10_ms,select_p90_ms,"
+                   "total_median_ms,bytes,gbs,copy_gbs,tflops,reps,note\n");
+    printf("\n== GPU compression overhead, qwen2.5-vl-7b, %s, ratio %g (ms; select = kvs_gpu_compress, "
+           "total = + compaction/merge) ==\n",
+           kvs_dtype_name(dt), ratio);
+    printf("%-12s %6s %10s %10s %10s %10s %8s %6s %7s\n", "method", "N", "median", "p10", "p90",
+           "total", "GB/s", "%copy", "TFLOP/s");
+    for (int i = 0; i < nrows; i++) {
+        const row *r = &rows[i];
+        if (r->status == 0) {
+            const double gbs = r->bytes / (r->med * 1e6);
+            printf("%-12s %6d %10.3f %10.3f %10.3f %10.3f %8.1f %5.1f%% %7.2f\n", r->method, r->N,
+                   r->med, r->p10, r->p90, r->total_med, gbs, copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0,
+                   r->flops / (r->med * 1e9));
+        } else {
+            printf("%-12s %6d %s\n", r->method, r->N, r->why);
+        }
+        if (f)
+            fprintf(f, "\"%s\",qwen2.5-vl-7b,%s,%s,%d,%s,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f,%.1f,%.3f,%d,\"%s\"\n",
+                    desc, kvs_dtype_name(dt), r->method, r->N,
+                    r->status == 0 ? "ok" : r->status == 1 ? "skipped" : "failed", r->med, r->p10, r->p90,
+                    r->total_med, r->bytes, r->status == 0 ? r->bytes / (r->med * 1e6) : 0.0, copy_gbs,
+                    r->status == 0 ? r->flops / (r->med * 1e9) : 0.0, reps, r->why);
+    }
+    if (f) fclose(f);
+    int failed = 0;
+    for (int i = 0; i < nrows; i++) failed |= rows[i].status == 2;
+    return failed ? 1 : 0;
+}

@@ -2,7 +2,8 @@
  * session.c -- one sequence: the forward pass on the CPU and its ragged KV
  * cache.
  *
- * Prefill runs the prompt in chunks of up to KVS_UBATCH tokens: each weight
+ * Prefill runs the prompt (longer than KVS_SHORT_PROMPT tokens; shorter ones
+ * go token by token through the decode kernels) in chunks of up to KVS_UBATCH tokens: each weight
  * matrix is dequantised once per chunk into a scratch buffer and multiplied
  * with OpenBLAS sgemm; attention is tiled (KVS_QTILE queries x the keys they
  * may see, never N x N) with sgemm for scores and outputs. Only the last
@@ -27,6 +28,7 @@
 
 #define KVS_UBATCH 2048 /* prefill chunk (tokens) */
 #define KVS_QTILE 128   /* prefill attention query tile */
+#define KVS_SHORT_PROMPT 8 /* prompts up to this length run through the decode kernels */
 
 typedef struct {
     float *k, *v;   /* [Hkv][cap][D] */
@@ -308,8 +310,9 @@ static void head_norm(float *v, int nh, int D, const float *w, float eps) {
     for (int h = 0; h < nh; h++) rmsnorm(v + (size_t)h * D, v + (size_t)h * D, w, D, eps);
 }
 
-/* One position through every layer; x [E] holds the input embedding. */
-static void decode_layers(kvs_session *s, int pos) {
+/* One position through every layer; x [E] holds the input embedding.
+ * Positions in [n_total - nq, n_total) of a short prefill record their queries. */
+static void decode_layers(kvs_session *s, int pos, int n_total) {
     kvs_model *m = s->m;
     const kvs_model_info *MI = &m->info;
     const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
@@ -324,6 +327,9 @@ static void decode_layers(kvs_session *s, int pos) {
         rope_table(w->is_local ? s->inv_freq_l : s->inv_freq_g, D / 2, pos, s->cs, s->sn);
         for (int h = 0; h < Hq; h++) rope_apply(s->q + (size_t)h * D, D, s->cs, s->sn, m->rope_neox);
         for (int h = 0; h < Hkv; h++) rope_apply(s->k + (size_t)h * D, D, s->cs, s->sn, m->rope_neox);
+        if (c->q && pos < n_total && pos >= n_total - c->nq)
+            for (int h = 0; h < Hq; h++)
+                memcpy(c->q + ((size_t)h * c->nq + (pos - (n_total - c->nq))) * D, s->q + (size_t)h * D, (size_t)D * 4);
         assert(c->len < c->cap);
         for (int g = 0; g < Hkv; g++) {
             memcpy(c->k + ((size_t)g * c->cap + c->len) * D, s->k + (size_t)g * D, (size_t)D * 4);
@@ -376,7 +382,7 @@ kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_
             return kvs_errorf(err, KVS_ERR_INTERNAL, "decode: layer %d cache is full (%d rows)", l, s->kv[l].cap);
     kvs_status st = embed_token(s->m, token, s->x, err);
     if (st) return st;
-    decode_layers(s, s->n_past);
+    decode_layers(s, s->n_past, 0);
     s->modality[s->n_past] = KVS_MOD_TEXT;
     s->n_past++;
     if (logits) output_logits(s, s->x, logits);
@@ -636,6 +642,24 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
             if (!c->q) return kvs_errorf(err, KVS_ERR_NOMEM, "prefill: out of memory recording %d queries", nq);
             c->nq = nq;
         }
+    }
+    if (n <= KVS_SHORT_PROMPT) {
+        /* short prompts: token by token with the decode kernels (no weight dequantisation) */
+        for (int t = 0; t < n; t++) {
+            if (tokens) {
+                if ((st = embed_token(m, tokens[t], s->x, err))) goto short_fail;
+            } else
+                memcpy(s->x, embd + (size_t)t * E, (size_t)E * 4);
+            decode_layers(s, t, n);
+        }
+        for (int i = 0; i < n; i++) s->modality[i] = modality ? modality[i] : KVS_MOD_TEXT;
+        s->n_past = n;
+        s->n_prompt = n;
+        if (logits) output_logits(s, s->x, logits);
+        return KVS_OK;
+    short_fail:
+        kvs_session_reset(s);
+        return st;
     }
     int ub = n < KVS_UBATCH ? n : KVS_UBATCH;
     size_t maxw = 0;

@@ -512,10 +512,10 @@ static int cp_class(uint32_t c) {
 /* Length in bytes of the pre-token starting at text[i] (llama 3 split rules). */
 static size_t pretok_len(const kvs_tokenizer *t, const char *s, size_t n, size_t i) {
     uint32_t c, c2 = 0;
-    int l = utf8_cp(s, n, i, &c), l2 = 0;
+    int l = utf8_cp(s, n, i, &c);
     int cl = cp_class(c), cl2 = -1;
     if (i + (size_t)l < n) {
-        l2 = utf8_cp(s, n, i + (size_t)l, &c2);
+        utf8_cp(s, n, i + (size_t)l, &c2);
         cl2 = cp_class(c2);
     }
     /* 1. contractions 's 't 're 've 'm 'll 'd (any case) */

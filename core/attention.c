@@ -2,8 +2,9 @@
  * attention.c -- attention statistics of one layer in O(N) memory per head:
  * the row log-sum-exp (kvs_attn_lse), the GQA-averaged column sums with
  * optional row entropies (kvs_attn_colsum), both from one pass over the
- * logits (kvs_attn_colsum_fused), and the entropies of the
- * head-averaged attention, plain and MEDA cross-modal (kvs_attn_entropies).
+ * logits (kvs_attn_colsum_fused), the entropies of the head-averaged
+ * attention, plain and MEDA cross-modal (kvs_attn_entropies), and all of
+ * these from one pass (kvs_attn_stats_fused).
  *
  * What it is: the CPU reference of these statistics, the dominant cost of
  * H2O / LOOK-M / MEDA. Two-pass tiled log-sum-exp (spec/methods.md): pass 1
@@ -19,10 +20,12 @@
  * Fused path (kvs_attn_colsum_fused): the same statistics from ONE GEMM per
  * row block instead of two: a block of up to FUSED_ROWS stacked rows (G heads
  * x tq rows) gets its logits against all causally visible keys into a
- * per-thread [rows][N] buffer (threads * FUSED_ROWS * N * 4 bytes, O(N) per
+ * per-thread [rows][N] buffer (threads * max(FUSED_ROWS, G) * N * 4 bytes, O(N) per
  * thread, never N x N); each row then yields its exact max, e = exp(s - max)
  * (stored in place), lse = max + log(sum e) and p = e / sum e, accumulated
  * into the column sums in the same fixed slab order as the two-pass path.
+ * kvs_attn_stats_fused holds the rows of ALL Hq heads per block (up to
+ * FUSED_ROWS stacked rows) so it also gets the head-averaged entropies.
  *
  * Threads: pthreads pull work units from an atomic counter. Every result is
  * independent of the thread count: the lse and entropy units own disjoint

@@ -144,7 +144,7 @@ __device__ int block_excl_scan(int v, int *total, int *ws) {
 
 /* Monotone float -> uint32 (non-NaN); -0 and +0 map equal (as core/select.c). */
 __device__ __forceinline__ unsigned float_key(float f) {
-    if (f == 0.0f) f = 0.0f;
+    if (f == 0.0f) return 0x80000000u; /* the key of +0 */
     const unsigned u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
@@ -366,6 +366,20 @@ __global__ void k_head_sum(const float *dev, int H, int N, float *out) {
     float a = 0.0f;
     for (int h = 0; h < H; h++) a += dev[(long long)h * N + n];
     out[n] = a;
+}
+
+/* Length-1 "FFT" (identity) for N == 1, where no cuFFT plan is made. */
+__global__ void k_n1_r2c(const float *rin, cufftComplex *spec, int ncols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ncols) return;
+    cufftComplex o;
+    o.x = rin[c];
+    o.y = 0.0f;
+    spec[c] = o;
+}
+__global__ void k_n1_c2r(const cufftComplex *spec, float *rout, int ncols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < ncols) rout[c] = spec[c].x;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1175,6 +1189,24 @@ static kvs_rows rows_of_head(const kvs_view *v, int h) {
     return r;
 }
 
+static unsigned grid_for(long long total, int block);
+
+/* Forward / inverse real FFT of the workspace's (x_N, x_ncols) columns. */
+static int exec_r2c(kvs_gpu_workspace *ws, const float *in, cufftComplex *out) {
+    if (ws->x_N == 1) {
+        k_n1_r2c<<<(unsigned)((ws->x_ncols + 255) / 256), 256, 0, ws->stream>>>(in, out, ws->x_ncols);
+        return (int)cudaGetLastError();
+    }
+    return cufftExecR2C(ws->r2c, (cufftReal *)in, out) == CUFFT_SUCCESS ? 0 : (int)cudaErrorUnknown;
+}
+static int exec_c2r(kvs_gpu_workspace *ws, cufftComplex *in, float *out) {
+    if (ws->x_N == 1) {
+        k_n1_c2r<<<(unsigned)((ws->x_ncols + 255) / 256), 256, 0, ws->stream>>>(in, out, ws->x_ncols);
+        return (int)cudaGetLastError();
+    }
+    return cufftExecC2R(ws->c2r, in, out) == CUFFT_SUCCESS ? 0 : (int)cudaErrorUnknown;
+}
+
 static unsigned grid_for(long long total, int block) {
     long long g = (total + block - 1) / block;
     if (g < 1) g = 1;
@@ -1184,7 +1216,8 @@ static unsigned grid_for(long long total, int block) {
 
 /* cuFFT plans for (N, ncols), re-made when the shape changes. */
 extern "C" kvs_status kvs_gpu_ensure_plans(kvs_gpu_workspace *ws, int N, int ncols, kvs_err *err) {
-    if (ws->have_r2c && ws->have_c2r && ws->x_N == N && ws->x_ncols == ncols) return KVS_OK;
+    if (ws->x_N == N && ws->x_ncols == ncols && (N == 1 || (ws->have_r2c && ws->have_c2r)))
+        return KVS_OK;
     if ((long long)ncols * N > (long long)ws->ncols * ws->N ||
         (long long)ncols * (N / 2 + 1) > (long long)ws->ncols * ws->Nh)
         return kvs_errorf(err, KVS_ERR_INVALID,
@@ -1193,6 +1226,12 @@ extern "C" kvs_status kvs_gpu_ensure_plans(kvs_gpu_workspace *ws, int N, int nco
     if (ws->have_r2c) cufftDestroy(ws->r2c);
     if (ws->have_c2r) cufftDestroy(ws->c2r);
     ws->have_r2c = ws->have_c2r = 0;
+    ws->x_N = ws->x_ncols = 0;
+    if (N == 1) { /* identity transform: no plan (k_n1_*) */
+        ws->x_N = N;
+        ws->x_ncols = ncols;
+        return KVS_OK;
+    }
     int n = N;
     kvs_status st = cufft_check(cufftPlanMany(&ws->r2c, 1, &n, NULL, 1, N, NULL, 1, N / 2 + 1,
                                               CUFFT_R2C, ncols),
@@ -1241,11 +1280,11 @@ extern "C" int kvs_launch_flashcache_layer(kvs_gpu_workspace *ws, const kvs_laye
     k_fc_pack<<<pg, pb, 0, ws->stream>>>(ly->v.data, (int)ly->v.dtype, ly->v.s_head, ly->v.s_tok,
                                          H, N, d, 1, ws->rin, KVS_GERR_V, layer, ws->errrec);
     if ((rc = cudaGetLastError())) return (int)rc;
-    if (cufftExecR2C(ws->r2c, ws->rin, ws->spec) != CUFFT_SUCCESS) return (int)cudaErrorUnknown;
+    if ((rc = (cudaError_t)exec_r2c(ws, ws->rin, ws->spec))) return (int)rc;
     const dim3 sg((unsigned)((Nh + 255) / 256), (unsigned)ncols);
     k_fc_spectrum<<<sg, 256, 0, ws->stream>>>(ws->spec, N, Nh, omega, H * d, energy);
     if ((rc = cudaGetLastError())) return (int)rc;
-    if (cufftExecC2R(ws->c2r, ws->spec, ws->rout) != CUFFT_SUCCESS) return (int)cudaErrorUnknown;
+    if ((rc = (cudaError_t)exec_c2r(ws, ws->spec, ws->rout))) return (int)rc;
     const dim3 dg((unsigned)((N + 255) / 256), (unsigned)H);
     k_fc_dev<<<dg, 256, 0, ws->stream>>>(ws->rin, ws->rout, H, N, d, dev, layer, ws->errrec);
     return (int)cudaGetLastError();
@@ -1333,8 +1372,8 @@ extern "C" kvs_status kvs_gpu_dct2(kvs_gpu_workspace *ws, const float *x, float 
     const int Nh = N / 2 + 1;
     k_permute_cols<<<grid_for((long long)ncols * N, 256), 256, 0, ws->stream>>>(x, ws->rin,
                                                                                  ncols, N);
-    if (cufftExecR2C(ws->r2c, ws->rin, ws->spec) != CUFFT_SUCCESS)
-        return kvs_errorf(err, KVS_ERR_INTERNAL, "kvs_gpu_dct2: cufftExecR2C failed");
+    if (exec_r2c(ws, ws->rin, ws->spec))
+        return kvs_errorf(err, KVS_ERR_INTERNAL, "kvs_gpu_dct2: forward FFT failed");
     k_dct2_out<<<dim3((unsigned)((Nh + 255) / 256), (unsigned)ncols), 256, 0, ws->stream>>>(
         ws->spec, X, N, Nh);
     return kvs_gpu_cuda_check(cudaGetLastError(), "kvs_gpu_dct2", err);
@@ -1350,8 +1389,8 @@ extern "C" kvs_status kvs_gpu_dct3(kvs_gpu_workspace *ws, const float *X, float 
     const int Nh = N / 2 + 1;
     k_dct3_in<<<dim3((unsigned)((Nh + 255) / 256), (unsigned)ncols), 256, 0, ws->stream>>>(
         X, ws->spec, N, Nh);
-    if (cufftExecC2R(ws->c2r, ws->spec, ws->rout) != CUFFT_SUCCESS)
-        return kvs_errorf(err, KVS_ERR_INTERNAL, "kvs_gpu_dct3: cufftExecC2R failed");
+    if (exec_c2r(ws, ws->spec, ws->rout))
+        return kvs_errorf(err, KVS_ERR_INTERNAL, "kvs_gpu_dct3: inverse FFT failed");
     k_unpermute_cols<<<grid_for((long long)ncols * N, 256), 256, 0, ws->stream>>>(ws->rout, x,
                                                                                    ncols, N);
     return kvs_gpu_cuda_check(cudaGetLastError(), "kvs_gpu_dct3", err);

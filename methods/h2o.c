@@ -107,7 +107,7 @@ static kvs_status h2o_observe(void *state, int layer, const kvs_layer *in,
     if (st != KVS_OK) return st;
     const size_t HN = (size_t)s->shape.n_kv_heads * (size_t)s->shape.n_tokens;
     st = kvs_tp_scores("h2o", layer, in, s->normalize, s->shape.threads, s->lse,
-                       s->scores + (size_t)layer * HN, err);
+                       s->scores + (size_t)layer * HN, NULL, NULL, err);
     if (st != KVS_OK) return st;
     s->n_observed++;
     return KVS_OK;

@@ -132,7 +132,7 @@ static kvs_status lookm_observe(void *state, int layer, const kvs_layer *in,
     if (st != KVS_OK) return st;
     const int Hkv = s->shape.n_kv_heads, N = s->shape.n_tokens;
     float *sc = s->scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
-    st = kvs_tp_scores("lookm", layer, in, 0, s->shape.threads, s->lse, sc, err);
+    st = kvs_tp_scores("lookm", layer, in, 0, s->shape.threads, s->lse, sc, NULL, NULL, err);
     if (st != KVS_OK) return st;
     kvs_tp_text_boost(sc, Hkv, N, modality);
     s->n_observed++;

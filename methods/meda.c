@@ -36,10 +36,10 @@
  *   - B_min = kvs_budget_min(N) = max(1, ceil(0.01 N)) as the spec, but never
  *     above per_layer (otherwise L * B_min could exceed the global budget at
  *     tiny ratios); B_max = N.
- *   - Entropy passes: observe runs one lse pass, one colsum pass and one
- *     kvs_attn_entropies pass. The colsum pass's row_entropy output cannot
- *     replace the last: it is the entropy of each query head's own
- *     distribution A_h, and the mean of those is not the entropy of the
+ *   - Entropy pass: observe runs one fused pass (kvs_attn_stats_fused) that
+ *     yields lse, column sums and the entropies of the head-averaged
+ *     attention. Per-head row entropies could not replace the latter: they
+ *     are the entropies of each query head's own distribution A_h, and their mean is not the entropy of the
  *     head-averaged Abar = mean_h A_h (H is concave, so H(Abar) >= mean_h
  *     H(A_h)); the cross-modal terms also need a re-normalisation over the
  *     other modality's keys, which row_entropy does not do.
@@ -141,11 +141,10 @@ static kvs_status meda_observe(void *state, int layer, const kvs_layer *in,
     if (st != KVS_OK) return st;
     const int Hkv = s->shape.n_kv_heads, N = s->shape.n_tokens;
     float *sc = s->scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
-    st = kvs_tp_scores("meda", layer, in, 0, s->shape.threads, s->lse, sc, err);
+    /* Scores and entropies from one fused pass over the logits. */
+    st = kvs_tp_scores("meda", layer, in, 0, s->shape.threads, s->lse, sc,
+                       modality ? modality : s->all_text, &s->ent[layer], err);
     if (st != KVS_OK) return st;
-    st = kvs_attn_entropies(&in->q, &in->k, s->lse, modality ? modality : s->all_text,
-                            &s->ent[layer], s->shape.threads, err);
-    if (st != KVS_OK) return kvs_err_prefix(err, "meda: layer %d: entropy", layer);
     kvs_tp_text_boost(sc, Hkv, N, modality);
     s->n_observed++;
     return KVS_OK;

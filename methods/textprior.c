@@ -3,8 +3,9 @@
  * H2O attention column-sum score, the LOOK-M text prior and the per-head
  * "recent window + top-k of the rest" selection. See textprior.h.
  *
- * What it is not: it computes no attention itself (core's kvs_attn_lse and
- * kvs_attn_colsum do, in O(N) memory per head), allocates no N x N buffer,
+ * What it is not: it computes no attention itself (core's fused
+ * kvs_attn_colsum_fused / kvs_attn_stats_fused do, one pass over the logits,
+ * memory O(rows x N) per thread), allocates no N x N buffer,
  * and holds no state between calls.
  */
 #include "textprior.h"
@@ -106,12 +107,13 @@ kvs_status kvs_tp_check_modality(const char *method, int layer, const uint8_t *m
 
 kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int normalize,
                          int threads, float *lse /* [Hq][N] */, float *scores /* [Hkv][N] */,
-                         kvs_err *err) {
+                         const uint8_t *modality, kvs_entropy_stats *ent, kvs_err *err) {
     const int N = in->k.n_tokens, Hkv = in->k.n_heads;
     assert(in->q.data && in->q.n_tokens == N);
-    kvs_status st = kvs_attn_lse(&in->q, &in->k, lse, threads, err);
-    if (st != KVS_OK) return kvs_err_prefix(err, "%s: layer %d", method, layer);
-    st = kvs_attn_colsum(&in->q, &in->k, lse, scores, NULL, threads, err);
+    /* One fused pass over the logits: lse and column sums (and, for MEDA, the
+     * entropies of the head-averaged attention) from the same tiles. */
+    kvs_status st = ent ? kvs_attn_stats_fused(&in->q, &in->k, modality, lse, scores, NULL, ent, threads, err)
+                        : kvs_attn_colsum_fused(&in->q, &in->k, lse, scores, NULL, threads, err);
     if (st != KVS_OK) return kvs_err_prefix(err, "%s: layer %d", method, layer);
     for (int g = 0; g < Hkv; g++) {
         float *s = scores + (size_t)g * N; /* [N] */

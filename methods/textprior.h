@@ -39,13 +39,15 @@ kvs_status kvs_tp_check_modality(const char *method, int layer, const uint8_t *m
                                  kvs_err *err);
 
 /* H2O scores of one layer: lse is caller scratch [Hq][N] (left holding the
- * row log-sum-exp, so MEDA can reuse it for its entropy pass); scores is
- * [Hkv][N]: s[g][j] = (1/G) sum_{h in g} sum_{i >= j} A_h[i][j], divided by
- * N - j when `normalize`. One lse pass + one colsum pass. A non-finite score
+ * row log-sum-exp); scores is [Hkv][N]: s[g][j] = (1/G) sum_{h in g}
+ * sum_{i >= j} A_h[i][j], divided by N - j when `normalize`. When ent is
+ * non-NULL (MEDA) it also receives the entropies of the head-averaged
+ * attention under `modality` (kvs_attn_stats_fused); otherwise modality is
+ * unused. One fused pass over the logits either way. A non-finite score
  * (logit overflow) is KVS_ERR_NUMERIC naming method, layer, KV head, token. */
 kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int normalize,
                          int threads, float *lse /* [Hq][N] */, float *scores /* [Hkv][N] */,
-                         kvs_err *err);
+                         const uint8_t *modality, kvs_entropy_stats *ent, kvs_err *err);
 
 /* LOOK-M text prior, in place: for each KV head g, every token j with
  * modality[j] == KVS_MOD_TEXT (all tokens when modality is NULL) gets

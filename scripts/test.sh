@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/install_model.sh >/dev/null   # the default model, for the tests labelled "model"
 JOBS=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVSIEVE_WERROR=ON >/dev/null
 cmake --build build -j"$JOBS"

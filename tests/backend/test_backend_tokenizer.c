@@ -38,6 +38,63 @@ static void print_toks(const char *what, const int32_t *t, int n) {
         free(_got);                                                                         \
     } while (0)
 
+/* byte-level BPE (tiny qwen2 model): ids 3 + byte for byte symbols, 259 + i for merge i */
+static void bpe(void) {
+    kvs_err err = {0};
+    tiny_spec sp = tiny_default("qwen2");
+    sp.bpe = 1;
+    const char *path = "backend_tokenizer_bpe.gguf";
+    CHECK_OK(tiny_write(&sp, path, &err), &err);
+    kvs_model *m = NULL;
+    CHECK_OK(kvs_model_load(path, NULL, &m, &err), &err);
+    if (!m) return;
+    /* "hello" merges to 262 (rank 3), " world" to 267 (rank 8) */
+    EXPECT(m, "hello world", 1, 0, 262, 267);
+    /* qwen2 pre-tokeniser: one digit per piece */
+    EXPECT(m, "x12", 0, 0, 3 + 'x', 3 + '1', 3 + '2');
+    /* contraction, punctuation run with newlines, whitespace runs */
+    EXPECT(m, "he's", 0, 0, 259, 3 + '\'', 3 + 's');
+    EXPECT(m, "hi!!\n\nok", 0, 0, 3 + 'h', 3 + 'i', 3 + '!', 3 + '!', 3 + '\n', 3 + '\n', 3 + 'o', 3 + 'k');
+    EXPECT(m, "a  world", 0, 0, 3 + 'a', 3 + ' ', 267);
+    EXPECT(m, "<|im_start|>hello", 0, 1, 1, 262);
+    EXPECT(m, "\xc3\xa9", 0, 0, 3 + 0xC3, 3 + 0xA9);
+    CHECK_EQ_INT(kvs_model_special(m)->eot, 2);
+    CHECK(kvs_token_is_eog(m, 2));
+    char buf[16];
+    CHECK_EQ_INT(kvs_token_to_piece(m, 267, 0, buf, sizeof buf), 6);
+    CHECK(!memcmp(buf, " world", 6));
+    static const char *parts[] = {"hello", " ", "world", "\xc3\xa9", "\n", "!", "12345", "\xe6\x97\xa5", "  ",
+                                  "'re", "\t", "x"};
+    uint64_t rng = 11;
+    int bad = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        char text[512] = "";
+        int np = 1 + (int)(kvs_rng_next(&rng) % 12);
+        for (int i = 0; i < np; i++) strcat(text, parts[kvs_rng_next(&rng) % (sizeof parts / sizeof parts[0])]);
+        int32_t *t = NULL;
+        int n = 0;
+        char *back = NULL;
+        CHECK_OK(kvs_tokenize(m, text, strlen(text), 0, 0, &t, &n, &err), &err);
+        CHECK_OK(kvs_detokenize(m, t, n, 0, &back, &err), &err);
+        if (!back || strcmp(back, text)) {
+            if (!bad) fprintf(stderr, "bpe round trip: '%s' -> '%s'\n", text, back ? back : "(null)");
+            bad++;
+        }
+        free(back);
+        free(t);
+    }
+    CHECK_EQ_INT(bad, 0);
+    kvs_chat_msg msgs[2] = {{"system", "S"}, {"user", "U"}};
+    char *chat = NULL;
+    CHECK_OK(kvs_chat_apply(m, msgs, 2, 1, &chat, &err), &err);
+    if (chat)
+        CHECK_MSG(!strcmp(chat, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"),
+                  "chatml: %s", chat);
+    free(chat);
+    kvs_model_free(m);
+    remove(path);
+}
+
 int main(void) {
     kvs_err err = {0};
     tiny_spec sp = tiny_default("gemma3");
@@ -111,5 +168,6 @@ int main(void) {
     CHECK_FAILS(kvs_chat_apply(m, badm, 1, 1, &chat, &err), KVS_ERR_INVALID, &err, "messages[0].role");
     kvs_model_free(m);
     remove(path);
+    bpe();
     return kvs_test_finish("backend_tokenizer");
 }

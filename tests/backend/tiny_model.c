@@ -35,6 +35,27 @@ static const char *PIECES[] = {SP, SP "the", SP "a", "he", "th", "the", "an", SP
                                SP "o", "on", SP "on", "\n", "  "};
 #define N_PIECES ((int)(sizeof PIECES / sizeof PIECES[0]))
 
+/* "Ġ" is U+0120, the GPT-2 symbol of the space byte */
+const char *const TINY_MERGES[] = {"h e", "l l", "he ll", "hell o", "\xc4\xa0 w", "o r", "\xc4\xa0w or",
+                                   "\xc4\xa0wor l", "\xc4\xa0worl d"};
+const int TINY_N_MERGES = (int)(sizeof TINY_MERGES / sizeof TINY_MERGES[0]);
+
+/* GPT-2 byte -> code point -> UTF-8 */
+static void byte_symbol(int b, char out[4]) {
+    int keep = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF), extra = 0;
+    for (int x = 0; x < b; x++)
+        if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF))) extra++;
+    int cp = keep ? b : 256 + extra;
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = 0;
+    }
+}
+
 static kvs_status add_mat(kvs_gguf_writer *w, const char *name, int type, int64_t cols, int64_t rows, double scale,
                           double offset, uint64_t *rng, kvs_err *err) {
     size_t rb = kvs_ggml_row_size(type, cols);
@@ -65,15 +86,43 @@ kvs_status tiny_write(const tiny_spec *s, const char *path, kvs_err *err) {
     const char *A = s->arch;
     int gemma = !strcmp(A, "gemma3"), qwen = !strcmp(A, "qwen2");
     /* vocabulary */
-    int nv = 6 + 256 + N_PIECES;
+    int nv = s->bpe ? 3 + 256 + TINY_N_MERGES : 6 + 256 + N_PIECES;
     const char **toks = malloc((size_t)nv * sizeof *toks);
     char(*bytes)[8] = malloc(256 * sizeof *bytes);
     float *scores = malloc((size_t)nv * sizeof *scores);
     int32_t *types = malloc((size_t)nv * sizeof *types);
     uint64_t rng = s->seed;
+    char(*merged)[16] = NULL;
     if (!toks || !bytes || !scores || !types) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "tiny model: out of memory");
         goto cleanup;
+    }
+    if (s->bpe) {
+        static const char *BS[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+        merged = malloc((size_t)TINY_N_MERGES * sizeof *merged);
+        if (!merged) {
+            st = kvs_errorf(err, KVS_ERR_NOMEM, "tiny model: out of memory");
+            goto cleanup;
+        }
+        for (int i = 0; i < 3; i++) {
+            toks[i] = BS[i];
+            scores[i] = 0;
+            types[i] = 3;
+        }
+        for (int b = 0; b < 256; b++) {
+            byte_symbol(b, bytes[b]);
+            toks[3 + b] = bytes[b];
+            scores[3 + b] = 0;
+            types[3 + b] = 1;
+        }
+        for (int i = 0; i < TINY_N_MERGES; i++) {
+            const char *sp = strchr(TINY_MERGES[i], ' ');
+            snprintf(merged[i], sizeof merged[i], "%.*s%s", (int)(sp - TINY_MERGES[i]), TINY_MERGES[i], sp + 1);
+            toks[259 + i] = merged[i];
+            scores[259 + i] = 0;
+            types[259 + i] = 1;
+        }
+        goto vocab_done;
     }
     static const char *SPECIAL[6] = {"<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"};
     for (int i = 0; i < 6; i++) {
@@ -93,6 +142,7 @@ kvs_status tiny_write(const tiny_spec *s, const char *path, kvs_err *err) {
         scores[262 + i] = (float)strlen(PIECES[i]) - 0.01f * i;
         types[262 + i] = !strcmp(PIECES[i], "  ") ? 4 : 1;
     }
+vocab_done:
 #define KEY(k) (snprintf(key, sizeof key, "%s.%s", A, k), key)
     if ((st = kvs_gguf_writer_add_str(w, "general.architecture", A, err)) ||
         (st = kvs_gguf_writer_add_str(w, "general.name", "tiny test model", err)) ||
@@ -109,7 +159,15 @@ kvs_status tiny_write(const tiny_spec *s, const char *path, kvs_err *err) {
         goto cleanup;
     if (gemma && (st = kvs_gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)s->sliding_window, err)))
         goto cleanup;
-    if ((st = kvs_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama", err)) ||
+    if (s->bpe && ((st = kvs_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2", err)) ||
+                   (st = kvs_gguf_writer_add_str(w, "tokenizer.ggml.pre", "qwen2", err)) ||
+                   (st = kvs_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", TINY_MERGES, TINY_N_MERGES, err)) ||
+                   (st = kvs_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", toks, nv, err)) ||
+                   (st = kvs_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", types, nv, err)) ||
+                   (st = kvs_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2, err)) ||
+                   (st = kvs_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", 0, err))))
+        goto cleanup;
+    if (!s->bpe && ((st = kvs_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama", err)) ||
         (st = kvs_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", toks, nv, err)) ||
         (st = kvs_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", scores, nv, err)) ||
         (st = kvs_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", types, nv, err)) ||
@@ -117,7 +175,7 @@ kvs_status tiny_write(const tiny_spec *s, const char *path, kvs_err *err) {
         (st = kvs_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 1, err)) ||
         (st = kvs_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 3, err)) ||
         (st = kvs_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", 1, err)) ||
-        (st = kvs_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", 0, err)))
+        (st = kvs_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", 0, err))))
         goto cleanup;
 #undef KEY
     const int E = s->n_embd, F = s->n_ff, QD = s->n_heads * s->head_dim, KD = s->n_kv_heads * s->head_dim;
@@ -154,6 +212,7 @@ kvs_status tiny_write(const tiny_spec *s, const char *path, kvs_err *err) {
     }
     st = kvs_gguf_writer_write(w, path, err);
 cleanup:
+    free(merged);
     free(toks);
     free(bytes);
     free(scores);

@@ -19,12 +19,18 @@ typedef struct {
     int type_down;      /* type of ffn_down */
     int type_embd;      /* type of token_embd */
     uint64_t seed;
+    int bpe;            /* 1: byte-level BPE vocabulary (gpt2 model, qwen2 pre-tokeniser) */
 } tiny_spec;
 
 /* A spec with small defaults for arch (all weights F32). */
 tiny_spec tiny_default(const char *arch);
-/* Write the model to path. Vocabulary: <pad> <eos> <bos> <unk>
- * <start_of_turn> <end_of_turn> (control), 256 byte tokens, then pieces. */
+/* Write the model to path. SentencePiece vocabulary: <pad> <eos> <bos> <unk>
+ * <start_of_turn> <end_of_turn> (control), 256 byte tokens, then pieces.
+ * BPE vocabulary (bpe = 1): <|endoftext|> <|im_start|> <|im_end|> (control),
+ * the 256 byte symbols in byte order (ids 3..258), then the merged pieces of
+ * TINY_MERGES in order. */
+extern const char *const TINY_MERGES[];
+extern const int TINY_N_MERGES;
 kvs_status tiny_write(const tiny_spec *s, const char *path, kvs_err *err);
 
 /* float64 reference forward over a loaded model's GGUF: logits [n_vocab] of

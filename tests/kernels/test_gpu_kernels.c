@@ -378,7 +378,7 @@ int main(void) {
     int rc = kg_device_or_skip("test_gpu_kernels");
     if (rc) return rc;
     uint64_t seed = kg_seed(), rng = seed;
-    kvs_shape mx = {2, 5000, 2, 4, 80, 0, 1};
+    kvs_shape mx = {3, 5000, 2, 4, 80, 0, 1}; /* S = 5 top-k segments <= L * Hkv */
     kvs_gpu_workspace *ws = NULL;
     kvs_err err;
     kvs_err_clear(&err);

@@ -1,0 +1,212 @@
+/*
+ * kvs_datasets.h -- evaluation datasets for the `task` kind: samples, loaders
+ * (JSONL QA, LongBench-style JSONL, MileBench task JSON), the needle-in-a-
+ * haystack / passkey generator and versioned prompt templates.
+ *
+ * What it is: plain data in memory. Every dataset carries a version string
+ * and a content hash (SHA-256, 64 lowercase hex) so results can name exactly
+ * what they were computed on; every prompt template carries a version and a
+ * hash too.
+ * What it is not: no tokenizer, no model, no HTTP, no metrics (those are in
+ * eval/kvs_metrics.h), no SHA-256 of its own: this library must not depend on
+ * eval/, so every function that hashes takes a kvs_ds_hash_fn and the runner
+ * passes kvs_sha256_hex (eval/kvs_eval.h), whose signature matches.
+ *
+ * What is hashed (documented, stable):
+ *   - a dataset: its canonical text, built by kvs_dataset_canonical(): for
+ *     each sample in order, the fields id, context, question, answers...,
+ *     choices..., images..., needle (kind, value, depth %.6f, offset, length)
+ *     each as "<field>=<length>:<bytes>\n". Whitespace or key order in the
+ *     source file therefore does not change the hash; the content does.
+ *   - a template: "name\0version\0context_part\0question_part".
+ *
+ * Lengths: the generator works in characters. A runner that wants a length in
+ * tokens converts with KVS_CHARS_PER_TOKEN (about 4 characters per token for
+ * Gemma's SentencePiece tokenizer on plain English prose); the backend does the
+ * real tokenization and the stored n_tokens should come from it.
+ *
+ * Ownership: a kvs_dataset owns every string of its samples; free it with
+ * kvs_dataset_free. Strings of a kvs_prompt_template are borrowed.
+ */
+#ifndef KVS_DATASETS_H
+#define KVS_DATASETS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvsieve.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Versions of the loaders/generator and of the shipped haystack text. A change
+ * in what a loader produces from the same file bumps its version. */
+#define KVS_DS_JSONL_VERSION "jsonl-1"
+#define KVS_DS_LONGBENCH_VERSION "longbench-1"
+#define KVS_DS_MILEBENCH_VERSION "milebench-1"
+#define KVS_DS_NEEDLE_VERSION "niah-1"
+
+/* Approximate characters per token (Gemma tokenizer, English prose). */
+#define KVS_CHARS_PER_TOKEN 4.0
+
+/* Same signature as kvs_sha256_hex: digest of data[0..n) as 64 hex + NUL. */
+typedef void (*kvs_ds_hash_fn)(const void *data, size_t n, char out[65]);
+
+/* ---- Samples and datasets --------------------------------------------------- */
+
+typedef struct {
+    char *kind;     /* "passkey", "city", "number" */
+    char *value;    /* what the answer must contain: "48213", "Lisbon" */
+    double depth;   /* requested depth in [0,1] (0 = start of the context) */
+    int64_t offset; /* character offset of the needle sentence in context */
+    int64_t length; /* requested context length in characters */
+} kvs_needle_info;
+
+typedef struct {
+    char *id;
+    char *context;     /* the long document ("" when there is none) */
+    char *question;    /* the query / instruction */
+    char **answers;    /* [n_answers] every acceptable answer (>= 1) */
+    int n_answers;
+    char **choices;    /* [n_choices] multiple-choice options, or NULL */
+    int n_choices;
+    char **images;     /* [n_images] image paths (MileBench), or NULL */
+    int n_images;
+    int has_needle;    /* 1 when `needle` is filled (generated samples) */
+    kvs_needle_info needle;
+} kvs_sample;
+
+typedef struct {
+    char name[128];   /* "niah" or the file's base name without extension */
+    char kind[16];    /* "needle", "jsonl", "longbench", "milebench" */
+    char version[64]; /* loader version, e.g. "jsonl-1"; needle: "niah-1" */
+    char hash[65];    /* SHA-256 of kvs_dataset_canonical() */
+    char metric[32];  /* suggested metric name: "needle", "contains", "choice", ... */
+    int n_samples;
+    kvs_sample *samples; /* [n_samples] */
+} kvs_dataset;
+
+void kvs_dataset_free(kvs_dataset *d);
+
+/* The canonical text that is hashed (see the top of this file). Caller frees
+ * *out. */
+kvs_status kvs_dataset_canonical(const kvs_dataset *d, char **out, size_t *len, kvs_err *err);
+
+/* 1 when the sample references images (MileBench); a text-only backend must
+ * refuse it. */
+int kvs_sample_has_images(const kvs_sample *s);
+
+/* KVS_OK for a text-only sample; otherwise KVS_ERR_UNSUPPORTED with a message
+ * naming the dataset, the sample id and the number of images, and saying that
+ * a multimodal backend is needed. */
+kvs_status kvs_sample_require_text(const kvs_dataset *d, const kvs_sample *s, kvs_err *err);
+
+/* ---- Loaders ---------------------------------------------------------------- */
+
+/* JSONL QA: one JSON object per line {"id", "context", "question", "answers"
+ * (string or array of strings), "choices"? (array of strings)}. "id" may be a
+ * string or a number; a missing id becomes the 1-based line number. Blank
+ * lines are skipped. Errors name "path:line: field". */
+kvs_status kvs_dataset_load_jsonl(const char *path, kvs_ds_hash_fn hash, kvs_dataset **out,
+                                  kvs_err *err);
+
+/* LongBench-style JSONL: {"input", "context", "answers", "_id", ...}; other
+ * keys ("length", "dataset", "all_classes", ...) are ignored. input -> question. */
+kvs_status kvs_dataset_load_longbench(const char *path, kvs_ds_hash_fn hash, kvs_dataset **out,
+                                      kvs_err *err);
+
+/* MileBench task JSON: {"meta_data": {...}, "data": [{"sample_id",
+ * "task_instruction_id"?, "task_instance": {"context", "images_path": [...],
+ * "choice_list"?: [...]}, "response"}]}. context = task_instance.context,
+ * which keeps its {image#k} placeholders; question = meta_data
+ * "task_instruction"[task_instruction_id] ("" when absent); answers =
+ * {response} (a string, or an array of strings); choices = choice_list;
+ * images = images_path as written (relative to the task's image folder). */
+kvs_status kvs_dataset_load_milebench(const char *path, kvs_ds_hash_fn hash, kvs_dataset **out,
+                                      kvs_err *err);
+
+/* Dispatch on kind: "jsonl", "longbench", "milebench" (KVS_ERR_NOTFOUND with a
+ * did-you-mean otherwise). */
+kvs_status kvs_dataset_load(const char *kind, const char *path, kvs_ds_hash_fn hash,
+                            kvs_dataset **out, kvs_err *err);
+
+/* ---- Needle in a haystack ------------------------------------------------------ */
+
+/* The shipped haystack (datasets/data/haystack.txt, original prose written for
+ * kvsieve, compiled into the library). */
+const char *kvs_haystack_default(size_t *len);
+
+/* Build filler text of about target_chars characters from source: whole
+ * sentences taken in order from a seed-chosen starting sentence, wrapping
+ * around; the result ends on a sentence boundary and its length is within
+ * one sentence of target_chars (never more than target_chars + longest
+ * sentence). Deterministic in (source, target_chars, seed). Caller frees *out. */
+kvs_status kvs_haystack_build(const char *source, size_t source_len, int64_t target_chars,
+                              uint64_t seed, char **out, size_t *out_len, kvs_err *err);
+
+typedef struct {
+    const int64_t *lengths; /* [n_lengths] context lengths, in characters */
+    int n_lengths;
+    const double *depths;   /* [n_depths] needle depths in [0,1] */
+    int n_depths;
+    int samples_per_cell;   /* >= 1 (0 means 1) */
+    uint64_t seed;
+    const char *kinds;      /* comma list of "passkey","city","number"; NULL = all */
+    const char *haystack;   /* NULL = kvs_haystack_default() */
+    size_t haystack_len;
+} kvs_needle_opts;
+
+/* Generate lengths x depths x samples_per_cell samples (ordered length,
+ * depth, sample), each a haystack with one needle sentence inserted at the
+ * sentence boundary nearest to depth * context length. The needle kind and
+ * value are drawn from the seed. Sample ids are "L<chars>-D<depth>-S<k>".
+ * The dataset's version is KVS_DS_NEEDLE_VERSION "+hay:<first 12 hex of the
+ * haystack's hash>"; its metric is "needle". */
+kvs_status kvs_needle_generate(const kvs_needle_opts *o, kvs_ds_hash_fn hash, kvs_dataset **out,
+                               kvs_err *err);
+
+/* Convert approximate tokens to characters (tokens * KVS_CHARS_PER_TOKEN). */
+int64_t kvs_tokens_to_chars(int64_t tokens);
+
+/* ---- Prompt templates ---------------------------------------------------------- */
+
+typedef enum {
+    KVS_PROMPT_QUERY_AWARE = 0,   /* question inside the compressed prompt (default) */
+    KVS_PROMPT_QUERY_AGNOSTIC = 1 /* context compressed, question appended after */
+} kvs_prompt_mode;
+
+const char *kvs_prompt_mode_name(kvs_prompt_mode m); /* "query_aware" / "query_agnostic" */
+/* Parse "query_aware" / "query_agnostic" (KVS_ERR_INVALID otherwise). */
+kvs_status kvs_prompt_mode_parse(const char *s, kvs_prompt_mode *m, kvs_err *err);
+
+/* A template is two parts with placeholders {context}, {question} and
+ * {choices} (the options as "A. text\n" lines, empty when there are none);
+ * "{{" and "}}" are literal braces; any other {name} is an error. */
+typedef struct {
+    const char *name;
+    const char *version;
+    const char *context_part;  /* e.g. "Read the text ...\n\n{context}\n\n" */
+    const char *question_part; /* e.g. "Question: {question}\n{choices}Answer:" */
+} kvs_prompt_template;
+
+/* Built-in templates: "needle", "qa", "choice", "milebench". NOTFOUND with a
+ * did-you-mean otherwise. The pointer is to a static constant. */
+kvs_status kvs_prompt_template_get(const char *name, const kvs_prompt_template **out,
+                                   kvs_err *err);
+
+/* SHA-256 over "name\0version\0context_part\0question_part". */
+kvs_status kvs_prompt_template_hash(const kvs_prompt_template *t, kvs_ds_hash_fn hash,
+                                    char out[65], kvs_err *err);
+
+/* Render a sample. Query-aware: *compress = context_part + question_part
+ * rendered, *append = "". Query-agnostic: *compress = context_part rendered,
+ * *append = question_part rendered. The backend compresses the KV cache of
+ * *compress, then feeds *append and generates. Caller frees both. */
+kvs_status kvs_prompt_render(const kvs_prompt_template *t, const kvs_sample *s,
+                             kvs_prompt_mode mode, char **compress, char **append, kvs_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

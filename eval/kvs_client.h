@@ -1,0 +1,128 @@
+/*
+ * kvs_client.h -- the HTTP client of the task runner: completion requests to
+ * a kvsieve backend (the `kv_compression` extension with `variants`: one
+ * prefill, many compressions per request) or to any OpenAI-compatible server.
+ *
+ * What it is: libcurl (one multi handle: keep-alive connection reuse, several
+ * requests in flight, over one or several backend URLs) and cJSON; per
+ * request a connect timeout and a total timeout; retries with exponential
+ * backoff on 5xx answers and connection errors (refused, reset, nothing
+ * received), never on 4xx: a 4xx answer's error message (the kvsieve server's
+ * names the field) is surfaced verbatim. A retry goes to the next URL.
+ * What it is not: no prompt building, no scoring, no storage (eval/task.c);
+ * no streaming.
+ *
+ * Protocol: POST {url}/v1/completions {prompt, max_tokens, temperature: 0,
+ * stop, kv_compression: {variants: [{method, ratio | tokens, params, name,
+ * suffix?}]}}; the answer's `variants[i]` give content, timings and `kv`.
+ * api = KVS_API_OPENAI sends no kv_compression (a plain OpenAI server does
+ * not know it): only method `full` can be evaluated there, and requests with
+ * another method are refused before sending. A server that ignores
+ * kv_compression (answers without `variants`) is an error, never a silent
+ * `full`. Query-agnostic mode sends the question as a per-variant `suffix`
+ * (decoded after the compression); a server without that field answers 400
+ * naming it, which is surfaced.
+ */
+#ifndef KVS_CLIENT_H
+#define KVS_CLIENT_H
+
+#include <stdint.h>
+
+#include "kvsieve.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KVS_API_KVSIEVE = 0, KVS_API_OPENAI = 1 } kvs_client_api;
+
+typedef struct {
+    const char *const *urls; /* [n_urls] base URLs "http://host:port" (no trailing path) */
+    int n_urls;
+    kvs_client_api api;
+    const char *model;        /* "model" field sent (OpenAI servers need one); NULL: none */
+    int per_url;              /* requests in flight per URL (default 2) */
+    double connect_timeout_s; /* default 10 */
+    double timeout_s;         /* whole request, default 900 */
+    int max_attempts;         /* tries per request, first included (default 5) */
+    double backoff_ms;        /* first retry delay, doubled each time, capped at 30 s (default 250) */
+} kvs_client_opts;
+
+void kvs_client_opts_defaults(kvs_client_opts *o);
+
+/* One compression variant of a request. */
+typedef struct {
+    const char *method;      /* registry name ("full", "snapkv", ...) */
+    const char *params_json; /* JSON object {name: value} or NULL */
+    double ratio;            /* budget ratio in (0, 1] when tokens == 0 */
+    int64_t tokens;          /* > 0: a token budget */
+} kvs_client_variant;
+
+typedef struct {
+    const char *prompt;      /* text sent as prompt (the compressed part) */
+    const char *suffix;      /* NULL, or text decoded after compression (query-agnostic) */
+    int max_tokens;          /* tokens to generate */
+    const char *const *stop; /* [n_stop] stop strings */
+    int n_stop;
+    int n_variants; /* >= 1 */
+    const kvs_client_variant *variants;
+} kvs_client_request;
+
+typedef struct {
+    char *content;             /* malloc'd generated text */
+    int64_t prompt_n;          /* prompt tokens (-1 unknown) */
+    int64_t predicted_n;       /* generated tokens */
+    double prompt_ms;          /* prefill (shared by all variants of the request); NAN unknown */
+    double compress_ms;        /* NAN unknown */
+    double predicted_ms;       /* decode; NAN unknown */
+    double predicted_per_second;
+    int64_t bytes_before, bytes_after;   /* KV bytes; -1 unknown */
+    int64_t tokens_before, tokens_after; /* summed over layers; -1 unknown */
+    char stop_type[16];
+    char note[256];
+} kvs_client_output;
+
+typedef struct {
+    kvs_status status;      /* KVS_OK, or why the request failed */
+    char error[768];        /* the message when status != KVS_OK */
+    long http_status;       /* last HTTP status (0: no answer) */
+    int attempts;           /* tries made */
+    int url_index;          /* URL of the last try */
+    double elapsed_ms;      /* submit -> finish */
+    int n_outputs;          /* = the request's n_variants when status == KVS_OK */
+    kvs_client_output *outputs;
+} kvs_client_result;
+
+void kvs_client_result_free(kvs_client_result *r);
+
+typedef struct kvs_client kvs_client;
+
+kvs_status kvs_client_new(const kvs_client_opts *o, kvs_client **out, kvs_err *err);
+void kvs_client_free(kvs_client *c);
+
+/* Queue a request (the body is built now: r and its strings may be freed
+ * after the call). tag is handed back with the result. Refuses (without
+ * sending) a non-`full` variant with api = KVS_API_OPENAI. */
+kvs_status kvs_client_submit(kvs_client *c, const kvs_client_request *r, void *tag, kvs_err *err);
+
+/* Called once per finished request (success or final failure); the result
+ * is owned by the client and valid during the call only. */
+typedef void (*kvs_client_done_fn)(void *ctx, void *tag, const kvs_client_result *res);
+
+/* Drive transfers for up to wait_ms (0: no waiting), calling done for each
+ * request that finished. *n_pending (may be NULL) receives the requests
+ * queued or in flight afterwards. Returns an error only for client-level
+ * failures (curl itself), not for failed requests. */
+kvs_status kvs_client_poll(kvs_client *c, int wait_ms, kvs_client_done_fn done, void *ctx,
+                           int *n_pending, kvs_err *err);
+int kvs_client_pending(const kvs_client *c);
+
+/* Blocking GET {url}{path}: HTTP status and body (malloc'd, NUL-terminated;
+ * may be NULL). Connection errors are KVS_ERR_IO. */
+kvs_status kvs_http_get(const char *url, const char *path, double timeout_s, long *status,
+                        char **body, kvs_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -518,10 +518,14 @@ __global__ void k_score_post(float *scores, int N, int normalize, int boost,
 /* Attention statistics                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* Pass 1: lse [Hq][Nq]. grid (Nq/64, Hq), block 16x16. */
+/* Pass 1: lse [Hq][Nq]. grid (Nq/64, Hq, nsplit), block 16x16. With
+ * nsplit > 1 (few query rows, e.g. SnapKV's window) block z covers key tiles
+ * [z * tps, (z + 1) * tps) and writes its running max / sum to part_m,
+ * part_l [nsplit][Hq][Nq]; k_lse_combine finishes. */
 __global__ void __launch_bounds__(256)
     k_lse(kvs_rows Q, long long q_shead, kvs_rows K, long long k_shead, int G, int Nq, int N,
-          int d, int off, float scale, float *lse, int layer, kvs_gpu_errrec *er) {
+          int d, int off, float scale, float *lse, int layer, kvs_gpu_errrec *er, int tps,
+          float *part_m, float *part_l) {
     __shared__ float As[TILE][TPAD], Bs[TILE][TPAD];
     const int h = blockIdx.y, g = h / G, i0 = blockIdx.x * TILE;
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -533,7 +537,10 @@ __global__ void __launch_bounds__(256)
     }
     const int rlast = (i0 + TILE - 1 < Nq ? i0 + TILE - 1 : Nq - 1);
     const int pmax = off + rlast;
-    for (int j0 = 0; j0 <= pmax; j0 += TILE) {
+    const int jbeg = gridDim.z > 1 ? (int)blockIdx.z * tps * TILE : 0;
+    int jend = gridDim.z > 1 ? jbeg + tps * TILE - 1 : pmax; /* last key of this block */
+    if (jend > pmax) jend = pmax;
+    for (int j0 = jbeg; j0 <= jend; j0 += TILE) {
         float acc[4][4];
         tile_dot(acc, Qh, i0, Nq, Kg, j0, N, d, As, Bs);
 #pragma unroll
@@ -566,10 +573,35 @@ __global__ void __launch_bounds__(256)
         for (int a = 0; a < 4; a++) {
             const int i = i0 + ty + 16 * a;
             if (i >= Nq) continue;
+            if (gridDim.z > 1) {
+                const long long o = ((long long)blockIdx.z * gridDim.y + h) * Nq + i;
+                part_m[o] = m[a];
+                part_l[o] = l[a];
+                continue;
+            }
             const float v = m[a] + logf(l[a]);
             lse[(long long)h * Nq + i] = v;
             if (!isfinite(v)) report_err(er, KVS_GERR_LSE, layer, h, i, -1);
         }
+}
+
+/* lse[h][i] from nsplit partial (max, sum) pairs. */
+__global__ void k_lse_combine(const float *part_m, const float *part_l, int nsplit, int Hq,
+                              int Nq, float *lse, int layer, kvs_gpu_errrec *er) {
+    const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long n = (long long)Hq * Nq;
+    if (e >= n) return;
+    float M = -INFINITY;
+    for (int z = 0; z < nsplit; z++) M = fmaxf(M, part_m[z * n + e]);
+    float sum = 0.0f;
+    if (M != -INFINITY)
+        for (int z = 0; z < nsplit; z++) {
+            const float mz = part_m[z * n + e];
+            if (mz != -INFINITY || isnan(part_l[z * n + e])) sum += part_l[z * n + e] * expf(mz - M);
+        }
+    const float v = M + logf(sum);
+    lse[e] = v;
+    if (!isfinite(v)) report_err(er, KVS_GERR_LSE, layer, (int)(e / Nq), (int)(e % Nq), -1);
 }
 
 /* Pass 2: colsum [Hkv][N] = (1/G) sum over the group's heads and rows of
@@ -1002,7 +1034,7 @@ extern "C" void kvs_gpu_workspace_free(kvs_gpu_workspace *ws) {
     if (ws->stream) cudaStreamSynchronize(ws->stream);
     if (ws->have_r2c) cufftDestroy(ws->r2c);
     if (ws->have_c2r) cufftDestroy(ws->c2r);
-    void *dev[] = {ws->rin,   ws->rout,   ws->spec,     ws->scores, ws->scratch, ws->lse,
+    void *dev[] = {ws->rin,   ws->rout,   ws->spec,     ws->scores, ws->scratch, ws->lse, ws->lsepart,
                    ws->energy, ws->rowstat, ws->rowkind, ws->stats,  ws->modality, ws->desc,
                    ws->idx,   ws->ev,     ws->assign,   ws->kept,   ws->cnt,     ws->unitk,
                    ws->errrec};
@@ -1046,6 +1078,7 @@ extern "C" kvs_status kvs_gpu_workspace_init(kvs_gpu_workspace **out, const kvs_
     if ((rc = cudaGetDeviceProperties(&prop, ws->device)) != cudaSuccess) goto cuda_fail;
     snprintf(ws->device_name, sizeof ws->device_name, "%s (sm_%d%d)", prop.name, prop.major,
              prop.minor);
+    ws->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
     if ((rc = cudaStreamCreateWithFlags(&ws->stream, cudaStreamNonBlocking)) != cudaSuccess)
         goto cuda_fail;
 #define KVS_DALLOC(field, bytes)                                                        \
@@ -1062,6 +1095,7 @@ extern "C" kvs_status kvs_gpu_workspace_init(kvs_gpu_workspace **out, const kvs_
     KVS_DALLOC(scores, sizeof(float) * L * H * N);
     KVS_DALLOC(scratch, sizeof(float) * nscr);
     KVS_DALLOC(lse, sizeof(float) * Hq * N);
+    KVS_DALLOC(lsepart, sizeof(float) * 2 * Hq * N);
     KVS_DALLOC(energy, sizeof(double) * L * 4);
     KVS_DALLOC(rowstat, sizeof(double) * 2 * N);
     KVS_DALLOC(rowkind, N);
@@ -1318,9 +1352,27 @@ extern "C" int kvs_launch_lse(kvs_gpu_workspace *ws, const kvs_view *q, const kv
     if (Nq <= 0) return 0;
     const int G = Hq / k->n_heads;
     const float scale = (float)(1.0 / sqrt((double)d));
-    const dim3 g((unsigned)((Nq + TILE - 1) / TILE), (unsigned)Hq), b(16, 16);
+    /* split the keys when there are too few (head, row tile) blocks to fill
+     * the device; partials live in ws->lsepart [2][nsplit][Hq][Nq] with
+     * nsplit * Nq <= N (O(N) per head) */
+    const int row_tiles = (Nq + TILE - 1) / TILE, key_tiles = (N + TILE - 1) / TILE;
+    const long long blocks = (long long)row_tiles * Hq;
+    int nsplit = 1;
+    if (blocks < 2 * ws->n_sm) {
+        nsplit = (int)((4LL * ws->n_sm + blocks - 1) / blocks);
+        if (nsplit > key_tiles) nsplit = key_tiles;
+        if (nsplit > N / Nq) nsplit = N / Nq;
+        if (nsplit < 1) nsplit = 1;
+    }
+    const int tps = (key_tiles + nsplit - 1) / nsplit;
+    nsplit = (key_tiles + tps - 1) / tps;
+    float *pm = ws->lsepart, *pl = ws->lsepart + (size_t)nsplit * Hq * Nq;
+    const dim3 g((unsigned)row_tiles, (unsigned)Hq, (unsigned)nsplit), b(16, 16);
     k_lse<<<g, b, 0, ws->stream>>>(rows_of(q), q->s_head, rows_of(k), k->s_head, G, Nq, N, d,
-                                   N - Nq, scale, lse, layer, ws->errrec);
+                                   N - Nq, scale, lse, layer, ws->errrec, tps, pm, pl);
+    if (nsplit > 1)
+        k_lse_combine<<<grid_for((long long)Hq * Nq, 256), 256, 0, ws->stream>>>(
+            pm, pl, nsplit, Hq, Nq, lse, layer, ws->errrec);
     return (int)cudaGetLastError();
 }
 

@@ -60,6 +60,7 @@ typedef struct {
 
 struct kvs_gpu_workspace {
     int device;
+    int n_sm; /* streaming multiprocessors (launch sizing) */
     char device_name[320];
     cudaStream_t stream;
     /* capacity */
@@ -79,6 +80,7 @@ struct kvs_gpu_workspace {
     float *scores;       /* [L][Hkv][N] per-method scores / votes / deviations */
     float *scratch;      /* [max(Hkv, L)][N] colsum before pooling, layer sums */
     float *lse;          /* [Hq][N] */
+    float *lsepart;      /* [2][Hq][N] split-key partial max / sum of the lse pass */
     double *energy;      /* [L][4] */
     double *rowstat;     /* [2][N] per-row entropies (plain, restricted) */
     signed char *rowkind;/* [N] */

@@ -95,7 +95,8 @@ static void check_model(const tiny_spec *sp, const char *label, int quantised) {
     kvs_session_reset(s);
     CHECK_OK(kvs_session_prefill(s, toks, 3, NULL, l1, &err), &err);
     e = max_rel(l1, ref1, V);
-    CHECK_MSG(e <= (quantised ? 2e-2 : 2e-3), "%s: 3-token prefill differs from the reference by %g", label, e);
+    /* (prompts of <= 8 tokens run through the decode kernels: decode tolerance) */
+    CHECK_MSG(e <= (quantised ? 5e-2 : 2e-3), "%s: 3-token prefill differs from the reference by %g", label, e);
     /* errors */
     CHECK_FAILS(kvs_session_prefill(s, toks, 3, NULL, l1, &err), KVS_ERR_INVALID, &err, "not empty");
     kvs_session_reset(s);

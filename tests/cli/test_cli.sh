@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# test_cli.sh KVSIEVE -- drives the real binary like a user would:
+#  1. `methods` lists the 8 methods;
+#  2. synth + compress for every method at ratio 0.2 on several shapes: the
+#     plan JSON has exact budgets (sum = L * floor(0.2 N), equal counts per
+#     head, sorted unique indices in range), checked by an independent reader;
+#  3. bad input gets a clear message and a non-zero exit, never a crash.
+set -u
+BIN=$1
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+
+# expect_fail "words" cmd... : non-zero exit (not a signal) and the words in stderr
+expect_fail() {
+  local words=$1; shift
+  "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then bad "expected a clean failure (rc $rc): $*"; return; fi
+  grep -qF -- "$words" "$TMP/err" && ok || { bad "no '$words' in the error of: $*"; cat "$TMP/err" >&2; }
+}
+
+# 1. methods
+out=$("$BIN" methods) || bad "methods failed"
+for m in full random streamingllm h2o snapkv lookm meda flashcache; do
+  echo "$out" | grep -q "^$m\$" && ok || bad "methods does not list $m"
+done
+"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==8' && ok || bad "methods --json"
+
+# 2. exact budgets on several shapes
+check_plan() { # plan.json L N ratio
+  python3 - "$@" <<'PY'
+import json, math, sys
+p = json.load(open(sys.argv[1])); L = int(sys.argv[2]); N = int(sys.argv[3]); r = float(sys.argv[4])
+B = max(1, min(N, math.floor(r * N + 1e-9)))
+assert p["n_tokens"] == N and len(p["layers"]) == L, "shape"
+want = L * (N if p["method"] == "full" else B)
+assert sum(l["budget"] for l in p["layers"]) == want, "global budget %d != %d" % (sum(l["budget"] for l in p["layers"]), want)
+for li, l in enumerate(p["layers"]):
+    for h in l["heads"]:
+        assert len(h) == l["budget"], "layer %d: head count %d != budget %d" % (li, len(h), l["budget"])
+        assert all(0 <= i < N for i in h), "range"
+        assert all(a < b for a, b in zip(h, h[1:])), "sorted unique"
+PY
+}
+shapes=("--preset tiny:2:300" "--preset gemma3-270m:18:512" "--layers 3 --q-heads 6 --kv-heads 3 --head-dim 32:3:257")
+for s in "${shapes[@]}"; do
+  IFS=: read -r args L N <<<"$s"
+  # shellcheck disable=SC2086
+  "$BIN" synth $args --tokens "$N" --seed 3 --image-frac 0.3 --dtype f16 --out "$TMP/c.safetensors" >/dev/null \
+    || { bad "synth $args"; continue; }
+  for m in full random streamingllm h2o snapkv lookm meda flashcache; do
+    if "$BIN" compress --kv "$TMP/c.safetensors" --method "$m" --ratio 0.2 --plan "$TMP/p.json" \
+         --out "$TMP/o.safetensors" --quiet >"$TMP/out" 2>"$TMP/err"; then
+      check_plan "$TMP/p.json" "$L" "$N" 0.2 && ok || bad "plan of $m on $args"
+    else
+      bad "compress $m on $args: $(cat "$TMP/err")"
+    fi
+  done
+done
+"$BIN" fidelity --kv "$TMP/c.safetensors" --ratio 0.2 >"$TMP/out" 2>&1 && grep -q "| flashcache |" "$TMP/out" && ok \
+  || { bad "fidelity"; cat "$TMP/out" >&2; }
+
+# 3. errors
+"$BIN" synth --preset tiny --tokens 64 --queries 8 --out "$TMP/w.safetensors" >/dev/null || bad "synth window"
+expect_fail "ratio" "$BIN" compress --kv "$TMP/w.safetensors" --method snapkv --ratio 0
+expect_fail "ratio" "$BIN" compress --kv "$TMP/w.safetensors" --method snapkv --ratio 1.5
+expect_fail "did you mean 'snapkv'" "$BIN" compress --kv "$TMP/w.safetensors" --method snapk --ratio 0.2
+expect_fail "did you mean 'gamma'" "$BIN" compress --kv "$TMP/w.safetensors" --method flashcache --ratio 0.2 --param gama=0.1
+expect_fail "out of range" "$BIN" compress --kv "$TMP/w.safetensors" --method flashcache --ratio 0.2 --param gamma=2
+expect_fail "Nq=8" "$BIN" compress --kv "$TMP/w.safetensors" --method h2o --ratio 0.2
+expect_fail "window" "$BIN" compress --kv "$TMP/w.safetensors" --method snapkv --ratio 0.2 --param window=32
+head -c 100 "$TMP/w.safetensors" >"$TMP/trunc.safetensors"
+expect_fail "trunc.safetensors" "$BIN" compress --kv "$TMP/trunc.safetensors" --method full --ratio 0.2
+expect_fail "missing.safetensors" "$BIN" compress --kv "$TMP/missing.safetensors" --method full --ratio 0.2
+expect_fail "unknown command" "$BIN" frobnicate
+expect_fail "--tokens" "$BIN" synth --preset tiny --tokens 0 --out "$TMP/z.safetensors"
+
+echo "cli_end_to_end: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -439,6 +439,9 @@ double kvs_now_ms(void);  /* monotonic clock, milliseconds */
 uint64_t kvs_rng_next(uint64_t *state); /* splitmix64 */
 double kvs_rng_uniform(uint64_t *state); /* [0, 1) */
 double kvs_rng_normal(uint64_t *state);  /* standard normal */
+/* Case-insensitive Levenshtein distance of two names, for "did you mean"
+ * suggestions; names longer than 63 characters count as very far (1000). */
+int kvs_edit_distance(const char *a, const char *b);
 
 #ifdef __cplusplus
 }

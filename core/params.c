@@ -40,25 +40,6 @@ double kvs_param_get(const kvs_method *m, const kvs_params *p, const char *name)
     return p->v[i];
 }
 
-/* Levenshtein distance, case-insensitive, for names up to 63 characters. */
-static int edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return 1000;
-    int prev[64], cur[64]; /* [lb+1] */
-    for (size_t j = 0; j <= lb; j++) prev[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        cur[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
-            int best = prev[j - 1] + cost;
-            if (prev[j] + 1 < best) best = prev[j] + 1;
-            if (cur[j - 1] + 1 < best) best = cur[j - 1] + 1;
-            cur[j] = best;
-        }
-        memcpy(prev, cur, (lb + 1) * sizeof(int));
-    }
-    return prev[lb];
-}
 
 /* Number of the i-th "|"-separated choice equal to s, or -1; *count gets the
  * number of choices. */
@@ -126,7 +107,7 @@ kvs_status kvs_params_set(const kvs_method *m, kvs_params *p, const char *name, 
         size_t used = 0;
         int best = -1, best_d = 1000;
         for (int j = 0; j < m->n_params; j++) {
-            int dj = edit_distance(name, m->params[j].name);
+            int dj = kvs_edit_distance(name, m->params[j].name);
             if (dj < best_d) {
                 best_d = dj;
                 best = j;

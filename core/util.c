@@ -6,6 +6,8 @@
  * same seed gives the same stream on every machine.
  * What it is not: not a cryptographic generator, no hidden global seed.
  */
+#include <string.h>
+#include <ctype.h>
 #include "kvsieve.h"
 
 #include <math.h>
@@ -35,4 +37,24 @@ double kvs_rng_normal(uint64_t *state) {
     double u1 = 1.0 - kvs_rng_uniform(state);
     double u2 = kvs_rng_uniform(state);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Levenshtein distance for "did you mean" suggestions (see kvsieve.h). */
+int kvs_edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 1000;
+    int prev[64], cur[64]; /* [lb+1] */
+    for (size_t j = 0; j <= lb; j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
+            int best = prev[j - 1] + cost;
+            if (prev[j] + 1 < best) best = prev[j] + 1;
+            if (cur[j - 1] + 1 < best) best = cur[j - 1] + 1;
+            cur[j] = best;
+        }
+        memcpy(prev, cur, (lb + 1) * sizeof(int));
+    }
+    return prev[lb];
 }

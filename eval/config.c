@@ -289,24 +289,6 @@ static kvs_status ferr(const vctx *v, int base_line, const char *field, kvs_stat
     return kvs_errorf(v->err, code, "%s:%d: %s", v->path, line, msg);
 }
 
-static int edit_distance(const char *a, const char *b) {
-    int la = (int)strlen(a), lb = (int)strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    int prev[64], cur[64];
-    for (int j = 0; j <= lb; j++) prev[j] = j;
-    for (int i = 1; i <= la; i++) {
-        cur[0] = i;
-        for (int j = 1; j <= lb; j++) {
-            int c = prev[j - 1] + (a[i - 1] != b[j - 1]);
-            if (prev[j] + 1 < c) c = prev[j] + 1;
-            if (cur[j - 1] + 1 < c) c = cur[j - 1] + 1;
-            cur[j] = c;
-        }
-        memcpy(prev, cur, sizeof(int) * (size_t)(lb + 1));
-    }
-    return prev[lb];
-}
-
 /* Every key of the table at idx must be in allowed[] (keys "__*" are ours). */
 static kvs_status check_keys(const vctx *v, int idx, int base_line, const char *prefix,
                              const char *const *allowed) {
@@ -334,7 +316,7 @@ static kvs_status check_keys(const vctx *v, int idx, int base_line, const char *
         char known[512] = "";
         for (int i = 0; allowed[i]; i++) {
             if (strcmp(allowed[i], k) == 0) ok = 1;
-            int d = edit_distance(k, allowed[i]);
+            int d = kvs_edit_distance(k, allowed[i]);
             if (d < bestd) bestd = d, best = allowed[i];
             if (i) strncat(known, ", ", sizeof known - strlen(known) - 1);
             strncat(known, allowed[i], sizeof known - strlen(known) - 1);
@@ -1132,6 +1114,219 @@ done:
     return rc;
 }
 
+/* ---- kind overhead ------------------------------------------------------------ */
+
+/* A choice or a list of distinct choices: idx[0..*n) indices into choices. */
+static kvs_status get_choice_list(const vctx *v, int t, int base_line, const char *key,
+                                  const char *const *choices, int dflt, int *idx, int max, int *n) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    lua_getfield(L, t, key);
+    int li = lua_gettop(L);
+    *n = 0;
+    if (lua_isnil(L, li)) {
+        idx[(*n)++] = dflt;
+        lua_pop(L, 1);
+        return KVS_OK;
+    }
+    int is_list, len = list_len(L, li, &is_list);
+    if (is_list && (rc = check_sequence(v, li, base_line, key))) goto done;
+    if (len > max) {
+        rc = ferr(v, base_line, key, KVS_ERR_INVALID, "%d values; at most %d", len, max);
+        goto done;
+    }
+    for (int i = 1; i <= len; i++) {
+        char name[64];
+        elem_name(name, sizeof name, key, is_list, i);
+        list_get(L, li, is_list, i);
+        if (lua_type(L, -1) != LUA_TSTRING) {
+            rc = ferr(v, base_line, name, KVS_ERR_INVALID, "expected a string, got a %s",
+                      type_name(L, -1));
+            lua_pop(L, 1);
+            goto done;
+        }
+        char val[32];
+        snprintf(val, sizeof val, "%s", lua_tostring(L, -1));
+        lua_pop(L, 1);
+        int which = 0;
+        if ((rc = check_choice(v, base_line, name, val, choices, &which))) goto done;
+        for (int j = 0; j < *n; j++)
+            if (idx[j] == which) {
+                rc = ferr(v, base_line, name, KVS_ERR_INVALID, "'%s' given twice", val);
+                goto done;
+            }
+        idx[(*n)++] = which;
+    }
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
+/* threads = 2 or threads = { 1, 2 }: the overhead grid's thread axis. */
+static kvs_status parse_thread_counts(const vctx *v, int t, kvs_experiment *e) {
+    int64_t *tc = NULL;
+    int n = 0;
+    kvs_status rc = get_ints(v, t, e->line, "threads", "threads", 1, 256, 0, 1, &tc, &n);
+    if (rc) return rc;
+    int max = (int)(sizeof e->thread_counts / sizeof e->thread_counts[0]);
+    if (n > max) {
+        free(tc);
+        return ferr(v, e->line, "threads", KVS_ERR_INVALID, "%d values; at most %d", n, max);
+    }
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < i; j++)
+            if (tc[j] == tc[i]) {
+                char name[32];
+                snprintf(name, sizeof name, "threads[%d]", i + 1);
+                rc = ferr(v, e->line, name, KVS_ERR_INVALID, "%lld given twice", (long long)tc[i]);
+                free(tc);
+                return rc;
+            }
+        e->thread_counts[i] = (int)tc[i];
+    }
+    e->n_thread_counts = n;
+    e->threads = e->thread_counts[0];
+    free(tc);
+    return KVS_OK;
+}
+
+/* One limit: a whole number of tokens in [16, 2^20]. */
+static kvs_status limit_value(const vctx *v, int base_line, const char *field, int *out) {
+    lua_State *L = v->L;
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 16 || lua_tointeger(L, -1) > (1 << 20))
+        return ferr(v, base_line, field, KVS_ERR_INVALID,
+                    "expected a whole number of tokens in [16, 1048576], got %s",
+                    lua_type(L, -1) == LUA_TNUMBER ? "another number" : type_name(L, -1));
+    *out = (int)lua_tointeger(L, -1);
+    return KVS_OK;
+}
+
+/* max_tokens = { method = N | { [shape] = N, ... }, ... } */
+static kvs_status parse_limits(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    const int cap = (int)(sizeof e->limits / sizeof e->limits[0]);
+    lua_getfield(L, t, "max_tokens");
+    int mt = lua_gettop(L);
+    if (lua_isnil(L, mt)) goto done;
+    if (lua_type(L, mt) != LUA_TTABLE) {
+        rc = ferr(v, e->line, "max_tokens", KVS_ERR_INVALID,
+                  "expected a table { method = N or { [\"shape\"] = N } }, got a %s",
+                  type_name(L, mt));
+        goto done;
+    }
+    lua_pushnil(L);
+    while (!rc && lua_next(L, mt)) { /* key -2, value -1 */
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            rc = ferr(v, e->line, "max_tokens", KVS_ERR_INVALID,
+                      "keys must be method names (max_tokens = { h2o = 8192 })");
+            lua_pop(L, 2);
+            break;
+        }
+        const char *mname = lua_tostring(L, -2);
+        char field[96];
+        snprintf(field, sizeof field, "max_tokens.%s", mname);
+        int used = 0;
+        for (int i = 0; i < e->n_variants; i++) used |= !strcmp(e->variants[i].method->name, mname);
+        if (!kvs_method_find(mname))
+            rc = ferr(v, e->line, field, KVS_ERR_INVALID, "unknown method '%s'", mname);
+        else if (!used)
+            rc = ferr(v, e->line, field, KVS_ERR_INVALID,
+                      "method '%s' is not in this experiment's methods", mname);
+        else if (lua_type(L, -1) == LUA_TTABLE) {
+            int st = lua_gettop(L);
+            lua_pushnil(L);
+            while (!rc && lua_next(L, st)) {
+                char f2[160];
+                if (lua_type(L, -2) != LUA_TSTRING) {
+                    rc = ferr(v, e->line, field, KVS_ERR_INVALID,
+                              "keys must be shape names ({ [\"gemma3-270m\"] = 8192 })");
+                    lua_pop(L, 2);
+                    break;
+                }
+                const char *sname = lua_tostring(L, -2);
+                snprintf(f2, sizeof f2, "%s.%s", field, sname);
+                int known = 0;
+                for (int i = 0; i < e->n_shapes; i++) known |= !strcmp(e->shapes[i].name, sname);
+                int lim = 0;
+                if (!known)
+                    rc = ferr(v, e->line, f2, KVS_ERR_INVALID,
+                              "shape '%s' is not in this experiment's dataset.shape", sname);
+                else if (!(rc = limit_value(v, e->line, f2, &lim))) {
+                    if (e->n_limits >= cap)
+                        rc = ferr(v, e->line, field, KVS_ERR_INVALID, "more than %d limits", cap);
+                    else {
+                        snprintf(e->limits[e->n_limits].method, sizeof e->limits[0].method, "%s",
+                                 mname);
+                        snprintf(e->limits[e->n_limits].shape, sizeof e->limits[0].shape, "%s",
+                                 sname);
+                        e->limits[e->n_limits++].max_tokens = lim;
+                    }
+                }
+                lua_pop(L, 1);
+                if (rc) lua_pop(L, 1);
+            }
+        } else {
+            int lim = 0;
+            if (!(rc = limit_value(v, e->line, field, &lim))) {
+                if (e->n_limits >= cap)
+                    rc = ferr(v, e->line, field, KVS_ERR_INVALID, "more than %d limits", cap);
+                else {
+                    snprintf(e->limits[e->n_limits].method, sizeof e->limits[0].method, "%s", mname);
+                    e->limits[e->n_limits].shape[0] = '\0';
+                    e->limits[e->n_limits++].max_tokens = lim;
+                }
+            }
+        }
+        lua_pop(L, 1);
+        if (rc) lua_pop(L, 1);
+    }
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
+/* repeats, warmup, device(s), dtype(s), max_tokens; seeds default to three
+ * rotated input sets. */
+static kvs_status parse_overhead(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc;
+    int64_t x;
+    if ((rc = get_int(v, t, e->line, "repeats", "repeats", 1, 100000, 20, &x))) return rc;
+    e->repeats = (int)x;
+    if ((rc = get_int(v, t, e->line, "warmup", "warmup", 0, 1000, 2, &x))) return rc;
+    e->warmup = (int)x;
+    static const char *const devices[] = {"cpu", "cuda", NULL};
+    static const char *const dtypes[] = {"f32", "f16", "bf16", NULL};
+    static const kvs_dtype dtv[] = {KVS_F32, KVS_F16, KVS_BF16};
+    int idx[3], n = 0;
+    if ((rc = get_choice_list(v, t, e->line, "device", devices, 0, idx, 2, &n))) return rc;
+    e->n_devices = n;
+    for (int i = 0; i < n; i++) snprintf(e->devices[i], sizeof e->devices[i], "%s", devices[idx[i]]);
+    snprintf(e->device, sizeof e->device, "%s", e->devices[0]);
+    if ((rc = get_choice_list(v, t, e->line, "dtype", dtypes, 0, idx, 3, &n))) return rc;
+    e->n_dtypes = n;
+    for (int i = 0; i < n; i++) e->dtypes[i] = dtv[idx[i]];
+    e->dtype = e->dtypes[0];
+    /* seeds: the input sets rotated over the repetitions; default three */
+    lua_getfield(L, t, "dataset");
+    int has_seeds = 0;
+    if (lua_type(L, -1) == LUA_TTABLE) {
+        lua_getfield(L, -1, "seeds");
+        has_seeds = !lua_isnil(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    if (!has_seeds) {
+        int64_t *s3 = realloc(e->seeds, 3 * sizeof *s3);
+        if (!s3) return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+        s3[0] = 1, s3[1] = 2, s3[2] = 3;
+        e->seeds = s3;
+        e->n_seeds = 3;
+    }
+    return parse_limits(v, t, e);
+}
+
 static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     lua_State *L = v->L;
     kvs_status rc;
@@ -1139,7 +1334,7 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     static const char *const keys[] = {"name",    "kind",    "description", "dataset", "methods",
                                        "budgets", "params",  "threads",     "backend", "model",
                                        "metrics", "repeats", "warmup",      "device",  "dtype",
-                                       NULL};
+                                       "max_tokens", NULL};
     if ((rc = check_keys(v, t, e->line, "", keys))) return rc;
     if ((rc = get_string(v, t, e->line, "name", "name", e->name, sizeof e->name, 1))) return rc;
     for (const char *p = e->name; *p; p++)
@@ -1194,12 +1389,17 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     if ((rc = parse_methods(v, t, e))) return rc;
     if ((rc = parse_budgets(v, t, e, 1))) return rc;
     int64_t x;
-    if ((rc = get_int(v, t, e->line, "threads", "threads", 1, 256, 1, &x))) return rc;
-    e->threads = (int)x;
+    if (e->kind == KVS_KIND_OVERHEAD) { /* an axis of the overhead grid: a value or a list */
+        if ((rc = parse_thread_counts(v, t, e))) return rc;
+    } else {
+        if ((rc = get_int(v, t, e->line, "threads", "threads", 1, 256, 1, &x))) return rc;
+        e->threads = (int)x;
+    }
 
     /* kind-specific fields; the others must be absent */
     static const char *const task_only[] = {"backend", "model", "metrics", NULL};
-    static const char *const overhead_only[] = {"repeats", "warmup", "device", "dtype", NULL};
+    static const char *const overhead_only[] = {"repeats", "warmup", "device", "dtype",
+                                                "max_tokens", NULL};
     const char *const *forbid[2] = {e->kind == KVS_KIND_TASK ? NULL : task_only,
                                     e->kind == KVS_KIND_OVERHEAD ? NULL : overhead_only};
     for (int f = 0; f < 2; f++) {
@@ -1221,24 +1421,7 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
         if (!e->model[0]) snprintf(e->model, sizeof e->model, "default");
         if ((rc = parse_metrics(v, t, e))) return rc;
     }
-    if (e->kind == KVS_KIND_OVERHEAD) {
-        if ((rc = get_int(v, t, e->line, "repeats", "repeats", 1, 100000, 20, &x))) return rc;
-        e->repeats = (int)x;
-        if ((rc = get_int(v, t, e->line, "warmup", "warmup", 0, 1000, 2, &x))) return rc;
-        e->warmup = (int)x;
-        char s[16];
-        int which;
-        static const char *const devices[] = {"cpu", "cuda", NULL};
-        static const char *const dtypes[] = {"f32", "f16", "bf16", NULL};
-        if ((rc = get_string(v, t, e->line, "device", "device", s, sizeof s, 0))) return rc;
-        if (!s[0]) snprintf(s, sizeof s, "cpu");
-        if ((rc = check_choice(v, e->line, "device", s, devices, &which))) return rc;
-        snprintf(e->device, sizeof e->device, "%.7s", s);
-        if ((rc = get_string(v, t, e->line, "dtype", "dtype", s, sizeof s, 0))) return rc;
-        if (!s[0]) snprintf(s, sizeof s, "f32");
-        if ((rc = check_choice(v, e->line, "dtype", s, dtypes, &which))) return rc;
-        e->dtype = which == 0 ? KVS_F32 : which == 1 ? KVS_F16 : KVS_BF16;
-    }
+    if (e->kind == KVS_KIND_OVERHEAD && (rc = parse_overhead(v, t, e))) return rc;
     return KVS_OK;
 }
 

@@ -92,8 +92,39 @@ typedef struct {
     int n_metrics;
     char (*metrics)[32];
     int repeats, warmup; /* overhead */
-    char device[8];      /* overhead: "cpu" or "cuda" */
-    kvs_dtype dtype;     /* overhead: cache dtype */
+    char device[8];      /* overhead: "cpu" or "cuda" (the first of devices) */
+    kvs_dtype dtype;     /* overhead: cache dtype (the first of dtypes) */
+    /* overhead: the extra grid axes (each given as a value or a list) and
+     * per-method token limits (max_tokens = { h2o = 8192, snapkv = {
+     * ["qwen2.5-vl-7b"] = 4096 } }): cells with N above a limit are not in
+     * the grid. 0 = no limit. */
+    int n_dtypes;
+    kvs_dtype dtypes[3];
+    int n_devices;
+    char devices[2][8];
+    int n_thread_counts;
+    int thread_counts[16];
+    int n_limits;
+    struct {
+        char method[32];
+        char shape[48]; /* "" = every shape */
+        int max_tokens;
+    } limits[64];
+
+    /* task (eval/task.c): file datasets jsonl{...} / longbench{...} /
+     * milebench{...}, prompt template and modes, generation length, and the
+     * backend beyond backend_url (the first of backend_urls) */
+    char dataset_path[1024]; /* file datasets: realpath of `path` */
+    int limit;               /* file datasets: the first `limit` samples (0: all) */
+    char prompt_template[32]; /* "" = the dataset's default */
+    int n_modes;
+    int modes[2];  /* kvs_prompt_mode values (datasets/kvs_datasets.h), in config order */
+    int n_predict; /* tokens generated per variant */
+    int n_backend_urls;
+    char (*backend_urls)[256]; /* [n_backend_urls] */
+    int backend_openai;        /* backend.api = "openai": plain OpenAI server, `full` only */
+    int backend_threads, backend_ctx; /* embedded: serve --threads / --ctx (0: its default) */
+    int in_flight;             /* requests in flight per backend URL */
 
     int threads;
 } kvs_experiment;
@@ -127,12 +158,16 @@ void kvs_config_free(kvs_config *cfg);
 typedef struct {
     char key[65]; /* SHA-256 of def */
     int shape, length, seed, variant, budget; /* indices into the experiment */
+    int dtype, device, threads; /* overhead: indices into dtypes, devices, thread_counts */
     char def[1024]; /* canonical definition text (hashed) */
 } kvs_cell;
 
 /* Expand an experiment into cells, ordered shape, length, seed (outer),
  * variant, budget (inner); `full` gets one cell per dataset instance (it
- * keeps everything, the budget does not change it). Caller frees *cells. */
+ * keeps everything, the budget does not change it). Kind overhead: shape,
+ * length, dtype, device, threads, variant, budget; its seeds are the
+ * rotated input sets of every cell, not an axis; cells above a max_tokens
+ * limit are left out. Caller frees *cells. */
 kvs_status kvs_grid_expand(const kvs_experiment *e, kvs_cell **cells, int *n_cells, kvs_err *err);
 
 /* ---- The store ------------------------------------------------------------ */
@@ -221,6 +256,8 @@ typedef struct {
     double progress_every_s;         /* non-TTY interval (default 5) */
     const char *resume_hint;         /* command printed when stopped early */
     int max_cells;                   /* > 0: stop after this many new cells (tests) */
+    const char *kvsieve_bin;         /* task, embedded backend: the kvsieve binary to start as
+                                      * `kvsieve serve` (NULL: embedded backends are refused) */
 } kvs_run_opts;
 
 typedef struct {

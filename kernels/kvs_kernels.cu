@@ -604,11 +604,12 @@ __global__ void k_lse_combine(const float *part_m, const float *part_l, int nspl
     if (!isfinite(v)) report_err(er, KVS_GERR_LSE, layer, (int)(e / Nq), (int)(e % Nq), -1);
 }
 
-/* Pass 2: colsum [Hkv][N] = (1/G) sum over the group's heads and rows of
- * exp(s - lse). grid (N/64, Hkv), block 16x16. */
+/* Pass 2: column sums of query head h = g * G + blockIdx.z over its rows of
+ * exp(s - lse), fp64, into colpart [Hq][N]; k_colsum_combine averages the
+ * group in head order (deterministic). grid (N/64, Hkv, G), block 16x16. */
 __global__ void __launch_bounds__(256)
     k_colsum(kvs_rows Q, long long q_shead, kvs_rows K, long long k_shead, int G, int Nq, int N,
-             int d, int off, float scale, const float *lse, float *colsum) {
+             int d, int off, float scale, const float *lse, double *colpart) {
     __shared__ float As[TILE][TPAD], Bs[TILE][TPAD];
     __shared__ double red[16][TILE];
     const int g = blockIdx.y, j0 = blockIdx.x * TILE;
@@ -618,8 +619,8 @@ __global__ void __launch_bounds__(256)
     int ifirst = j0 - off;
     if (ifirst < 0) ifirst = 0;
     ifirst = ifirst / TILE * TILE;
-    for (int hl = 0; hl < G; hl++) {
-        const int h = g * G + hl;
+    const int h = g * G + (int)blockIdx.z;
+    {
         const kvs_rows Qh = rows_head(Q, q_shead, h);
         for (int i0 = ifirst; i0 < Nq; i0 += TILE) {
             float acc[4][4];
@@ -648,8 +649,18 @@ __global__ void __launch_bounds__(256)
             const int col = tx + 16 * b, j = j0 + col;
             double s = 0.0;
             for (int t = 0; t < 16; t++) s += red[t][col];
-            if (j < N) colsum[(long long)g * N + j] = (float)(s / (double)G);
+            if (j < N) colpart[(long long)h * N + j] = s;
         }
+}
+
+/* colsum[g][j] = (1/G) sum_{hl < G} colpart[g * G + hl][j]. */
+__global__ void k_colsum_combine(const double *colpart, int Hkv, int G, int N, float *colsum) {
+    const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (e >= (long long)Hkv * N) return;
+    const long long g = e / N, j = e % N;
+    double s = 0.0;
+    for (int hl = 0; hl < G; hl++) s += colpart[(g * G + hl) * N + j];
+    colsum[e] = (float)(s / (double)G);
 }
 
 __device__ __forceinline__ int is_visual(uint8_t m) {
@@ -658,12 +669,15 @@ __device__ __forceinline__ int is_visual(uint8_t m) {
 
 enum { ROW_NONE = 0, ROW_TV = 1, ROW_VT = 2 };
 
-/* Row entropies of the head-averaged attention. rowstat [2][Nq]: plain,
- * restricted; rowkind [Nq]. grid (Nq/64), block 16x16. */
+/* Row sums of the head-averaged attention Abar over the key tiles
+ * [y * tps, (y + 1) * tps) of block row y: rowpart [nsplit][4][Nq] gets
+ * sum a, sum a log a, and the same restricted to the eligible keys; rowkind
+ * [Nq] the row's cross-modal kind (block row 0). k_entropy_finish turns the
+ * sums into entropies. grid (Nq/64, nsplit), block 16x16. */
 __global__ void __launch_bounds__(256)
     k_entropy_rows(kvs_rows Q, long long q_shead, kvs_rows K, long long k_shead, int Hq, int G,
                    int Nq, int N, int d, int off, float scale, const float *lse,
-                   const uint8_t *modality, double *rowstat, signed char *rowkind) {
+                   const uint8_t *modality, int tps, double *rowpart, signed char *rowkind) {
     __shared__ float As[TILE][TPAD], Bs[TILE][TPAD];
     const int i0 = blockIdx.x * TILE, tx = threadIdx.x, ty = threadIdx.y;
     double zp[4], tp[4], zx[4], txs[4];
@@ -681,7 +695,10 @@ __global__ void __launch_bounds__(256)
     const float inv_hq = 1.0f / (float)Hq;
     const int rlast = (i0 + TILE - 1 < Nq ? i0 + TILE - 1 : Nq - 1);
     const int pmax = off + rlast;
-    for (int j0 = 0; j0 <= pmax; j0 += TILE) {
+    const int jbeg = (int)blockIdx.y * tps * TILE;
+    int jend = jbeg + tps * TILE - 1;
+    if (jend > pmax) jend = pmax;
+    for (int j0 = jbeg; j0 <= jend; j0 += TILE) {
         float ab[4][4];
         for (int a = 0; a < 4; a++)
             for (int b = 0; b < 4; b++) ab[a][b] = 0.0f;
@@ -734,12 +751,34 @@ __global__ void __launch_bounds__(256)
         for (int a = 0; a < 4; a++) {
             const int i = i0 + ty + 16 * a;
             if (i >= Nq) continue;
-            rowstat[i] = log(zp[a]) - tp[a] / zp[a];
-            int k = kind[a];
-            if (k != ROW_NONE && !(zx[a] > 0.0)) k = ROW_NONE;
-            rowkind[i] = (signed char)k;
-            rowstat[Nq + i] = k != ROW_NONE ? log(zx[a]) - txs[a] / zx[a] : 0.0;
+            double *o = rowpart + (long long)blockIdx.y * 4 * Nq;
+            o[i] = zp[a];
+            o[Nq + i] = tp[a];
+            o[2LL * Nq + i] = zx[a];
+            o[3LL * Nq + i] = txs[a];
+            if (blockIdx.y == 0) rowkind[i] = (signed char)kind[a];
         }
+}
+
+/* Per row: entropy of Abar (log Z - sum a log a / Z) and of its restriction
+ * to the eligible keys; a row whose restricted mass is 0 gets no kind. */
+__global__ void k_entropy_finish(const double *rowpart, int nsplit, int Nq, signed char *rowkind,
+                                 double *rowstat) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= Nq) return;
+    double zp = 0.0, tp = 0.0, zx = 0.0, tx = 0.0;
+    for (int z = 0; z < nsplit; z++) {
+        const double *o = rowpart + (long long)z * 4 * Nq;
+        zp += o[i];
+        tp += o[Nq + i];
+        zx += o[2LL * Nq + i];
+        tx += o[3LL * Nq + i];
+    }
+    rowstat[i] = log(zp) - tp / zp;
+    int k = rowkind[i];
+    if (k != ROW_NONE && !(zx > 0.0)) k = ROW_NONE;
+    rowkind[i] = (signed char)k;
+    rowstat[Nq + i] = k != ROW_NONE ? log(zx) - tx / zx : 0.0;
 }
 
 /* stats [6] = {plain, e_tv, e_vt, n_tv, n_vt, 0}; one block of 256. */
@@ -1034,7 +1073,7 @@ extern "C" void kvs_gpu_workspace_free(kvs_gpu_workspace *ws) {
     if (ws->stream) cudaStreamSynchronize(ws->stream);
     if (ws->have_r2c) cufftDestroy(ws->r2c);
     if (ws->have_c2r) cufftDestroy(ws->c2r);
-    void *dev[] = {ws->rin,   ws->rout,   ws->spec,     ws->scores, ws->scratch, ws->lse, ws->lsepart,
+    void *dev[] = {ws->rin,   ws->rout,   ws->spec,     ws->scores, ws->scratch, ws->lse, ws->lsepart, ws->colpart, ws->rowpart,
                    ws->energy, ws->rowstat, ws->rowkind, ws->stats,  ws->modality, ws->desc,
                    ws->idx,   ws->ev,     ws->assign,   ws->kept,   ws->cnt,     ws->unitk,
                    ws->errrec};
@@ -1096,6 +1135,8 @@ extern "C" kvs_status kvs_gpu_workspace_init(kvs_gpu_workspace **out, const kvs_
     KVS_DALLOC(scratch, sizeof(float) * nscr);
     KVS_DALLOC(lse, sizeof(float) * Hq * N);
     KVS_DALLOC(lsepart, sizeof(float) * 2 * Hq * N);
+    KVS_DALLOC(colpart, sizeof(double) * Hq * N);
+    KVS_DALLOC(rowpart, sizeof(double) * 4 * 8 * N);
     KVS_DALLOC(energy, sizeof(double) * L * 4);
     KVS_DALLOC(rowstat, sizeof(double) * 2 * N);
     KVS_DALLOC(rowkind, N);
@@ -1381,9 +1422,11 @@ extern "C" int kvs_launch_colsum(kvs_gpu_workspace *ws, const kvs_view *q, const
     const int Hq = q->n_heads, Nq = q->n_tokens, N = k->n_tokens, d = k->head_dim;
     const int Hkv = k->n_heads, G = Hq / Hkv;
     const float scale = (float)(1.0 / sqrt((double)d));
-    const dim3 g((unsigned)((N + TILE - 1) / TILE), (unsigned)Hkv), b(16, 16);
+    const dim3 g((unsigned)((N + TILE - 1) / TILE), (unsigned)Hkv, (unsigned)G), b(16, 16);
     k_colsum<<<g, b, 0, ws->stream>>>(rows_of(q), q->s_head, rows_of(k), k->s_head, G, Nq, N, d,
-                                      N - Nq, scale, lse, colsum);
+                                      N - Nq, scale, lse, ws->colpart);
+    k_colsum_combine<<<grid_for((long long)Hkv * N, 256), 256, 0, ws->stream>>>(ws->colpart, Hkv,
+                                                                               G, N, colsum);
     return (int)cudaGetLastError();
 }
 
@@ -1402,9 +1445,23 @@ extern "C" int kvs_launch_entropies(kvs_gpu_workspace *ws, const kvs_view *q, co
     const int G = Hq / k->n_heads;
     const float scale = (float)(1.0 / sqrt((double)d));
     const dim3 b(16, 16);
-    k_entropy_rows<<<(unsigned)((Nq + TILE - 1) / TILE), b, 0, ws->stream>>>(
+    /* split the keys when the query tiles alone do not fill the device;
+     * partials [nsplit][4][Nq] fp64 with nsplit * Nq <= 8 N */
+    const int row_tiles = (Nq + TILE - 1) / TILE, key_tiles = (N + TILE - 1) / TILE;
+    int nsplit = 1;
+    if (row_tiles < 2 * ws->n_sm) {
+        nsplit = (4 * ws->n_sm + row_tiles - 1) / row_tiles;
+        if (nsplit > key_tiles) nsplit = key_tiles;
+        if (nsplit > 8 * N / Nq) nsplit = 8 * N / Nq;
+        if (nsplit < 1) nsplit = 1;
+    }
+    const int tps = (key_tiles + nsplit - 1) / nsplit;
+    nsplit = (key_tiles + tps - 1) / tps;
+    k_entropy_rows<<<dim3((unsigned)row_tiles, (unsigned)nsplit), b, 0, ws->stream>>>(
         rows_of(q), q->s_head, rows_of(k), k->s_head, Hq, G, Nq, N, d, N - Nq, scale, lse,
-        modality_dev, ws->rowstat, ws->rowkind);
+        modality_dev, tps, ws->rowpart, ws->rowkind);
+    k_entropy_finish<<<(unsigned)((Nq + 255) / 256), 256, 0, ws->stream>>>(
+        ws->rowpart, nsplit, Nq, ws->rowkind, ws->rowstat);
     k_entropy_reduce<<<1, 256, 0, ws->stream>>>(ws->rowstat, ws->rowkind, Nq, stats, layer,
                                                 ws->errrec);
     return (int)cudaGetLastError();

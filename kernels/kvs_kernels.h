@@ -37,9 +37,14 @@
  *   - Attention statistics: two-pass tiled log-sum-exp (spec/methods.md) on
  *     CUDA cores in fp32 (64 x 64 logit tiles in shared memory, d in chunks
  *     of 64; no tensor cores yet). Never an N x N buffer: pass 1 writes
- *     lse [Hq][Nq]; column sums run one block per (KV head, key tile) over
- *     every query row of the group (fp64 column accumulators, fixed order:
- *     deterministic); entropies run one block per query tile over all heads.
+ *     lse [Hq][Nq] (one block per (query head, row tile); when that is too
+ *     few blocks, e.g. SnapKV's 32-query window, the keys are split over
+ *     blocks and partial max / sum pairs combined, nsplit * Nq <= N);
+ *     column sums run one block per (key tile, KV head, query head of the
+ *     group) over every row, fp64 accumulators, then the GQA mean in head
+ *     order (deterministic, no atomics); entropies run one block per (query
+ *     tile, key range) over all heads (Abar needs every head), with additive
+ *     per-row partial sums (sum a, sum a log a, restricted) finished per row.
  *   - Merging: evicted keys against unit kept keys in 64 x 64 dot-product
  *     tiles (argmax, ties to the lower kept slot), then an atomic scatter of
  *     K and V into the kept rows and one finishing kernel per formula.

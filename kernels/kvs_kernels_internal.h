@@ -81,6 +81,8 @@ struct kvs_gpu_workspace {
     float *scratch;      /* [max(Hkv, L)][N] colsum before pooling, layer sums */
     float *lse;          /* [Hq][N] */
     float *lsepart;      /* [2][Hq][N] split-key partial max / sum of the lse pass */
+    double *colpart;     /* [Hq][N] column sums per query head (before the GQA mean) */
+    double *rowpart;     /* [8][4][N] split-key partial row sums of the entropy pass */
     double *energy;      /* [L][4] */
     double *rowstat;     /* [2][N] per-row entropies (plain, restricted) */
     signed char *rowkind;/* [N] */

@@ -22,25 +22,6 @@ const kvs_method *kvs_method_find(const char *name) {
     return NULL;
 }
 
-/* Levenshtein distance of short strings (names are < 32 chars). */
-static int edit_distance(const char *a, const char *b) {
-    int la = (int)strlen(a), lb = (int)strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    int prev[64], cur[64];
-    for (int j = 0; j <= lb; j++) prev[j] = j;
-    for (int i = 1; i <= la; i++) {
-        cur[0] = i;
-        for (int j = 1; j <= lb; j++) {
-            int c = prev[j - 1] + (a[i - 1] != b[j - 1]);
-            if (prev[j] + 1 < c) c = prev[j] + 1;
-            if (cur[j - 1] + 1 < c) c = cur[j - 1] + 1;
-            cur[j] = c;
-        }
-        memcpy(prev, cur, sizeof(int) * (size_t)(lb + 1));
-    }
-    return prev[lb];
-}
-
 kvs_status kvs_method_lookup(const char *name, const kvs_method **out, kvs_err *err) {
     *out = kvs_method_find(name);
     if (*out) return KVS_OK;
@@ -48,7 +29,7 @@ kvs_status kvs_method_lookup(const char *name, const kvs_method **out, kvs_err *
     int bestd = 4;
     char known[256] = "";
     for (int i = 0; i < kvs_methods_count(); i++) {
-        int d = edit_distance(name ? name : "", registry[i]->name);
+        int d = kvs_edit_distance(name ? name : "", registry[i]->name);
         if (d < bestd) bestd = d, best = registry[i]->name;
         if (i) strncat(known, ", ", sizeof known - strlen(known) - 1);
         strncat(known, registry[i]->name, sizeof known - strlen(known) - 1);

@@ -65,6 +65,8 @@ struct kvs_model {
     float attn_scale;    /* 1/sqrt(head_dim) unless the model says otherwise */
     float norm_eps;
     int rope_neox;       /* 1: rotate halves (NEOX), 0: interleaved pairs */
+    float rope_scale;    /* linear RoPE scaling: positions times this (global layers) */
+    float *rope_freqs;   /* [D/2] frequency divisors (rope_freqs.weight) or NULL */
     kvs_tokenizer *tok;
     kvs_special_tokens special;
 };

@@ -284,6 +284,9 @@ typedef struct {
 kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *opts, kvs_session **out,
                            kvs_err *err);
 void kvs_session_free(kvs_session *s);
+/* Prefill chunk in tokens (default 2048; <= 0 restores it). Bounds the prefill
+ * scratch memory; every chunk attends to the earlier ones through the cache. */
+void kvs_session_set_ubatch(kvs_session *s, int ubatch);
 /* Forget the sequence (cache lengths to 0, capacity restored). */
 void kvs_session_reset(kvs_session *s);
 int kvs_session_n_ctx(const kvs_session *s);

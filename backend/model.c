@@ -109,6 +109,7 @@ void kvs_model_free(kvs_model *m) {
         free(m->layers);
     }
     free(m->output_norm);
+    free(m->rope_freqs);
     kvs_tokenizer_free(m->tok);
     kvs_gguf_close(&m->g);
     free(m);
@@ -186,14 +187,20 @@ kvs_status kvs_model_load(const char *path, const kvs_model_opts *opts, kvs_mode
             goto cleanup;
     }
     {
+        /* RoPE scaling: "linear" divides positions by the factor (gemma3: global layers only) */
         char key[160];
         snprintf(key, sizeof key, "%s.rope.scaling.type", I->arch);
         char sty[32] = "";
-        if (kvs_gguf_get_str(&m->g, key, sty, sizeof sty, NULL) == KVS_OK && strcmp(sty, "none") &&
-            get_f(m, "rope.scaling.factor", 1.0) != 1.0) {
-            st = kvs_errorf(err, KVS_ERR_UNSUPPORTED, "%s: RoPE scaling '%s' (factor %g) is not supported yet",
-                            path, sty, get_f(m, "rope.scaling.factor", 1.0));
-            goto cleanup;
+        double factor = get_f(m, "rope.scaling.factor", 1.0);
+        m->rope_scale = 1.0f;
+        if (kvs_gguf_get_str(&m->g, key, sty, sizeof sty, NULL) == KVS_OK && strcmp(sty, "none") && factor != 1.0) {
+            if (strcmp(sty, "linear") || !(factor > 0)) {
+                st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                                "%s: RoPE scaling '%s' (factor %g) is not supported (supported: none, linear)", path,
+                                sty, factor);
+                goto cleanup;
+            }
+            m->rope_scale = (float)(1.0 / factor);
         }
     }
 
@@ -203,6 +210,8 @@ kvs_status kvs_model_load(const char *path, const kvs_model_opts *opts, kvs_mode
     if ((st = find_w(m, "output.weight", E, I->n_vocab, 1, &m->output, err))) goto cleanup;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
     if ((st = find_vec(m, "output_norm.weight", E, 0, &m->output_norm, err))) goto cleanup;
+    /* llama 3.1 style per-frequency divisors of the rotation (global layers) */
+    if ((st = find_vec(m, "rope_freqs.weight", D / 2, 1, &m->rope_freqs, err))) goto cleanup;
     m->layers = calloc((size_t)I->n_layers, sizeof *m->layers);
     if (!m->layers) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", path);

@@ -26,7 +26,7 @@
 
 #include "engine_private.h"
 
-#define KVS_UBATCH 2048 /* prefill chunk (tokens) */
+#define KVS_UBATCH 2048 /* default prefill chunk (tokens) */
 #define KVS_QTILE 128   /* prefill attention query tile */
 #define KVS_SHORT_PROMPT 8 /* prompts up to this length run through the decode kernels */
 
@@ -41,7 +41,7 @@ typedef struct {
 
 struct kvs_session {
     kvs_model *m;
-    int n_ctx, n_threads, record_queries;
+    int n_ctx, n_threads, record_queries, ubatch;
     int n_past, n_prompt;
     kv_layer *kv;       /* [L] */
     uint8_t *modality;  /* [n_ctx] */
@@ -147,6 +147,7 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
     s->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : (MI->n_ctx_train < 8192 ? MI->n_ctx_train : 8192);
     s->n_threads = o && o->n_threads > 0 ? o->n_threads : m->n_threads;
     s->record_queries = o ? o->record_queries : 0;
+    s->ubatch = KVS_UBATCH;
     kvs_status st = KVS_OK;
     if (s->n_ctx > MI->n_ctx_train) {
         st = kvs_errorf(err, KVS_ERR_INVALID, "n_ctx %d exceeds the model's context length %d", s->n_ctx,
@@ -183,8 +184,11 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
         st = kvs_errorf(err, KVS_ERR_NOMEM, "session: out of memory");
         goto cleanup;
     }
+    /* theta_i(pos) = pos * inv_freq[i]; scaling and frequency factors apply to global layers */
     for (int i = 0; i < D / 2; i++) {
-        s->inv_freq_g[i] = (float)pow((double)MI->rope_base, -2.0 * i / D);
+        double g = pow((double)MI->rope_base, -2.0 * i / D) * m->rope_scale;
+        if (m->rope_freqs) g /= m->rope_freqs[i];
+        s->inv_freq_g[i] = (float)g;
         s->inv_freq_l[i] = (float)pow((double)MI->rope_base_local, -2.0 * i / D);
     }
     /* capacity n_ctx per layer: pages are only committed when written */
@@ -218,6 +222,7 @@ void kvs_session_reset(kvs_session *s) {
 }
 
 int kvs_session_n_ctx(const kvs_session *s) { return s->n_ctx; }
+void kvs_session_set_ubatch(kvs_session *s, int ubatch) { s->ubatch = ubatch > 0 ? ubatch : KVS_UBATCH; }
 int kvs_session_n_past(const kvs_session *s) { return s->n_past; }
 const kvs_model *kvs_session_model(const kvs_session *s) { return s->m; }
 
@@ -661,7 +666,7 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
         kvs_session_reset(s);
         return st;
     }
-    int ub = n < KVS_UBATCH ? n : KVS_UBATCH;
+    int ub = n < s->ubatch ? n : s->ubatch;
     size_t maxw = 0;
     for (int l = 0; l < MI->n_layers; l++) {
         const kvs_wmat *ws[] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv, &m->layers[l].wo,

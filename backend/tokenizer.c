@@ -35,8 +35,9 @@ struct kvs_tokenizer {
     int32_t *type;     /* [n] */
     int32_t *ht;       /* open-addressing hash: token ids, -1 empty */
     uint32_t ht_mask;
-    int32_t *spec;     /* special token ids, sorted by length descending */
+    int32_t *spec;     /* special token ids grouped by first byte, each group by length descending */
     int n_spec;
+    int spec_start[257]; /* spec[spec_start[b] .. spec_start[b+1]) start with byte b */
     int32_t byte_tok[256];
     int add_space_prefix;
     int32_t eog[8];
@@ -85,13 +86,15 @@ void kvs_tokenizer_free(kvs_tokenizer *t) {
 
 static const kvs_tokenizer *TOK(const kvs_model *m) { return m->tok; }
 
-/* Special tokens sorted by (length descending, id): longest match first. */
+/* Special tokens sorted by (first byte, length descending, id): longest match first. */
 typedef struct {
     uint32_t len;
     int32_t id;
-} len_id;
+    uint8_t first;
+} len_id_b;
 static int cmp_len_id(const void *a, const void *b) {
-    const len_id *x = a, *y = b;
+    const len_id_b *x = a, *y = b;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
     if (x->len != y->len) return x->len > y->len ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
 }
@@ -232,7 +235,7 @@ kvs_status kvs_tokenizer_load(kvs_model *m, kvs_err *err) {
         int ns = 0;
         for (int i = 0; i < n; i++)
             if ((t->type[i] == TT_CONTROL || t->type[i] == TT_USER) && t->len[i] > 0) ns++;
-        len_id *li = malloc((size_t)(ns ? ns : 1) * sizeof *li);
+        len_id_b *li = malloc((size_t)(ns ? ns : 1) * sizeof *li);
         t->spec = malloc((size_t)(ns ? ns : 1) * sizeof *t->spec);
         if (!li || !t->spec) {
             free(li);
@@ -242,10 +245,15 @@ kvs_status kvs_tokenizer_load(kvs_model *m, kvs_err *err) {
         ns = 0;
         for (int i = 0; i < n; i++)
             if ((t->type[i] == TT_CONTROL || t->type[i] == TT_USER) && t->len[i] > 0)
-                li[ns++] = (len_id){t->len[i], i};
+                li[ns++] = (len_id_b){t->len[i], i, (uint8_t)t->text[t->off[i]]};
         qsort(li, (size_t)ns, sizeof *li, cmp_len_id);
         for (int i = 0; i < ns; i++) t->spec[i] = li[i].id;
         t->n_spec = ns;
+        int k = 0;
+        for (int b = 0; b <= 256; b++) {
+            while (k < ns && li[k].first < b) k++;
+            t->spec_start[b] = k;
+        }
         free(li);
     }
     int64_t v;
@@ -688,7 +696,8 @@ kvs_status kvs_tokenize(const kvs_model *m, const char *text, size_t len, int ad
     while (i <= len) {
         int32_t hit = -1;
         if (i < len) {
-            for (int k = 0; k < t->n_spec; k++) {
+            uint8_t fb = (uint8_t)text[i];
+            for (int k = t->spec_start[fb]; k < t->spec_start[fb + 1]; k++) {
                 int32_t id = t->spec[k];
                 if (t->type[id] == TT_CONTROL && !parse_special) continue;
                 uint32_t l = t->len[id];

@@ -22,6 +22,8 @@ int kvs_cmd_synth(int argc, char **argv);
 int kvs_cmd_compress(int argc, char **argv);
 int kvs_cmd_fidelity(int argc, char **argv);
 int kvs_cmd_demo(int argc, char **argv);
+/* kernels/: cmd_devices.c */
+int kvs_cmd_devices(int argc, char **argv);
 /* eval/ (issue: runner): cmd_run.c, cmd_report.c */
 int kvs_cmd_run(int argc, char **argv);
 int kvs_cmd_report(int argc, char **argv);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -26,6 +27,12 @@ static const char *PARAGRAPH =
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsieve bench --model PATH|default [--prompt-len N] [--gen N] [--threads N] [--reps N]\n"
                "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1\n");
+}
+
+static double cpu_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -119,21 +126,30 @@ int kvs_cmd_bench(int argc, char **argv) {
     if (kvs_session_prefill(s, toks, n < 16 ? n : 16, NULL, logits, &err) != KVS_OK ||
         kvs_session_decode(s, argmax(logits, info->n_vocab), logits, &err) != KVS_OK)
         goto fail;
+    FILE *lf = fopen("/proc/loadavg", "r");
+    double la = 0;
+    if (lf) {
+        if (fscanf(lf, "%lf", &la) == 1) printf("load average before: %.2f (other processes share the cores)\n", la);
+        fclose(lf);
+    }
     for (long r = 0; r < reps; r++) {
         kvs_session_reset(s);
-        double t0 = kvs_now_ms();
+        double c0 = cpu_s(), t0 = kvs_now_ms();
         if (kvs_session_prefill(s, toks, n, NULL, logits, &err) != KVS_OK) goto fail;
-        double t1 = kvs_now_ms();
+        double t1 = kvs_now_ms(), c1 = cpu_s();
         int32_t tok = argmax(logits, info->n_vocab);
         for (long g = 0; g < gen; g++) {
             if (kvs_session_decode(s, tok, logits, &err) != KVS_OK) goto fail;
             tok = argmax(logits, info->n_vocab);
         }
-        double t2 = kvs_now_ms();
+        double t2 = kvs_now_ms(), c2 = cpu_s();
         pf[r] = n * 1000.0 / (t1 - t0);
         dc[r] = gen * 1000.0 / (t2 - t1);
-        printf("rep %ld: prefill %.1f ms = %.1f tok/s; decode %ld tokens %.1f ms = %.2f tok/s\n", r + 1, t1 - t0,
-               pf[r], gen, t2 - t1, dc[r]);
+        /* CPU seconds used / threads = wall time the run would take with the cores to itself */
+        printf("rep %ld: prefill %.1f ms = %.1f tok/s (cpu %.2f s: %.1f tok/s per %ld dedicated cores); decode %ld "
+               "tokens %.1f ms = %.2f tok/s (cpu %.2f s: %.1f tok/s)\n",
+               r + 1, t1 - t0, pf[r], c1 - c0, n / ((c1 - c0) / threads), threads, gen, t2 - t1, dc[r], c2 - c1,
+               gen / ((c2 - c1) / threads));
     }
     qsort(pf, (size_t)reps, sizeof *pf, cmp_d);
     qsort(dc, (size_t)reps, sizeof *dc, cmp_d);

@@ -131,6 +131,7 @@ int kvs_cmd_run(int argc, char **argv) {
     o.progress_every_s = 5;
     o.resume_hint = hint;
     o.max_cells = (int)limit;
+    o.kvsieve_bin = "/proc/self/exe"; /* the embedded backend is this binary's `serve` */
     kvs_run_summary sum;
     kvs_status rc = kvs_run_config(st, &cfg, &o, &sum, &err);
     signal(SIGINT, SIG_DFL);
@@ -147,6 +148,20 @@ int kvs_cmd_run(int argc, char **argv) {
     } else if (!quiet) {
         fprintf(stderr, "%s: %d new cells, %d already done, %d total; report: kvsieve report --db %s\n",
                 sum.interrupted ? "interrupted" : "done", sum.n_done, sum.n_already, sum.n_cells, db);
+    }
+    /* a task experiment's head-to-head table, at the end of a run that finished */
+    for (int i = 0; !dry && !sum.interrupted && i < cfg.n_experiments; i++) {
+        if (cfg.experiments[i].kind != KVS_KIND_TASK) continue;
+        kvs_report_opts ro;
+        memset(&ro, 0, sizeof ro);
+        ro.experiment = cfg.experiments[i].name;
+        ro.format = KVS_REPORT_MD;
+        fflush(stderr);
+        if (kvs_report_write(st, &ro, stdout, &err)) {
+            fprintf(stderr, "kvsieve run: report: %s\n", err.msg);
+            goto cleanup;
+        }
+        fflush(stdout);
     }
     code = sum.interrupted ? 130 : 0;
     if (sum.interrupted && limit > 0 && !run_stop) code = 0;

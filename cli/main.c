@@ -13,6 +13,7 @@ static const kvs_cli_command commands[] = {
     {"synth", kvs_cmd_synth, "write a realistic synthetic cache dump (safetensors)"},
     {"compress", kvs_cmd_compress, "compress a cache dump: plan JSON and/or compressed dump"},
     {"fidelity", kvs_cmd_fidelity, "attention-output error and outlier retention, a row per method"},
+    {"devices", kvs_cmd_devices, "list the CUDA devices the GPU path can use"},
 #ifdef KVS_HAVE_EVAL
     {"run", kvs_cmd_run, "run a Lua experiment config into the results database"},
     {"report", kvs_cmd_report, "tables and plots from the results database"},

@@ -82,7 +82,9 @@ typedef struct {
     char kind[16];    /* "needle", "jsonl", "longbench", "milebench" */
     char version[64]; /* loader version, e.g. "jsonl-1"; needle: "niah-1" */
     char hash[65];    /* SHA-256 of kvs_dataset_canonical() */
-    char metric[32];  /* suggested metric name: "needle", "contains", "choice", ... */
+    char metric[32];  /* suggested metric (eval/kvs_metrics.h): needle -> "needle", jsonl ->
+                         "contains", longbench -> "rouge_l", milebench -> "choice" when
+                         meta_data.question_type mentions "choice", else "rouge_l" */
     int n_samples;
     kvs_sample *samples; /* [n_samples] */
 } kvs_dataset;
@@ -137,11 +139,13 @@ kvs_status kvs_dataset_load(const char *kind, const char *path, kvs_ds_hash_fn h
  * kvsieve, compiled into the library). */
 const char *kvs_haystack_default(size_t *len);
 
-/* Build filler text of about target_chars characters from source: whole
- * sentences taken in order from a seed-chosen starting sentence, wrapping
- * around; the result ends on a sentence boundary and its length is within
- * one sentence of target_chars (never more than target_chars + longest
- * sentence). Deterministic in (source, target_chars, seed). Caller frees *out. */
+/* Build filler text from source: lines starting with '#' dropped (headings),
+ * whitespace runs collapsed to one space,
+ * whole sentences (ending in '.', '!' or '?') taken in order from a
+ * seed-chosen starting sentence, wrapping around, joined by one space, while
+ * the total stays <= target_chars. So target_chars - (longest sentence + 1)
+ * < length <= target_chars. Deterministic in (source, target_chars, seed).
+ * Caller frees *out. */
 kvs_status kvs_haystack_build(const char *source, size_t source_len, int64_t target_chars,
                               uint64_t seed, char **out, size_t *out_len, kvs_err *err);
 
@@ -159,7 +163,10 @@ typedef struct {
 
 /* Generate lengths x depths x samples_per_cell samples (ordered length,
  * depth, sample), each a haystack with one needle sentence inserted at the
- * sentence boundary nearest to depth * context length. The needle kind and
+ * sentence boundary nearest to depth * filler length (depth = the share of
+ * the filler that comes before the needle; needle.offset is where the needle
+ * sentence starts). The context is at most `length` characters and shorter
+ * by less than one sentence. Lengths must be >= 256. The needle kind and
  * value are drawn from the seed. Sample ids are "L<chars>-D<depth>-S<k>".
  * The dataset's version is KVS_DS_NEEDLE_VERSION "+hay:<first 12 hex of the
  * haystack's hash>"; its metric is "needle". */

@@ -7,6 +7,7 @@
  */
 #include <assert.h>
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +83,7 @@ static kvs_status get_str(const cJSON *obj, const char *key, const char *field, 
         s = v->valuestring;
     } else if (id_like && cJSON_IsNumber(v)) {
         double d = v->valuedouble;
-        if (d == (double)(long long)d) snprintf(num, sizeof num, "%lld", (long long)d);
+        if (fabs(d) < 9e15 && d == (double)(long long)d) snprintf(num, sizeof num, "%lld", (long long)d);
         else snprintf(num, sizeof num, "%.17g", d);
         s = num;
     } else {
@@ -203,11 +204,17 @@ static kvs_status load_jsonl(const char *path, jsonl_fmt fmt, kvs_ds_hash_fn has
                             line, col);
             goto cleanup;
         }
+        if (parse_end && parse_end < text + b) {
+            st = kvs_errorf(err, KVS_ERR_FORMAT,
+                            "%s:%d: unexpected text after the JSON object (column %ld); one object per line",
+                            path, line, (long)(parse_end - (text + a)) + 1);
+            goto cleanup;
+        }
         if (!cJSON_IsObject(obj)) {
             st = kvs_errorf(err, KVS_ERR_FORMAT, "%s:%d: expected a JSON object", path, line);
             goto cleanup;
         }
-        kvs_sample *s;
+        kvs_sample *s = NULL;
         st = push_sample(d, &cap, &s, err);
         if (st) goto cleanup;
         if (fmt == FMT_QA) {
@@ -278,6 +285,19 @@ kvs_status kvs_dataset_load_milebench(const char *path, kvs_ds_hash_fn hash, kvs
         int line = 1;
         for (const char *c = text; parse_end && c < parse_end; c++) line += *c == '\n';
         st = kvs_errorf(err, KVS_ERR_FORMAT, "%s:%d: not valid JSON", path, line);
+        goto cleanup;
+    }
+    while (parse_end && parse_end < text + len &&
+           (*parse_end == ' ' || *parse_end == '\n' || *parse_end == '\r' || *parse_end == '\t'))
+        parse_end++;
+    if (parse_end && parse_end < text + len) {
+        int line = 1;
+        for (const char *c = text; c < parse_end; c++) line += *c == '\n';
+        st = kvs_errorf(err, KVS_ERR_FORMAT, "%s:%d: unexpected text after the JSON document", path, line);
+        goto cleanup;
+    }
+    if (!cJSON_IsObject(root)) {
+        st = kvs_errorf(err, KVS_ERR_FORMAT, "%s: expected a JSON object with meta_data and data", path);
         goto cleanup;
     }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "meta_data");

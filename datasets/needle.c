@@ -25,16 +25,10 @@ const char *kvs_haystack_default(size_t *len) {
 
 int64_t kvs_tokens_to_chars(int64_t tokens) { return (int64_t)llround((double)tokens * KVS_CHARS_PER_TOKEN); }
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static int is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
-/* The source split into sentences: whitespace runs collapsed to one space,
+/* The source split into sentences: lines starting with '#' dropped
+ * (headings), whitespace runs collapsed to one space,
  * a sentence ends after '.', '!' or '?' (plus closing quotes/brackets) that is
  * followed by whitespace or the end. */
 typedef struct {
@@ -60,6 +54,11 @@ static kvs_status sentences_split(const char *src, size_t n, sentences *out, kvs
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         char c = src[i];
+        if (c == '#' && (i == 0 || src[i - 1] == '\n')) { /* a heading line: skip it */
+            while (i < n && src[i] != '\n') i++;
+            if (m > 0 && out->text[m - 1] != ' ') out->text[m++] = ' ';
+            continue;
+        }
         if (is_space(c)) {
             if (m > 0 && out->text[m - 1] != ' ') out->text[m++] = ' ';
         } else {
@@ -115,7 +114,7 @@ static kvs_status sentences_split(const char *src, size_t n, sentences *out, kvs
 static kvs_status build(const sentences *s, int64_t target, uint64_t seed, kvs_ds_buf *out,
                         size_t **starts, int *n_starts, kvs_err *err) {
     uint64_t rng = seed ^ 0x6861797374616B00ull; /* "haystak" */
-    int k = (int)(splitmix64(&rng) % (uint64_t)s->n);
+    int k = (int)(kvs_rng_next(&rng) % (uint64_t)s->n);
     size_t cap = 0;
     kvs_status st = KVS_OK;
     if (starts) {
@@ -188,26 +187,26 @@ static const char *const things[] = {"the blue lighthouse", "the copper kettle",
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 typedef struct {
-    char sentence[256], question[192], value[64];
+    char sentence[128], question[128], value[32];
     const char *kind;
 } needle;
 
 static void make_needle(int kind, uint64_t *rng, needle *n) {
     n->kind = kind_names[kind];
     if (kind == 0) {
-        unsigned v = 10000u + (unsigned)(splitmix64(rng) % 90000u);
+        unsigned v = 10000u + (unsigned)(kvs_rng_next(rng) % 90000u);
         snprintf(n->value, sizeof n->value, "%u", v);
         snprintf(n->sentence, sizeof n->sentence, "The secret passkey is %s. Remember it.", n->value);
         snprintf(n->question, sizeof n->question, "What is the secret passkey?");
     } else if (kind == 1) {
-        const char *p = people[splitmix64(rng) % (uint64_t)COUNT(people)];
-        const char *c = cities[splitmix64(rng) % (uint64_t)COUNT(cities)];
+        const char *p = people[kvs_rng_next(rng) % (uint64_t)COUNT(people)];
+        const char *c = cities[kvs_rng_next(rng) % (uint64_t)COUNT(cities)];
         snprintf(n->value, sizeof n->value, "%s", c);
         snprintf(n->sentence, sizeof n->sentence, "%s moved to the city of %s last spring.", p, c);
         snprintf(n->question, sizeof n->question, "To which city did %s move last spring?", p);
     } else {
-        const char *t = things[splitmix64(rng) % (uint64_t)COUNT(things)];
-        unsigned v = 1000000u + (unsigned)(splitmix64(rng) % 9000000u);
+        const char *t = things[kvs_rng_next(rng) % (uint64_t)COUNT(things)];
+        unsigned v = 1000000u + (unsigned)(kvs_rng_next(rng) % 9000000u);
         snprintf(n->value, sizeof n->value, "%u", v);
         snprintf(n->sentence, sizeof n->sentence, "The special magic number for %s is %s.", t,
                  n->value);
@@ -267,9 +266,10 @@ kvs_status kvs_needle_generate(const kvs_needle_opts *o, kvs_ds_hash_fn hash, kv
             return kvs_errorf(err, KVS_ERR_INVALID, "needle: depths[%d] = %g is outside [0, 1]", i,
                               o->depths[i]);
     for (int i = 0; i < o->n_lengths; i++)
-        if (o->lengths[i] < 64)
+        if (o->lengths[i] < 256)
             return kvs_errorf(err, KVS_ERR_INVALID,
-                              "needle: lengths[%d] = %lld characters is too short (at least 64)", i,
+                              "needle: lengths[%d] = %lld characters is too short for a needle and "
+                              "its filler (at least 256)", i,
                               (long long)o->lengths[i]);
     st = parse_kinds(o->kinds, on, &n_on, err);
     if (st) return st;
@@ -297,20 +297,15 @@ kvs_status kvs_needle_generate(const kvs_needle_opts *o, kvs_ds_hash_fn hash, kv
                 double D = o->depths[di];
                 uint64_t rng = o->seed * 0xD1B54A32D192ED03ull + (uint64_t)idx * 0x9E3779B97F4A7C15ull;
                 needle nd;
-                make_needle(on[splitmix64(&rng) % (uint64_t)n_on], &rng, &nd);
+                make_needle(on[kvs_rng_next(&rng) % (uint64_t)n_on], &rng, &nd);
                 size_t nl = strlen(nd.sentence);
                 int64_t target = L - (int64_t)nl - 1;
-                if (target < 1) {
-                    st = kvs_errorf(err, KVS_ERR_INVALID,
-                                    "needle: length %lld characters leaves no room for the needle "
-                                    "(%zu characters)", (long long)L, nl);
-                    goto cleanup;
-                }
+                assert(target >= 1); /* lengths >= 256, needle sentences < 128 */
                 int n_starts = 0;
                 free(starts);
                 starts = NULL;
                 hay.n = 0;
-                st = build(&s, target, splitmix64(&rng), &hay, &starts, &n_starts, err);
+                st = build(&s, target, kvs_rng_next(&rng), &hay, &starts, &n_starts, err);
                 if (st) goto cleanup;
                 /* The boundary (a sentence start, or the end) nearest to D * hay length. */
                 double want = D * (double)hay.n;

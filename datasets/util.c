@@ -73,33 +73,11 @@ char *kvs_ds_strdup(const char *s) {
     return p;
 }
 
-/* Levenshtein distance with one row of O(|b|) memory; names are short. */
-static int edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (lb > 63) lb = 63;
-    int row[64]; /* [lb+1] */
-    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int up = row[j];
-            int cost = a[i - 1] == b[j - 1] ? 0 : 1;
-            int v = diag + cost;
-            if (row[j] + 1 < v) v = row[j] + 1;
-            if (row[j - 1] + 1 < v) v = row[j - 1] + 1;
-            row[j] = v;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
 const char *kvs_ds_closest(const char *name, const char *const *list, int n) {
     const char *best = NULL;
     int bd = 1 << 30;
     for (int i = 0; i < n; i++) {
-        int d = edit_distance(name, list[i]);
+        int d = kvs_edit_distance(name, list[i]);
         if (d < bd) {
             bd = d;
             best = list[i];

@@ -15,8 +15,10 @@
  * No package library, so no require and no C modules.
  */
 #define _XOPEN_SOURCE 700 /* realpath */
+#include "kvs_datasets.h"
 #include "kvs_eval.h"
 #include "kvs_formats.h"
+#include "kvs_metrics.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -178,7 +180,8 @@ static void open_sandbox(lua_State *L, const char *dir) {
     lua_setfield(L, LUA_REGISTRYINDEX, REG_LIST);
     lua_pushcfunction(L, l_experiment);
     lua_setglobal(L, "experiment");
-    static const char *const helpers[] = {"synthetic", "niah", "shape", "backend"};
+    static const char *const helpers[] = {"synthetic", "niah",      "shape",    "backend",
+                                           "jsonl",     "longbench", "milebench"};
     for (size_t i = 0; i < sizeof helpers / sizeof helpers[0]; i++) {
         lua_pushstring(L, helpers[i]);
         lua_pushcclosure(L, l_helper, 1);
@@ -1043,9 +1046,64 @@ done:
     return rc;
 }
 
+/* backend.url: a string or a list of strings (cells spread across them). */
+static kvs_status parse_backend_urls(const vctx *v, int idx, int line, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc = KVS_OK;
+    lua_getfield(L, idx, "url");
+    int u = lua_gettop(L);
+    if (lua_isnil(L, u)) {
+        lua_pop(L, 1);
+        return KVS_OK;
+    }
+    int is_list, n = lua_type(L, u) == LUA_TSTRING ? 1 : list_len(L, u, &is_list);
+    if (lua_type(L, u) == LUA_TSTRING) is_list = 0;
+    if (lua_type(L, u) != LUA_TSTRING && lua_type(L, u) != LUA_TTABLE) {
+        rc = ferr(v, line, "backend.url", KVS_ERR_INVALID,
+                  "expected a URL or a list of URLs, got a %s", type_name(L, u));
+        goto done;
+    }
+    if (is_list && (rc = check_sequence(v, u, line, "backend.url"))) goto done;
+    if (n < 1 || n > 64) {
+        rc = ferr(v, line, "backend.url", KVS_ERR_INVALID, "%d URLs; give 1 to 64", n);
+        goto done;
+    }
+    e->backend_urls = calloc((size_t)n, sizeof *e->backend_urls);
+    if (!e->backend_urls) {
+        rc = kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    e->n_backend_urls = n;
+    for (int i = 1; i <= n; i++) {
+        char name[64];
+        elem_name(name, sizeof name, "backend.url", is_list, i);
+        if (is_list)
+            list_get(L, u, is_list, i);
+        else
+            lua_pushvalue(L, u);
+        size_t len = 0;
+        const char *x = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+        if (!x)
+            rc = ferr(v, line, name, KVS_ERR_INVALID, "expected a string, got a %s", type_name(L, -1));
+        else if (len >= sizeof e->backend_urls[0])
+            rc = ferr(v, line, name, KVS_ERR_INVALID, "too long (%zu characters)", len);
+        else if (strncmp(x, "http://", 7) != 0 && strncmp(x, "https://", 8) != 0)
+            rc = ferr(v, line, name, KVS_ERR_INVALID, "'%s' is not an http:// or https:// URL", x);
+        else
+            memcpy(e->backend_urls[i - 1], x, len + 1);
+        lua_pop(L, 1);
+        if (rc) goto done;
+    }
+    snprintf(e->backend_url, sizeof e->backend_url, "%s", e->backend_urls[0]);
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
 static kvs_status parse_backend(const vctx *v, int t, kvs_experiment *e) {
     lua_State *L = v->L;
     kvs_status rc = KVS_OK;
+    e->in_flight = 2;
     lua_getfield(L, t, "backend");
     int idx = lua_gettop(L);
     if (lua_isnil(L, idx)) {
@@ -1056,10 +1114,15 @@ static kvs_status parse_backend(const vctx *v, int t, kvs_experiment *e) {
                   type_name(L, idx));
     } else {
         int line = table_line(L, idx, e->line);
-        static const char *const keys[] = {"embedded", "url", NULL};
+        static const char *const keys[] = {"embedded", "url",     "model",     "api",
+                                           "threads",  "ctx",     "in_flight", NULL};
+        int64_t x;
+        char api[16];
         if (!(rc = check_keys(v, idx, line, "backend.", keys)) &&
-            !(rc = get_string(v, idx, line, "url", "backend.url", e->backend_url,
-                              sizeof e->backend_url, 0))) {
+            !(rc = parse_backend_urls(v, idx, line, e)) &&
+            !(rc = get_string(v, idx, line, "model", "backend.model", e->model, sizeof e->model,
+                              0)) &&
+            !(rc = get_string(v, idx, line, "api", "backend.api", api, sizeof api, 0))) {
             lua_getfield(L, idx, "embedded");
             int has_emb = !lua_isnil(L, -1);
             if (has_emb && !lua_isboolean(L, -1))
@@ -1067,23 +1130,99 @@ static kvs_status parse_backend(const vctx *v, int t, kvs_experiment *e) {
                           "expected true or false, got a %s", type_name(L, -1));
             e->backend_embedded = lua_toboolean(L, -1);
             lua_pop(L, 1);
-            if (!rc && e->backend_embedded == (e->backend_url[0] != '\0'))
+            if (!rc && e->backend_embedded == (e->n_backend_urls > 0))
                 rc = ferr(v, line, NULL, KVS_ERR_INVALID,
                           "backend: give exactly one of embedded = true or url = \"...\"");
-            if (!rc && e->backend_url[0] && strncmp(e->backend_url, "http://", 7) != 0 &&
-                strncmp(e->backend_url, "https://", 8) != 0)
-                rc = ferr(v, line, "backend.url", KVS_ERR_INVALID,
-                          "'%s' is not an http:// or https:// URL", e->backend_url);
+            static const char *const apis[] = {"kvsieve", "openai", NULL};
+            int which = 0;
+            if (!rc && api[0] && !(rc = check_choice(v, line, "backend.api", api, apis, &which)))
+                e->backend_openai = which == 1;
+            if (!rc && e->backend_openai && e->backend_embedded)
+                rc = ferr(v, line, "backend.api", KVS_ERR_INVALID,
+                          "the embedded backend is kvsieve's own server; api = \"openai\" is for "
+                          "url = ... servers");
+            if (!rc && !(rc = get_int(v, idx, line, "threads", "backend.threads", 1, 1024, 0, &x)))
+                e->backend_threads = (int)x;
+            if (!rc && !(rc = get_int(v, idx, line, "ctx", "backend.ctx", 64, 1 << 24, 0, &x)))
+                e->backend_ctx = (int)x;
+            if (!rc && !(rc = get_int(v, idx, line, "in_flight", "backend.in_flight", 1, 64, 2, &x)))
+                e->in_flight = (int)x;
+            if (!rc && !e->backend_embedded && (e->backend_threads || e->backend_ctx))
+                rc = ferr(v, line, e->backend_threads ? "backend.threads" : "backend.ctx",
+                          KVS_ERR_INVALID, "only for embedded = true (a url backend is started "
+                          "by whoever runs it)");
         }
     }
     lua_pop(L, 1);
     return rc;
 }
 
+/* jsonl{ path, limit } / longbench{...} / milebench{...}: a file dataset of
+ * kind `task`; the path is relative to the config's folder. */
+static kvs_status parse_file_dataset(const vctx *v, int t, const char *helper, kvs_experiment *e) {
+    kvs_status rc;
+    int line = table_line(v->L, t, e->line);
+    static const char *const keys[] = {"path", "limit", NULL};
+    if ((rc = check_keys(v, t, line, "dataset.", keys))) return rc;
+    snprintf(e->dataset, sizeof e->dataset, "%s", helper);
+    char path[1024];
+    if ((rc = get_string(v, t, line, "path", "dataset.path", path, sizeof path, 1))) return rc;
+    if (path[0] == '/') {
+        snprintf(e->dataset_path, sizeof e->dataset_path, "%s", path);
+    } else {
+        const char *slash = strrchr(v->path, '/');
+        int dl = slash ? (int)(slash - v->path) : 1;
+        int w = snprintf(e->dataset_path, sizeof e->dataset_path, "%.*s/%s", dl,
+                         slash ? v->path : ".", path);
+        if (w < 0 || (size_t)w >= sizeof e->dataset_path)
+            return ferr(v, line, "dataset.path", KVS_ERR_INVALID, "path too long");
+    }
+    int64_t x;
+    if ((rc = get_int(v, t, line, "limit", "dataset.limit", 0, 1 << 30, 0, &x))) return rc;
+    e->limit = (int)x;
+    return KVS_OK;
+}
+
+static kvs_status get_choice_list(const vctx *v, int t, int base_line, const char *key,
+                                  const char *const *choices, int dflt, int *idx, int max, int *n);
+
+/* mode (a value or a list), template, n_predict. */
+static kvs_status parse_task_fields(const vctx *v, int t, kvs_experiment *e) {
+    kvs_status rc;
+    static const char *const modes[] = {"query_aware", "query_agnostic", NULL};
+    if ((rc = get_choice_list(v, t, e->line, "mode", modes, 0, e->modes, 2, &e->n_modes))) return rc;
+    if ((rc = get_string(v, t, e->line, "template", "template", e->prompt_template,
+                         sizeof e->prompt_template, 0)))
+        return rc;
+    if (e->prompt_template[0]) {
+        const kvs_prompt_template *pt;
+        kvs_err e2 = {0};
+        if (kvs_prompt_template_get(e->prompt_template, &pt, &e2))
+            return ferr(v, e->line, "template", KVS_ERR_INVALID, "%s", e2.msg);
+    }
+    int64_t x;
+    int dflt = !strcmp(e->dataset, "niah") ? 24 : 64;
+    if ((rc = get_int(v, t, e->line, "n_predict", "n_predict", 1, 1 << 16, dflt, &x))) return rc;
+    e->n_predict = (int)x;
+    if (e->backend_openai)
+        for (int i = 0; i < e->n_variants; i++)
+            if (e->variants[i].method != &kvs_method_full)
+                return ferr(v, e->line, "methods", KVS_ERR_INVALID,
+                            "method '%s': backend api 'openai' (a plain OpenAI-compatible server, "
+                            "no kv_compression) can only evaluate 'full'",
+                            e->variants[i].method->name);
+    for (int i = 0; i < e->n_modes; i++)
+        if (e->modes[i] == KVS_PROMPT_QUERY_AGNOSTIC && e->backend_openai)
+            return ferr(v, e->line, "mode", KVS_ERR_INVALID,
+                        "query_agnostic needs the kvsieve kv_compression extension (backend api "
+                        "'openai' cannot append the question after a compression)");
+    return KVS_OK;
+}
+
 static kvs_status parse_metrics(const vctx *v, int t, kvs_experiment *e) {
     lua_State *L = v->L;
     kvs_status rc = KVS_OK;
-    static const char *const known[] = {"contains", "exact", "f1", "rouge_l", "accuracy", NULL};
+    const char *const *known = kvs_metric_names();
     lua_getfield(L, t, "metrics");
     int idx = lua_gettop(L);
     if (lua_isnil(L, idx)) {
@@ -1190,18 +1329,19 @@ static kvs_status parse_thread_counts(const vctx *v, int t, kvs_experiment *e) {
     return KVS_OK;
 }
 
-/* One limit: a whole number of tokens in [16, 2^20]. */
+/* One limit: a whole number of tokens in [0, 2^20]; 0 = never. */
 static kvs_status limit_value(const vctx *v, int base_line, const char *field, int *out) {
     lua_State *L = v->L;
-    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 16 || lua_tointeger(L, -1) > (1 << 20))
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 || lua_tointeger(L, -1) > (1 << 20))
         return ferr(v, base_line, field, KVS_ERR_INVALID,
-                    "expected a whole number of tokens in [16, 1048576], got %s",
+                    "expected a whole number of tokens in [0, 1048576] (0: never), got %s",
                     lua_type(L, -1) == LUA_TNUMBER ? "another number" : type_name(L, -1));
     *out = (int)lua_tointeger(L, -1);
     return KVS_OK;
 }
 
-/* max_tokens = { method = N | { [shape] = N, ... }, ... } */
+/* max_tokens = { method = N | { [shape] = N, ... }, ... }: cells with a
+ * larger N are not in the grid; 0 = the method does not run (there). */
 static kvs_status parse_limits(const vctx *v, int t, kvs_experiment *e) {
     lua_State *L = v->L;
     kvs_status rc = KVS_OK;
@@ -1246,12 +1386,17 @@ static kvs_status parse_limits(const vctx *v, int t, kvs_experiment *e) {
                 }
                 const char *sname = lua_tostring(L, -2);
                 snprintf(f2, sizeof f2, "%s.%s", field, sname);
+                /* a shape of this experiment or any preset (so that -D may
+                 * change dataset.shape without touching the limits) */
                 int known = 0;
                 for (int i = 0; i < e->n_shapes; i++) known |= !strcmp(e->shapes[i].name, sname);
+                kvs_synth_config psc;
+                if (!known) known = kvs_synth_preset(sname, &psc, NULL) == KVS_OK;
                 int lim = 0;
                 if (!known)
                     rc = ferr(v, e->line, f2, KVS_ERR_INVALID,
-                              "shape '%s' is not in this experiment's dataset.shape", sname);
+                              "shape '%s' is neither in this experiment's dataset.shape nor a "
+                              "preset", sname);
                 else if (!(rc = limit_value(v, e->line, f2, &lim))) {
                     if (e->n_limits >= cap)
                         rc = ferr(v, e->line, field, KVS_ERR_INVALID, "more than %d limits", cap);
@@ -1334,7 +1479,7 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     static const char *const keys[] = {"name",    "kind",    "description", "dataset", "methods",
                                        "budgets", "params",  "threads",     "backend", "model",
                                        "metrics", "repeats", "warmup",      "device",  "dtype",
-                                       "max_tokens", NULL};
+                                       "max_tokens", "mode", "template", "n_predict", NULL};
     if ((rc = check_keys(v, t, e->line, "", keys))) return rc;
     if ((rc = get_string(v, t, e->line, "name", "name", e->name, sizeof e->name, 1))) return rc;
     for (const char *p = e->name; *p; p++)
@@ -1367,7 +1512,16 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
         helper = lua_tostring(L, -1);
         lua_pop(L, 1); /* the string stays alive: it is interned and referenced by the table */
     }
-    if (!helper || (strcmp(helper, "synthetic") != 0 && strcmp(helper, "niah") != 0)) {
+    int file_ds = helper && (!strcmp(helper, "jsonl") || !strcmp(helper, "longbench") ||
+                             !strcmp(helper, "milebench"));
+    if (file_ds) {
+        if (e->kind != KVS_KIND_TASK)
+            rc = ferr(v, e->line, "dataset", KVS_ERR_INVALID,
+                      "kind '%s' needs synthetic{...} caches; %s{...} is for kind 'task'", kind,
+                      helper);
+        else
+            rc = parse_file_dataset(v, d, helper, e);
+    } else if (!helper || (strcmp(helper, "synthetic") != 0 && strcmp(helper, "niah") != 0)) {
         rc = ferr(v, e->line, "dataset", KVS_ERR_INVALID,
                   "expected synthetic{...} or niah{...}, got a %s", type_name(L, d));
     } else if (strcmp(helper, "synthetic") == 0) {
@@ -1397,7 +1551,8 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     }
 
     /* kind-specific fields; the others must be absent */
-    static const char *const task_only[] = {"backend", "model", "metrics", NULL};
+    static const char *const task_only[] = {"backend", "model",    "metrics",   "mode",
+                                            "template", "n_predict", NULL};
     static const char *const overhead_only[] = {"repeats", "warmup", "device", "dtype",
                                                 "max_tokens", NULL};
     const char *const *forbid[2] = {e->kind == KVS_KIND_TASK ? NULL : task_only,
@@ -1416,10 +1571,15 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     }
     if (e->kind == KVS_KIND_TASK) {
         if ((rc = parse_backend(v, t, e))) return rc;
-        if ((rc = get_string(v, t, e->line, "model", "model", e->model, sizeof e->model, 0)))
-            return rc;
+        char model[256];
+        if ((rc = get_string(v, t, e->line, "model", "model", model, sizeof model, 0))) return rc;
+        if (model[0] && e->model[0] && strcmp(model, e->model) != 0)
+            return ferr(v, e->line, "model", KVS_ERR_INVALID,
+                        "'%s' differs from backend.model '%s' (give it once)", model, e->model);
+        if (model[0]) snprintf(e->model, sizeof e->model, "%s", model);
         if (!e->model[0]) snprintf(e->model, sizeof e->model, "default");
         if ((rc = parse_metrics(v, t, e))) return rc;
+        if ((rc = parse_task_fields(v, t, e))) return rc;
     }
     if (e->kind == KVS_KIND_OVERHEAD && (rc = parse_overhead(v, t, e))) return rc;
     return KVS_OK;
@@ -1485,6 +1645,7 @@ static void free_experiment(kvs_experiment *e) {
     free(e->variants);
     free(e->budgets);
     free(e->metrics);
+    free(e->backend_urls);
 }
 
 void kvs_config_free(kvs_config *cfg) {

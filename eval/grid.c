@@ -11,6 +11,7 @@
  * What it is not: no running, no storage.
  */
 #include "kvs_eval.h"
+#include "overhead.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,9 +32,10 @@ static kvs_status finish(kvs_cell *c, int len, kvs_err *err) {
 }
 
 /* The token limit of (method, shape) in an overhead experiment: a limit
- * for the shape wins over one for every shape; 0 = none. */
-static int overhead_limit(const kvs_experiment *e, const char *method, const char *shape) {
-    int any = 0, specific = 0;
+ * for the shape wins over one for every shape; -1 = none, 0 = the method
+ * does not run at this shape. */
+int kvs_overhead_limit(const kvs_experiment *e, const char *method, const char *shape) {
+    int any = -1, specific = -1;
     for (int i = 0; i < e->n_limits; i++) {
         if (strcmp(e->limits[i].method, method) != 0) continue;
         if (!e->limits[i].shape[0])
@@ -41,7 +43,7 @@ static int overhead_limit(const kvs_experiment *e, const char *method, const cha
         else if (!strcmp(e->limits[i].shape, shape))
             specific = e->limits[i].max_tokens;
     }
-    return specific ? specific : any;
+    return specific >= 0 ? specific : any;
 }
 
 /* Kind overhead: shape, length, dtype, device, threads, variant, budget.
@@ -75,8 +77,8 @@ static kvs_status expand_overhead(const kvs_experiment *e, kvs_cell **cells, int
                         for (int v = 0; v < e->n_variants; v++) {
                             const kvs_variant *var = &e->variants[v];
                             const kvs_eval_shape *s = &e->shapes[a];
-                            int lim = overhead_limit(e, var->method->name, s->name);
-                            if (lim > 0 && e->lengths[b] > lim) continue;
+                            int lim = kvs_overhead_limit(e, var->method->name, s->name);
+                            if (lim >= 0 && e->lengths[b] > lim) continue;
                             int is_full = var->method == &kvs_method_full;
                             for (int bi = 0; bi < (is_full ? 1 : e->n_budgets); bi++) {
                                 kvs_cell *cell = &out[k++];

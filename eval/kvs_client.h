@@ -122,6 +122,32 @@ int kvs_client_pending(const kvs_client *c);
 kvs_status kvs_http_get(const char *url, const char *path, double timeout_s, long *status,
                         char **body, kvs_err *err);
 
+/* ---- the embedded backend (eval/embedded.c) ------------------------------------- */
+
+/* `kvsieve serve` started as a child process on a free loopback port: its
+ * output goes to a log file (quoted in errors), the port is read from its
+ * "listening on http://127.0.0.1:PORT" line, and /health must answer 200
+ * before start returns. The child runs in its own process group (a Ctrl-C in
+ * the terminal reaches only the runner, which stops it after the cell in
+ * flight) and gets SIGTERM if the runner dies (PR_SET_PDEATHSIG). */
+typedef struct {
+    const char *bin;   /* the kvsieve binary (e.g. /proc/self/exe of the CLI) */
+    const char *model; /* --model: a GGUF path or "default" */
+    int threads;       /* --threads (0: its default) */
+    int ctx;           /* --ctx (0: its default) */
+    int slots;         /* --slots (0: 1) */
+    double start_timeout_s; /* model load + /health (0: 300) */
+} kvs_embedded_opts;
+
+typedef struct kvs_embedded kvs_embedded;
+
+kvs_status kvs_embedded_start(const kvs_embedded_opts *o, kvs_embedded **out, kvs_err *err);
+/* "http://127.0.0.1:PORT" */
+const char *kvs_embedded_url(const kvs_embedded *b);
+/* SIGTERM, wait for the exit (SIGKILL after 30 s), remove the log, free.
+ * Returns an error when the child did not exit cleanly. NULL is a no-op. */
+kvs_status kvs_embedded_stop(kvs_embedded *b, kvs_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,8 +9,9 @@
  * (schema, migrations, provenance) and reports (md / LaTeX / CSV / JSON,
  * gnuplot plots) computed by SQL over the store.
  * What it is not: no compression logic (methods/), no file formats
- * (formats/), no model or HTTP backend: kinds `overhead` and `task` have a
- * config schema and storage tables here and are completed by their issues.
+ * (formats/), no model or HTTP backend: kind `task` has a config schema and
+ * storage tables here and is completed by its issue. Kind `overhead` (the
+ * latency study) is run by overhead.c.
  */
 #ifndef KVS_EVAL_H
 #define KVS_EVAL_H
@@ -97,7 +98,8 @@ typedef struct {
     /* overhead: the extra grid axes (each given as a value or a list) and
      * per-method token limits (max_tokens = { h2o = 8192, snapkv = {
      * ["qwen2.5-vl-7b"] = 4096 } }): cells with N above a limit are not in
-     * the grid. 0 = no limit. */
+     * the grid; a limit of 0 means the method does not run (at that shape); a
+     * limit for a shape wins over one for every shape. */
     int n_dtypes;
     kvs_dtype dtypes[3];
     int n_devices;

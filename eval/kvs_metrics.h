@@ -15,8 +15,9 @@
  *   needle       the needle's value appears in the prediction; a value made
  *                only of digits is compared against the digit runs of the
  *                prediction ("48,213" and "48 213" do not count, "48213" does)
- * Normalisation (SQuAD): lowercase, drop punctuation, drop the articles
- * a/an/the, collapse whitespace.
+ * Normalisation (SQuAD): lowercase (ASCII), drop ASCII punctuation, drop the
+ * articles a/an/the, collapse whitespace. Words are whitespace-separated, so
+ * text in scripts written without spaces counts one word per run.
  * What it is not: no model-based judging, no tokenizer-specific scoring.
  */
 #ifndef KVS_METRICS_H

@@ -278,16 +278,20 @@ static void compute(dataset *d, const kvs_report_opts *o) {
 /* -1: lower is better, +1 higher, 0 not ranked. */
 static int direction(const char *metric) {
     size_t n = strlen(metric);
-    if (strcmp(metric, "kept_ratio") == 0) return 0;
+    if (strcmp(metric, "kept_ratio") == 0 || strcmp(metric, "kv_kept_mb") == 0 ||
+        strcmp(metric, "prefill_ms") == 0) /* kv_kept_mb follows the budget; prefill is shared */
+        return 0;
     if ((n > 4 && strcmp(metric + n - 4, "_err") == 0) || (n > 3 && strcmp(metric + n - 3, "_ms") == 0))
         return -1;
     return 1;
 }
 
 static int metric_rank(const char *m) {
-    static const char *const pref[] = {"mean_rel_err", "max_rel_err", "retention", "contains",
-                                       "exact",        "f1",          "rouge_l",   "accuracy",
-                                       "kept_ratio",   "compress_ms", "apply_ms"};
+    static const char *const pref[] = {
+        "mean_rel_err", "max_rel_err", "retention",  "needle",      "contains",
+        "exact_match",  "choice",      "exact",      "f1",          "rouge_l",
+        "accuracy",     "kept_ratio",  "kv_kept_mb", "compress_ms", "apply_ms",
+        "prefill_ms",   "decode_tok_s"}; /* task: score, then the head-to-head columns */
     for (size_t i = 0; i < sizeof pref / sizeof pref[0]; i++)
         if (strcmp(m, pref[i]) == 0) return (int)i;
     return 100;

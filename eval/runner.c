@@ -4,9 +4,10 @@
  *
  * What it is: the `fidelity` kind end to end (synthetic cache -> method ->
  * apply -> attention-output error of probe queries and planted-outlier
- * retention), the dry-run grid listing, progress and interruption.
- * What it is not: kinds `overhead` and `task` stop with a clear
- * "not implemented yet" error (their issues complete them); no HTTP.
+ * retention), the dry-run grid listing, progress and interruption; kind
+ * `overhead` cells are timed and stored by overhead.c.
+ * What it is not: kind `task` (prompts over HTTP to a backend) is
+ * eval/task.c, called from run_experiment; no HTTP here.
  *
  * Memory: one synthetic cache (the current shape/N/seed) is kept and reused
  * by every cell of that dataset instance; the grid is ordered so those cells
@@ -15,6 +16,8 @@
  */
 #include "kvs_eval.h"
 #include "kvs_formats.h"
+#include "kvs_task.h"
+#include "overhead.h"
 
 #include <assert.h>
 #include <math.h>
@@ -246,8 +249,7 @@ static void cell_label(const kvs_experiment *e, const kvs_cell *c, char *out, si
                  e->depths[c->seed / e->per_cell], c->seed % e->per_cell,
                  e->variants[c->variant].label, bl);
     } else if (e->kind == KVS_KIND_OVERHEAD) {
-        snprintf(out, n, "%s N=%d  %s  budget %s", e->shapes[c->shape].name, e->lengths[c->length],
-                 e->variants[c->variant].label, bl);
+        kvs_overhead_label(e, c, bl, out, n);
     } else {
         snprintf(out, n, "%s N=%d seed=%lld  %s  budget %s", e->shapes[c->shape].name,
                  e->lengths[c->length], (long long)e->seeds[c->seed], e->variants[c->variant].label,
@@ -330,6 +332,7 @@ static kvs_status store_fidelity(kvs_store *s, int64_t run_id, const kvs_experim
 
 static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_experiment *e,
                                  const kvs_run_opts *o, kvs_run_summary *sum, kvs_err *err) {
+    if (e->kind == KVS_KIND_TASK) return kvs_task_run(s, cfg, e, o, sum, err); /* eval/task.c */
     kvs_status rc = KVS_OK;
     kvs_cell *cells = NULL;
     unsigned char *done = NULL;
@@ -338,6 +341,14 @@ static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_
     instance in;
     memset(&in, 0, sizeof in);
     in.shape = in.length = in.seed = -1;
+    kvs_overhead *oh = NULL;
+    kvs_experiment eo; /* overhead: --threads replaces the thread axis (it defines the cells) */
+    if (e->kind == KVS_KIND_OVERHEAD && o->threads_override > 0) {
+        eo = *e;
+        eo.n_thread_counts = 1;
+        eo.thread_counts[0] = eo.threads = o->threads_override;
+        e = &eo;
+    }
 
     if ((rc = kvs_grid_expand(e, &cells, &n, err))) goto cleanup;
     done = calloc((size_t)(n > 0 ? n : 1), 1);
@@ -362,20 +373,9 @@ static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_
             fprintf(o->progress, "experiment '%s': all %d cells already done\n", e->name, n);
         goto cleanup;
     }
-    if (e->kind == KVS_KIND_TASK) {
-        rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
-                        "%s:%d: experiment '%s': not implemented yet: kind 'task' needs the backend "
-                        "(issue 5/6); its config and storage are ready",
-                        cfg->path, e->line, e->name);
+    if (e->kind == KVS_KIND_OVERHEAD &&
+        (rc = kvs_overhead_begin(e, o->progress, o->progress_tty, &oh, err)))
         goto cleanup;
-    }
-    if (e->kind == KVS_KIND_OVERHEAD) {
-        rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
-                        "%s:%d: experiment '%s': not implemented yet: kind 'overhead' needs the "
-                        "latency harness (issue 4); its config and the latency table are ready",
-                        cfg->path, e->line, e->name);
-        goto cleanup;
-    }
     kvs_run_info info = {e->name, kvs_exp_kind_name(e->kind), cfg->path, cfg->text, cfg->hash,
                          cfg->overrides, cfg->dir, n};
     if ((rc = kvs_store_run_begin(s, &info, &run_id, err))) goto cleanup;
@@ -396,13 +396,20 @@ static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_
         char lab[400];
         cell_label(e, c, lab, sizeof lab);
         progress_show(&pr, lab, 0);
-        fid_result r;
-        if ((rc = instance_load(&in, e, c, err)) ||
-            (rc = run_fidelity_cell(e, c, &in, threads, &r, err))) {
-            kvs_err_prefix(err, "experiment '%s': cell %.12s (%s)", e->name, c->key, lab);
-            break;
+        if (oh) {
+            if ((rc = kvs_overhead_cell(oh, e, c, s, run_id, err))) {
+                kvs_err_prefix(err, "experiment '%s': cell %.12s (%s)", e->name, c->key, lab);
+                break;
+            }
+        } else {
+            fid_result r;
+            if ((rc = instance_load(&in, e, c, err)) ||
+                (rc = run_fidelity_cell(e, c, &in, threads, &r, err))) {
+                kvs_err_prefix(err, "experiment '%s': cell %.12s (%s)", e->name, c->key, lab);
+                break;
+            }
+            if ((rc = store_fidelity(s, run_id, e, c, &in, &r, err))) break;
         }
-        if ((rc = store_fidelity(s, run_id, e, c, &in, &r, err))) break;
         n_new++;
         pr.done++;
         progress_show(&pr, lab, pr.done == pr.total);
@@ -425,6 +432,7 @@ static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_
         rc = kvs_store_run_end(s, run_id, "done", n_new, NULL, err);
     }
 cleanup:
+    kvs_overhead_end(oh);
     instance_free(&in);
     free(cells);
     free(done);

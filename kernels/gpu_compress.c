@@ -13,9 +13,10 @@
  *                 text boost on the device;
  *   meda          as lookm plus row entropies; budgets on the host from the
  *                 L x 6 statistics (one sync);
- *   full /        no scores: after a device-side finiteness check of K/V/Q
- *   streamingllm  the CPU method itself builds the plan (its observe reads
- *                 shapes only, never data).
+ *   full, random, no scores: after a device-side finiteness check of K/V/Q
+ *   streamingllm  the CPU method itself builds the plan (their observe reads
+ *                 shapes only, never data; random's streams are seeded per
+ *                 (layer, head), so the plan is the CPU's bit for bit).
  * Then one top-k launch over all (layer, head) segments, one copy of the
  * indices back, one sync that also reports what the device flagged.
  * What it is not: no kernels (kvs_kernels.cu), no CPU fallback: a method
@@ -37,7 +38,6 @@ typedef struct {
     kvs_shape shape;
     int per_layer;
     kvs_gpu_workspace *ws;
-    const uint8_t *mod_dev; /* device copy of the modality mask, or NULL */
 } gctx;
 
 static kvs_status lchk(int rc, const char *what, kvs_err *err) {
@@ -92,8 +92,8 @@ static kvs_status select_and_fill(gctx *g, const float *scores, const int *budge
 
 /* Fill ws->h_desc[l * H + h] for a layer with budget B: the output row is
  * [0, head) ++ top-k of [lo, hi) ++ [tail_start, tail_start + tail). */
-static void set_desc(gctx *g, int l, int h, long long score_off, long long out_off, int head,
-                     int lo, int hi, int k, int tail_start, int tail) {
+static void set_desc(gctx *g, int l, int h, int B, long long score_off, long long out_off,
+                     int head, int lo, int hi, int k, int tail_start, int tail) {
     kvs_topk_desc *D = &g->ws->h_desc[(size_t)l * g->shape.n_kv_heads + h];
     memset(D, 0, sizeof *D);
     D->score_off = score_off;
@@ -106,10 +106,12 @@ static void set_desc(gctx *g, int l, int h, long long score_off, long long out_o
     D->tail_cnt = tail;
     D->layer = l;
     D->head = h;
-    assert(head + k + tail >= 0);
+    assert(head + k + tail == B && head >= 0 && k >= 0 && tail >= 0);
+    assert(k == 0 || (head <= lo && lo < hi && hi <= tail_start && k <= hi - lo));
+    (void)B;
 }
 
-/* ---- full, streamingllm ------------------------------------------------------ */
+/* ---- full, random, streamingllm ----------------------------------------------- */
 
 static kvs_status run_index_method(gctx *g, kvs_plan *out, kvs_err *err) {
     kvs_status st = check_inputs(g, 0, err);
@@ -214,12 +216,12 @@ static kvs_status run_flashcache(gctx *g, kvs_plan *out, kvs_err *err) {
             const long long so = gran_layer ? (long long)l * N : ((long long)l * H + h) * N;
             const long long oo = off + (long long)h * B;
             if (B >= N) {
-                set_desc(g, l, h, so, oo, N, 0, 0, 0, N, 0);
+                set_desc(g, l, h, B, so, oo, N, 0, 0, 0, N, 0);
             } else if (s + r >= B) {
                 const int ks = s < B ? s : B, kr = B - ks;
-                set_desc(g, l, h, so, oo, ks, 0, 0, 0, N - kr, kr);
+                set_desc(g, l, h, B, so, oo, ks, 0, 0, 0, N - kr, kr);
             } else {
-                set_desc(g, l, h, so, oo, s, s, N - r, B - s - r, N - r, r);
+                set_desc(g, l, h, B, so, oo, s, s, N - r, B - s - r, N - r, r);
             }
         }
         off += (long long)H * B;
@@ -272,9 +274,9 @@ static kvs_status run_snapkv(gctx *g, kvs_plan *out, kvs_err *err) {
         for (int h = 0; h < H; h++) {
             const long long so = ((long long)l * H + h) * N, oo = ((long long)l * H + h) * B;
             if (B <= w)
-                set_desc(g, l, h, so, oo, 0, 0, 0, 0, N - B, B);
+                set_desc(g, l, h, B, so, oo, 0, 0, 0, 0, N - B, B);
             else
-                set_desc(g, l, h, so, oo, 0, 0, P, B - w, P, w);
+                set_desc(g, l, h, B, so, oo, 0, 0, P, B - w, P, w);
         }
     }
     st = select_and_fill(g, ws->scores, budgets, KVS_MERGE_NONE, out, err);
@@ -398,9 +400,9 @@ static kvs_status run_attention(gctx *g, kvs_plan *out, kvs_err *err) {
         for (int h = 0; h < H; h++) {
             const long long so = ((long long)l * H + h) * N, oo = off + (long long)h * B;
             if (B >= N)
-                set_desc(g, l, h, so, oo, N, 0, 0, 0, N, 0);
+                set_desc(g, l, h, B, so, oo, N, 0, 0, 0, N, 0);
             else
-                set_desc(g, l, h, so, oo, 0, 0, N - r, B - r, N - r, r);
+                set_desc(g, l, h, B, so, oo, 0, 0, N - r, B - r, N - r, r);
         }
         off += (long long)H * B;
     }
@@ -476,7 +478,7 @@ kvs_status kvs_gpu_compress(const char *method, const kvs_params *p,
         st = lchk(rc, "reset", err);
         goto cleanup;
     }
-    if (!strcmp(m->name, "full") || !strcmp(m->name, "streamingllm"))
+    if (!strcmp(m->name, "full") || !strcmp(m->name, "streamingllm") || !strcmp(m->name, "random"))
         st = run_index_method(&g, out, err);
     else if (!strcmp(m->name, "flashcache"))
         st = run_flashcache(&g, out, err);
@@ -498,13 +500,17 @@ kvs_status kvs_gpu_compress(const char *method, const kvs_params *p,
                         out->n_layers, out->n_kv_heads, out->n_tokens, L, g.shape.n_kv_heads, N);
         goto cleanup;
     }
-    const int64_t want = (int64_t)L * g.per_layer, got = kvs_plan_total(out);
+    /* a method that keeps everything (KVS_KEEPS_ALL, the `full` control) is
+     * exempt from the budget, exactly as in kvs_compress */
+    const int64_t want = (int64_t)L * ((m->needs & KVS_KEEPS_ALL) ? N : g.per_layer);
+    const int64_t got = kvs_plan_total(out);
     if (got != want) {
         st = kvs_errorf(err, KVS_ERR_INTERNAL,
-                        "plan budgets sum to %lld but L*per_layer = %d*%d = %lld", (long long)got,
-                        L, g.per_layer, (long long)want);
+                        "plan budgets sum to %lld but the budget is %lld (L = %d layers x %d)",
+                        (long long)got, (long long)want, L, (int)(want / L));
         goto cleanup;
     }
+    if (out->method[0] == '\0') snprintf(out->method, sizeof out->method, "%s", m->name);
 cleanup:
     if (st) {
         /* leave the stream idle and the error record clear for the next call */

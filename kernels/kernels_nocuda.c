@@ -55,6 +55,8 @@ void kvs_gpu_workspace_free(kvs_gpu_workspace *ws) { (void)ws; }
 
 void *kvs_gpu_workspace_stream(kvs_gpu_workspace *ws) { return NULL; }
 
+int kvs_gpu_workspace_tensor_cores(kvs_gpu_workspace *ws, int on) { return 0; }
+
 kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err) {
     return no_cuda(err, "kvs_gpu_sync");
 }

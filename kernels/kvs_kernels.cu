@@ -12,9 +12,11 @@
  * segments), no host synchronisation except in kvs_gpu_sync and the
  * documented synchronous helpers.
  */
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cufft.h>
+#include <mma.h>
 
 #include <assert.h>
 #include <math.h>
@@ -26,6 +28,13 @@
 
 #define TILE 64
 #define TPAD 65
+#define LDH 72 /* half tiles: row pitch in elements (16-byte multiple) */
+#define LDS 68 /* fp32 staging of a wmma result tile: row pitch */
+/* Shared bytes of one tile_dot: SIMT: two [64][65] fp32 tiles; tensor
+ * cores: two [64][72] 16-bit tiles + a [64][68] fp32 result tile. */
+#define TILE_SMEM_SIMT (2 * TILE * TPAD * 4)
+#define TILE_SMEM_TC (2 * TILE * LDH * 2 + TILE * LDS * 4)
+#define TILE_SMEM (TILE_SMEM_SIMT > TILE_SMEM_TC ? TILE_SMEM_SIMT : TILE_SMEM_TC)
 #define TOPK_THREADS 1024
 
 /* ------------------------------------------------------------------------ */
@@ -86,10 +95,78 @@ __device__ void load_tile(float (*S)[TPAD], kvs_rows src, int r0, int nrows, int
     }
 }
 
-/* acc[a][b] = A[a0 + ty + 16a] . B[b0 + tx + 16b] over d (zero rows outside). */
+/* Rows [r0, r0 + 64) x dims [d0, d0 + 64) of a 16-bit source (fp16 / bf16
+ * bits, copied as they are) into S [64][LDH], zero outside nrows x d. */
+__device__ void load_tile_h(unsigned short *S, kvs_rows src, int r0, int nrows, int d0, int d) {
+    const int tid = threadIdx.y * 16 + threadIdx.x;
+    const unsigned short *base = (const unsigned short *)src.base;
+    for (int e = tid; e < TILE * TILE; e += 256) {
+        const int r = e >> 6, c = e & 63, gr = r0 + r, gc = d0 + c;
+        unsigned short v = 0;
+        if (gr < nrows && gc < d) {
+            const long long row = src.rowidx ? (long long)src.rowidx[gr] : (long long)gr;
+            v = base[row * src.s_row + gc];
+        }
+        S[r * LDH + c] = v;
+    }
+}
+
+/* Tensor-core product of two 16-bit tiles (T = __half or __nv_bfloat16):
+ * warp w computes rows 16 (w / 2) .. + 16, columns 32 (w % 2) .. + 32 of the
+ * 64 x 64 tile in fp32, stores them to Sf [64][LDS]. The products of two
+ * 16-bit values are exact in fp32; only the summation order differs from
+ * the fp32 CUDA-core path. */
+template <typename T>
+__device__ void tile_dot_tc(kvs_rows A, int a0, int na, kvs_rows B, int b0, int nb, int d,
+                            unsigned short *Ah, unsigned short *Bh, float *Sf) {
+    using namespace nvcuda;
+    const int warp = (threadIdx.y * 16 + threadIdx.x) >> 5;
+    const int rb = warp >> 1, cb0 = (warp & 1) * 2;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc[2];
+    wmma::fill_fragment(fc[0], 0.0f);
+    wmma::fill_fragment(fc[1], 0.0f);
+    for (int d0 = 0; d0 < d; d0 += TILE) {
+        __syncthreads();
+        load_tile_h(Ah, A, a0, na, d0, d);
+        load_tile_h(Bh, B, b0, nb, d0, d);
+        __syncthreads();
+        const int kmax = d - d0 < TILE ? d - d0 : TILE; /* zero-padded to 16 */
+        for (int kk = 0; kk < kmax; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+            wmma::load_matrix_sync(fa, (const T *)(Ah + rb * 16 * LDH + kk), LDH);
+            for (int i = 0; i < 2; i++) {
+                /* B = K^T: element (k, n) = Bh[n][k], i.e. column-major */
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, (const T *)(Bh + (cb0 + i) * 16 * LDH + kk), LDH);
+                wmma::mma_sync(fc[i], fa, fb, fc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        wmma::store_matrix_sync(Sf + rb * 16 * LDS + (cb0 + i) * 16, fc[i], LDS,
+                                wmma::mem_row_major);
+    __syncthreads();
+}
+
+/* acc[a][b] = A[a0 + ty + 16a] . B[b0 + tx + 16b] over d (zero rows outside).
+ * tc != 0 and both sources fp16 (or both bf16): tensor cores; else fp32 on
+ * CUDA cores. smem is the caller's TILE_SMEM shared bytes (128-aligned). */
 __device__ void tile_dot(float acc[4][4], kvs_rows A, int a0, int na, kvs_rows B, int b0, int nb,
-                         int d, float (*As)[TPAD], float (*Bs)[TPAD]) {
+                         int d, unsigned char *smem, int tc) {
     const int tx = threadIdx.x, ty = threadIdx.y;
+    if (tc && A.dt == B.dt && A.dt != KVS_F32) {
+        unsigned short *Ah = (unsigned short *)smem, *Bh = Ah + TILE * LDH;
+        float *Sf = (float *)(smem + 2 * TILE * LDH * 2);
+        if (A.dt == KVS_F16) tile_dot_tc<__half>(A, a0, na, B, b0, nb, d, Ah, Bh, Sf);
+        else tile_dot_tc<__nv_bfloat16>(A, a0, na, B, b0, nb, d, Ah, Bh, Sf);
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[a][b] = Sf[(ty + 16 * a) * LDS + tx + 16 * b];
+        __syncthreads();
+        return;
+    }
+    float (*As)[TPAD] = (float (*)[TPAD])smem, (*Bs)[TPAD] = As + TILE;
 #pragma unroll
     for (int a = 0; a < 4; a++)
 #pragma unroll
@@ -287,8 +364,9 @@ __global__ void k_dct3_in(const float *X, cufftComplex *spec, int N, int Nh) {
 
 /* FlashCache spectrum pass, in place on the half spectrum of every column:
  * Parseval energies (low band m < omega and total; columns [0, cols_per_t)
- * are K, the rest V) into energy[0..4), then the low-pass, then the
- * spectrum of the low-passed reordered signal, scaled by 1/N for C2R.
+ * are K, the rest V) into energy[0..4), then the spectrum of the HIGH band
+ * (m >= omega) of the reordered signal, scaled by 1/N for C2R: its inverse
+ * is the residual x - x_base of the low-pass base, without forming the base.
  * grid (Nh/256, ncols), block 256. */
 __global__ void k_fc_spectrum(cufftComplex *spec, int N, int Nh, int omega, int cols_per_t,
                               double *energy) {
@@ -314,8 +392,10 @@ __global__ void k_fc_spectrum(cufftComplex *spec, int N, int Nh, int omega, int 
             tot += en;
             if (N - m < omega) lo += en;
         }
-        const double yl = m < omega ? ym : 0.0;
-        const double ynl = (m >= 1 && N - m < omega) ? ynm : 0.0;
+        /* keep the HIGH band: its inverse is the residual x - x_base itself
+         * (the transform is linear), so the deviation pass reads one buffer */
+        const double yl = m >= omega ? ym : 0.0;
+        const double ynl = (m >= 1 && N - m >= omega) ? ynm : 0.0;
         cufftComplex o;
         o.x = (float)((c * yl + s * ynl) / N);
         o.y = (float)((s * yl - c * ynl) / N);
@@ -338,10 +418,10 @@ __global__ void k_fc_spectrum(cufftComplex *spec, int N, int Nh, int omega, int 
     }
 }
 
-/* Deviation per token from the reordered input and base columns.
+/* Deviation per token from the reordered residual columns (x - x_base).
  * grid (N/256, H), block 256. Columns: K head h = h*d + c, V = (H + h)*d + c. */
-__global__ void k_fc_dev(const float *rin, const float *rout, int H, int N, int d, float *dev,
-                         int layer, kvs_gpu_errrec *er) {
+__global__ void k_fc_dev(const float *resid, int H, int N, int d, float *dev, int layer,
+                         kvs_gpu_errrec *er) {
     const int p = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y;
     if (p >= N) return;
     const float inv_d = 1.0f / (float)d;
@@ -350,7 +430,7 @@ __global__ void k_fc_dev(const float *rin, const float *rout, int H, int N, int 
         float acc = 0.0f;
         for (int c = 0; c < d; c++) {
             const long long col = ((long long)t * H + h) * d + c;
-            const float r = rin[col * N + p] - rout[col * N + p];
+            const float r = resid[col * N + p];
             acc = fmaf(r, r, acc);
         }
         total += acc * inv_d;
@@ -525,8 +605,8 @@ __global__ void k_score_post(float *scores, int N, int normalize, int boost,
 __global__ void __launch_bounds__(256)
     k_lse(kvs_rows Q, long long q_shead, kvs_rows K, long long k_shead, int G, int Nq, int N,
           int d, int off, float scale, float *lse, int layer, kvs_gpu_errrec *er, int tps,
-          float *part_m, float *part_l) {
-    __shared__ float As[TILE][TPAD], Bs[TILE][TPAD];
+          float *part_m, float *part_l, int tc) {
+    __shared__ __align__(128) unsigned char tsm[TILE_SMEM];
     const int h = blockIdx.y, g = h / G, i0 = blockIdx.x * TILE;
     const int tx = threadIdx.x, ty = threadIdx.y;
     const kvs_rows Qh = rows_head(Q, q_shead, h), Kg = rows_head(K, k_shead, g);
@@ -542,7 +622,7 @@ __global__ void __launch_bounds__(256)
     if (jend > pmax) jend = pmax;
     for (int j0 = jbeg; j0 <= jend; j0 += TILE) {
         float acc[4][4];
-        tile_dot(acc, Qh, i0, Nq, Kg, j0, N, d, As, Bs);
+        tile_dot(acc, Qh, i0, Nq, Kg, j0, N, d, tsm, tc);
 #pragma unroll
         for (int a = 0; a < 4; a++) {
             const int i = i0 + ty + 16 * a, p = off + i;
@@ -609,8 +689,8 @@ __global__ void k_lse_combine(const float *part_m, const float *part_l, int nspl
  * group in head order (deterministic). grid (N/64, Hkv, G), block 16x16. */
 __global__ void __launch_bounds__(256)
     k_colsum(kvs_rows Q, long long q_shead, kvs_rows K, long long k_shead, int G, int Nq, int N,
-             int d, int off, float scale, const float *lse, double *colpart) {
-    __shared__ float As[TILE][TPAD], Bs[TILE][TPAD];
+             int d, int off, float scale, const float *lse, double *colpart, int tc) {
+    __shared__ __align__(128) unsigned char tsm[TILE_SMEM];
     __shared__ double red[16][TILE];
     const int g = blockIdx.y, j0 = blockIdx.x * TILE;
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -624,7 +704,7 @@ __global__ void __launch_bounds__(256)
         const kvs_rows Qh = rows_head(Q, q_shead, h);
         for (int i0 = ifirst; i0 < Nq; i0 += TILE) {
             float acc[4][4];
-            tile_dot(acc, Qh, i0, Nq, Kg, j0, N, d, As, Bs);
+            tile_dot(acc, Qh, i0, Nq, Kg, j0, N, d, tsm, tc);
             float cp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int a = 0; a < 4; a++) {
@@ -677,8 +757,9 @@ enum { ROW_NONE = 0, ROW_TV = 1, ROW_VT = 2 };
 __global__ void __launch_bounds__(256)
     k_entropy_rows(kvs_rows Q, long long q_shead, kvs_rows K, long long k_shead, int Hq, int G,
                    int Nq, int N, int d, int off, float scale, const float *lse,
-                   const uint8_t *modality, int tps, double *rowpart, signed char *rowkind) {
-    __shared__ float As[TILE][TPAD], Bs[TILE][TPAD];
+                   const uint8_t *modality, int tps, double *rowpart, signed char *rowkind,
+                   int tc) {
+    __shared__ __align__(128) unsigned char tsm[TILE_SMEM];
     const int i0 = blockIdx.x * TILE, tx = threadIdx.x, ty = threadIdx.y;
     double zp[4], tp[4], zx[4], txs[4];
     int kind[4];
@@ -705,7 +786,7 @@ __global__ void __launch_bounds__(256)
         for (int h = 0; h < Hq; h++) {
             const kvs_rows Qh = rows_head(Q, q_shead, h), Kg = rows_head(K, k_shead, h / G);
             float acc[4][4];
-            tile_dot(acc, Qh, i0, Nq, Kg, j0, N, d, As, Bs);
+            tile_dot(acc, Qh, i0, Nq, Kg, j0, N, d, tsm, tc);
 #pragma unroll
             for (int a = 0; a < 4; a++) {
                 const int i = i0 + ty + 16 * a;
@@ -873,7 +954,7 @@ __global__ void k_unit(kvs_rows Kh, const int32_t *kept, int d, float *unitk) {
 __global__ void __launch_bounds__(256)
     k_argmax(kvs_rows Kh, const int32_t *ev, int E, const float *unitk, int B, int d,
              int32_t *assign, int head, kvs_gpu_errrec *er) {
-    __shared__ float As[TILE][TPAD], Bs[TILE][TPAD];
+    __shared__ __align__(128) unsigned char tsm[TILE_SMEM];
     const int e0 = blockIdx.x * TILE, tx = threadIdx.x, ty = threadIdx.y;
     kvs_rows A = Kh;
     A.rowidx = ev;
@@ -890,7 +971,7 @@ __global__ void __launch_bounds__(256)
     }
     for (int c0 = 0; c0 < B; c0 += TILE) {
         float acc[4][4];
-        tile_dot(acc, A, e0, E, C, c0, B, d, As, Bs);
+        tile_dot(acc, A, e0, E, C, c0, B, d, tsm, 0);
 #pragma unroll
         for (int a = 0; a < 4; a++)
 #pragma unroll
@@ -1118,6 +1199,7 @@ extern "C" kvs_status kvs_gpu_workspace_init(kvs_gpu_workspace **out, const kvs_
     snprintf(ws->device_name, sizeof ws->device_name, "%s (sm_%d%d)", prop.name, prop.major,
              prop.minor);
     ws->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    ws->tensor_cores = prop.major >= 8; /* wmma fp16 + bf16 */
     if ((rc = cudaStreamCreateWithFlags(&ws->stream, cudaStreamNonBlocking)) != cudaSuccess)
         goto cuda_fail;
 #define KVS_DALLOC(field, bytes)                                                        \
@@ -1174,6 +1256,15 @@ cuda_fail:
 }
 
 extern "C" void *kvs_gpu_workspace_stream(kvs_gpu_workspace *ws) { return (void *)ws->stream; }
+
+extern "C" int kvs_gpu_workspace_tensor_cores(kvs_gpu_workspace *ws, int on) {
+    if (on >= 0) {
+        cudaDeviceProp prop;
+        const int ok = cudaGetDeviceProperties(&prop, ws->device) == cudaSuccess && prop.major >= 8;
+        ws->tensor_cores = on && ok;
+    }
+    return ws->tensor_cores;
+}
 
 extern "C" const char *kvs_gpu_workspace_device(const kvs_gpu_workspace *ws) {
     return ws->device_name;
@@ -1361,7 +1452,7 @@ extern "C" int kvs_launch_flashcache_layer(kvs_gpu_workspace *ws, const kvs_laye
     if ((rc = cudaGetLastError())) return (int)rc;
     if ((rc = (cudaError_t)exec_c2r(ws, ws->spec, ws->rout))) return (int)rc;
     const dim3 dg((unsigned)((N + 255) / 256), (unsigned)H);
-    k_fc_dev<<<dg, 256, 0, ws->stream>>>(ws->rin, ws->rout, H, N, d, dev, layer, ws->errrec);
+    k_fc_dev<<<dg, 256, 0, ws->stream>>>(ws->rout, H, N, d, dev, layer, ws->errrec);
     return (int)cudaGetLastError();
 }
 
@@ -1410,7 +1501,8 @@ extern "C" int kvs_launch_lse(kvs_gpu_workspace *ws, const kvs_view *q, const kv
     float *pm = ws->lsepart, *pl = ws->lsepart + (size_t)nsplit * Hq * Nq;
     const dim3 g((unsigned)row_tiles, (unsigned)Hq, (unsigned)nsplit), b(16, 16);
     k_lse<<<g, b, 0, ws->stream>>>(rows_of(q), q->s_head, rows_of(k), k->s_head, G, Nq, N, d,
-                                   N - Nq, scale, lse, layer, ws->errrec, tps, pm, pl);
+                                   N - Nq, scale, lse, layer, ws->errrec, tps, pm, pl,
+                                   ws->tensor_cores);
     if (nsplit > 1)
         k_lse_combine<<<grid_for((long long)Hq * Nq, 256), 256, 0, ws->stream>>>(
             pm, pl, nsplit, Hq, Nq, lse, layer, ws->errrec);
@@ -1424,7 +1516,7 @@ extern "C" int kvs_launch_colsum(kvs_gpu_workspace *ws, const kvs_view *q, const
     const float scale = (float)(1.0 / sqrt((double)d));
     const dim3 g((unsigned)((N + TILE - 1) / TILE), (unsigned)Hkv, (unsigned)G), b(16, 16);
     k_colsum<<<g, b, 0, ws->stream>>>(rows_of(q), q->s_head, rows_of(k), k->s_head, G, Nq, N, d,
-                                      N - Nq, scale, lse, ws->colpart);
+                                      N - Nq, scale, lse, ws->colpart, ws->tensor_cores);
     k_colsum_combine<<<grid_for((long long)Hkv * N, 256), 256, 0, ws->stream>>>(ws->colpart, Hkv,
                                                                                G, N, colsum);
     return (int)cudaGetLastError();
@@ -1459,7 +1551,7 @@ extern "C" int kvs_launch_entropies(kvs_gpu_workspace *ws, const kvs_view *q, co
     nsplit = (key_tiles + tps - 1) / tps;
     k_entropy_rows<<<dim3((unsigned)row_tiles, (unsigned)nsplit), b, 0, ws->stream>>>(
         rows_of(q), q->s_head, rows_of(k), k->s_head, Hq, G, Nq, N, d, N - Nq, scale, lse,
-        modality_dev, tps, ws->rowpart, ws->rowkind);
+        modality_dev, tps, ws->rowpart, ws->rowkind, ws->tensor_cores);
     k_entropy_finish<<<(unsigned)((Nq + 255) / 256), 256, 0, ws->stream>>>(
         ws->rowpart, nsplit, Nq, ws->rowkind, ws->rowstat);
     k_entropy_reduce<<<1, 256, 0, ws->stream>>>(ws->rowstat, ws->rowkind, Nq, stats, layer,

@@ -8,10 +8,10 @@
  *     registry) for a cache whose K/V/Q views live in device memory
  *     (kvs_view.device == KVS_CUDA), fp32 / fp16 / bf16, fp32 accumulation.
  *     Implemented on the device: flashcache, snapkv, h2o, lookm, meda;
- *     full and streamingllm compute no scores (their plans are index
- *     arithmetic, taken from the CPU method itself after a device-side
- *     finiteness check). Any other method is KVS_ERR_UNSUPPORTED naming the
- *     method and the device.
+ *     full, random and streamingllm compute no scores (their plans are
+ *     index arithmetic, taken from the CPU method itself after a
+ *     device-side finiteness check). A method registered later without a
+ *     GPU path is KVS_ERR_UNSUPPORTED naming the method and the device.
  *   - kvs_gpu_apply_layer: compaction (gather) and cosine-argmax merging of
  *     one layer on the device, the device twin of core's kvs_apply.
  *   - The building blocks, exposed for the parity tests and the latency
@@ -25,8 +25,10 @@
  *     layer in column-major [col][N] layout), any N >= 1. The even/odd
  *     reordering is fused into the fp16/bf16/fp32 -> fp32 transpose; the
  *     twiddle, the orthonormal scaling, the Parseval energies (low band and
- *     total, fp64 accumulation) and the low-pass are one kernel on the
- *     half spectrum; the deviation is one kernel on the C2R output. The
+ *     total, fp64 accumulation) and the band split are one kernel on the
+ *     half spectrum, which keeps the HIGH band (m >= omega): by linearity
+ *     its inverse is the residual x - x_base, so the deviation kernel reads
+ *     one C2R output and the base itself is never formed. The
  *     truncated-basis GEMM route is NOT implemented (it needs an
  *     omega x N basis, i.e. O(N^2) memory).
  *   - Top-k: one thread block per segment, MSB-first radix select on 64-bit
@@ -34,9 +36,11 @@
  *     index: ties go to the lower index, all keys distinct), early exit when
  *     the candidate bucket is exactly filled, then an ordered block-scan
  *     compaction, so the output is ascending without a sort.
- *   - Attention statistics: two-pass tiled log-sum-exp (spec/methods.md) on
- *     CUDA cores in fp32 (64 x 64 logit tiles in shared memory, d in chunks
- *     of 64; no tensor cores yet). Never an N x N buffer: pass 1 writes
+ *   - Attention statistics: two-pass tiled log-sum-exp (spec/methods.md),
+ *     64 x 64 logit tiles in shared memory, d in chunks of 64: fp16 / bf16
+ *     caches on tensor cores (wmma, exact 16-bit products, fp32
+ *     accumulation; kvs_gpu_workspace_tensor_cores switches it), fp32 caches
+ *     on CUDA cores. Never an N x N buffer: pass 1 writes
  *     lse [Hq][Nq] (one block per (query head, row tile); when that is too
  *     few blocks, e.g. SnapKV's 32-query window, the keys are split over
  *     blocks and partial max / sum pairs combined, nsplit * Nq <= N);
@@ -113,6 +117,11 @@ void *kvs_gpu_workspace_stream(kvs_gpu_workspace *ws);
 /* Wait for the stream; report a CUDA error or a value the device flagged
  * (NaN / Inf), naming what/layer/head/token. */
 kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err);
+/* Tensor cores for the attention logit tiles of fp16 / bf16 caches (wmma
+ * 16x16x16, fp32 accumulation; fp32 caches always use CUDA cores): on >= 0
+ * sets it (on by default on sm_80+; ignored where unsupported), -1 only
+ * queries. Returns the setting now in force. */
+int kvs_gpu_workspace_tensor_cores(kvs_gpu_workspace *ws, int on);
 /* Name of the workspace's device ("NVIDIA H200 (sm_90)"). */
 const char *kvs_gpu_workspace_device(const kvs_gpu_workspace *ws);
 

@@ -61,6 +61,7 @@ typedef struct {
 struct kvs_gpu_workspace {
     int device;
     int n_sm; /* streaming multiprocessors (launch sizing) */
+    int tensor_cores; /* attention tiles of fp16 / bf16 inputs on tensor cores */
     char device_name[320];
     cudaStream_t stream;
     /* capacity */

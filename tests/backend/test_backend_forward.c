@@ -90,6 +90,22 @@ static void check_model(const tiny_spec *sp, const char *label, int quantised) {
         }
         CHECK_MSG(d <= 1e-5 * mx, "%s: 1 thread vs 2 threads differ by %g", label, d);
     }
+    /* chunked prefill: chunks of 5 tokens see the earlier chunks through the cache */
+    {
+        kvs_session *sc = NULL;
+        kvs_session_opts soc = {64, 2, 0};
+        CHECK_OK(kvs_session_new(m, &soc, &sc, &err), &err);
+        static const int ubs[] = {1, 2, 3, 5, 12};
+        for (int u = 0; sc && u < 5; u++) {
+            kvs_session_reset(sc);
+            kvs_session_set_ubatch(sc, ubs[u]);
+            CHECK_OK(kvs_session_prefill(sc, toks, n, NULL, l1, &err), &err);
+            e = max_rel(l1, ref, V);
+            CHECK_MSG(e <= (quantised ? 2e-2 : 2e-3), "%s: prefill in chunks of %d differs from the reference by %g",
+                      label, ubs[u], e);
+        }
+        kvs_session_free(sc);
+    }
     /* a shorter prompt: reference of a prefix */
     CHECK_OK(ref_forward(m, toks, 3, NULL, ref1, &err), &err);
     kvs_session_reset(s);
@@ -224,8 +240,16 @@ int main(void) {
     check_model(&q, "gemma3_quant8", 1);
     tiny_spec l = tiny_default("llama");
     check_model(&l, "llama_f32", 0);
+    l.rope_linear = 2.0f;
+    l.rope_freqs = 1;
+    check_model(&l, "llama_rope_scaled", 0);
+    g = tiny_default("gemma3");
+    g.rope_linear = 8.0f;
+    check_model(&g, "gemma3_rope_linear", 0);
     tiny_spec w = tiny_default("qwen2");
     check_model(&w, "qwen2_f32", 0);
+    w.bpe = 1;
+    check_model(&w, "qwen2_bpe", 0);
     embeddings_input();
     load_errors();
     return kvs_test_finish("backend_forward");

@@ -159,6 +159,9 @@ vocab_done:
         goto cleanup;
     if (gemma && (st = kvs_gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)s->sliding_window, err)))
         goto cleanup;
+    if (s->rope_linear > 0 && ((st = kvs_gguf_writer_add_str(w, KEY("rope.scaling.type"), "linear", err)) ||
+                               (st = kvs_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), s->rope_linear, err))))
+        goto cleanup;
     if (s->bpe && ((st = kvs_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2", err)) ||
                    (st = kvs_gguf_writer_add_str(w, "tokenizer.ggml.pre", "qwen2", err)) ||
                    (st = kvs_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", TINY_MERGES, TINY_N_MERGES, err)) ||
@@ -185,6 +188,8 @@ vocab_done:
         (st = add_mat(w, "output_norm.weight", KVS_GGML_F32, E, 1, 0.1, 1.0, &rng, err)))
         goto cleanup;
     if (!gemma && (st = add_mat(w, "output.weight", s->type_embd, E, nv, 0.5, 0, &rng, err))) goto cleanup;
+    if (s->rope_freqs && (st = add_mat(w, "rope_freqs.weight", KVS_GGML_F32, s->head_dim / 2, 1, 1.0, 4.0, &rng, err)))
+        goto cleanup;
     for (int l = 0; l < s->n_layers; l++) {
         char n[96];
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d.%s", l, x), n)
@@ -266,9 +271,10 @@ static void ref_mv(const double *W, const double *b, const double *x, int rows, 
     }
 }
 
-static void ref_rope(double *v, int D, int pos, double base, int neox) {
+/* theta_i = pos * scale * base^(-2i/D) / ff[i] */
+static void ref_rope(double *v, int D, int pos, double base, int neox, double scale, const double *ff) {
     for (int i = 0; i < D / 2; i++) {
-        double th = pos * pow(base, -2.0 * i / D), c = cos(th), s = sin(th);
+        double th = pos * scale * pow(base, -2.0 * i / D) / (ff ? ff[i] : 1.0), c = cos(th), s = sin(th);
         int a = neox ? i : 2 * i, b = neox ? i + D / 2 : 2 * i + 1;
         double x0 = v[a], x1 = v[b];
         v[a] = x0 * c - x1 * s;
@@ -310,6 +316,14 @@ kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, const uin
     float *frow = malloc((size_t)E * sizeof *frow); /* one dequantised row (token_embd may be huge) */
     int64_t V = te ? te->ne[1] : 0;
     double *onorm = tensor_d(g, "output_norm.weight", NULL, NULL);
+    double *ff = tensor_d(g, "rope_freqs.weight", NULL, NULL); /* NULL when absent */
+    double rscale = 1.0;
+    {
+        char key[128], ty[32];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+        if (kvs_gguf_get_str(g, key, ty, sizeof ty, NULL) == KVS_OK && !strcmp(ty, "linear"))
+            rscale = 1.0 / meta_f(g, arch, "rope.scaling.factor", 1.0);
+    }
     double *X = calloc((size_t)n * E, sizeof *X);            /* [n][E] */
     double *Kc = calloc((size_t)L * n * Hkv * D, sizeof *Kc); /* [L][n][Hkv*D] */
     double *Vc = calloc((size_t)L * n * Hkv * D, sizeof *Vc);
@@ -354,12 +368,12 @@ kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, const uin
             for (int h = 0; h < Hq; h++) {
                 double *qh = Qall + ((size_t)t * Hq + h) * D;
                 if (qn) ref_rmsnorm(qh, qn, D, eps);
-                ref_rope(qh, D, t, base, !llama);
+                ref_rope(qh, D, t, base, !llama, local ? 1.0 : rscale, local ? NULL : ff);
             }
             for (int h = 0; h < Hkv; h++) {
                 double *kh = K + ((size_t)t * Hkv + h) * D;
                 if (kn) ref_rmsnorm(kh, kn, D, eps);
-                ref_rope(kh, D, t, base, !llama);
+                ref_rope(kh, D, t, base, !llama, local ? 1.0 : rscale, local ? NULL : ff);
             }
         }
         for (int t = 0; t < n; t++) {
@@ -422,7 +436,7 @@ kvs_status ref_forward(const kvs_model *m, const int32_t *toks, int n, const uin
         logits[r] = s;
     }
 cleanup:
-    free(frow); free(onorm); free(X); free(Kc); free(Vc); free(xn); free(q);
+    free(frow); free(onorm); free(ff); free(X); free(Kc); free(Vc); free(xn); free(q);
     free(att); free(o); free(gg); free(uu); free(sc);
     return st;
 }

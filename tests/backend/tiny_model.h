@@ -20,6 +20,8 @@ typedef struct {
     int type_embd;      /* type of token_embd */
     uint64_t seed;
     int bpe;            /* 1: byte-level BPE vocabulary (gpt2 model, qwen2 pre-tokeniser) */
+    float rope_linear;  /* > 0: rope.scaling.type linear with this factor */
+    int rope_freqs;     /* 1: write a rope_freqs.weight tensor (frequency divisors) */
 } tiny_spec;
 
 /* A spec with small defaults for arch (all weights F32). */

@@ -24,7 +24,9 @@
  *
  * usage: bench_overhead [--n 2048,4096,...] [--methods a,b] [--reps 20]
  *                       [--dtype f16|bf16|f32] [--ratio 0.2] [--budget-s 300]
- *                       [--cell-s 40] [--csv FILE]
+ *                       [--cell-s 60] [--tc 1|0] [--csv FILE]
+ * --tc 0 keeps the attention tiles on CUDA cores (default: tensor cores for
+ * fp16 / bf16).
  */
 #include <cuda_runtime_api.h>
 
@@ -71,8 +73,8 @@ static int is_attn(const char *m) { return !strcmp(m, "h2o") || !strcmp(m, "look
 int main(int argc, char **argv) {
     int Ns[MAX_N] = {2048, 4096, 8192, 16384, 32768, 65536}, nN = 6;
     const char *methods[MAX_M] = {"flashcache", "snapkv", "streamingllm", "h2o", "lookm", "meda"};
-    int nM = 6, reps = 20;
-    double ratio = 0.2, budget_s = 300.0, cell_s = 40.0;
+    int nM = 6, reps = 20, tc = 1;
+    double ratio = 0.2, budget_s = 300.0, cell_s = 60.0;
     kvs_dtype dt = KVS_F16;
     const char *csv = NULL;
     static char mbuf[512], nbuf[256];
@@ -99,6 +101,8 @@ int main(int argc, char **argv) {
             budget_s = atof(v);
         } else if (!strcmp(a, "--cell-s")) {
             cell_s = atof(v);
+        } else if (!strcmp(a, "--tc")) {
+            tc = atoi(v) != 0;
         } else if (!strcmp(a, "--csv")) {
             csv = v;
         } else if (!strcmp(a, "--dtype")) {
@@ -208,6 +212,11 @@ int main(int argc, char **argv) {
                  kvs_gpu_malloc((void **)&vo[l], nkv * 4, &err) == KVS_OK;
         if (ok) ok = kvs_gpu_sync(ws, &err) == KVS_OK;
         if (!ok) printf("N=%d: setup failed: %s\n", N, err.msg);
+        if (ok && ni == 0)
+            printf("attention tiles: %s\n",
+                   kvs_gpu_workspace_tensor_cores(ws, tc) ? "tensor cores (wmma)" : "CUDA cores (fp32)");
+        else if (ok)
+            kvs_gpu_workspace_tensor_cores(ws, tc);
         cudaStream_t st = ws ? (cudaStream_t)kvs_gpu_workspace_stream(ws) : 0;
         for (int m = 0; m < nM; m++) {
             row *r = &rows[nrows++];
@@ -252,7 +261,6 @@ int main(int argc, char **argv) {
             kvs_params p;
             kvs_params_defaults(me, &p);
             kvs_budget b = {ratio, 0};
-            if (!strcmp(methods[m], "full")) b.ratio = 1.0;
             double *ts = malloc(sizeof(double) * reps), *tt = malloc(sizeof(double) * reps);
             cudaEvent_t e0, e1, e2;
             cudaEventCreate(&e0);
@@ -271,6 +279,20 @@ int main(int argc, char **argv) {
                 if (s != KVS_OK) {
                     r->status = 2;
                     snprintf(r->why, sizeof r->why, "failed: %.180s", err.msg);
+                } else if (it == -1) { /* last warm-up: do the repetitions fit? */
+                    float a = 0, bb = 0;
+                    cudaEventElapsedTime(&a, e0, e1);
+                    cudaEventElapsedTime(&bb, e0, e2);
+                    const double pred = bb * reps / 1e3, left = budget_s - (now_s() - t_start);
+                    if (pred > cell_s || pred > left) {
+                        r->status = 1;
+                        r->med = a;
+                        r->total_med = bb;
+                        snprintf(r->why, sizeof r->why,
+                                 "skipped after warm-up: one run %.1f ms (select %.1f ms), %d reps "
+                                 "> budget (cell %.0f s, %.0f s left)",
+                                 bb, a, reps, cell_s, left);
+                    }
                 } else if (it >= 0) {
                     float a = 0, bb = 0;
                     cudaEventElapsedTime(&a, e0, e1);
@@ -290,7 +312,7 @@ int main(int argc, char **argv) {
                 last_ms[m] = r->total_med;
                 last_n[m] = N;
             } else {
-                last_n[m] = -1;
+                last_n[m] = -1; /* larger N: skipped as well */
             }
             cudaEventDestroy(e0);
             cudaEventDestroy(e1);

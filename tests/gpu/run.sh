@@ -69,7 +69,7 @@ if [ "$status_build" -eq 0 ]; then
   if [ "$remaining" -gt 30 ]; then
     status_bench=0
     timeout "$remaining" "$BUILD/tests/gpu/bench_overhead" --budget-s $((remaining - 20)) \
-      --cell-s 45 --csv "$OUTDIR/overhead.csv" > "$OUTDIR/bench.log" 2>&1 || status_bench=$?
+      --cell-s 60 --csv "$OUTDIR/overhead.csv" > "$OUTDIR/bench.log" 2>&1 || status_bench=$?
     note "benchmark: rc=$status_bench (log: bench.log, rows: overhead.csv)"
   else
     note "benchmark: not run, only ${remaining}s left"
@@ -79,7 +79,7 @@ fi
 note "elapsed: $(( $(date +%s) - T0 )) s"
 echo
 if [ -f "$OUTDIR/bench.log" ]; then
-  sed -n '/^bench_overhead:/,/^device copy/p' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
+  grep -E '^(bench_overhead:|shape |device copy|attention tiles|SKIP)' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
   sed -n '/^== GPU compression overhead/,$p' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
 fi
 [ "${status_build:-1}" -eq 0 ] && [ "${status_tests:-1}" -eq 0 ]

@@ -198,11 +198,16 @@ static void test_pool(kvs_gpu_workspace *ws, uint64_t *rng) {
             }
 }
 
+/* Both tile paths: tensor cores (fp16 / bf16 inputs) and CUDA cores. */
 static void test_attention(kvs_gpu_workspace *ws, uint64_t *rng) {
     const int Ns[] = {70, 300};
+    for (int tc = 0; tc < 2; tc++)
     for (int ti = 0; ti < 3; ti++)
         for (int ni = 0; ni < 2; ni++)
             for (int qi = 0; qi < 2; qi++) {
+                const int tc_on = kvs_gpu_workspace_tensor_cores(ws, tc);
+                if (tc && !tc_on && ti == 0 && ni == 0 && qi == 0)
+                    printf("  tensor cores unavailable: the second pass repeats CUDA cores\n");
                 const int N = Ns[ni], Hq = 4, H = 2, d = ni ? 64 : 80, Nq = qi ? 17 : N;
                 kvs_dense_cache dc;
                 if (kg_synth(1, Hq, H, d, N, Nq, 0.4, kvs_rng_next(rng), &dc)) {
@@ -230,11 +235,11 @@ static void test_attention(kvs_gpu_workspace *ws, uint64_t *rng) {
                 CHECK(!kg_download(glse, dlse, sizeof(float) * (size_t)Hq * Nq) &&
                       !kg_download(gcs, dcs, sizeof(float) * (size_t)H * N));
                 const double el = max_err(glse, lse, (size_t)Hq * Nq);
-                CHECK_MSG(el <= 1e-4 * (1.0 + max_abs(lse, (size_t)Hq * Nq)), "%s N=%d Nq=%d: lse max err %g",
-                          kvs_dtype_name(kDtypes[ti]), N, Nq, el);
+                CHECK_MSG(el <= 1e-4 * (1.0 + max_abs(lse, (size_t)Hq * Nq)), "%s N=%d Nq=%d tc=%d: lse max err %g",
+                          kvs_dtype_name(kDtypes[ti]), N, Nq, tc_on, el);
                 const double sc = max_abs(cs, (size_t)H * N), ec = max_err(gcs, cs, (size_t)H * N);
-                CHECK_MSG(ec <= 1e-4 * sc, "%s N=%d Nq=%d: colsum max err %g (max %g)",
-                          kvs_dtype_name(kDtypes[ti]), N, Nq, ec, sc);
+                CHECK_MSG(ec <= 1e-4 * sc, "%s N=%d Nq=%d tc=%d: colsum max err %g (max %g)",
+                          kvs_dtype_name(kDtypes[ti]), N, Nq, tc_on, ec, sc);
                 for (int mi = 0; mi < 2; mi++) {
                     const uint8_t *mod = mi ? dc.modality : NULL;
                     kvs_entropy_stats r, g;
@@ -392,6 +397,7 @@ int main(void) {
     test_topk(ws, &rng);
     test_pool(ws, &rng);
     test_attention(ws, &rng);
+    kvs_gpu_workspace_tensor_cores(ws, 1);
     test_merge_apply(ws, &rng);
     kvs_gpu_workspace_free(ws);
     printf("%d checks, %d failures\n", kvs_test_checks, kvs_test_failures);

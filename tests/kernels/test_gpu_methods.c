@@ -7,7 +7,7 @@
  * kvs_gpu_apply_layer and kvs_apply agree within 1e-3 relative (fp16 too).
  * fp32, fp16, bf16; random shapes and budgets from synthetic caches with a
  * fresh seed; device outputs poisoned. Error paths: NaN in K, unknown
- * method, method without a GPU path, host memory, missing queries.
+ * method, parameters of another method, host memory, missing queries.
  * Without a CUDA device: checks the reported reason and exits 77 (skipped).
  * What it is not: no timing.
  */
@@ -23,7 +23,8 @@ typedef struct {
 } mcase;
 
 static const mcase kCases[] = {
-    {"full", {NULL}, 0.0, 0},
+    {"full", {NULL}, 0.0, 0}, /* KVS_KEEPS_ALL: any budget, keeps all N */
+    {"random", {"seed=17", NULL}, 0.0, 0},
     {"streamingllm", {NULL}, 0.0, 0},
     {"streamingllm", {"sinks=0", NULL}, 0.0, 0},
     {"flashcache", {NULL}, 0.0, 0},
@@ -208,8 +209,7 @@ static void run_case(kvs_gpu_workspace *ws, uint64_t *rng, const mcase *mc, kvs_
     const int N = 60 + (int)(kvs_rng_uniform(rng) * 900);
     const int Nq = mc->window_queries ? (mc->window_queries < N ? mc->window_queries : N) : N;
     kvs_budget b = {0, 0};
-    if (!strcmp(m->name, "full")) b.ratio = 1.0;
-    else if (kvs_rng_uniform(rng) < 0.2) b.tokens = 1 + (int64_t)(kvs_rng_uniform(rng) * N);
+    if (kvs_rng_uniform(rng) < 0.2) b.tokens = 1 + (int64_t)(kvs_rng_uniform(rng) * N);
     else b.ratio = 0.05 + 0.6 * kvs_rng_uniform(rng);
     char what[200];
     snprintf(what, sizeof what, "%s [%s%s%s] %s L=%d Hq=%d Hkv=%d d=%d N=%d ratio=%g tokens=%lld",
@@ -265,10 +265,11 @@ static void test_errors(kvs_gpu_workspace *ws, uint64_t *rng) {
     kvs_params_defaults(fc, &p);
     CHECK_FAILS(kvs_gpu_compress("nope", &p, &c.dev, &b, ws, &plan, &err), KVS_ERR_NOTFOUND, &err,
                 "nope");
+    /* a parameter set that does not fit the method */
     kvs_params pr;
     kvs_params_defaults(kvs_method_find("random"), &pr);
-    CHECK_FAILS(kvs_gpu_compress("random", &pr, &c.dev, &b, ws, &plan, &err), KVS_ERR_UNSUPPORTED,
-                &err, "no GPU implementation");
+    CHECK_FAILS(kvs_gpu_compress("snapkv", &pr, &c.dev, &b, ws, &plan, &err), KVS_ERR_INVALID,
+                &err, "parameter set");
     CHECK_FAILS(kvs_gpu_compress("flashcache", &p, &c.host, &b, ws, &plan, &err), KVS_ERR_INVALID,
                 &err, "host memory");
     /* NaN in K of layer 1, head 1, token 7 */
@@ -315,13 +316,18 @@ int main(void) {
         return 1;
     }
     printf("device: %s\n", kvs_gpu_workspace_device(ws));
-    for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
-        for (int t = 0; t < 3; t++) {
-            const int before = kvs_test_failures;
-            run_case(ws, &rng, &kCases[i], kDtypes[t]);
-            printf("%-14s %-5s %s\n", kCases[i].method, kvs_dtype_name(kDtypes[t]),
-                   kvs_test_failures == before ? "ok" : "FAILED");
-        }
+    /* every case once with the tensor-core tiles (fp16 / bf16 attention)
+     * and once with CUDA cores only */
+    for (int tc = 1; tc >= 0; tc--) {
+        const int on = kvs_gpu_workspace_tensor_cores(ws, tc);
+        for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
+            for (int t = 0; t < 3; t++) {
+                const int before = kvs_test_failures;
+                run_case(ws, &rng, &kCases[i], kDtypes[t]);
+                printf("%-14s %-5s tc=%d %s\n", kCases[i].method, kvs_dtype_name(kDtypes[t]), on,
+                       kvs_test_failures == before ? "ok" : "FAILED");
+            }
+    }
     test_errors(ws, &rng);
     kvs_gpu_workspace_free(ws);
     printf("%d checks, %d failures\n", kvs_test_checks, kvs_test_failures);

@@ -1,0 +1,661 @@
+/*
+ * task.c -- the `task` kind: prompts from a dataset, completions from a
+ * backend over HTTP (one request per sample and mode with all its pending
+ * variants), scores, storage, resume.
+ *
+ * What it is: dataset loading (datasets/), the grid and its exact keys, the
+ * backend (embedded `kvsieve serve` child or URLs), model identity (SHA-256
+ * of the GGUF file when the server's /v1/models names a readable local file
+ * of the advertised size, else of the metadata it reports), the request
+ * window over eval/client, scoring with eval/metrics and one store
+ * transaction per answered request.
+ * What it is not: no HTTP details (client.c), no process handling
+ * (embedded.c), no compression (the backend does it).
+ *
+ * Scores stored per cell: each configured metric, and for the report's
+ * head-to-head columns prefill_ms, compress_ms, decode_tok_s and kv_kept_mb
+ * (KV bytes after compression, MiB). Images: the backends spoken here take
+ * text only, so a dataset with image samples is refused before anything
+ * starts.
+ */
+#include "kvs_task.h"
+
+#include "kvs_client.h"
+#include "kvs_datasets.h"
+#include "kvs_metrics.h"
+
+#include <assert.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_PER_REQUEST 64 /* the kvsieve server's limit on variants per request */
+
+typedef struct {
+    char key[65];
+    char def[1400];
+    int mode, sample, variant, budget; /* budget -1: full */
+} tcell;
+
+/* One request: the pending cells of one (mode, sample), at most 64. */
+typedef struct {
+    int mode, sample;
+    int n;
+    int cells[MAX_PER_REQUEST]; /* indices into the cell array */
+    int state; /* 0 waiting, 1 in flight, 2 done */
+} unit;
+
+typedef struct {
+    kvs_store *s;
+    const kvs_experiment *e;
+    const kvs_run_opts *o;
+    const kvs_dataset *d;
+    int64_t run_id;
+    tcell *cells;
+    unit *units;
+    kvs_metric_fn *metric_fns; /* [e->n_metrics] */
+    const char *model_name, *model_hash, *tmpl_name, *tmpl_hash;
+    int n_new, n_flight_cells;
+    kvs_status rc;
+    kvs_err err;
+    /* progress */
+    double t0, last;
+    int total;
+} run_ctx;
+
+/* ---- model identity ------------------------------------------------------- */
+
+static kvs_status hash_file(const char *path, char out[65], kvs_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvs_errorf(err, KVS_ERR_IO, "%s: cannot open for hashing", path);
+    kvs_sha256_ctx c;
+    kvs_sha256_init(&c);
+    unsigned char *buf = malloc(1 << 20);
+    if (!buf) {
+        fclose(f);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    }
+    size_t n;
+    while ((n = fread(buf, 1, 1 << 20, f)) > 0) kvs_sha256_update(&c, buf, n);
+    int bad = ferror(f);
+    fclose(f);
+    free(buf);
+    if (bad) return kvs_errorf(err, KVS_ERR_IO, "%s: read error while hashing", path);
+    uint8_t d[32];
+    kvs_sha256_final(&c, d);
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", d[i]);
+    return KVS_OK;
+}
+
+/* name and hash of the model a backend serves (GET /v1/models). */
+static kvs_status model_identity(const char *url, char *name, size_t name_n, char *hash,
+                                 size_t hash_n, char *ident, size_t ident_n, kvs_err *err) {
+    long status = 0;
+    char *body = NULL;
+    kvs_status rc = kvs_http_get(url, "/v1/models", 30, &status, &body, err);
+    if (rc) return kvs_err_prefix(err, "asking the backend which model it serves");
+    cJSON *root = cJSON_Parse(body ? body : "");
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "data"), 0);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(m0, "id");
+    if (status != 200 || !cJSON_IsString(id)) {
+        rc = kvs_errorf(err, KVS_ERR_FORMAT, "%s/v1/models: HTTP %ld without data[0].id: %.200s",
+                        url, status, body ? body : "");
+        goto done;
+    }
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(m0, "meta");
+    const cJSON *mname = cJSON_GetObjectItemCaseSensitive(meta, "name");
+    const cJSON *path = cJSON_GetObjectItemCaseSensitive(meta, "path");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(meta, "size");
+    snprintf(name, name_n, "%s", cJSON_IsString(mname) && mname->valuestring[0] ? mname->valuestring
+                                                                                 : id->valuestring);
+    struct stat sb;
+    char hex[65];
+    if (cJSON_IsString(path) && cJSON_IsNumber(size) && stat(path->valuestring, &sb) == 0 &&
+        (double)sb.st_size == size->valuedouble) {
+        if ((rc = hash_file(path->valuestring, hex, err))) goto done;
+        snprintf(hash, hash_n, "sha256:%s", hex);
+    } else {
+        /* a remote file: what the server says about it */
+        char *txt = meta ? cJSON_PrintUnformatted(meta) : NULL;
+        const char *s = txt ? txt : id->valuestring;
+        kvs_sha256_hex(s, strlen(s), hex);
+        snprintf(hash, hash_n, "meta-sha256:%s", hex);
+        free(txt);
+    }
+    snprintf(ident, ident_n, "%s size=%.0f", name,
+             cJSON_IsNumber(size) ? size->valuedouble : -1.0);
+done:
+    cJSON_Delete(root);
+    free(body);
+    return rc;
+}
+
+/* ---- the grid -------------------------------------------------------------- */
+
+static void budget_text(const kvs_budget *b, char *out, size_t n) {
+    if (b->tokens > 0)
+        snprintf(out, n, "tokens:%lld", (long long)b->tokens);
+    else
+        snprintf(out, n, "ratio:%.17g", b->ratio);
+}
+
+static kvs_status expand(const kvs_experiment *e, const kvs_dataset *d, const char *model_name,
+                         const char *model_hash, const char *tmpl, const char *tmpl_hash,
+                         tcell **out, int *n_out, kvs_err *err) {
+    *out = NULL;
+    *n_out = 0;
+    int64_t per = 0;
+    for (int v = 0; v < e->n_variants; v++)
+        per += e->variants[v].method == &kvs_method_full ? 1 : e->n_budgets;
+    int64_t total = per * d->n_samples * e->n_modes;
+    if (total > 5000000)
+        return kvs_errorf(err, KVS_ERR_INVALID, "experiment '%s': %lld cells; at most 5,000,000",
+                          e->name, (long long)total);
+    if (total == 0) return KVS_OK;
+    tcell *c = calloc((size_t)total, sizeof *c);
+    if (!c) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for %lld cells", (long long)total);
+    int64_t k = 0;
+    for (int m = 0; m < e->n_modes; m++)
+        for (int si = 0; si < d->n_samples; si++)
+            for (int v = 0; v < e->n_variants; v++) {
+                const kvs_variant *var = &e->variants[v];
+                int full = var->method == &kvs_method_full;
+                for (int b = 0; b < (full ? 1 : e->n_budgets); b++) {
+                    tcell *x = &c[k++];
+                    x->mode = m, x->sample = si, x->variant = v, x->budget = full ? -1 : b;
+                    char bt[64] = "all";
+                    if (!full) budget_text(&e->budgets[b], bt, sizeof bt);
+                    int len = snprintf(
+                        x->def, sizeof x->def,
+                        "kvsieve-cell 2\nexperiment=%s\nkind=task\nmodel=%s %s\n"
+                        "dataset=%s version=%s sha256=%s\nsample=%s\ntemplate=%s sha256=%s\n"
+                        "mode=%s\nn_predict=%d stop=newline\nmethod=%s\nparams=%s\nbudget=%s\n",
+                        e->name, model_name, model_hash, d->name, d->version, d->hash,
+                        d->samples[si].id, tmpl, tmpl_hash,
+                        kvs_prompt_mode_name((kvs_prompt_mode)e->modes[m]), e->n_predict,
+                        var->method->name, var->params_json, bt);
+                    if (len < 0 || (size_t)len >= sizeof x->def) {
+                        free(c);
+                        return kvs_errorf(err, KVS_ERR_INVALID,
+                                          "sample '%.100s': cell definition longer than %zu bytes "
+                                          "(a very long sample id?)",
+                                          d->samples[si].id, sizeof x->def);
+                    }
+                    kvs_sha256_hex(x->def, (size_t)len, x->key);
+                }
+            }
+    *out = c;
+    *n_out = (int)total;
+    return KVS_OK;
+}
+
+/* ---- dataset --------------------------------------------------------------- */
+
+static kvs_status load_dataset(const kvs_config *cfg, const kvs_experiment *e, kvs_dataset **d,
+                               kvs_err *err) {
+    kvs_status rc;
+    *d = NULL;
+    if (!strcmp(e->dataset, "niah")) {
+        int64_t *chars = malloc(sizeof *chars * (size_t)e->n_lengths);
+        if (!chars) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < e->n_lengths; i++) chars[i] = kvs_tokens_to_chars(e->lengths[i]);
+        kvs_needle_opts no;
+        memset(&no, 0, sizeof no);
+        no.lengths = chars;
+        no.n_lengths = e->n_lengths;
+        no.depths = e->depths;
+        no.n_depths = e->n_depths;
+        no.samples_per_cell = e->per_cell;
+        no.seed = (uint64_t)e->seeds[0];
+        rc = kvs_needle_generate(&no, kvs_sha256_hex, d, err);
+        free(chars);
+        return rc;
+    }
+    struct stat sb;
+    if (stat(e->dataset_path, &sb) != 0)
+        return kvs_errorf(err, KVS_ERR_NOTFOUND,
+                          "%s:%d: dataset.path: %s does not exist (%s datasets are not shipped: "
+                          "download the data and point dataset.path at it)",
+                          cfg->path, e->line, e->dataset_path, e->dataset);
+    if ((rc = kvs_dataset_load(e->dataset, e->dataset_path, kvs_sha256_hex, d, err))) return rc;
+    if (e->limit > 0 && e->limit < (*d)->n_samples) {
+        /* keep the first `limit` samples (the content hash stays the file's;
+         * the cells name their sample ids): free the rest through a dataset
+         * that owns only them */
+        int keep = e->limit;
+        kvs_dataset *drop = calloc(1, sizeof *drop);
+        if (!drop) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        drop->n_samples = (*d)->n_samples - keep;
+        drop->samples = malloc(sizeof *drop->samples * (size_t)drop->n_samples);
+        if (!drop->samples) {
+            free(drop);
+            return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        }
+        memcpy(drop->samples, (*d)->samples + keep, sizeof *drop->samples * (size_t)drop->n_samples);
+        kvs_dataset_free(drop);
+        (*d)->n_samples = keep;
+    }
+    return KVS_OK;
+}
+
+static const char *default_template(const kvs_dataset *d) {
+    if (!strcmp(d->kind, "needle")) return "needle";
+    if (!strcmp(d->kind, "milebench")) return "milebench";
+    for (int i = 0; i < d->n_samples; i++)
+        if (d->samples[i].n_choices > 0) return "choice";
+    return "qa";
+}
+
+/* ---- progress --------------------------------------------------------------- */
+
+static void progress(run_ctx *x, int force) {
+    const kvs_run_opts *o = x->o;
+    if (!o->progress) return;
+    double now = kvs_now_ms();
+    double every = o->progress_tty ? 200.0 : (o->progress_every_s > 0 ? o->progress_every_s : 5) * 1e3;
+    if (!force && now - x->last < every) return;
+    x->last = now;
+    double el = (now - x->t0) / 1000.0;
+    double rate = el > 0 ? x->n_new / el : 0;
+    double eta = rate > 0 ? (x->total - x->n_new) / rate : -1;
+    char eb[32] = "?";
+    if (eta >= 0 && eta < 1e7) {
+        long t = (long)(eta + 0.5);
+        snprintf(eb, sizeof eb, "%ldm%02lds", t / 60, t % 60);
+    }
+    fprintf(o->progress, o->progress_tty ? "\r\033[K[%d/%d] %.2f cells/s, ETA %s" : "[%d/%d] %.2f cells/s, ETA %s\n",
+            x->n_new, x->total, rate, eb);
+    fflush(o->progress);
+}
+
+/* ---- one answered request --------------------------------------------------- */
+
+static void label_of(const kvs_experiment *e, const tcell *c, char *out, size_t n) {
+    const char *lab = e->variants[c->variant].label;
+    if (e->modes[c->mode] == KVS_PROMPT_QUERY_AGNOSTIC)
+        snprintf(out, n, "%s [query_agnostic]", lab);
+    else
+        snprintf(out, n, "%s", lab);
+}
+
+static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
+    run_ctx *x = ctxp;
+    unit *u = tag;
+    const kvs_experiment *e = x->e;
+    u->state = 2;
+    x->n_flight_cells -= u->n;
+    if (x->rc) return;
+    if (r->status) {
+        const kvs_sample *sm = &x->d->samples[u->sample];
+        int agn = e->modes[u->mode] == KVS_PROMPT_QUERY_AGNOSTIC && strstr(r->error, "suffix");
+        x->rc = kvs_errorf(&x->err, r->status, "sample '%s' (%s): %s%s", sm->id,
+                           kvs_prompt_mode_name((kvs_prompt_mode)e->modes[u->mode]), r->error,
+                           agn ? " (query_agnostic needs a backend that decodes the per-variant "
+                                 "suffix after compressing)"
+                               : "");
+        return;
+    }
+    assert(r->n_outputs == u->n);
+    const kvs_sample *sm = &x->d->samples[u->sample];
+    kvs_cell_row rows[MAX_PER_REQUEST];
+    kvs_result_row res[MAX_PER_REQUEST];
+    kvs_score sc[MAX_PER_REQUEST][40];
+    char labels[MAX_PER_REQUEST][200], notes[MAX_PER_REQUEST][320];
+    memset(rows, 0, sizeof rows);
+    memset(res, 0, sizeof res);
+    int nm = e->n_metrics < 32 ? e->n_metrics : 32;
+    for (int i = 0; i < u->n; i++) {
+        const tcell *c = &x->cells[u->cells[i]];
+        const kvs_variant *var = &e->variants[c->variant];
+        const kvs_client_output *out = &r->outputs[i];
+        kvs_cell_row *row = &rows[i];
+        label_of(e, c, labels[i], sizeof labels[i]);
+        row->key = c->key;
+        row->experiment = e->name;
+        row->kind = "task";
+        row->definition = c->def;
+        row->model = x->model_name;
+        row->model_hash = x->model_hash;
+        row->dataset = x->d->name;
+        row->dataset_version = x->d->version;
+        row->sample_id = sm->id;
+        row->n_tokens = out->prompt_n;
+        row->seed = !strcmp(e->dataset, "niah") ? e->seeds[0] : 0;
+        row->method = var->method->name;
+        row->label = labels[i];
+        row->params_json = var->params_json;
+        if (c->budget < 0) {
+            row->budget_ratio = 1.0;
+        } else {
+            row->budget_ratio = e->budgets[c->budget].ratio;
+            row->budget_tokens = e->budgets[c->budget].tokens;
+        }
+        row->prompt_hash = x->tmpl_hash;
+        int ns = 0;
+        for (int m = 0; m < nm; m++)
+            sc[i][ns++] = (kvs_score){e->metrics[m],
+                                      x->metric_fns[m](out->content,
+                                                       (const char *const *)sm->answers,
+                                                       sm->n_answers,
+                                                       (const char *const *)sm->choices,
+                                                       sm->n_choices)};
+        if (!isnan(out->prompt_ms)) sc[i][ns++] = (kvs_score){"prefill_ms", out->prompt_ms};
+        if (!isnan(out->compress_ms)) sc[i][ns++] = (kvs_score){"compress_ms", out->compress_ms};
+        if (out->predicted_n > 0 && out->predicted_ms > 0)
+            sc[i][ns++] = (kvs_score){"decode_tok_s", 1e3 * (double)out->predicted_n / out->predicted_ms};
+        if (out->bytes_after >= 0)
+            sc[i][ns++] = (kvs_score){"kv_kept_mb", (double)out->bytes_after / (1024.0 * 1024.0)};
+        snprintf(notes[i], sizeof notes[i], "mode=%s template=%s stop=%s%s%.200s",
+                 kvs_prompt_mode_name((kvs_prompt_mode)e->modes[c->mode]), x->tmpl_name,
+                 out->stop_type, out->note[0] ? " " : "", out->note);
+        kvs_result_row *rr = &res[i];
+        rr->prediction = out->content;
+        rr->prefill_ms = out->prompt_ms;
+        rr->compress_ms = out->compress_ms;
+        rr->decode_ms = out->predicted_ms;
+        rr->decode_tokens = out->predicted_n;
+        rr->kv_bytes_before = out->bytes_before;
+        rr->kv_bytes_after = out->bytes_after;
+        rr->note = notes[i];
+        rr->n_scores = ns;
+        rr->scores = sc[i];
+    }
+    x->rc = kvs_store_put(x->s, x->run_id, rows, res, u->n, &x->err);
+    if (!x->rc) x->n_new += u->n;
+    progress(x, 0);
+}
+
+/* ---- the experiment ----------------------------------------------------------- */
+
+static void print_dry(FILE *f, const kvs_experiment *e, const kvs_dataset *d, const tcell *cells,
+                      int n, const unsigned char *done, int n_done, const char *model,
+                      const char *tmpl) {
+    fprintf(f, "experiment '%s' (kind task, line %d)\n", e->name, e->line);
+    fprintf(f, "  dataset  %s %s: %d samples (sha256 %.12s), template %s, %d mode(s)\n", d->name,
+            d->version, d->n_samples, d->hash, tmpl, e->n_modes);
+    fprintf(f, "  model    %s\n", model);
+    fprintf(f, "  variants %d (methods x params), budgets %d ('full' runs once per sample)\n",
+            e->n_variants, e->n_budgets);
+    fprintf(f, "  cells    %d total, %d already done, %d to run\n", n, n_done, n - n_done);
+    for (int i = 0; i < n && i < 200; i++) {
+        const tcell *c = &cells[i];
+        char bl[32] = "all";
+        if (c->budget >= 0) {
+            if (e->budgets[c->budget].tokens > 0)
+                snprintf(bl, sizeof bl, "%lld tok", (long long)e->budgets[c->budget].tokens);
+            else
+                snprintf(bl, sizeof bl, "%g", e->budgets[c->budget].ratio);
+        }
+        fprintf(f, "  %s %.12s  %s %s  %s  budget %s\n", done[i] ? "done" : "todo", c->key,
+                d->samples[c->sample].id, kvs_prompt_mode_name((kvs_prompt_mode)e->modes[c->mode]),
+                e->variants[c->variant].label, bl);
+    }
+    if (n > 200) fprintf(f, "  ... %d more\n", n - 200);
+}
+
+kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experiment *e,
+                        const kvs_run_opts *o, kvs_run_summary *sum, kvs_err *err) {
+    kvs_status rc = KVS_OK;
+    kvs_dataset *d = NULL;
+    kvs_embedded *emb = NULL;
+    kvs_client *cl = NULL;
+    tcell *cells = NULL;
+    unit *units = NULL;
+    unsigned char *done = NULL;
+    kvs_metric_fn *fns = NULL;
+    int n = 0, n_done = 0, n_units = 0;
+    int64_t run_id = 0;
+    int run_open = 0, stopped = 0;
+    run_ctx x;
+    memset(&x, 0, sizeof x);
+
+    /* dataset, template, metrics: everything that can fail before a backend starts */
+    if ((rc = load_dataset(cfg, e, &d, err))) goto fail;
+    for (int i = 0; i < d->n_samples; i++)
+        if (kvs_sample_has_images(&d->samples[i])) {
+            rc = kvs_sample_require_text(d, &d->samples[i], err);
+            if (!rc) rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED, "sample '%s' has images",
+                                     d->samples[i].id);
+            kvs_err_prefix(err, "%s:%d: experiment '%s': the backends this runner speaks take "
+                           "text only (the kvsieve server has no image input yet)", cfg->path,
+                           e->line, e->name);
+            goto fail;
+        }
+    const char *tmpl_name = e->prompt_template[0] ? e->prompt_template : default_template(d);
+    const kvs_prompt_template *tmpl = NULL;
+    char tmpl_hash[65];
+    if ((rc = kvs_prompt_template_get(tmpl_name, &tmpl, err)) ||
+        (rc = kvs_prompt_template_hash(tmpl, kvs_sha256_hex, tmpl_hash, err)))
+        goto fail;
+    fns = calloc((size_t)(e->n_metrics > 0 ? e->n_metrics : 1), sizeof *fns);
+    if (!fns) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int m = 0; m < e->n_metrics; m++)
+        if ((rc = kvs_metric_lookup(e->metrics[m], &fns[m], err))) goto fail;
+
+    /* the backend */
+    const char *urls[64];
+    int n_urls = 0;
+    if (e->backend_embedded) {
+        if (!o->kvsieve_bin) {
+            rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                            "%s:%d: experiment '%s': backend { embedded = true } needs the kvsieve "
+                            "binary to start `kvsieve serve` (run it with `kvsieve run`, or give "
+                            "backend = { url = ... })",
+                            cfg->path, e->line, e->name);
+            goto fail;
+        }
+        kvs_embedded_opts eo;
+        memset(&eo, 0, sizeof eo);
+        eo.bin = o->kvsieve_bin;
+        eo.model = e->model;
+        eo.threads = e->backend_threads > 0 ? e->backend_threads : o->threads_override;
+        eo.ctx = e->backend_ctx;
+        eo.slots = 1;
+        if (o->progress)
+            fprintf(o->progress, "experiment '%s': starting the embedded backend (kvsieve serve "
+                    "--model %s)\n", e->name, e->model);
+        if ((rc = kvs_embedded_start(&eo, &emb, err))) goto fail;
+        urls[n_urls++] = kvs_embedded_url(emb);
+    } else {
+        for (int i = 0; i < e->n_backend_urls && i < 64; i++) urls[n_urls++] = e->backend_urls[i];
+    }
+    char model_name[256], model_hash[128], ident[300];
+    if ((rc = model_identity(urls[0], model_name, sizeof model_name, model_hash, sizeof model_hash,
+                             ident, sizeof ident, err)))
+        goto fail;
+    for (int i = 1; i < n_urls; i++) {
+        char n2[256], h2[128], id2[300];
+        if ((rc = model_identity(urls[i], n2, sizeof n2, h2, sizeof h2, id2, sizeof id2, err)))
+            goto fail;
+        if (strcmp(ident, id2) != 0) {
+            rc = kvs_errorf(err, KVS_ERR_INVALID,
+                            "%s:%d: backend.url[%d] %s serves '%s', url[1] %s serves '%s': every "
+                            "backend of an experiment must serve the same model",
+                            cfg->path, e->line, i + 1, urls[i], id2, urls[0], ident);
+            goto fail;
+        }
+    }
+    if (!e->backend_embedded && strcmp(e->model, "default") != 0 && strcmp(e->model, model_name) != 0 &&
+        !strstr(model_name, e->model)) {
+        rc = kvs_errorf(err, KVS_ERR_INVALID,
+                        "%s:%d: model = '%s' but %s serves '%s'", cfg->path, e->line, e->model,
+                        urls[0], model_name);
+        goto fail;
+    }
+
+    /* grid and resume */
+    if ((rc = expand(e, d, model_name, model_hash, tmpl_name, tmpl_hash, &cells, &n, err))) goto fail;
+    done = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!done) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        int dd = 0;
+        if ((rc = kvs_store_is_done(s, cells[i].key, &dd, err))) goto fail;
+        done[i] = (unsigned char)dd;
+        n_done += dd;
+    }
+    sum->n_cells += n;
+    sum->n_already += n_done;
+    if (o->dry_run) {
+        char model_desc[400];
+        snprintf(model_desc, sizeof model_desc, "%s (%.40s)", model_name, model_hash);
+        if (o->progress) print_dry(o->progress, e, d, cells, n, done, n_done, model_desc, tmpl_name);
+        goto fail; /* rc == KVS_OK: the common exit */
+    }
+    if (n_done == n) {
+        if (o->progress)
+            fprintf(o->progress, "experiment '%s': all %d cells already done\n", e->name, n);
+        goto fail;
+    }
+    /* units: pending cells grouped per (mode, sample), <= 64 each; cells of a
+     * (mode, sample) are adjacent in the grid */
+    units = calloc((size_t)(n - n_done), sizeof *units);
+    if (!units) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        unit *u = n_units ? &units[n_units - 1] : NULL;
+        if (!u || u->mode != cells[i].mode || u->sample != cells[i].sample || u->n == MAX_PER_REQUEST) {
+            u = &units[n_units++];
+            u->mode = cells[i].mode;
+            u->sample = cells[i].sample;
+        }
+        u->cells[u->n++] = i;
+    }
+
+    kvs_run_info info = {e->name, "task", cfg->path, cfg->text, cfg->hash, cfg->overrides, cfg->dir, n};
+    if ((rc = kvs_store_run_begin(s, &info, &run_id, err))) goto fail;
+    run_open = 1;
+    sum->run_id = run_id;
+    if (o->progress)
+        fprintf(o->progress, "experiment '%s': %d cells, %d already done, run %lld, model %s, %d "
+                "backend URL(s), %d requests\n", e->name, n, n_done, (long long)run_id, model_name,
+                n_urls, n_units);
+
+    kvs_client_opts co;
+    kvs_client_opts_defaults(&co);
+    co.urls = urls;
+    co.n_urls = n_urls;
+    co.api = e->backend_openai ? KVS_API_OPENAI : KVS_API_KVSIEVE;
+    co.model = e->backend_openai ? e->model : NULL;
+    co.per_url = e->in_flight > 0 ? e->in_flight : 2;
+    if ((rc = kvs_client_new(&co, &cl, err))) goto fail;
+
+    x.s = s, x.e = e, x.o = o, x.d = d, x.run_id = run_id, x.cells = cells, x.units = units;
+    x.metric_fns = fns, x.model_name = model_name, x.model_hash = model_hash;
+    x.tmpl_name = tmpl_name, x.tmpl_hash = tmpl_hash;
+    x.t0 = kvs_now_ms(), x.total = n - n_done;
+    int window = n_urls * co.per_url;
+    static const char *const stops[] = {"\n"}; /* answers are one line; part of the cell key */
+    int next = 0;
+    for (;;) {
+        int limit_hit = o->max_cells > 0 && x.n_new + x.n_flight_cells >= o->max_cells;
+        int stop_now = (o->stop && *o->stop) || x.rc || limit_hit;
+        if (stop_now && next < n_units) stopped = !x.rc;
+        while (!stop_now && next < n_units && kvs_client_pending(cl) < window) {
+            unit *u = &units[next];
+            if (o->max_cells > 0 && x.n_new + x.n_flight_cells + u->n > o->max_cells) {
+                /* trim the last request to the limit */
+                u->n = o->max_cells - x.n_new - x.n_flight_cells;
+                if (u->n <= 0) break;
+            }
+            const kvs_sample *sm = &d->samples[u->sample];
+            char *cp = NULL, *ap = NULL;
+            kvs_prompt_mode mode = (kvs_prompt_mode)e->modes[u->mode];
+            if ((rc = kvs_prompt_render(tmpl, sm, mode, &cp, &ap, err))) {
+                kvs_err_prefix(err, "sample '%s'", sm->id);
+                goto drain;
+            }
+            kvs_client_variant vs[MAX_PER_REQUEST];
+            for (int i = 0; i < u->n; i++) {
+                const tcell *c = &cells[u->cells[i]];
+                const kvs_variant *var = &e->variants[c->variant];
+                vs[i].method = var->method->name;
+                vs[i].params_json = var->method == &kvs_method_full ? NULL : var->params_json;
+                vs[i].ratio = c->budget >= 0 ? e->budgets[c->budget].ratio : 1.0;
+                vs[i].tokens = c->budget >= 0 ? e->budgets[c->budget].tokens : 0;
+            }
+            kvs_client_request rq;
+            memset(&rq, 0, sizeof rq);
+            rq.prompt = cp;
+            rq.suffix = mode == KVS_PROMPT_QUERY_AGNOSTIC ? ap : NULL;
+            rq.max_tokens = e->n_predict;
+            rq.stop = stops;
+            rq.n_stop = 1;
+            rq.n_variants = u->n;
+            rq.variants = vs;
+            rc = kvs_client_submit(cl, &rq, u, err);
+            free(cp);
+            free(ap);
+            if (rc) {
+                kvs_err_prefix(err, "sample '%s'", sm->id);
+                goto drain;
+            }
+            u->state = 1;
+            x.n_flight_cells += u->n;
+            next++;
+        }
+        int pending = kvs_client_pending(cl);
+        if (pending == 0 && (next >= n_units || stop_now)) break;
+        if ((rc = kvs_client_poll(cl, 200, on_done, &x, NULL, err))) goto drain;
+    }
+drain:
+    /* finish what is in flight (its cells are stored), then close */
+    while (cl && kvs_client_pending(cl) > 0) {
+        kvs_err e2 = {0};
+        if (kvs_client_poll(cl, 200, on_done, &x, NULL, &e2)) break;
+    }
+    if (!rc && x.rc) {
+        rc = x.rc;
+        *err = x.err;
+    }
+    progress(&x, 1);
+    if (o->progress && o->progress_tty) fputc('\n', o->progress);
+    sum->n_done += x.n_new;
+    if (rc) {
+        sum->n_failed++;
+        kvs_err_prefix(err, "experiment '%s'", e->name);
+    } else if (stopped) {
+        sum->interrupted = 1;
+        if (o->progress) {
+            fprintf(o->progress, "stopped: %d new cells stored, %d of %d still to run\n", x.n_new,
+                    n - n_done - x.n_new, n);
+            if (o->resume_hint) fprintf(o->progress, "resume with: %s\n", o->resume_hint);
+        }
+    }
+fail:
+    if (run_open) {
+        kvs_err e2 = {0};
+        kvs_status r2 = kvs_store_run_end(s, run_id, rc ? "failed" : stopped ? "interrupted" : "done",
+                                          x.n_new, rc ? err->msg : NULL, &e2);
+        if (!rc && r2) {
+            rc = r2;
+            *err = e2;
+        }
+    }
+    kvs_client_free(cl);
+    if (emb) {
+        kvs_err e2 = {0};
+        kvs_status r2 = kvs_embedded_stop(emb, &e2);
+        if (!rc && r2) {
+            rc = r2;
+            *err = e2;
+        }
+    }
+    free(units);
+    free(cells);
+    free(done);
+    free(fns);
+    kvs_dataset_free(d);
+    return rc;
+}

@@ -424,8 +424,11 @@ static kvs_status spm_fragment(const kvs_tokenizer *t, const char *text, size_t 
     }
     int ns = 0;
     for (size_t i = 0; i < bn;) {
+        /* one UTF-8 character; a malformed sequence is one byte (never swallow what follows) */
         int cl = utf8_len((uint8_t)buf[i]);
-        if (i + (size_t)cl > bn) cl = (int)(bn - i);
+        if (i + (size_t)cl > bn) cl = 1;
+        for (int k = 1; k < cl; k++)
+            if (((uint8_t)buf[i + (size_t)k] & 0xC0) != 0x80) cl = 1;
         s[ns] = (sym){ns - 1, -1, (uint32_t)i, (uint32_t)cl};
         if (ns > 0) s[ns - 1].next = ns;
         ns++;

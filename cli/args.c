@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
 
@@ -48,4 +49,17 @@ const char *kvs_arg_value(int argc, char **argv, int *i) {
     }
     *i += 1;
     return argv[*i];
+}
+
+int kvs_arg_budget(const char *flag, const char *text, kvs_budget *b, int *ratio_given, int *tokens_given) {
+    /* Wide ranges on purpose: core's kvs_budget_per_layer says what is allowed. */
+    if (!strcmp(flag, "--ratio")) {
+        *ratio_given = 1;
+        return kvs_arg_double(flag, text, -1e300, 1e300, &b->ratio);
+    }
+    long t = 0;
+    *tokens_given = 1;
+    int bad = kvs_arg_int(flag, text, -0x7fffffffL, 0x7fffffffL, &t);
+    b->tokens = t;
+    return bad;
 }

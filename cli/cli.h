@@ -8,6 +8,8 @@
 #ifndef KVS_CLI_H
 #define KVS_CLI_H
 
+#include "kvsieve.h"
+
 typedef int (*kvs_cmd_fn)(int argc, char **argv); /* argv[0] is the subcommand */
 
 typedef struct {
@@ -38,8 +40,10 @@ int kvs_arg_int(const char *flag, const char *text, long lo, long hi, long *out)
 int kvs_arg_double(const char *flag, const char *text, double lo, double hi, double *out);
 /* Value of `--flag VALUE` at argv[*i]; advances *i. NULL + message if absent. */
 const char *kvs_arg_value(int argc, char **argv, int *i);
+/* flag is "--ratio" or "--tokens": parse into b and mark which was given
+ * (the range check is core's: kvs_budget_per_layer). */
+int kvs_arg_budget(const char *flag, const char *text, kvs_budget *b, int *ratio_given, int *tokens_given);
 /* "f32" | "f16" | "bf16" -> dtype; prints an error and returns 1 otherwise. */
-#include "kvsieve.h"
 int kvs_parse_dtype(const char *s, kvs_dtype *out);
 /* Peak resident set size of this process so far, in MiB. */
 double kvs_peak_rss_mib(void);

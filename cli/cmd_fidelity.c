@@ -82,12 +82,9 @@ int kvs_cmd_fidelity(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "--kv")) kv = v;
         else if (!strcmp(a, "--methods")) methods = v;
-        else if (!strcmp(a, "--ratio")) bad = kvs_arg_double(a, v, -1e300, 1e300, &b.ratio), ratio_given = 1;
-        else if (!strcmp(a, "--tokens")) {
-            long t = 0;
-            bad = kvs_arg_int(a, v, -0x7fffffffL, 0x7fffffffL, &t);
-            b.tokens = t, tokens_given = 1;
-        } else if (!strcmp(a, "--param")) {
+        else if (!strcmp(a, "--ratio") || !strcmp(a, "--tokens"))
+            bad = kvs_arg_budget(a, v, &b, &ratio_given, &tokens_given);
+        else if (!strcmp(a, "--param")) {
             if (n_pkv >= 64) return 2;
             pkv[n_pkv++] = v;
         } else if (!strcmp(a, "--threads")) bad = kvs_arg_int(a, v, 1, 256, &threads);

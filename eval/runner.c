@@ -263,9 +263,14 @@ static void print_dry_run(FILE *f, const kvs_experiment *e, const kvs_cell *cell
     if (e->kind == KVS_KIND_TASK)
         fprintf(f, "  dataset  niah: %d lengths x %d depths x %d per cell\n", e->n_lengths,
                 e->n_depths, e->per_cell);
+    else if (e->kind == KVS_KIND_OVERHEAD)
+        fprintf(f, "  dataset  synthetic: %d shapes x %d lengths x %d dtypes x %d devices x %d "
+                   "thread counts; %d input sets rotated per cell; %d max_tokens limits\n",
+                e->n_shapes, e->n_lengths, e->n_dtypes, e->n_devices, e->n_thread_counts,
+                e->n_seeds, e->n_limits);
     else
         fprintf(f, "  dataset  synthetic: %d shapes x %d lengths x %d seeds\n", e->n_shapes,
-                e->n_lengths, e->kind == KVS_KIND_FIDELITY ? e->n_seeds : 1);
+                e->n_lengths, e->n_seeds);
     fprintf(f, "  variants %d (methods x params), budgets %d ('full' runs once per instance)\n",
             e->n_variants, e->n_budgets);
     fprintf(f, "  cells    %d total, %d already done, %d to run\n", n, n_done, n - n_done);

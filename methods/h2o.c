@@ -97,20 +97,9 @@ static kvs_status h2o_create(const kvs_params *p, const kvs_shape *shape, void *
 
 static kvs_status h2o_observe(void *state, int layer, const kvs_layer *in,
                               const uint8_t *modality, kvs_err *err) {
-    (void)modality; /* H2O ignores modality */
-    h2o_state *s = state;
-    if (layer != s->n_observed || layer >= s->shape.n_layers)
-        return kvs_errorf(err, KVS_ERR_INVALID,
-                          "h2o: observe(layer %d) out of order: expected layer %d of %d", layer,
-                          s->n_observed, s->shape.n_layers);
-    kvs_status st = kvs_tp_check_layer("h2o", layer, in, &s->shape, err);
-    if (st != KVS_OK) return st;
-    const size_t HN = (size_t)s->shape.n_kv_heads * (size_t)s->shape.n_tokens;
-    st = kvs_tp_scores("h2o", layer, in, s->normalize, s->shape.threads, s->lse,
-                       s->scores + (size_t)layer * HN, NULL, NULL, err);
-    if (st != KVS_OK) return st;
-    s->n_observed++;
-    return KVS_OK;
+    h2o_state *s = state; /* H2O ignores modality */
+    return kvs_tp_observe("h2o", layer, &s->n_observed, &s->shape, in, modality, s->normalize, 0, s->lse,
+                          s->scores, NULL, NULL, err);
 }
 
 static kvs_status h2o_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {

@@ -122,21 +122,8 @@ static kvs_status lookm_create(const kvs_params *p, const kvs_shape *shape, void
 static kvs_status lookm_observe(void *state, int layer, const kvs_layer *in,
                                 const uint8_t *modality, kvs_err *err) {
     lookm_state *s = state;
-    if (layer != s->n_observed || layer >= s->shape.n_layers)
-        return kvs_errorf(err, KVS_ERR_INVALID,
-                          "lookm: observe(layer %d) out of order: expected layer %d of %d", layer,
-                          s->n_observed, s->shape.n_layers);
-    kvs_status st = kvs_tp_check_layer("lookm", layer, in, &s->shape, err);
-    if (st != KVS_OK) return st;
-    st = kvs_tp_check_modality("lookm", layer, modality, s->shape.n_tokens, err);
-    if (st != KVS_OK) return st;
-    const int Hkv = s->shape.n_kv_heads, N = s->shape.n_tokens;
-    float *sc = s->scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
-    st = kvs_tp_scores("lookm", layer, in, 0, s->shape.threads, s->lse, sc, NULL, NULL, err);
-    if (st != KVS_OK) return st;
-    kvs_tp_text_boost(sc, Hkv, N, modality);
-    s->n_observed++;
-    return KVS_OK;
+    return kvs_tp_observe("lookm", layer, &s->n_observed, &s->shape, in, modality, 0, 1, s->lse, s->scores,
+                          NULL, NULL, err);
 }
 
 static kvs_status lookm_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {

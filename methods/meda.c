@@ -131,23 +131,9 @@ static kvs_status meda_create(const kvs_params *p, const kvs_shape *shape, void 
 static kvs_status meda_observe(void *state, int layer, const kvs_layer *in,
                                const uint8_t *modality, kvs_err *err) {
     meda_state *s = state;
-    if (layer != s->n_observed || layer >= s->shape.n_layers)
-        return kvs_errorf(err, KVS_ERR_INVALID,
-                          "meda: observe(layer %d) out of order: expected layer %d of %d", layer,
-                          s->n_observed, s->shape.n_layers);
-    kvs_status st = kvs_tp_check_layer("meda", layer, in, &s->shape, err);
-    if (st != KVS_OK) return st;
-    st = kvs_tp_check_modality("meda", layer, modality, s->shape.n_tokens, err);
-    if (st != KVS_OK) return st;
-    const int Hkv = s->shape.n_kv_heads, N = s->shape.n_tokens;
-    float *sc = s->scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
     /* Scores and entropies from one fused pass over the logits. */
-    st = kvs_tp_scores("meda", layer, in, 0, s->shape.threads, s->lse, sc,
-                       modality ? modality : s->all_text, &s->ent[layer], err);
-    if (st != KVS_OK) return st;
-    kvs_tp_text_boost(sc, Hkv, N, modality);
-    s->n_observed++;
-    return KVS_OK;
+    return kvs_tp_observe("meda", layer, &s->n_observed, &s->shape, in, modality, 0, 1, s->lse, s->scores,
+                          modality ? modality : s->all_text, &s->ent[layer], err);
 }
 
 static kvs_status meda_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {

@@ -185,3 +185,22 @@ kvs_status kvs_tp_fill_plan(const char *method, const float *scores /* [L][Hkv][
     if (st != KVS_OK) kvs_plan_free(out);
     return st;
 }
+
+kvs_status kvs_tp_observe(const char *method, int layer, int *n_observed, const kvs_shape *shape,
+                          const kvs_layer *in, const uint8_t *modality, int normalize, int text_prior,
+                          float *lse /* [Hq][N] */, float *scores /* [L][Hkv][N] */,
+                          const uint8_t *ent_modality, kvs_entropy_stats *ent, kvs_err *err) {
+    if (layer != *n_observed || layer >= shape->n_layers)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: observe(layer %d) out of order: expected layer %d of %d",
+                          method, layer, *n_observed, shape->n_layers);
+    kvs_status st = kvs_tp_check_layer(method, layer, in, shape, err);
+    if (st == KVS_OK && text_prior) st = kvs_tp_check_modality(method, layer, modality, shape->n_tokens, err);
+    if (st != KVS_OK) return st;
+    const int Hkv = shape->n_kv_heads, N = shape->n_tokens;
+    float *sc = scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
+    st = kvs_tp_scores(method, layer, in, normalize, shape->threads, lse, sc, ent_modality, ent, err);
+    if (st != KVS_OK) return st;
+    if (text_prior) kvs_tp_text_boost(sc, Hkv, N, modality);
+    (*n_observed)++;
+    return KVS_OK;
+}

@@ -73,4 +73,14 @@ kvs_status kvs_tp_fill_plan(const char *method, const float *scores /* [L][Hkv][
                             int Hkv, int N, const int *budgets /* [L] */, double recent_frac,
                             kvs_merge merge, kvs_plan *out, kvs_err *err);
 
+/* The observe step h2o, lookm and meda share: layers in order, shape and
+ * (with text_prior) modality checks, the layer's scores into
+ * scores[layer] ([L][Hkv][N] array), the head-averaged entropies when ent is
+ * non-NULL (under ent_modality), and LOOK-M's text boost when text_prior.
+ * Increments *n_observed on success. */
+kvs_status kvs_tp_observe(const char *method, int layer, int *n_observed, const kvs_shape *shape,
+                          const kvs_layer *in, const uint8_t *modality, int normalize, int text_prior,
+                          float *lse /* [Hq][N] */, float *scores /* [L][Hkv][N] */,
+                          const uint8_t *ent_modality, kvs_entropy_stats *ent, kvs_err *err);
+
 #endif

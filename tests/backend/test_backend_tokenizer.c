@@ -119,6 +119,8 @@ int main(void) {
     EXPECT(m, "<start_of_turn>the", 0, 1, 4, 267);
     EXPECT(m, "<eos>", 0, 0, 6 + '<', 271, 276, 277, 6 + '>');
     EXPECT(m, "", 1, 0, 2);
+    /* a malformed UTF-8 lead byte must not swallow the space after it (found by fuzzing) */
+    EXPECT(m, "\xf1\xf1 a", 0, 0, 6 + 0xF1, 6 + 0xF1, 264);
     /* pieces */
     char buf[64];
     CHECK_EQ_INT(kvs_token_to_piece(m, 284, 0, buf, sizeof buf), 4);

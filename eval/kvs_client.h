@@ -8,7 +8,8 @@
  * request a connect timeout and a total timeout; retries with exponential
  * backoff on 5xx answers and connection errors (refused, reset, nothing
  * received), never on 4xx: a 4xx answer's error message (the kvsieve server's
- * names the field) is surfaced verbatim. A retry goes to the next URL.
+ * names the field) is surfaced verbatim. A retry goes to the next URL. A
+ * request that times out is not retried (it would be as slow again).
  * What it is not: no prompt building, no scoring, no storage (eval/task.c);
  * no streaming.
  *

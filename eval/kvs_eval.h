@@ -9,9 +9,10 @@
  * (schema, migrations, provenance) and reports (md / LaTeX / CSV / JSON,
  * gnuplot plots) computed by SQL over the store.
  * What it is not: no compression logic (methods/), no file formats
- * (formats/), no model or HTTP backend: kind `task` has a config schema and
- * storage tables here and is completed by its issue. Kind `overhead` (the
- * latency study) is run by overhead.c.
+ * (formats/), no model. Kind `task` (prompts from datasets/ sent over HTTP
+ * to a backend, scored by metrics.c) is run by task.c with client.c and
+ * embedded.c (kvs_client.h, kvs_task.h). Kind `overhead` (the latency
+ * study) is run by overhead.c.
  */
 #ifndef KVS_EVAL_H
 #define KVS_EVAL_H
@@ -66,7 +67,8 @@ typedef struct {
     kvs_exp_kind kind;
     int line; /* line of the experiment{...} call */
 
-    /* dataset: "synthetic" (fidelity, overhead) or "niah" (task, schema only) */
+    /* dataset: "synthetic" (fidelity, overhead); task: "niah" (generated) or a
+     * file dataset "jsonl", "longbench", "milebench" (dataset_path) */
     char dataset[16];
     int n_shapes;
     kvs_eval_shape *shapes; /* [n_shapes] */
@@ -169,7 +171,10 @@ typedef struct {
  * keeps everything, the budget does not change it). Kind overhead: shape,
  * length, dtype, device, threads, variant, budget; its seeds are the
  * rotated input sets of every cell, not an axis; cells above a max_tokens
- * limit are left out. Caller frees *cells. */
+ * limit are left out. Kind task: only the niah grid's size and shape
+ * (lengths x depths x per_cell); the runner expands task cells itself with
+ * the loaded dataset, model hash and template hash (task.c), so these keys
+ * are not the stored ones. Caller frees *cells. */
 kvs_status kvs_grid_expand(const kvs_experiment *e, kvs_cell **cells, int *n_cells, kvs_err *err);
 
 /* ---- The store ------------------------------------------------------------ */

@@ -330,6 +330,21 @@ static int cell_group(const dataset *d, int e, int b, int l, int m) {
     return -1;
 }
 
+/* The `full` row a variant is compared with: the one with the same
+ * bracketed tag (task labels carry " [query_agnostic]" for that mode), else
+ * any full row; -1 when there is none. */
+static int full_for(const dataset *d, const int *labels, int n_labels, int l) {
+    const char *tag = strrchr(d->labels.v[l], '[');
+    int any = -1;
+    for (int i = 0; i < n_labels; i++) {
+        if (!is_full(d, labels[i])) continue;
+        const char *ft = strrchr(d->labels.v[labels[i]], '[');
+        if (tag ? (ft && !strcmp(tag, ft)) : !ft) return labels[i];
+        if (any < 0) any = labels[i];
+    }
+    return any;
+}
+
 typedef int (*ctx_cmp)(const dataset *d, int x, int y);
 
 /* Insertion sort with a context (lists here are short: variants, metrics). */
@@ -478,10 +493,6 @@ static void write_table(const dataset *d, int e, int b, const layout_t *t, int p
                         kvs_report_format fmt) {
     char bt[64];
     budget_title(&d->budgets[b], bt, sizeof bt);
-    int full_label = -1;
-    for (int i = 0; i < t->n_labels; i++)
-        if (is_full(d, t->labels[i])) full_label = t->labels[i];
-    int full_g = full_label >= 0 ? cell_group(d, e, b, full_label, primary) : -1;
     const char *pm = d->metrics.v[primary];
     double *best = malloc(sizeof *best * (size_t)(t->n_metrics + 1));
     if (!best) return;
@@ -515,6 +526,8 @@ static void write_table(const dataset *d, int e, int b, const layout_t *t, int p
     for (int i = 0; i < t->n_labels; i++) {
         int l = t->labels[i];
         int pg = cell_group(d, e, b, l, primary);
+        int full_label = full_for(d, t->labels, t->n_labels, l);
+        int full_g = full_label >= 0 ? cell_group(d, e, b, full_label, primary) : -1;
         int n = -1;
         for (int j = 0; j < t->n_metrics && n < 0; j++) {
             int gi = cell_group(d, e, b, l, t->metrics[j]);
@@ -607,11 +620,9 @@ static void write_long(const dataset *d, FILE *f, kvs_report_format fmt, int *fi
         int primary = t.n_metrics ? t.metrics[0] : -1;
         for (int bi = 0; bi < t.n_budgets; bi++) {
             int b = t.budgets[bi];
-            int full_label = -1;
-            for (int i = 0; i < t.n_labels; i++)
-                if (is_full(d, t.labels[i])) full_label = t.labels[i];
             for (int i = 0; i < t.n_labels; i++) {
                 int l = t.labels[i];
+                int full_label = full_for(d, t.labels, t.n_labels, l);
                 for (int j = 0; j < t.n_metrics; j++) {
                     int m = t.metrics[j];
                     int gi = cell_group(d, e, b, l, m);

@@ -63,7 +63,7 @@ typedef struct {
     kvs_err err;
     /* progress */
     double t0, last;
-    int total;
+    int total, shown;
 } run_ctx;
 
 /* ---- model identity ------------------------------------------------------- */
@@ -257,7 +257,9 @@ static void progress(run_ctx *x, int force) {
     double now = kvs_now_ms();
     double every = o->progress_tty ? 200.0 : (o->progress_every_s > 0 ? o->progress_every_s : 5) * 1e3;
     if (!force && now - x->last < every) return;
+    if (force && x->shown == x->n_new) return; /* already on screen */
     x->last = now;
+    x->shown = x->n_new;
     double el = (now - x->t0) / 1000.0;
     double rate = el > 0 ? x->n_new / el : 0;
     double eta = rate > 0 ? (x->total - x->n_new) / rate : -1;

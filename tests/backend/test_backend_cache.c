@@ -192,6 +192,39 @@ int main(void) {
         }
         kvs_session_free(nq);
     }
+    /* queries recorded by a short prompt (decode kernels) match those of a longer,
+     * batched prompt at the same positions (causal: later tokens do not matter) */
+    {
+        kvs_session *a = NULL, *b = NULL;
+        kvs_session_opts soq = {32, 2, -1};
+        CHECK_OK(kvs_session_new(m, &soq, &a, &err), &err);
+        CHECK_OK(kvs_session_new(m, &soq, &b, &err), &err);
+        kvs_layer *lb = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
+        int mb[KVS_MAX_LAYERS], nb = 0;
+        kvs_cache_view cb;
+        if (a && b && lb) {
+            CHECK_OK(kvs_session_prefill(a, toks, 6, NULL, NULL, &err), &err);  /* short path */
+            CHECK_OK(kvs_session_prefill(b, toks, 12, NULL, NULL, &err), &err); /* batched */
+            CHECK_OK(kvs_session_cache_view(a, 1, &cv, ls, map, &nm, &err), &err);
+            CHECK_OK(kvs_session_cache_view(b, 1, &cb, lb, mb, &nb, &err), &err);
+            double d = 0, mx = 0;
+            for (int l = 0; l < nm && l < nb; l++) {
+                CHECK_EQ_INT(cv.layers[l].q.n_tokens, 6);
+                const float *qa = cv.layers[l].q.data, *qb = cb.layers[l].q.data;
+                for (int h = 0; h < I->n_heads; h++)
+                    for (int i = 0; i < 6; i++)
+                        for (int c = 0; c < D; c++) {
+                            float x = qa[((size_t)h * 6 + i) * D + c], y = qb[((size_t)h * 12 + i) * D + c];
+                            d = fmax(d, fabs(x - y));
+                            mx = fmax(mx, fabs(y));
+                        }
+            }
+            CHECK_MSG(d <= 5e-2 * mx, "short-path queries differ from batched ones by %g (max %g)", d, mx);
+        }
+        free(lb);
+        kvs_session_free(a);
+        kvs_session_free(b);
+    }
     /* copy into a session with a smaller context is refused */
     {
         kvs_session *small = NULL;

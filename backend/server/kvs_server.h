@@ -44,8 +44,10 @@
  *                       arch, n_prompt, layer_map)
  *
  * kv_compression: {method, ratio | tokens, params: {name: value},
- *   compress_local=false, name} or {variants: [such objects]} or a bare array
- *   of them. One prefill per request; each variant compresses a copy of the
+ *   compress_local=false, name, suffix} or {variants: [such objects]} or a
+ *   bare array of them. suffix (text, query-agnostic evaluation): tokenized
+ *   without BOS and decoded on the variant's cache after its compression;
+ *   generation starts from its last position (timings.suffix_ms). One prefill per request; each variant compresses a copy of the
  *   prefill cache. "kv" = {method, params (all values), budget, compress_local,
  *   compress_ms (end of prefill -> decode may start: the method's cost),
  *   copy_ms (copying the shared prefill cache for this variant), n_prompt, tokens_before/after, bytes_before/after (total,

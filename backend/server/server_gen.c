@@ -41,6 +41,8 @@ typedef struct {
     kvs_params params;
     kvs_budget budget;
     int compress_local;
+    int32_t *suffix; /* [n_suffix] malloc'd: decoded after the compression (query-agnostic) */
+    int n_suffix;
 } variant_req;
 
 typedef struct {
@@ -66,9 +68,11 @@ typedef struct {
     kvs_kv_stats stats;
     double compress_ms;
     double copy_ms; /* copying the prefill cache for this variant (not part of compress_ms) */
+    double suffix_ms; /* decoding the variant's suffix after the compression */
 } gen_out;
 
 static void gen_req_free(gen_req *g) {
+    for (int i = 0; g->variants && i < g->n_variants; i++) free(g->variants[i].suffix);
     free(g->prompt);
     free(g->variants);
     kvs_stop_free(&g->stop);
@@ -250,10 +254,12 @@ static int param_text(const cJSON *v, char *buf, size_t n) {
     return 0;
 }
 
-static int parse_variant(const cJSON *o, const char *field, variant_req *v, srv_error *e) {
+static int parse_variant(const kvs_server *s, const cJSON *o, const char *field, variant_req *v,
+                         srv_error *e) {
     snprintf(v->field, sizeof v->field, "%s", field);
     if (!cJSON_IsObject(o)) return srv_fail(e, 400, field, "%s must be an object {method, ratio | tokens, params}", field);
-    static const char *const known[] = {"method", "ratio", "tokens", "params", "compress_local", "name", NULL};
+    static const char *const known[] = {"method", "ratio", "tokens", "params", "compress_local", "name",
+                                        "suffix", NULL};
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
         int ok = 0;
@@ -262,7 +268,7 @@ static int parse_variant(const cJSON *o, const char *field, variant_req *v, srv_
             char f[160];
             snprintf(f, sizeof f, "%s.%s", field, it->string);
             return srv_fail(e, 400, f, "%s: unknown field (known: method, ratio, tokens, params, "
-                            "compress_local, name)", f);
+                            "compress_local, name, suffix)", f);
         }
     }
     char f[160];
@@ -314,10 +320,18 @@ static int parse_variant(const cJSON *o, const char *field, variant_req *v, srv_
         snprintf(f, sizeof f, "%s.ratio", field);
         return srv_fail(e, 400, f, "%s: a budget is required: ratio in (0, 1] or tokens >= 1", field);
     }
-    return srv_get_bool(o, "compress_local", field, 0, &v->compress_local, e);
+    if (srv_get_bool(o, "compress_local", field, 0, &v->compress_local, e)) return -1;
+    const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(o, "suffix");
+    if (sfx && !cJSON_IsNull(sfx)) {
+        snprintf(f, sizeof f, "%s.suffix", field);
+        if (!cJSON_IsString(sfx)) return srv_fail(e, 400, f, "%s must be a string", f);
+        if (sfx->valuestring[0] && tokenize_text(s, sfx->valuestring, 0, f, &v->suffix, &v->n_suffix, e))
+            return -1;
+    }
+    return 0;
 }
 
-static int parse_kv_compression(const cJSON *root, gen_req *g, srv_error *e) {
+static int parse_kv_compression(const kvs_server *s, const cJSON *root, gen_req *g, srv_error *e) {
     const cJSON *kc = cJSON_GetObjectItemCaseSensitive(root, "kv_compression");
     if (!kc || cJSON_IsNull(kc)) return 0;
     const cJSON *list = NULL;
@@ -350,7 +364,7 @@ static int parse_kv_compression(const cJSON *root, gen_req *g, srv_error *e) {
         cJSON_ArrayForEach(it, list) {
             char f[64];
             snprintf(f, sizeof f, "%s[%d]", base, i);
-            if (parse_variant(it, f, &g->variants[i], e)) return -1;
+            if (parse_variant(s, it, f, &g->variants[i], e)) return -1;
             i++;
         }
         return 0;
@@ -358,7 +372,7 @@ static int parse_kv_compression(const cJSON *root, gen_req *g, srv_error *e) {
     g->variants = calloc(1, sizeof *g->variants);
     if (!g->variants) return srv_fail(e, 500, "", "out of memory");
     g->n_variants = 1;
-    return parse_variant(kc, "kv_compression", &g->variants[0], e);
+    return parse_variant(s, kc, "kv_compression", &g->variants[0], e);
 }
 
 static int parse_stop(const cJSON *root, gen_req *g, srv_error *e) {
@@ -457,7 +471,7 @@ static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *
     g->n_predict = (int)np;
     kvs_stop_init(&g->stop, g->n_predict);
     if (parse_stop(root, g, e)) return -1;
-    if (parse_kv_compression(root, g, e)) return -1;
+    if (parse_kv_compression(s, root, g, e)) return -1;
     /* the prompt last: tokenising is the costly part */
     if (ep == EP_V1_CHAT) {
         if (parse_messages(s, root, g, e)) return -1;
@@ -477,6 +491,12 @@ static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *
             char f[96];
             snprintf(f, sizeof f, "%s.%s", g->variants[i].field, g->variants[i].budget.tokens ? "tokens" : "ratio");
             return srv_fail(e, 400, f, "%s: %s", f, err.msg);
+        }
+        if (g->n_prompt + g->variants[i].n_suffix > s->cfg.n_ctx) {
+            char f[96];
+            snprintf(f, sizeof f, "%s.suffix", g->variants[i].field);
+            return srv_fail(e, 400, f, "%s: prompt (%d tokens) + suffix (%d) exceed the context of %d", f,
+                            g->n_prompt, g->variants[i].n_suffix, s->cfg.n_ctx);
         }
     }
     return 0;
@@ -654,6 +674,17 @@ static int run_request(kvs_server *s, const gen_req *g, gen_out *outs, int n_out
             o->compress_ms = 0.0;
         }
         memcpy(logits, logits0, V * sizeof *logits);
+        if (v && v->n_suffix > 0) {
+            /* query-agnostic: the suffix (the question) is decoded on the
+             * compressed cache; generation starts from its last logits */
+            double ts = kvs_now_ms();
+            for (int t = 0; t < v->n_suffix; t++)
+                if (kvs_session_decode(ses, v->suffix[t], logits, &err) != KVS_OK) {
+                    rc = srv_fail(e, 500, "", "variant %d: decoding the suffix failed: %s", i, err.msg);
+                    goto cleanup;
+                }
+            o->suffix_ms = kvs_now_ms() - ts;
+        }
         if (generate(s, ses, logits, g, o, &err) != KVS_OK) {
             rc = srv_fail(e, 500, "", "variant %d: generation failed: %s", i, err.msg);
             goto cleanup;
@@ -682,6 +713,7 @@ static cJSON *timings_json(int prompt_n, double prompt_ms, const gen_out *o) {
     cJSON_AddNumberToObject(t, "predicted_per_second",
                             o->predicted_ms > 0 ? 1e3 * o->n_toks / o->predicted_ms : 0.0);
     cJSON_AddNumberToObject(t, "compress_ms", o->compress_ms);
+    cJSON_AddNumberToObject(t, "suffix_ms", o->suffix_ms);
     return t;
 }
 

@@ -46,7 +46,7 @@ static kvs_status check_view(const kvs_view *v, const char *what, int l, kvs_err
     return KVS_OK;
 }
 
-kvs_status kvs_cache_validate(const kvs_cache_view *c, kvs_shape *shape, kvs_err *err) {
+kvs_status kvs_cache_validate_for(const kvs_cache_view *c, unsigned needs, kvs_shape *shape, kvs_err *err) {
     kvs_status st;
     if (!c) return kvs_errorf(err, KVS_ERR_INVALID, "cache view is NULL");
     if (c->n_layers < 1)
@@ -143,13 +143,18 @@ kvs_status kvs_cache_validate(const kvs_cache_view *c, kvs_shape *shape, kvs_err
         if (ly->k.device != KVS_HOST) continue; /* device views: see file comment */
         if ((st = kvs_view_check_finite(&ly->k, "K", err)) ||
             (st = kvs_view_check_finite(&ly->v, "V", err)) ||
-            (ly->q.data && (st = kvs_view_check_finite(&ly->q, "Q", err)))) {
+            (ly->q.data && (needs & (KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW)) &&
+             (st = kvs_view_check_finite(&ly->q, "Q", err)))) {
             kvs_err_prefix(err, "layer %d", l);
             return st;
         }
     }
     if (shape) *shape = s;
     return KVS_OK;
+}
+
+kvs_status kvs_cache_validate(const kvs_cache_view *c, kvs_shape *shape, kvs_err *err) {
+    return kvs_cache_validate_for(c, KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW, shape, err);
 }
 
 void kvs_dense_cache_free(kvs_dense_cache *c) {

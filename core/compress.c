@@ -30,7 +30,7 @@ kvs_status kvs_compress(const kvs_method *m, const kvs_params *p, const kvs_cach
                           p->n, m->n_params);
 
     kvs_shape shape;
-    if ((st = kvs_cache_validate(c, &shape, err))) goto cleanup;
+    if ((st = kvs_cache_validate_for(c, m->needs, &shape, err))) goto cleanup;
     shape.threads = threads >= 1 ? threads : 1;
     const int L = shape.n_layers, N = shape.n_tokens;
 

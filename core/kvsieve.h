@@ -142,6 +142,10 @@ typedef struct {
 /* Checks that all layers agree (N, Hkv, d; Hq multiple of Hkv; Nq <= N),
  * N > 0, and K/V/Q finite. Fills *shape. Messages name the layer. */
 kvs_status kvs_cache_validate(const kvs_cache_view *c, kvs_shape *shape, kvs_err *err);
+/* The same checks, but the queries' values are scanned for NaN/Inf only when
+ * `needs` (a method's KVS_NEED_* bits) says they are read: kvs_compress uses
+ * this so that a method that ignores Q does not pay a pass over it. */
+kvs_status kvs_cache_validate_for(const kvs_cache_view *c, unsigned needs, kvs_shape *shape, kvs_err *err);
 
 /* ------------------------------------------------------------------------ */
 /* Owned dense cache (what formats/ loads and apply writes)                  */

@@ -28,7 +28,9 @@
  * queries an attention method reads) + the compacted K and V written (fp32,
  * what kvs_apply produces). GB/s = bytes / median. The host copy bandwidth
  * is a single-thread memcpy of 256 MiB (bytes read + written per second,
- * best of 5). Attention FLOPs: 2 d per (query head, query, visible key).
+ * best of 5). Attention FLOPs: 2 d per (query head, query, visible key) of
+ * one causal pass; gflops divides them by the step's median, pass_gflops by
+ * the dominant term's (the attention pass alone).
  *
  * Storage: one latency row per cell (device "cpu <T>t <build> <model>",
  * at most 31 characters so the report's tables keep it whole) and a
@@ -182,6 +184,22 @@ static kvs_status host_copy_bandwidth(double *gbps, kvs_err *err) {
     return KVS_OK;
 }
 
+/* Bytes of memory available to this process: MemAvailable of
+ * /proc/meminfo (free + reclaimable cache), else free pages. */
+static double available_memory(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        long long kb = -1;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+        fclose(f);
+        if (kb > 0) return (double)kb * 1024.0;
+    }
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (double)pages * (double)psz : 1e18;
+}
+
 /* Queries a variant reads at prompt length N. */
 static int queries_wanted(const kvs_variant *var, int N) {
     const kvs_method *m = var->method;
@@ -259,8 +277,7 @@ static kvs_status inst_load(kvs_overhead *x, const kvs_experiment *e, const kvs_
     const size_t per_layer = 2 * (size_t)Hkv * N * d + (size_t)Hq * nq * d; /* elements */
     const double set_bytes = (double)per_layer * L * (double)kvs_dtype_size(dt);
     const double gen_bytes = (double)per_layer * L * 4.0; /* the fp32 cache being generated */
-    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    double avail = pages > 0 && psz > 0 ? 0.8 * (double)pages * (double)psz : 1e18;
+    double avail = 0.8 * available_memory();
     int want_sets = e->n_seeds, n_sets = want_sets;
     while (n_sets > 1 && n_sets * set_bytes + gen_bytes > avail) n_sets--;
     if (n_sets * set_bytes + gen_bytes > avail)
@@ -894,6 +911,9 @@ kvs_status kvs_overhead_cell(kvs_overhead *x, const kvs_experiment *e, const kvs
                      gbps, copy);
     if (k > 0 && (size_t)k < sizeof note && r.flops > 0)
         k += snprintf(note + k, sizeof note - (size_t)k, "; gflops=%.3f", gflops);
+    if (k > 0 && (size_t)k < sizeof note && r.flops > 0 && !isnan(r.dom_med))
+        k += snprintf(note + k, sizeof note - (size_t)k, "; pass_gflops=%.3f",
+                      r.flops / (r.dom_med * 1e-3) / 1e9);
     if (k > 0 && (size_t)k < sizeof note && !isnan(r.dom_med))
         k += snprintf(note + k, sizeof note - (size_t)k,
                       "; compress_ms=%.6g; apply_ms=%.6g; dominant=%s; dominant_ms=%.6g; "

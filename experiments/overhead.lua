@@ -8,7 +8,8 @@
 -- method's dominant term (DCT pair, attention pass, or gather) timed by a
 -- micro-benchmark in the same cell (the CPU bar: median <= 2 x that).
 --
---   kvsieve run experiments/overhead.lua              -- the CPU grid below (~10 min, 2 cores)
+--   kvsieve run experiments/overhead.lua              -- the CPU grid below: 56 cells, 6 min on
+--                                                        2 idle cores, 12 min on a loaded machine
 --   kvsieve report --experiment overhead              -- method x N tables, median [p10, p90]
 --   kvsieve report --experiment overhead --plot overhead.svg   -- log-log plot
 --
@@ -23,14 +24,14 @@
 -- Where and why the default CPU grid stops lower (2 shared cores, 23 GB):
 --   * H2O, LOOK-M, MEDA recompute causal attention over all N queries:
 --     2 d Hq L N^2 / 2 FLOPs = 1.2 TFLOP per run at the Gemma shape and 8K,
---     about 10-25 s on 2 cores, so 20 repetitions + the dominant-term runs
---     per cell would take over 10 minutes each: they run at 2K on the Gemma
---     shape only (about 1 s per run); the Qwen shape costs 5.4x Gemma per
---     token pair, so none there.
+--     6.5 s on 2 idle cores (about 1.6 s at 4K), so 2 warm-ups + 20 repetitions +
+--     10 dominant-term runs x 3 methods x 2 dtypes would take 20 minutes at
+--     8K and 5 at 4K: they run at 2K on the Gemma shape only (0.43-0.58 s per
+--     run); the Qwen shape costs 5.4x Gemma per token pair, so none there.
 --   * The other methods are linear (or N log N) in the cache: up to 8K on
 --     the Gemma shape, 4K on the Qwen shape (a 235 MB fp32 cache at 2K).
 --   * LLaVA-1.5-7B has 32 KV heads (28x the Gemma cache per token: 2.1 GB
---     per fp32 input set at 2K, 2-6 s per run): not in the default CPU grid.
+--     per fp32 input set at 2K, 0.4-5.7 s per run): not in the default CPU grid.
 --     At 64K its fp32 cache (69 GB) does not fit this machine at all; the
 --     runner then stops with a memory error naming the sizes.
 

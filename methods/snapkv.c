@@ -9,7 +9,7 @@
  * k/2; max ignores padding, avg divides by the number of real elements).
  * Keep the top B - w prefix tokens by pooled vote (ties: lower index) plus the
  * whole window. If B <= w keep the last B; B >= N keeps everything.
- * Cost Hq * w * N * d, linear in N: kvs_attn_lse + kvs_attn_colsum on the w
+ * Cost Hq * w * N * d, linear in N: kvs_attn_colsum_fused (one pass) on the w
  * window queries only; memory O(N) per head (the pooled votes are kept per
  * layer until select, nothing else).
  *
@@ -22,7 +22,7 @@
  *     window is the whole prompt, w_eff = N, and Nq >= N is required.
  *   - Pooling runs over the prefix votes only (the window is kept anyway), so
  *     the padding sits at j = 0 and j = N - w - 1.
- *   - Votes are fp32 column sums from core (kvs_attn_colsum), which already
+ *   - Votes are fp32 column sums from core (kvs_attn_colsum_fused), which already
  *     average over the GQA group before pooling.
  * What it is not: no attention over all N queries, no N x N buffer.
  */
@@ -129,9 +129,8 @@ static kvs_status snapkv_observe(void *state, int layer, const kvs_layer *in,
     qw.data = (const char *)in->q.data +
               (size_t)(in->q.n_tokens - w) * (size_t)in->q.s_tok * kvs_dtype_size(in->q.dtype);
     qw.n_tokens = w;
-    kvs_status rc = kvs_attn_lse(&qw, &in->k, st->lse, st->threads, err);
-    if (rc) return kvs_err_prefix(err, "snapkv: layer %d", layer);
-    rc = kvs_attn_colsum(&qw, &in->k, st->lse, st->colsum, NULL, st->threads, err);
+    /* One pass over the window's logits: row lse and column sums together. */
+    kvs_status rc = kvs_attn_colsum_fused(&qw, &in->k, st->lse, st->colsum, NULL, st->threads, err);
     if (rc) return kvs_err_prefix(err, "snapkv: layer %d", layer);
     const int P = N - w;
     for (int h = 0; h < Hkv; h++) {

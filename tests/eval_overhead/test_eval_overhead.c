@@ -4,7 +4,8 @@
  * hand-checked for three cells, GB/s, the dominant term and its ratio);
  * resume skips finished cells; --threads defines new cells; max_tokens
  * limits the grid; a cuda cell without a device fails with a clear message
- * and stores nothing (with a device it is timed and stored as "cuda");
+ * and stores nothing (with a device it is timed and stored as "cuda"); a
+ * cache too large for the machine's memory is a clear error, not a crash;
  * config errors for the overhead fields name file:line and the field.
  * Never asserts on wall-clock values beyond their order. */
 #include "eval_test_util.h"
@@ -275,6 +276,23 @@ static void test_cuda_cell(void) {
     sqlite3_close(h);
 }
 
+/* A shape whose one input set cannot fit: a clear error before any
+ * allocation, naming the sizes. */
+static void test_too_big(void) {
+    char db[256];
+    kvs_err err = {0};
+    kvs_run_summary sum;
+    snprintf(db, sizeof db, "%s/big.db", dir);
+    const char *t =
+        "experiment { name = \"big\", kind = \"overhead\", repeats = 1, warmup = 0,\n"
+        "  dataset = synthetic { shape = shape { layers = 256, q_heads = 256, kv_heads = 256,\n"
+        "    head_dim = 1024 }, n_tokens = 1048576 },\n"
+        "  methods = { \"streamingllm\" }, budgets = 0.25 }\n";
+    CHECK_FAILS(run_text("big.lua", t, db, 0, &sum, &err), KVS_ERR_NOMEM, &err,
+                "custom-L256-Hq256-Hkv256-d1024 N=1048576 F32: one input set needs");
+    CHECK(strstr(err.msg, "GB of memory are available") != NULL);
+}
+
 static void bad(const char *name, const char *fields, const char *needle) {
     char text[1024], path[256];
     snprintf(text, sizeof text,
@@ -328,6 +346,7 @@ int main(void) {
     double t1 = kvs_now_ms();
     test_limits_and_seeds();
     test_cuda_cell();
+    test_too_big();
     test_config_errors();
     printf("run + resume %.0f ms, the rest %.0f ms\n", t1 - t0, kvs_now_ms() - t1);
     eval_rmdir(dir);

@@ -1,0 +1,713 @@
+#!/usr/bin/env python3
+"""ref_methods.py -- an independent reference of the eight kvsieve methods.
+
+What this is: a slow, readable, pure-Python (standard library only, float64)
+re-implementation of ../shared/spec/methods.md plus the decisions recorded in
+docs/methods.md, written WITHOUT looking at methods/*.c or core/*.c. It reads a
+cache dump (safetensors), computes every method's plan (layer budgets and
+per-KV-head index sets) and, for merging methods, the merged K/V, and compares
+them with what `kvsieve compress` wrote (plan JSON + compressed dump).
+
+What this is not: a fast implementation, nor a second copy of the C code. It
+materialises small N x N attention matrices (fine for N <= a few hundred; the
+no-N x N rule is for the library), computes in float64 while the C side works
+in fp32, and therefore treats near-equal scores at a top-k boundary as float
+ties (reported, not failed). `random` is checked for counts / sortedness only:
+its RNG stream is an implementation detail.
+
+Usage (as check_methods.sh drives it):
+  ref_methods.py MANIFEST
+MANIFEST has one job per line, tab-separated:
+  case  kv.safetensors  method  budget  params  plan.json  out.safetensors
+budget is "ratio=R" or "tokens=T"; params is "-" or "name=value,name=value".
+Prints one line per job (PASS / TIE / FAIL with details) and ends with
+"N passed, M failed" (ties count as passed and are also counted separately);
+exits 1 on any real mismatch.
+"""
+import json
+import math
+import struct
+import sys
+
+TIE_REL = 1e-6      # scores this close (relative) at a top-k cut are a float tie
+MERGE_REL = 1e-4    # merged K/V tolerance (relative to the row's max magnitude), f32 dumps
+# a dump written in a narrower type (compress keeps the input's dtype) also gets its half-ulp
+ROUND_REL = {"F32": 0.0, "F16": 2.0 ** -11, "BF16": 2.0 ** -8}
+TEXT = 0
+VISUAL = (1, 2)     # KVS_MOD_IMAGE, KVS_MOD_VIDEO count as "image" (docs/methods.md)
+
+
+# --------------------------------------------------------------------------
+# safetensors
+# --------------------------------------------------------------------------
+
+def _decode(dtype, raw, count):
+    if dtype == "F32":
+        return list(struct.unpack("<%df" % count, raw))
+    if dtype == "F16":
+        return list(struct.unpack("<%de" % count, raw))
+    if dtype == "BF16":
+        halves = struct.unpack("<%dH" % count, raw)
+        return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves]
+    if dtype == "U8":
+        return list(raw)
+    if dtype == "I32":
+        return list(struct.unpack("<%di" % count, raw))
+    raise ValueError("unsupported dtype %s" % dtype)
+
+
+_SIZES = {"F32": 4, "F16": 2, "BF16": 2, "U8": 1, "I32": 4}
+
+
+def load_safetensors(path):
+    """name -> (dtype, shape, flat list of Python numbers)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (hlen,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + hlen].decode("utf-8"))
+    base = 8 + hlen
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        count = 1
+        for s in t["shape"]:
+            count *= s
+        a, b = t["data_offsets"]
+        assert b - a == count * _SIZES[t["dtype"]], "%s: %s size mismatch" % (path, name)
+        out[name] = (t["dtype"], t["shape"], _decode(t["dtype"], blob[base + a:base + b], count))
+    return out
+
+
+def to_3d(flat, shape):
+    """[H][N][d] nested lists from a flat row-major list."""
+    H, N, d = shape
+    return [[flat[(h * N + n) * d:(h * N + n + 1) * d] for n in range(N)] for h in range(H)]
+
+
+class Cache:
+    """One prompt's cache: K, V [L][Hkv][N][d], Q [L][Hq][Nq][d] or None, modality [N]."""
+
+    def __init__(self, path):
+        t = load_safetensors(path)
+        self.L = 0
+        while "layers.%d.k" % self.L in t:
+            self.L += 1
+        self.K, self.V, self.Q = [], [], []
+        for l in range(self.L):
+            _, ks, kf = t["layers.%d.k" % l]
+            _, vs, vf = t["layers.%d.v" % l]
+            self.K.append(to_3d(kf, ks))
+            self.V.append(to_3d(vf, vs))
+            q = t.get("layers.%d.q" % l)
+            self.Q.append(to_3d(q[2], q[1]) if q else None)
+        self.Hkv, self.N, self.d = ks
+        self.Hq = len(self.Q[0]) if self.Q[0] is not None else 0
+        self.Nq = len(self.Q[0][0]) if self.Q[0] is not None else 0
+        self.G = self.Hq // self.Hkv if self.Hq else 0
+        self.modality = t["modality"][2] if "modality" in t else [TEXT] * self.N
+        self._probs = {}
+        self.memo = {}  # per-method intermediate results that depend on the cache only
+
+    def probs(self, l):
+        """P[hq][i] = causal softmax row of query row i (position N - Nq + i), length p_i + 1."""
+        if l not in self._probs:
+            N, Nq, d = self.N, self.Nq, self.d
+            inv = 1.0 / math.sqrt(d)
+            P = []
+            for h in range(self.Hq):
+                K = self.K[l][h // self.G]
+                rows = []
+                for i in range(Nq):
+                    q = self.Q[l][h][i]
+                    p = N - Nq + i
+                    s = [sum(a * b for a, b in zip(q, K[j])) * inv for j in range(p + 1)]
+                    m = max(s)
+                    e = [math.exp(x - m) for x in s]
+                    z = sum(e)
+                    rows.append([x / z for x in e])
+                P.append(rows)
+            self._probs[l] = P
+        return self._probs[l]
+
+    def colsum_gqa(self, l):
+        """[Hkv][N]: (1/G) sum_{h in group} sum_i A_h[i][j]."""
+        P = self.probs(l)
+        out = [[0.0] * self.N for _ in range(self.Hkv)]
+        for h in range(self.Hq):
+            acc = out[h // self.G]
+            for row in P[h]:
+                for j, x in enumerate(row):
+                    acc[j] += x
+        return [[x / self.G for x in row] for row in out]
+
+
+# --------------------------------------------------------------------------
+# budgets
+# --------------------------------------------------------------------------
+
+def per_layer_budget(budget, N):
+    kind, val = budget
+    if kind == "ratio":
+        B = math.floor(val * N + 1e-9 * max(1.0, val * N))
+    else:
+        B = int(val)
+    return max(1, min(N, B))
+
+
+def budget_min(N, B):
+    return min(max(1, (N + 99) // 100), B)
+
+
+def _snap(x):
+    r = round(x)
+    return float(r) if abs(x - r) < 1e-9 * max(1.0, abs(x)) else x
+
+
+def allocate(weights, total, bmin, bmax):
+    """Water-filling split of `total` over layers proportional to weights, each
+    clamped to [bmin, bmax]: find lam with sum clamp(lam w_l) == total, then
+    largest-remainder rounding (ties to the lower layer). Returns (budgets,
+    real shares)."""
+    L = len(weights)
+    pos = [l for l in range(L) if weights[l] > 0]
+    zero = [l for l in range(L) if weights[l] <= 0]
+    if not pos:
+        shares = [total / L] * L
+    elif len(pos) * bmax + len(zero) * bmin <= total:
+        shares = [float(bmax) if weights[l] > 0 else 0.0 for l in range(L)]
+        for l in zero:
+            shares[l] = (total - len(pos) * bmax) / len(zero)
+    else:
+        def f(lam):
+            return sum(min(bmax, max(bmin, lam * weights[l])) for l in pos) + len(zero) * bmin
+        lo, hi = 0.0, bmax / min(weights[l] for l in pos)
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if f(mid) < total:
+                lo = mid
+            else:
+                hi = mid
+        lam = 0.5 * (lo + hi)
+        shares = [float(bmin)] * L
+        free, fixed = [], len(zero) * bmin
+        for l in pos:
+            x = lam * weights[l]
+            if x <= bmin * (1 + 1e-12):
+                shares[l] = float(bmin)
+                fixed += bmin
+            elif x >= bmax * (1 - 1e-12):
+                shares[l] = float(bmax)
+                fixed += bmax
+            else:
+                free.append(l)
+        wf = sum(weights[l] for l in free)
+        for l in free:
+            shares[l] = (total - fixed) * weights[l] / wf
+    shares = [_snap(x) for x in shares]
+    out = [int(math.floor(x)) for x in shares]
+    rem = total - sum(out)
+    order = sorted(range(L), key=lambda l: (-(shares[l] - out[l]), l))
+    for l in order[:rem]:
+        out[l] += 1
+    assert sum(out) == total
+    return out, shares
+
+
+# --------------------------------------------------------------------------
+# selection helpers
+# --------------------------------------------------------------------------
+
+class HeadSel:
+    """One head's selection: kept indices, the forced ones, and the ranking scores."""
+
+    def __init__(self, kept, forced, scores):
+        self.kept = sorted(kept)
+        self.forced = set(forced)
+        self.scores = scores  # list over tokens or None
+
+
+def top_by_score(scores, candidates, k):
+    """k best of candidates by score (ties: lower index)."""
+    if k <= 0:
+        return []
+    return sorted(candidates, key=lambda j: (-scores[j], j))[:k]
+
+
+def select_recent_plus_top(scores, N, B, r):
+    recent = list(range(N - r, N))
+    rest = top_by_score(scores, range(0, N - r), B - r)
+    return HeadSel(recent + rest, recent, scores)
+
+
+class Plan:
+    def __init__(self, budgets, heads, merge="none", shares=None, note=""):
+        self.budgets = budgets      # [L]
+        self.heads = heads          # [L][Hkv] HeadSel
+        self.merge = merge
+        self.shares = shares        # real-valued layer shares (re-allocating methods)
+        self.note = note
+
+
+# --------------------------------------------------------------------------
+# the methods
+# --------------------------------------------------------------------------
+
+def m_full(c, B, p):
+    return Plan([c.N] * c.L, [[HeadSel(range(c.N), range(c.N), None) for _ in range(c.Hkv)]
+                              for _ in range(c.L)])
+
+
+def m_streamingllm(c, B, p):
+    S = int(p.get("sinks", 4))
+    N = c.N
+    if B <= S:
+        kept = list(range(B))
+    else:
+        kept = list(range(S)) + list(range(N - (B - S), N))
+    kept = sorted(set(kept))
+    return Plan([B] * c.L, [[HeadSel(kept, kept, None) for _ in range(c.Hkv)] for _ in range(c.L)])
+
+
+def h2o_scores(c, l, normalize):
+    cs = c.colsum_gqa(l)
+    if normalize:
+        cs = [[x / (c.N - j) for j, x in enumerate(row)] for row in cs]
+    return cs
+
+
+def m_h2o(c, B, p):
+    normalize = p.get("normalize", "false") == "true"
+    frac = float(p.get("recent_frac", 0.5))
+    r = math.floor(B * frac + 1e-9)
+    heads = []
+    for l in range(c.L):
+        sc = h2o_scores(c, l, normalize)
+        heads.append([select_recent_plus_top(sc[g], c.N, B, r) for g in range(c.Hkv)])
+    return Plan([B] * c.L, heads)
+
+
+def pool1d(x, k, kind):
+    n = len(x)
+    lo_off = k // 2
+    out = []
+    for j in range(n):
+        a = max(0, j - lo_off)
+        b = min(n, j - lo_off + k)
+        win = x[a:b]
+        out.append(max(win) if kind == "max" else sum(win) / len(win))
+    return out
+
+
+def m_snapkv(c, B, p):
+    w = int(p.get("window", 32))
+    k = int(p.get("kernel", 7))
+    pool = p.get("pool", "max")
+    N = c.N
+    w = min(w, N)  # a prompt shorter than the window is all window
+    heads = []
+    for l in range(c.L):
+        if B <= w:
+            kept = list(range(N - B, N))
+            heads.append([HeadSel(kept, kept, None) for _ in range(c.Hkv)])
+            continue
+        P = c.probs(l)
+        npre = N - w
+        votes = [[0.0] * npre for _ in range(c.Hkv)]
+        for h in range(c.Hq):
+            acc = votes[h // c.G]
+            for row in P[h][c.Nq - w:]:
+                for j in range(npre):
+                    acc[j] += row[j]
+        row_heads = []
+        for g in range(c.Hkv):
+            v = [x / c.G for x in votes[g]]
+            pooled = pool1d(v, k, pool)
+            window = list(range(npre, N))
+            top = top_by_score(pooled, range(npre), B - w)
+            row_heads.append(HeadSel(top + window, window, pooled + [0.0] * w))
+        heads.append(row_heads)
+    return Plan([B] * c.L, heads)
+
+
+def textprior_select(c, l, B, frac):
+    """LOOK-M selection in layer l: H2O scores, text + max(head score), recent floor(B*frac)."""
+    N = c.N
+    r = math.floor(B * frac + 1e-9)
+    sc = h2o_scores(c, l, False)
+    out = []
+    for g in range(c.Hkv):
+        s = sc[g]
+        boost = max(s)
+        boosted = [x + boost if c.modality[j] == TEXT else x for j, x in enumerate(s)]
+        out.append(select_recent_plus_top(boosted, N, B, r))
+    return out
+
+
+def m_lookm(c, B, p):
+    if p.get("text_policy", "budget") != "budget":
+        raise ValueError("keep_all is refused by kvsieve")
+    frac = float(p.get("recent_frac", 0.5))
+    heads = [textprior_select(c, l, B, frac) for l in range(c.L)]
+    return Plan([B] * c.L, heads, merge=p.get("merge", "pivotal"))
+
+
+def entropy(ps):
+    return -sum(x * math.log(x) for x in ps if x > 0)
+
+
+def meda_layer_entropy(c, l):
+    """(E, used_plain): E_TV + E_VT of the head-averaged attention, or the plain mean row entropy."""
+    P = c.probs(l)
+    N, Nq = c.N, c.Nq
+    mod = c.modality
+    tv, vt, plain = [], [], []
+    for i in range(Nq):
+        pi = N - Nq + i
+        abar = [sum(P[h][i][j] for h in range(c.Hq)) / c.Hq for j in range(pi + 1)]
+        plain.append(entropy(abar))
+        if mod[pi] == TEXT:
+            keys = [abar[j] for j in range(pi + 1) if mod[j] in VISUAL]
+            dest = tv
+        elif mod[pi] in VISUAL:
+            keys = [abar[j] for j in range(pi + 1) if mod[j] == TEXT]
+            dest = vt
+        else:
+            continue
+        z = sum(keys)
+        if not keys or z <= 0:
+            continue
+        dest.append(entropy([x / z for x in keys]))
+    if not tv and not vt:
+        return sum(plain) / len(plain), True
+    e = (sum(tv) / len(tv) if tv else 0.0) + (sum(vt) / len(vt) if vt else 0.0)
+    return e, False
+
+
+def m_meda(c, B, p):
+    frac = float(p.get("recent_frac", 0.5))
+    E = []
+    plain = False
+    for l in range(c.L):
+        e, pl = meda_layer_entropy(c, l)
+        E.append(e)
+        plain = plain or pl
+    m = max(E)
+    ex = [math.exp(x - m) for x in E]
+    z = sum(ex)
+    wts = [x / z for x in ex]
+    budgets, shares = allocate(wts, c.L * B, budget_min(c.N, B), c.N)
+    heads = [textprior_select(c, l, budgets[l], frac) for l in range(c.L)]
+    return Plan(budgets, heads, merge=p.get("merge", "average"), shares=shares,
+                note="E=" + ",".join("%.9g" % x for x in E) + (" (plain)" if plain else ""))
+
+
+def dct_tables(N, omega):
+    a = [math.sqrt(1.0 / N)] + [math.sqrt(2.0 / N)] * (N - 1)
+    cosm = [[a[m] * math.cos(math.pi * (2 * n + 1) * m / (2 * N)) for n in range(N)]
+            for m in range(omega)]
+    return cosm
+
+
+def flash_layer(X3, N, d, cosm):
+    """For one tensor [H][N][d]: per head the squared residual mean over channels
+    [H][N], plus low-band and total energies."""
+    omega = len(cosm)
+    dev = []
+    low = tot = 0.0
+    for head in X3:
+        r2 = [0.0] * N
+        for ch in range(d):
+            x = [head[n][ch] for n in range(N)]
+            X = [sum(cm[n] * x[n] for n in range(N)) for cm in cosm]  # m < omega
+            low += sum(v * v for v in X)
+            tot += sum(v * v for v in x)
+            for n in range(N):
+                base = sum(X[m] * cosm[m][n] for m in range(omega))
+                r2[n] += (x[n] - base) ** 2
+        dev.append([v / d for v in r2])
+    return dev, low, tot
+
+
+def m_flashcache(c, B, p):
+    gamma = float(p.get("gamma", 0.2))
+    dba = p.get("dba", "true") == "true"
+    gran = p.get("granularity", "head")
+    s = int(p.get("keep_sinks", 0))
+    r = int(p.get("keep_recent", 0))
+    N, d = c.N, c.d
+    omega = max(1, int(math.floor(gamma * N + 0.5)))
+    key = ("flash", omega)
+    if key not in c.memo:  # Dev and R depend on omega only
+        cosm = dct_tables(N, omega)
+        devs, R = [], []
+        for l in range(c.L):
+            dk, lk, tk = flash_layer(c.K[l], N, d, cosm)
+            dv, lv, tv = flash_layer(c.V[l], N, d, cosm)
+            devs.append([[a + b for a, b in zip(dk[h], dv[h])] for h in range(c.Hkv)])
+            rk = (tk - lk) / tk if tk > 0 else 0.0
+            rv = (tv - lv) / tv if tv > 0 else 0.0
+            R.append(max(0.0, rk) + max(0.0, rv))
+        c.memo[key] = (devs, R)
+    devs, R = c.memo[key]
+    if dba:
+        budgets, shares = allocate(R, c.L * B, budget_min(N, B), N)
+    else:
+        budgets, shares = [B] * c.L, None
+    heads = []
+    for l in range(c.L):
+        Bl = budgets[l]
+        forced = list(range(min(s, Bl, N)))
+        fs = set(forced)
+        n = N - 1
+        while n >= max(0, N - r) and len(forced) < Bl:
+            if n not in fs:
+                forced.append(n)
+                fs.add(n)
+            n -= 1
+        cand = [j for j in range(N) if j not in fs]
+        if gran == "layer":
+            tot = [sum(devs[l][h][j] for h in range(c.Hkv)) for j in range(N)]
+            sel = HeadSel(forced + top_by_score(tot, cand, Bl - len(forced)), forced, tot)
+            heads.append([sel for _ in range(c.Hkv)])
+        else:
+            heads.append([HeadSel(forced + top_by_score(devs[l][h], cand, Bl - len(forced)),
+                                  forced, devs[l][h]) for h in range(c.Hkv)])
+    return Plan(budgets, heads, shares=shares, note="R=" + ",".join("%.9g" % x for x in R))
+
+
+METHODS = {"full": m_full, "streamingllm": m_streamingllm, "h2o": m_h2o, "snapkv": m_snapkv,
+           "lookm": m_lookm, "meda": m_meda, "flashcache": m_flashcache}
+
+
+# --------------------------------------------------------------------------
+# merging (apply)
+# --------------------------------------------------------------------------
+
+def cosine(a, b):
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(x * x for x in b))
+    if na == 0 or nb == 0:
+        return 0.0
+    return sum(x * y for x, y in zip(a, b)) / (na * nb)
+
+
+def merge_head(K, V, kept, how):
+    """Merged kept rows ([B][d] keys, values) and the kept slots whose result
+    depends on a near-tie in the assignment."""
+    kept_set = set(kept)
+    B = len(kept)
+    d = len(K[0])
+    groups = [[] for _ in range(B)]
+    fragile = set()
+    if how != "none":
+        for e in range(len(K)):
+            if e in kept_set:
+                continue
+            cs = [cosine(K[e], K[c]) for c in kept]
+            best = 0
+            for s in range(1, B):
+                if cs[s] > cs[best]:
+                    best = s
+            groups[best].append((e, cs[best]))
+            for s in range(B):
+                if s != best and abs(cs[s] - cs[best]) <= TIE_REL * max(1e-12, abs(cs[best])):
+                    fragile.update((s, best))
+    outk, outv = [], []
+    for s, c in enumerate(kept):
+        kc, vc = K[c], V[c]
+        n = len(groups[s])
+        ak, av = list(kc), list(vc)
+        for e, cs in groups[s]:
+            for ch in range(d):
+                if how == "pivotal":
+                    ak[ch] += (K[e][ch] + kc[ch]) / 2
+                    av[ch] += (V[e][ch] + vc[ch]) / 2
+                elif how == "average":
+                    ak[ch] += K[e][ch]
+                    av[ch] += V[e][ch]
+                elif how == "weighted":
+                    ak[ch] += cs * K[e][ch]
+                    av[ch] += cs * V[e][ch]
+        outk.append([x / (n + 1) for x in ak])
+        outv.append([x / (n + 1) for x in av])
+    return outk, outv, fragile
+
+
+# --------------------------------------------------------------------------
+# comparison
+# --------------------------------------------------------------------------
+
+def parse_params(s):
+    if s in ("", "-"):
+        return {}
+    return dict(kv.split("=", 1) for kv in s.split(","))
+
+
+def fmt_scores(sc, toks):
+    return ", ".join("%d:%.9g" % (t, sc[t]) if sc is not None else "%d:-" % t for t in sorted(toks))
+
+
+def compare_head(ref, got, tag, msgs):
+    """Returns 'ok', 'tie' or 'fail'."""
+    gs = set(got)
+    rs = set(ref.kept)
+    if gs == rs:
+        return "ok"
+    only_c = sorted(gs - rs)
+    only_r = sorted(rs - gs)
+    sc = ref.scores
+    forced_hit = [t for t in only_c + only_r if t in ref.forced]
+    line = "%s: C keeps {%s}, reference keeps {%s}" % (tag, fmt_scores(sc, only_c), fmt_scores(sc, only_r))
+    if sc is None or forced_hit or len(only_c) != len(only_r):
+        msgs.append("FAIL " + line + (" (forced tokens %s)" % forced_hit if forced_hit else ""))
+        return "fail"
+    chosen = [j for j in ref.kept if j not in ref.forced]
+    t = min(sc[j] for j in chosen)
+    tol = TIE_REL * max(abs(t), 1e-30)
+    if all(sc[j] == t for j in only_c + only_r):
+        # bit-equal reference scores come from the same inputs (e.g. max pooling picks the same
+        # vote), so the C scores are equal too and the spec's rule decides: lower index wins
+        msgs.append("FAIL " + line + " (exact tie at %.9g broken differently: lower index must win)" % t)
+        return "fail"
+    if all(abs(sc[j] - t) <= tol for j in only_c + only_r):
+        msgs.append("TIE  " + line + " (cut %.9g)" % t)
+        return "tie"
+    msgs.append("FAIL " + line + " (reference cut score %.9g)" % t)
+    return "fail"
+
+
+def budget_tie(ref_shares, ref_b, got_b):
+    if ref_shares is None:
+        return False
+    for s, g in zip(ref_shares, got_b):
+        if g not in (math.floor(s), math.ceil(s)):
+            return False
+    diff = [l for l in range(len(ref_b)) if ref_b[l] != got_b[l]]
+    fr = [ref_shares[l] - math.floor(ref_shares[l]) for l in diff]
+    scale = max(ref_shares)
+    return max(fr) - min(fr) <= 1e-5 * scale or all(min(f, 1 - f) <= 1e-5 * scale for f in fr)
+
+
+def check_job(cache, case, method, budget, params, plan_path, out_path):
+    msgs = []
+    with open(plan_path) as f:
+        plan = json.load(f)
+    tag = "%s %s %s %s" % (method, case, "%s=%g" % budget, ",".join("%s=%s" % kv for kv in params.items()) or "defaults")
+    B = per_layer_budget(budget, cache.N)
+    layers = plan["layers"]
+    if plan.get("n_tokens") != cache.N or len(layers) != cache.L:
+        return "fail", ["FAIL %s: plan shape n_tokens=%s layers=%d" % (tag, plan.get("n_tokens"), len(layers))]
+    if method == "random":
+        bad = []
+        for l, ly in enumerate(layers):
+            if ly["budget"] != B or len(ly["heads"]) != cache.Hkv:
+                bad.append("layer %d budget %d != %d" % (l, ly["budget"], B))
+            for h, idx in enumerate(ly["heads"]):
+                if len(idx) != B or any(a >= b for a, b in zip(idx, idx[1:])) or \
+                        any(not 0 <= i < cache.N for i in idx):
+                    bad.append("layer %d head %d: not %d sorted unique in-range indices" % (l, h, B))
+        if bad:
+            return "fail", ["FAIL %s: %s" % (tag, "; ".join(bad))]
+        return "ok", []
+    ref = METHODS[method](cache, B, params)
+    got_b = [ly["budget"] for ly in layers]
+    status = "ok"
+    if got_b != ref.budgets:
+        if budget_tie(ref.shares, ref.budgets, got_b):
+            msgs.append("TIE  %s: budgets C %s vs reference %s (shares %s)" %
+                        (tag, got_b, ref.budgets, ["%.9g" % s for s in ref.shares]))
+            status = "tie"
+        else:
+            msgs.append("FAIL %s: budgets C %s vs reference %s (shares %s; %s)" %
+                        (tag, got_b, ref.budgets,
+                         ["%.9g" % s for s in ref.shares] if ref.shares else "-", ref.note))
+            return "fail", msgs
+    if sum(got_b) != (cache.L * cache.N if method == "full" else cache.L * B):
+        msgs.append("FAIL %s: global budget %d" % (tag, sum(got_b)))
+        return "fail", msgs
+    same = [[False] * cache.Hkv for _ in range(cache.L)]
+    for l, ly in enumerate(layers):
+        if got_b[l] != ref.budgets[l]:
+            continue
+        for h in range(cache.Hkv):
+            r = compare_head(ref.heads[l][h], ly["heads"][h], "%s layer %d head %d" % (tag, l, h), msgs)
+            same[l][h] = r == "ok"
+            if r == "fail":
+                status = "fail"
+            elif r == "tie" and status == "ok":
+                status = "tie"
+    if out_path and out_path != "-":
+        st = check_dump(cache, ref, layers, same, out_path, tag, msgs)
+        if st == "fail":
+            status = "fail"
+        elif st == "tie" and status == "ok":
+            status = "tie"
+    return status, msgs
+
+
+def check_dump(cache, ref, layers, same, out_path, tag, msgs):
+    """Compacted (and, for merging methods, merged) K/V against the reference."""
+    t = load_safetensors(out_path)
+    status = "ok"
+    how = ref.merge
+    for l, ly in enumerate(layers):
+        Bl = ly["budget"]
+        kk = to_3d(t["layers.%d.k" % l][2], t["layers.%d.k" % l][1])
+        vv = to_3d(t["layers.%d.v" % l][2], t["layers.%d.v" % l][1])
+        tol = MERGE_REL + ROUND_REL[t["layers.%d.k" % l][0]]
+        if t["layers.%d.k" % l][1] != [cache.Hkv, Bl, cache.d]:
+            msgs.append("FAIL %s layer %d: dump shape %s" % (tag, l, t["layers.%d.k" % l][1]))
+            return "fail"
+        for h in range(cache.Hkv):
+            if not same[l][h]:
+                continue  # index mismatch already reported; merge uses C's set below only if equal
+            kept = ly["heads"][h]
+            rk, rv, fragile = merge_head(cache.K[l][h], cache.V[l][h], kept, how)
+            for s in range(Bl):
+                for name, a, b in (("K", kk[h][s], rk[s]), ("V", vv[h][s], rv[s])):
+                    scale = max(max(abs(x) for x in b), 1e-30)
+                    err = max(abs(x - y) for x, y in zip(a, b)) / scale
+                    if err > tol:
+                        line = "%s layer %d head %d slot %d (token %d) %s: merged rel err %.3g" % (
+                            tag, l, h, s, kept[s], name, err)
+                        if s in fragile:
+                            msgs.append("TIE  " + line + " (assignment near-tie)")
+                            status = "tie" if status == "ok" else status
+                        else:
+                            msgs.append("FAIL " + line)
+                            status = "fail"
+    return status
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.stderr.write("usage: ref_methods.py MANIFEST\n")
+        return 2
+    caches = {}
+    npass = nfail = ntie = 0
+    with open(argv[1]) as f:
+        jobs = [ln.rstrip("\n").split("\t") for ln in f if ln.strip()]
+    for case, kv, method, bud, par, plan_path, out_path in jobs:
+        if kv not in caches:
+            caches = {kv: Cache(kv)}  # jobs are grouped by cache; keep one
+        kind, val = bud.split("=")
+        budget = (kind, float(val))
+        try:
+            status, msgs = check_job(caches[kv], case, method, budget, parse_params(par),
+                                     plan_path, out_path)
+        except Exception as exc:  # a reference bug or unreadable file is a failure, never a pass
+            status, msgs = "fail", ["FAIL %s %s %s: %s: %s" % (method, case, bud, type(exc).__name__, exc)]
+        for m in msgs:
+            print(m)
+        if status == "fail":
+            nfail += 1
+        else:
+            npass += 1
+            ntie += status == "tie"
+    print("reference: %d passed (%d with float ties), %d failed" % (npass, ntie, nfail))
+    return 1 if nfail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

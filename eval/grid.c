@@ -11,6 +11,7 @@
  * What it is not: no running, no storage.
  */
 #include "kvs_eval.h"
+#include "kvs_formats.h"
 #include "overhead.h"
 
 #include <stdio.h>
@@ -90,7 +91,7 @@ static kvs_status expand_overhead(const kvs_experiment *e, kvs_cell **cells, int
                                 int len = snprintf(
                                     cell->def, sizeof cell->def,
                                     "kvsieve-cell 1\nexperiment=%s\nkind=overhead\n"
-                                    "dataset=synthetic outliers=%d sinks=%d image_frac=%.17g "
+                                    "dataset=synthetic synth=" KVS_SYNTH_VERSION " outliers=%d sinks=%d image_frac=%.17g "
                                     "input_sets=%s\nshape=%s L=%d Hq=%d Hkv=%d d=%d\n"
                                     "n_tokens=%d\ndevice=%s dtype=%s threads=%d repeats=%d "
                                     "warmup=%d\nmethod=%s\nparams=%s\nbudget=%s\n",
@@ -164,7 +165,7 @@ kvs_status kvs_grid_expand(const kvs_experiment *e, kvs_cell **cells, int *n_cel
                             snprintf(seed, sizeof seed, "seed=%lld\n", (long long)e->seeds[c]);
                             len = snprintf(cell->def, sizeof cell->def,
                                            "kvsieve-cell 1\nexperiment=%s\nkind=%s\n"
-                                           "dataset=synthetic queries=%d probes=%d outliers=%d "
+                                           "dataset=synthetic synth=" KVS_SYNTH_VERSION " queries=%d probes=%d outliers=%d "
                                            "sinks=%d image_frac=%.17g\n"
                                            "shape=%s L=%d Hq=%d Hkv=%d d=%d\nn_tokens=%d\n%s"
                                            "method=%s\nparams=%s\nbudget=%s\n",

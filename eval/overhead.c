@@ -944,7 +944,7 @@ kvs_status kvs_overhead_cell(kvs_overhead *x, const kvs_experiment *e, const kvs
         size_t l = strlen(sample);
         snprintf(sample + l, sizeof sample - l, "%s%lld", i ? "," : "", (long long)e->seeds[i]);
     }
-    snprintf(dsver, sizeof dsver, "kvs_synth_generate %s", KVS_VERSION);
+    snprintf(dsver, sizeof dsver, "kvs_synth_generate v%s", KVS_SYNTH_VERSION);
     kvs_cell_row row = {0};
     row.key = c->key;
     row.experiment = e->name;

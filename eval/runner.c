@@ -295,7 +295,7 @@ static kvs_status store_fidelity(kvs_store *s, int64_t run_id, const kvs_experim
     const kvs_variant *var = &e->variants[c->variant];
     char sample[64], dsver[64];
     snprintf(sample, sizeof sample, "seed=%lld", (long long)e->seeds[c->seed]);
-    snprintf(dsver, sizeof dsver, "kvs_synth_generate %s", KVS_VERSION);
+    snprintf(dsver, sizeof dsver, "kvs_synth_generate v%s", KVS_SYNTH_VERSION);
     kvs_cell_row row = {0};
     row.key = c->key;
     row.experiment = e->name;

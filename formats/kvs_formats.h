@@ -109,6 +109,11 @@ kvs_status kvs_plan_from_json(const char *text, kvs_plan *p, kvs_err *err);
 
 /* ---- synthetic caches ------------------------------------------------------ */
 
+/* Version of the generator's output: bump it whenever kvs_synth_generate
+ * produces different numbers for the same config, so results stored for the
+ * old data are not reused (it is part of every synthetic cell's key). */
+#define KVS_SYNTH_VERSION "1"
+
 typedef struct {
     char preset[32];     /* "" for custom */
     int n_layers, n_q_heads, n_kv_heads, head_dim;

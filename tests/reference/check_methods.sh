@@ -16,6 +16,7 @@
 set -u
 BIN=${1:?usage: check_methods.sh path/to/kvsieve}
 HERE=$(cd "$(dirname "$0")" && pwd)
+command -v python3 >/dev/null || { echo "check_methods.sh: python3 is required (standard library only)" >&2; exit 1; }
 TMP=$(mktemp -d)
 # KVS_REF_KEEP=1 keeps the dumps, plans and manifest (for re-running ref_methods.py by hand)
 if [ -n "${KVS_REF_KEEP:-}" ]; then echo "keeping $TMP"; else trap 'rm -rf "$TMP"' EXIT; fi
@@ -55,8 +56,8 @@ configs_all=(
 configs_kv=(
   "full:-"
   "random:-"
-  "streamingllm:- sinks=0"
-  "flashcache:- gamma=0.1 dba=false granularity=layer keep_sinks=3,keep_recent=12 gamma=0.05"
+  "streamingllm:- sinks=0 sinks=1000"
+  "flashcache:- gamma=0.1 dba=false granularity=layer keep_sinks=3,keep_recent=12 gamma=0.05 keep_recent=1000 keep_sinks=1000,granularity=layer"
 )
 # with only a window of queries: the methods that need all queries are skipped
 configs_win=(

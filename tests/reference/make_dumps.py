@@ -13,7 +13,8 @@ its clamps and water-filling, and the rarely exercised rules get a case:
   meda_skew.safetensors   L=3 with all queries and a modality mask holding
                           text, image, video and audio spans; queries scaled 0,
                           1 and 6 per layer so the entropies (and budgets) differ
-                          strongly.
+                          strongly; three zero keys in head 0 (merging: cosine 0
+                          with everything, so they go to the lowest kept slot).
   meda_audio.safetensors  a long audio span (audio takes part in neither
                           cross-modal term, and gets no text boost): budgets
                           move if audio were counted as image or text.
@@ -68,12 +69,15 @@ def dba_clamp(path, N=40, H=2, d=8, layers=((0.0, 0.0), (1.0, 1e-3), (0.0, 1.0),
     write_safetensors(path, t)
 
 
-def meda_dump(path, modality, seed, qscale):
+def meda_dump(path, modality, seed, qscale, zero_keys=()):
     rng = random.Random(seed)
     L, Hq, H, N, d = len(qscale), 4, 2, len(modality), 8
     t = {"modality": ("U8", [N], modality)}
     for l in range(L):
-        t["layers.%d.k" % l] = ("F32", [H, N, d], block(rng, H, N, d, 0.5, 1.0))
+        k = block(rng, H, N, d, 0.5, 1.0)
+        for n in zero_keys:  # head 0: cosine 0 with every key, merged into the first kept slot
+            k[n * d:(n + 1) * d] = [0.0] * d
+        t["layers.%d.k" % l] = ("F32", [H, N, d], k)
         t["layers.%d.v" % l] = ("F32", [H, N, d], block(rng, H, N, d, 0.0, 1.0))
         t["layers.%d.q" % l] = ("F32", [Hq, N, d], [qscale[l] * x for x in block(rng, Hq, N, d, 0.0, 1.0)])
     write_safetensors(path, t)
@@ -88,7 +92,7 @@ def main(argv):
     dba_clamp(os.path.join(out, "dba_wide.safetensors"), N=300, H=1, d=4,
               layers=((1.0, 1e-3), (0.0, 1.0), (1.0, 0.05)))
     mod = [0] * 8 + [1] * 14 + [0] * 6 + [2] * 6 + [3] * 4 + [0] * 10
-    meda_dump(os.path.join(out, "meda_skew.safetensors"), mod, 12, [0.0, 1.0, 6.0])
+    meda_dump(os.path.join(out, "meda_skew.safetensors"), mod, 12, [0.0, 1.0, 6.0], zero_keys=(20, 30, 33))
     mod = [0] * 6 + [1] * 8 + [3] * 24 + [0] * 10
     meda_dump(os.path.join(out, "meda_audio.safetensors"), mod, 12, [3.0, 0.3, 1.0])
     mod = [1] * 12 + [0] * 24

@@ -511,7 +511,9 @@ def merge_head(K, V, kept, how):
                     best = s
             groups[best].append((e, cs[best]))
             for s in range(B):
-                if s != best and abs(cs[s] - cs[best]) <= TIE_REL * max(1e-12, abs(cs[best])):
+                # exactly equal cosines (a zero key: 0 with everything) follow the rule,
+                # lower slot wins; only nearly equal ones are float ties
+                if s != best and 0 < abs(cs[s] - cs[best]) <= TIE_REL * max(1e-12, abs(cs[best])):
                     fragile.update((s, best))
     outk, outv = [], []
     for s, c in enumerate(kept):

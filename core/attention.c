@@ -353,6 +353,45 @@ static void blas_single_end(int saved) {
     if (saved != 1) openblas_set_num_threads(saved);
 }
 
+/* pool_run with OpenBLAS single-threaded for the duration of the run (and
+ * its thread count restored before returning, also on error). */
+static kvs_status run_units(void *job, unit_fn fn, int n_units, int threads, const char *fname,
+                            kvs_err *err) {
+    const int blas = blas_single_begin();
+    const kvs_status st = pool_run(job, fn, n_units, threads, fname, err);
+    blas_single_end(blas);
+    return st;
+}
+
+/* After a pass that wrote lse [Hq][Nq]: KVS_ERR_NUMERIC naming fn, the query
+ * head and row of the first non-finite value (row-major order). */
+static kvs_status lse_check_finite(const attn_ctx *c, const float *lse, const char *fn,
+                                   kvs_err *err) {
+    for (int h = 0; h < c->Hq; h++)
+        for (int i = 0; i < c->Nq; i++)
+            if (!isfinite(lse[(size_t)h * c->Nq + i]))
+                return kvs_errorf(err, KVS_ERR_NUMERIC,
+                                  "%s: log-sum-exp of query head %d row %d is not finite (NaN or "
+                                  "Inf in q or k?)", fn, h, i);
+    return KVS_OK;
+}
+
+/* colsum [Hkv][N] = (1/G) * sum over slabs sl = 0 .. n_slab-1 (in that
+ * order, in double) of acc[g * g_stride + sl * sl_stride + j]: the slab
+ * partials of [Hkv][n_slab][N] (g_stride = n_slab N, sl_stride = N) or
+ * [n_slab][Hkv][N] (g_stride = N, sl_stride = Hkv N) layouts alike. */
+static void reduce_slabs(const attn_ctx *c, const double *acc, int n_slab, size_t g_stride,
+                         size_t sl_stride, float *colsum) {
+    const double inv_g = 1.0 / c->G;
+    for (int g = 0; g < c->Hkv; g++)
+        for (int j = 0; j < c->N; j++) {
+            double s = 0.0;
+            for (int sl = 0; sl < n_slab; sl++)
+                s += acc[(size_t)g * g_stride + (size_t)sl * sl_stride + j];
+            colsum[(size_t)g * c->N + j] = (float)(s * inv_g);
+        }
+}
+
 /* Per-thread scratch. */
 typedef struct {
     float *qb;    /* [rows][d] query rows of the current unit */
@@ -444,7 +483,7 @@ kvs_status kvs_attn_lse(const kvs_view *q, const kvs_view *k, float *lse, int th
     static const char fn[] = "kvs_attn_lse";
     attn_ctx c;
     scratch *sc = NULL;
-    int nt = 0, blas = -1;
+    int nt = 0;
     kvs_status st = ctx_init(&c, q, k, 1, fn, err);
     if (st) goto cleanup;
     if (!lse && c.Nq > 0) {
@@ -459,20 +498,11 @@ kvs_status kvs_attn_lse(const kvs_view *q, const kvs_view *k, float *lse, int th
         st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for tile scratch (%d threads)", fn, nt);
         goto cleanup;
     }
-    blas = blas_single_begin();
     lse_job J = {.c = &c, .sc = sc, .lse = lse};
-    st = pool_run(&J, lse_unit, n_units, nt, fn, err);
+    st = run_units(&J, lse_unit, n_units, nt, fn, err);
     if (st) goto cleanup;
-    for (int h = 0; h < c.Hq; h++)
-        for (int i = 0; i < c.Nq; i++)
-            if (!isfinite(lse[(size_t)h * c.Nq + i])) {
-                st = kvs_errorf(err, KVS_ERR_NUMERIC,
-                                "%s: log-sum-exp of query head %d row %d is not finite (NaN or "
-                                "Inf in q or k?)", fn, h, i);
-                goto cleanup;
-            }
+    st = lse_check_finite(&c, lse, fn, err);
 cleanup:
-    if (blas >= 0) blas_single_end(blas);
     scratch_free(sc, nt);
     ctx_free(&c);
     return st;
@@ -556,6 +586,14 @@ static void colsum_unit(void *jp, int tid, int u) {
     }
 }
 
+/* Output check of the column-sum passes: a NULL colsum is KVS_ERR_INVALID
+ * naming fn; otherwise colsum [Hkv][N] is zeroed (the result when Nq = 0). */
+static kvs_status colsum_begin(const attn_ctx *c, float *colsum, const char *fn, kvs_err *err) {
+    if (!colsum) return kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL colsum output", fn);
+    memset(colsum, 0, sizeof(float) * (size_t)c->Hkv * (size_t)c->N);
+    return KVS_OK;
+}
+
 /* Fixed partition of the row blocks into n_slab slabs of about equal causal
  * work (depends on the shapes only, never on the thread count). */
 static int make_slabs(const attn_ctx *c, int *b0) {
@@ -587,17 +625,13 @@ kvs_status kvs_attn_colsum(const kvs_view *q, const kvs_view *k, const float *ls
     static const char fn[] = "kvs_attn_colsum";
     attn_ctx c;
     scratch *sc = NULL;
-    int nt = 0, blas = -1;
+    int nt = 0;
     colsum_job J;
     memset(&J, 0, sizeof J);
     kvs_status st = ctx_init(&c, q, k, 1, fn, err);
     if (st) goto cleanup;
-    if (!colsum) {
-        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL colsum output", fn);
-        goto cleanup;
-    }
-    memset(colsum, 0, sizeof(float) * (size_t)c.Hkv * (size_t)c.N);
-    if (c.Nq == 0) goto cleanup;
+    st = colsum_begin(&c, colsum, fn, err);
+    if (st || c.Nq == 0) goto cleanup;
     st = check_lse(&c, lse, fn, err);
     if (st) goto cleanup;
     J.c = &c;
@@ -614,18 +648,10 @@ kvs_status kvs_attn_colsum(const kvs_view *q, const kvs_view *k, const float *ls
         goto cleanup;
     }
     J.sc = sc;
-    blas = blas_single_begin();
-    st = pool_run(&J, colsum_unit, n_units, nt, fn, err);
+    st = run_units(&J, colsum_unit, n_units, nt, fn, err);
     if (st) goto cleanup;
-    const double inv_g = 1.0 / c.G;
-    for (int g = 0; g < c.Hkv; g++)
-        for (int j = 0; j < c.N; j++) {
-            double s = 0.0;
-            for (int sl = 0; sl < J.n_slab; sl++) s += J.acc[((size_t)g * J.n_slab + sl) * c.N + j];
-            colsum[(size_t)g * c.N + j] = (float)(s * inv_g);
-        }
+    reduce_slabs(&c, J.acc, J.n_slab, (size_t)J.n_slab * c.N, (size_t)c.N, colsum);
 cleanup:
-    if (blas >= 0) blas_single_end(blas);
     scratch_free(sc, nt);
     free(J.acc);
     ctx_free(&c);
@@ -697,6 +723,37 @@ static inline float fused_row(float *s, int nv, int want_ps, float *lse, double 
     return (float)(1.0 / l);
 }
 
+/* fused_row on row s of query head h, row i (index x = h * Nq + i): stores
+ * lse[x] and, when row_entropy is non-NULL, row_entropy[x] = lse - sum p s;
+ * returns 1 / sum e broadcast, so p = e * the result. */
+static inline v8f fused_row_out(float *s, int nv, float *lse, float *row_entropy, size_t x) {
+    float lf;
+    double ps;
+    const v8f il = v8_set1(fused_row(s, nv, row_entropy != NULL, &lf, &ps));
+    lse[x] = lf;
+    if (row_entropy) row_entropy[x] = (float)((double)lf - ps);
+    return il;
+}
+
+/* Set-up the fused passes share: c->tq = rows per block and head so that
+ * stacked_heads * tq <= FUSED_ROWS (at least 1), c->nb to match; *ld = the
+ * row stride of the logit buffers (N rounded up to VL, plus VL); when *lse
+ * is NULL, a [Hq][Nq] buffer goes to *lse and *lse_owned (the caller frees
+ * *lse_owned, also on error). */
+static kvs_status fused_setup(attn_ctx *c, int stacked_heads, int64_t *ld, float **lse,
+                              float **lse_owned, const char *fn, kvs_err *err) {
+    c->tq = FUSED_ROWS / stacked_heads > 0 ? FUSED_ROWS / stacked_heads : 1;
+    c->nb = (c->Nq + c->tq - 1) / c->tq;
+    *ld = ((int64_t)c->N + VL - 1) / VL * VL + VL;
+    if (!*lse) {
+        *lse = *lse_owned = malloc(sizeof(float) * (size_t)c->Hq * (size_t)c->Nq);
+        if (!*lse)
+            return kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for lse (%d heads x %d rows)", fn,
+                              c->Hq, c->Nq);
+    }
+    return KVS_OK;
+}
+
 static void fused_unit(void *jp, int tid, int u) {
     fused_job *J = jp;
     const attn_ctx *c = J->c;
@@ -706,7 +763,6 @@ static void fused_unit(void *jp, int tid, int u) {
     double *acc = J->acc + ((size_t)g * J->n_slab + sl) * c->N; /* [N] */
     float *buf = J->big + (size_t)tid * (size_t)(c->G * c->tq) * (size_t)ld; /* [M][ld] */
     float *col = J->colf + (size_t)tid * (size_t)ld;                         /* [ld] */
-    const int ent = J->row_entropy != NULL;
     for (int b = J->slab_b0[sl]; b < J->slab_b0[sl + 1]; b++) {
         const int i0 = b * c->tq, nr = block_rows(c, b), M = c->G * nr;
         const int W = c->off + i0 + nr; /* keys 0 .. W-1 are visible to some row */
@@ -721,11 +777,7 @@ static void fused_unit(void *jp, int tid, int u) {
             const int nv = c->off + i0 + r + 1; /* causal keys 0 .. p */
             const int nvp = (nv + VL - 1) / VL * VL;
             float *s = buf + (size_t)R * (size_t)ld; /* [ld] */
-            float lf;
-            double ps;
-            const v8f il = v8_set1(fused_row(s, nv, ent, &lf, &ps));
-            J->lse[(size_t)h * c->Nq + i0 + r] = lf;
-            if (ent) J->row_entropy[(size_t)h * c->Nq + i0 + r] = (float)((double)lf - ps);
+            const v8f il = fused_row_out(s, nv, J->lse, J->row_entropy, (size_t)h * c->Nq + i0 + r);
             for (int j = 0; j < nvp; j += VL) v8_store(col + j, v8_load(col + j) + v8_load(s + j) * il);
         }
         for (int j = 0; j < W; j++) acc[j] += (double)col[j];
@@ -737,34 +789,21 @@ kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *ls
     static const char fn[] = "kvs_attn_colsum_fused";
     attn_ctx c;
     scratch *sc = NULL;
-    int nt = 0, blas = -1;
+    int nt = 0;
     float *lse_owned = NULL; /* [Hq][Nq] when the caller passes lse = NULL */
     fused_job J;
     memset(&J, 0, sizeof J);
     kvs_status st = ctx_init(&c, q, k, 1, fn, err);
     if (st) goto cleanup;
-    if (!colsum) {
-        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL colsum output", fn);
-        goto cleanup;
-    }
-    memset(colsum, 0, sizeof(float) * (size_t)c.Hkv * (size_t)c.N);
-    if (c.Nq == 0) goto cleanup;
-    /* rows per block and head: FUSED_ROWS stacked rows in all (at least one per head) */
-    c.tq = FUSED_ROWS / c.G > 0 ? FUSED_ROWS / c.G : 1;
-    c.nb = (c.Nq + c.tq - 1) / c.tq;
-    if (!lse) {
-        lse = lse_owned = malloc(sizeof(float) * (size_t)c.Hq * (size_t)c.Nq);
-        if (!lse) {
-            st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for lse (%d heads x %d rows)", fn,
-                            c.Hq, c.Nq);
-            goto cleanup;
-        }
-    }
+    st = colsum_begin(&c, colsum, fn, err);
+    if (st || c.Nq == 0) goto cleanup;
+    /* rows per block and head: FUSED_ROWS stacked rows of the G heads of a group */
+    st = fused_setup(&c, c.G, &J.ld, &lse, &lse_owned, fn, err);
+    if (st) goto cleanup;
     J.c = &c;
     J.lse = lse;
     J.row_entropy = row_entropy;
     J.n_slab = make_slabs(&c, J.slab_b0);
-    J.ld = ((int64_t)c.N + VL - 1) / VL * VL + VL;
     const int n_units = c.Hkv * J.n_slab;
     nt = clamp_threads(threads, n_units);
     const size_t M = (size_t)c.G * (size_t)c.tq;
@@ -779,26 +818,12 @@ kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *ls
         goto cleanup;
     }
     J.sc = sc;
-    blas = blas_single_begin();
-    st = pool_run(&J, fused_unit, n_units, nt, fn, err);
+    st = run_units(&J, fused_unit, n_units, nt, fn, err);
     if (st) goto cleanup;
-    for (int h = 0; h < c.Hq; h++)
-        for (int i = 0; i < c.Nq; i++)
-            if (!isfinite(lse[(size_t)h * c.Nq + i])) {
-                st = kvs_errorf(err, KVS_ERR_NUMERIC,
-                                "%s: log-sum-exp of query head %d row %d is not finite (NaN or "
-                                "Inf in q or k?)", fn, h, i);
-                goto cleanup;
-            }
-    const double inv_g = 1.0 / c.G;
-    for (int g = 0; g < c.Hkv; g++)
-        for (int j = 0; j < c.N; j++) {
-            double s = 0.0;
-            for (int sl = 0; sl < J.n_slab; sl++) s += J.acc[((size_t)g * J.n_slab + sl) * c.N + j];
-            colsum[(size_t)g * c.N + j] = (float)(s * inv_g);
-        }
+    st = lse_check_finite(&c, lse, fn, err);
+    if (st) goto cleanup;
+    reduce_slabs(&c, J.acc, J.n_slab, (size_t)J.n_slab * c.N, (size_t)c.N, colsum);
 cleanup:
-    if (blas >= 0) blas_single_end(blas);
     scratch_free(sc, nt);
     free(J.acc);
     free(J.big);
@@ -836,18 +861,68 @@ static kvs_status modality_counts(const uint8_t *modality, int N, int32_t **nvis
     return KVS_OK;
 }
 
+/* Modality inputs and per-row results of an entropy pass
+ * (kvs_attn_entropies, kvs_attn_stats_fused). */
+typedef struct {
+    const uint8_t *modality; /* [N] or NULL */
+    int32_t *n_vis;          /* [N+1] prefix counts of visual keys, or NULL */
+    int32_t *n_txt;          /* [N+1] prefix counts of text keys, or NULL */
+    double *h_plain;         /* [Nq] entropy of the Abar row */
+    double *h_x;             /* [Nq] restricted entropy (when kind != NONE) */
+    int8_t *kind;            /* [Nq] ROW_* */
+} row_stats;
+
+/* re must be zeroed. Sets re->modality and, when it is non-NULL, the prefix
+ * counts (modality_counts: its errors, naming fn). row_stats_free frees
+ * what was allocated, also after a failure. */
+static kvs_status row_stats_init(row_stats *re, const attn_ctx *c, const uint8_t *modality,
+                                 const char *fn, kvs_err *err) {
+    re->modality = modality;
+    if (!modality) return KVS_OK;
+    return modality_counts(modality, c->N, &re->n_vis, &re->n_txt, fn, err);
+}
+
+/* Allocates the [Nq] results; 0 when out of memory (the caller reports). */
+static int row_stats_alloc(row_stats *re, int Nq) {
+    re->h_plain = malloc(sizeof(double) * (size_t)Nq); /* [Nq] */
+    re->h_x = malloc(sizeof(double) * (size_t)Nq);     /* [Nq] */
+    re->kind = malloc((size_t)Nq);                     /* [Nq] */
+    return re->h_plain && re->h_x && re->kind;
+}
+
+static void row_stats_free(row_stats *re) {
+    free(re->h_plain);
+    free(re->h_x);
+    free(re->kind);
+    free(re->n_vis);
+    free(re->n_txt);
+}
+
 /* Kind of query row at position p (ROW_*), from the prefix counts. */
-static int8_t row_kind(const uint8_t *modality, const int32_t *nvis, const int32_t *ntxt, int p) {
-    if (!modality) return ROW_NONE;
-    const uint8_t qm = modality[p];
-    if (qm == KVS_MOD_TEXT && nvis[p + 1] > 0) return ROW_TV;
-    if (is_visual(qm) && ntxt[p + 1] > 0) return ROW_VT;
+static int8_t row_kind(const row_stats *re, int p) {
+    if (!re->modality) return ROW_NONE;
+    const uint8_t qm = re->modality[p];
+    if (qm == KVS_MOD_TEXT && re->n_vis[p + 1] > 0) return ROW_TV;
+    if (is_visual(qm) && re->n_txt[p + 1] > 0) return ROW_VT;
     return ROW_NONE;
 }
 
+/* Start of the entropy passes, after the NULL check of out: zeroes *out;
+ * Nq = 0 is KVS_ERR_INVALID naming fn (the mean entropy is undefined). */
+static kvs_status ent_begin(const attn_ctx *c, kvs_entropy_stats *out, const char *fn,
+                            kvs_err *err) {
+    memset(out, 0, sizeof *out);
+    if (c->Nq == 0)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: no query rows (Nq = 0): mean entropy undefined", fn);
+    return KVS_OK;
+}
+
 /* Means over rows in row order (independent of the thread count). */
-static kvs_status ent_reduce(const double *h_plain, const double *h_x, const int8_t *kind, int Nq,
-                             kvs_entropy_stats *out, const char *fn, kvs_err *err) {
+static kvs_status ent_reduce(const row_stats *re, int Nq, kvs_entropy_stats *out, const char *fn,
+                             kvs_err *err) {
+    const double *h_plain = re->h_plain, *h_x = re->h_x;
+    const int8_t *kind = re->kind;
     double sp = 0.0, stv = 0.0, svt = 0.0;
     for (int i = 0; i < Nq; i++) {
         sp += h_plain[i];
@@ -868,16 +943,24 @@ static kvs_status ent_reduce(const double *h_plain, const double *h_x, const int
     return KVS_OK;
 }
 
+/* Finishes query row i from its sums over the keys of a = Abar: zp = sum a,
+ * tp = sum a log a (all keys), zx, tx the same over the keys the row's kind
+ * makes eligible, into re: h_plain[i] = entropy of a / zp = log zp - tp / zp;
+ * kind[i] = kind, or ROW_NONE when the restricted mass zx underflowed
+ * to 0; h_x[i] = log zx - tx / zx for a cross-modal row, else 0. */
+static void row_entropy_out(double zp, double tp, double zx, double tx, int8_t kind, int i,
+                            row_stats *re) {
+    re->h_plain[i] = log(zp) - tp / zp;
+    if (kind != ROW_NONE && !(zx > 0.0)) kind = ROW_NONE; /* restricted mass underflowed */
+    re->kind[i] = kind;
+    re->h_x[i] = kind != ROW_NONE ? log(zx) - tx / zx : 0.0;
+}
+
 typedef struct {
     const attn_ctx *c;
     scratch *sc;
     const float *lse;         /* [Hq][Nq] */
-    const uint8_t *modality;  /* [N] or NULL */
-    const int32_t *n_vis;     /* [N+1] prefix counts of visual keys, or NULL */
-    const int32_t *n_txt;     /* [N+1] prefix counts of text keys, or NULL */
-    double *h_plain;          /* [Nq] entropy of Abar row */
-    double *h_x;              /* [Nq] restricted entropy (when kind != NONE) */
-    int8_t *kind;             /* [Nq] ROW_* */
+    row_stats re;
 } ent_job;
 
 static void ent_unit(void *jp, int tid, int u) {
@@ -891,7 +974,7 @@ static void ent_unit(void *jp, int tid, int u) {
     int8_t kind[TQ_MAX];
     for (int r = 0; r < nr; r++) {
         zp[r] = tp[r] = zx[r] = tx[r] = 0.0;
-        kind[r] = row_kind(J->modality, J->n_vis, J->n_txt, c->off + i0 + r);
+        kind[r] = row_kind(&J->re, c->off + i0 + r);
     }
     /* all Hq heads: group g's rows start at g * G * nr; [Hq*nr][d] */
     for (int g = 0; g < c->Hkv; g++) load_q_group(c, g, i0, nr, sc->qb + (size_t)g * GM * c->d);
@@ -913,11 +996,11 @@ static void ent_unit(void *jp, int tid, int u) {
                 for (int j = 0; j < wp; j += VL) v8_store(a + j, v8_load(a + j) + v8_exp(v8_load(s + j) - lb));
             }
         }
-        if (J->modality) {
+        if (J->re.modality) {
             for (int j = 0; j < wp; j++) {
                 const int ok = j < w;
-                kmv[j] = ok && is_visual(J->modality[j0 + j]) ? 1.0f : 0.0f;
-                kmt[j] = ok && J->modality[j0 + j] == KVS_MOD_TEXT ? 1.0f : 0.0f;
+                kmv[j] = ok && is_visual(J->re.modality[j0 + j]) ? 1.0f : 0.0f;
+                kmt[j] = ok && J->re.modality[j0 + j] == KVS_MOD_TEXT ? 1.0f : 0.0f;
             }
         }
         for (int r = 0; r < nr; r++) {
@@ -944,14 +1027,8 @@ static void ent_unit(void *jp, int tid, int u) {
             }
         }
     }
-    for (int r = 0; r < nr; r++) {
-        /* entropy of a / Z: log Z - (sum a log a) / Z */
-        J->h_plain[i0 + r] = log(zp[r]) - tp[r] / zp[r];
-        int8_t k = kind[r];
-        if (k != ROW_NONE && !(zx[r] > 0.0)) k = ROW_NONE; /* restricted mass underflowed */
-        J->kind[i0 + r] = k;
-        J->h_x[i0 + r] = k != ROW_NONE ? log(zx[r]) - tx[r] / zx[r] : 0.0;
-    }
+    for (int r = 0; r < nr; r++)
+        row_entropy_out(zp[r], tp[r], zx[r], tx[r], kind[r], i0 + r, &J->re);
 }
 
 kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float *lse,
@@ -960,55 +1037,37 @@ kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float 
     static const char fn[] = "kvs_attn_entropies";
     attn_ctx c;
     scratch *sc = NULL;
-    int nt = 0, blas = -1;
+    int nt = 0;
     ent_job J;
     memset(&J, 0, sizeof J);
-    int32_t *nvis = NULL, *ntxt = NULL;
     kvs_status st = ctx_init(&c, q, k, 0, fn, err);
     if (st) goto cleanup;
     if (!out) {
         st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL output", fn);
         goto cleanup;
     }
-    memset(out, 0, sizeof *out);
-    if (c.Nq == 0) {
-        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: no query rows (Nq = 0): mean entropy undefined",
-                        fn);
-        goto cleanup;
-    }
+    st = ent_begin(&c, out, fn, err);
+    if (st) goto cleanup;
     st = check_lse(&c, lse, fn, err);
     if (st) goto cleanup;
-    if (modality) {
-        st = modality_counts(modality, c.N, &nvis, &ntxt, fn, err);
-        if (st) goto cleanup;
-    }
+    st = row_stats_init(&J.re, &c, modality, fn, err);
+    if (st) goto cleanup;
     J.c = &c;
     J.lse = lse;
-    J.modality = modality;
-    J.n_vis = nvis;
-    J.n_txt = ntxt;
-    J.h_plain = malloc(sizeof(double) * (size_t)c.Nq); /* [Nq] */
-    J.h_x = malloc(sizeof(double) * (size_t)c.Nq);     /* [Nq] */
-    J.kind = malloc((size_t)c.Nq);                     /* [Nq] */
+    const int re_ok = row_stats_alloc(&J.re, c.Nq);
     nt = clamp_threads(threads, c.nb);
     sc = scratch_alloc(nt, c.Hq * c.tq, c.G * c.tq, c.d, c.tq);
-    if (!J.h_plain || !J.h_x || !J.kind || !sc) {
+    if (!re_ok || !sc) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for row statistics (Nq = %d)", fn, c.Nq);
         goto cleanup;
     }
     J.sc = sc;
-    blas = blas_single_begin();
-    st = pool_run(&J, ent_unit, c.nb, nt, fn, err);
+    st = run_units(&J, ent_unit, c.nb, nt, fn, err);
     if (st) goto cleanup;
-    st = ent_reduce(J.h_plain, J.h_x, J.kind, c.Nq, out, fn, err);
+    st = ent_reduce(&J.re, c.Nq, out, fn, err);
 cleanup:
-    if (blas >= 0) blas_single_end(blas);
     scratch_free(sc, nt);
-    free(J.h_plain);
-    free(J.h_x);
-    free(J.kind);
-    free(nvis);
-    free(ntxt);
+    row_stats_free(&J.re);
     ctx_free(&c);
     return st;
 }
@@ -1034,12 +1093,7 @@ typedef struct {
     int64_t ld;
     float *lse;               /* [Hq][Nq] */
     float *row_entropy;       /* [Hq][Nq] or NULL */
-    const uint8_t *modality;  /* [N] or NULL */
-    const int32_t *n_vis;     /* [N+1] or NULL */
-    const int32_t *n_txt;     /* [N+1] or NULL */
-    double *h_plain;          /* [Nq] */
-    double *h_x;              /* [Nq] */
-    int8_t *kind;             /* [Nq] */
+    row_stats re;
     int n_slab;
     int slab_b0[NSLAB + 1];
     double *acc;              /* [n_slab][Hkv][N] or NULL */
@@ -1052,7 +1106,6 @@ static void stats_unit(void *jp, int tid, int sl) {
     const int64_t ld = J->ld;
     float *buf = J->big + (size_t)tid * (size_t)(c->Hq * c->tq) * (size_t)ld; /* [Hq*tq][ld] */
     float *col = J->colf ? J->colf + (size_t)tid * (size_t)ld : NULL;         /* [ld] */
-    const int want_ps = J->row_entropy != NULL;
     const v8f inv_hq = v8_set1((float)(1.0 / c->Hq));
     float kmv[TK], kmt[TK]; /* eligibility of a chunk's keys: visual, text */
     for (int b = J->slab_b0[sl]; b < J->slab_b0[sl + 1]; b++) {
@@ -1069,11 +1122,8 @@ static void stats_unit(void *jp, int tid, int sl) {
                 const int r = R % nr, h = g * c->G + R / nr;
                 const int nv = c->off + i0 + r + 1, nvp = (nv + VL - 1) / VL * VL;
                 float *s = gb + (size_t)R * (size_t)ld; /* [ld] */
-                float lf;
-                double ps;
-                const v8f il = v8_set1(fused_row(s, nv, want_ps, &lf, &ps));
-                J->lse[(size_t)h * c->Nq + i0 + r] = lf;
-                if (want_ps) J->row_entropy[(size_t)h * c->Nq + i0 + r] = (float)((double)lf - ps);
+                const v8f il =
+                    fused_row_out(s, nv, J->lse, J->row_entropy, (size_t)h * c->Nq + i0 + r);
                 for (int j = 0; j < nvp; j += VL) {
                     const v8f p = v8_load(s + j) * il;
                     v8_store(s + j, p);
@@ -1088,7 +1138,7 @@ static void stats_unit(void *jp, int tid, int sl) {
         /* entropies of Abar = mean over the Hq heads; head h, row r is buf row h * nr + r */
         for (int r = 0; r < nr; r++) {
             const int p = c->off + i0 + r, nv = p + 1, nvp = (nv + VL - 1) / VL * VL;
-            int8_t kind = row_kind(J->modality, J->n_vis, J->n_txt, p);
+            const int8_t kind = row_kind(&J->re, p);
             const float *km = kind == ROW_TV ? kmv : kmt;
             double zp = 0.0, tp = 0.0, zx = 0.0, tx = 0.0;
             for (int j0 = 0; j0 < nvp; j0 += TK) {
@@ -1096,8 +1146,8 @@ static void stats_unit(void *jp, int tid, int sl) {
                 if (kind != ROW_NONE)
                     for (int j = j0; j < je; j++) {
                         const int ok = j < nv;
-                        kmv[j - j0] = ok && is_visual(J->modality[j]) ? 1.0f : 0.0f;
-                        kmt[j - j0] = ok && J->modality[j] == KVS_MOD_TEXT ? 1.0f : 0.0f;
+                        kmv[j - j0] = ok && is_visual(J->re.modality[j]) ? 1.0f : 0.0f;
+                        kmt[j - j0] = ok && J->re.modality[j] == KVS_MOD_TEXT ? 1.0f : 0.0f;
                     }
                 v8f vz = v8_set1(0.0f), vt = vz, vzx = vz, vtx = vz;
                 for (int j = j0; j < je; j += VL) {
@@ -1120,11 +1170,7 @@ static void stats_unit(void *jp, int tid, int sl) {
                     tx += v8_hsum(vtx);
                 }
             }
-            /* entropy of a / Z: log Z - (sum a log a) / Z */
-            J->h_plain[i0 + r] = log(zp) - tp / zp;
-            if (kind != ROW_NONE && !(zx > 0.0)) kind = ROW_NONE; /* restricted mass underflowed */
-            J->kind[i0 + r] = kind;
-            J->h_x[i0 + r] = kind != ROW_NONE ? log(zx) - tx / zx : 0.0;
+            row_entropy_out(zp, tp, zx, tx, kind, i0 + r, &J->re);
         }
     }
 }
@@ -1135,9 +1181,8 @@ kvs_status kvs_attn_stats_fused(const kvs_view *q, const kvs_view *k, const uint
     static const char fn[] = "kvs_attn_stats_fused";
     attn_ctx c;
     scratch *sc = NULL;
-    int nt = 0, blas = -1;
+    int nt = 0;
     float *lse_owned = NULL; /* [Hq][Nq] when the caller passes lse = NULL */
-    int32_t *nvis = NULL, *ntxt = NULL;
     stats_job J;
     memset(&J, 0, sizeof J);
     kvs_status st = ctx_init(&c, q, k, 0, fn, err);
@@ -1146,87 +1191,47 @@ kvs_status kvs_attn_stats_fused(const kvs_view *q, const kvs_view *k, const uint
         st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL entropy output", fn);
         goto cleanup;
     }
-    memset(ent, 0, sizeof *ent);
     if (colsum) memset(colsum, 0, sizeof(float) * (size_t)c.Hkv * (size_t)c.N);
-    if (c.Nq == 0) {
-        st = kvs_errorf(err, KVS_ERR_INVALID, "%s: no query rows (Nq = 0): mean entropy undefined",
-                        fn);
-        goto cleanup;
-    }
-    if (modality) {
-        st = modality_counts(modality, c.N, &nvis, &ntxt, fn, err);
-        if (st) goto cleanup;
-    }
+    st = ent_begin(&c, ent, fn, err);
+    if (st) goto cleanup;
+    st = row_stats_init(&J.re, &c, modality, fn, err);
+    if (st) goto cleanup;
     /* rows per block and head: FUSED_ROWS stacked rows over all Hq heads */
-    c.tq = FUSED_ROWS / c.Hq > 0 ? FUSED_ROWS / c.Hq : 1;
-    c.nb = (c.Nq + c.tq - 1) / c.tq;
-    if (!lse) {
-        lse = lse_owned = malloc(sizeof(float) * (size_t)c.Hq * (size_t)c.Nq);
-        if (!lse) {
-            st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for lse (%d heads x %d rows)", fn,
-                            c.Hq, c.Nq);
-            goto cleanup;
-        }
-    }
+    st = fused_setup(&c, c.Hq, &J.ld, &lse, &lse_owned, fn, err);
+    if (st) goto cleanup;
     J.c = &c;
     J.lse = lse;
     J.row_entropy = row_entropy;
-    J.modality = modality;
-    J.n_vis = nvis;
-    J.n_txt = ntxt;
     J.n_slab = make_slabs(&c, J.slab_b0);
-    J.ld = ((int64_t)c.N + VL - 1) / VL * VL + VL;
     nt = clamp_threads(threads, J.n_slab);
     const size_t rows = (size_t)c.Hq * (size_t)c.tq;
-    J.h_plain = malloc(sizeof(double) * (size_t)c.Nq); /* [Nq] */
-    J.h_x = malloc(sizeof(double) * (size_t)c.Nq);     /* [Nq] */
-    J.kind = malloc((size_t)c.Nq);                     /* [Nq] */
+    const int re_ok = row_stats_alloc(&J.re, c.Nq);
     J.big = malloc(sizeof(float) * (size_t)nt * rows * (size_t)J.ld); /* [nt][Hq*tq][ld] */
     if (colsum) {
         J.acc = calloc((size_t)J.n_slab * (size_t)c.Hkv * (size_t)c.N, sizeof(double));
         J.colf = malloc(sizeof(float) * (size_t)nt * (size_t)J.ld); /* [nt][ld] */
     }
     sc = scratch_alloc(nt, c.G * c.tq, 1, c.d, 0);
-    if (!J.h_plain || !J.h_x || !J.kind || !J.big || (colsum && (!J.acc || !J.colf)) || !sc) {
+    if (!re_ok || !J.big || (colsum && (!J.acc || !J.colf)) || !sc) {
         st = kvs_errorf(err, KVS_ERR_NOMEM,
                         "%s: no memory for the logit buffers (%d threads x %d rows x %d keys)", fn,
                         nt, (int)rows, c.N);
         goto cleanup;
     }
     J.sc = sc;
-    blas = blas_single_begin();
-    st = pool_run(&J, stats_unit, J.n_slab, nt, fn, err);
+    st = run_units(&J, stats_unit, J.n_slab, nt, fn, err);
     if (st) goto cleanup;
-    for (int h = 0; h < c.Hq; h++)
-        for (int i = 0; i < c.Nq; i++)
-            if (!isfinite(lse[(size_t)h * c.Nq + i])) {
-                st = kvs_errorf(err, KVS_ERR_NUMERIC,
-                                "%s: log-sum-exp of query head %d row %d is not finite (NaN or "
-                                "Inf in q or k?)", fn, h, i);
-                goto cleanup;
-            }
-    if (colsum) {
-        const double inv_g = 1.0 / c.G;
-        for (int g = 0; g < c.Hkv; g++)
-            for (int j = 0; j < c.N; j++) {
-                double s = 0.0;
-                for (int sl = 0; sl < J.n_slab; sl++) s += J.acc[((size_t)sl * c.Hkv + g) * c.N + j];
-                colsum[(size_t)g * c.N + j] = (float)(s * inv_g);
-            }
-    }
-    st = ent_reduce(J.h_plain, J.h_x, J.kind, c.Nq, ent, fn, err);
+    st = lse_check_finite(&c, lse, fn, err);
+    if (st) goto cleanup;
+    if (colsum) reduce_slabs(&c, J.acc, J.n_slab, (size_t)c.N, (size_t)c.Hkv * c.N, colsum);
+    st = ent_reduce(&J.re, c.Nq, ent, fn, err);
 cleanup:
-    if (blas >= 0) blas_single_end(blas);
     scratch_free(sc, nt);
-    free(J.h_plain);
-    free(J.h_x);
-    free(J.kind);
+    row_stats_free(&J.re);
     free(J.big);
     free(J.colf);
     free(J.acc);
     free(lse_owned);
-    free(nvis);
-    free(ntxt);
     ctx_free(&c);
     return st;
 }

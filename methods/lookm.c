@@ -64,30 +64,15 @@ static const kvs_merge lookm_merge_of[4] = {KVS_MERGE_PIVOTAL, KVS_MERGE_AVERAGE
                                             KVS_MERGE_WEIGHTED, KVS_MERGE_NONE};
 
 typedef struct {
-    kvs_shape shape;
+    kvs_tp_state tp; /* first member (kvs_tp_create / kvs_tp_destroy); scores are boosted */
     kvs_merge merge;
-    double recent_frac;
-    int n_observed; /* layers observed so far, in order */
-    float *lse;     /* [Hq][N] scratch for the lse pass */
-    float *scores;  /* [L][Hkv][N] boosted scores */
 } lookm_state;
-
-static int lookm_queries_wanted(const kvs_params *p, int N) {
-    (void)p;
-    return N;
-}
-
-static void lookm_destroy(void *state) {
-    lookm_state *s = state;
-    if (!s) return;
-    free(s->lse);
-    free(s->scores);
-    free(s);
-}
 
 static kvs_status lookm_create(const kvs_params *p, const kvs_shape *shape, void **state,
                                kvs_err *err) {
     *state = NULL;
+    /* parameters first, then the policy, then the rest of the shared checks
+     * (kvs_tp_create checks the parameters again, which then pass) */
     kvs_status st = kvs_tp_check_params(&kvs_method_lookm, p, err);
     if (st != KVS_OK) return st;
     if ((int)p->v[P_TEXT_POLICY] == POLICY_KEEP_ALL)
@@ -95,53 +80,23 @@ static kvs_status lookm_create(const kvs_params *p, const kvs_shape *shape, void
                           "lookm: text_policy=keep_all keeps every text token and may exceed the "
                           "budget, which breaks the exact-budget plan contract (each layer keeps "
                           "exactly its budget); use text_policy=budget");
-    if (shape->n_layers < 1 || shape->n_tokens < 1 || shape->n_kv_heads < 1)
-        return kvs_errorf(err, KVS_ERR_INVALID, "lookm: bad shape L=%d N=%d Hkv=%d",
-                          shape->n_layers, shape->n_tokens, shape->n_kv_heads);
-    st = kvs_tp_require_all_queries("lookm", -1, shape->n_tokens, shape->n_q_heads,
-                                    shape->n_queries, shape->n_queries > 0, err);
+    st = kvs_tp_create(&kvs_method_lookm, p, shape, P_RECENT_RATIO, sizeof(lookm_state), state,
+                       err);
     if (st != KVS_OK) return st;
-    lookm_state *s = calloc(1, sizeof *s);
-    if (!s) return kvs_errorf(err, KVS_ERR_NOMEM, "lookm: out of memory for the state");
-    s->shape = *shape;
+    lookm_state *s = *state;
     s->merge = lookm_merge_of[(int)p->v[P_MERGE]];
-    s->recent_frac = p->v[P_RECENT_RATIO];
-    const size_t N = (size_t)shape->n_tokens;
-    s->lse = malloc(sizeof(float) * (size_t)shape->n_q_heads * N);
-    s->scores = malloc(sizeof(float) * (size_t)shape->n_layers * (size_t)shape->n_kv_heads * N);
-    if (!s->lse || !s->scores) {
-        lookm_destroy(s);
-        return kvs_errorf(err, KVS_ERR_NOMEM,
-                          "lookm: out of memory for [L=%d][Hkv=%d][N=%d] scores", shape->n_layers,
-                          shape->n_kv_heads, shape->n_tokens);
-    }
-    *state = s;
     return KVS_OK;
 }
 
 static kvs_status lookm_observe(void *state, int layer, const kvs_layer *in,
                                 const uint8_t *modality, kvs_err *err) {
     lookm_state *s = state;
-    return kvs_tp_observe("lookm", layer, &s->n_observed, &s->shape, in, modality, 0, 1, s->lse, s->scores,
-                          NULL, NULL, err);
+    return kvs_tp_observe(&s->tp, layer, in, modality, 0, 1, NULL, NULL, err);
 }
 
 static kvs_status lookm_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {
     lookm_state *s = state;
-    const int L = s->shape.n_layers, Hkv = s->shape.n_kv_heads, N = s->shape.n_tokens;
-    if (s->n_observed != L)
-        return kvs_errorf(err, KVS_ERR_INVALID, "lookm: select after %d of %d layers were observed",
-                          s->n_observed, L);
-    if (per_layer < 1 || per_layer > N)
-        return kvs_errorf(err, KVS_ERR_INVALID, "lookm: per-layer budget %d outside [1, N=%d]",
-                          per_layer, N);
-    int *budgets = calloc((size_t)L, sizeof(int)); /* [L], every layer the same */
-    if (!budgets) return kvs_errorf(err, KVS_ERR_NOMEM, "lookm: out of memory");
-    for (int l = 0; l < L; l++) budgets[l] = per_layer;
-    kvs_status st = kvs_tp_fill_plan("lookm", s->scores, L, Hkv, N, budgets, s->recent_frac,
-                                     s->merge, out, err);
-    free(budgets);
-    return st;
+    return kvs_tp_select_uniform(&s->tp, per_layer, s->merge, out, err);
 }
 
 const kvs_method kvs_method_lookm = {
@@ -150,9 +105,9 @@ const kvs_method kvs_method_lookm = {
     .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
     .params = lookm_params,
     .n_params = (int)(sizeof lookm_params / sizeof lookm_params[0]),
-    .queries_wanted = lookm_queries_wanted,
+    .queries_wanted = kvs_tp_queries_all,
     .create = lookm_create,
     .observe = lookm_observe,
     .select = lookm_select,
-    .destroy = lookm_destroy,
+    .destroy = kvs_tp_destroy,
 };

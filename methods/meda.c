@@ -49,7 +49,7 @@
  *
  * What this file is not: the attention statistics and the budget
  * water-filling live in core/, merging in core's kvs_apply, the shared
- * scoring / selection helpers in textprior.c.
+ * state / scoring / selection helpers in textprior.c.
  */
 #include <assert.h>
 #include <math.h>
@@ -72,59 +72,36 @@ static const kvs_merge meda_merge_of[4] = {KVS_MERGE_PIVOTAL, KVS_MERGE_AVERAGE,
                                            KVS_MERGE_WEIGHTED, KVS_MERGE_NONE};
 
 typedef struct {
-    kvs_shape shape;
+    kvs_tp_state tp;        /* first member (kvs_tp_create / kvs_tp_destroy); scores are boosted */
     kvs_merge merge;
-    double recent_frac;
-    int n_observed;         /* layers observed so far, in order */
-    float *lse;             /* [Hq][N] scratch for the lse pass */
-    float *scores;          /* [L][Hkv][N] boosted scores */
     kvs_entropy_stats *ent; /* [L] */
     uint8_t *all_text;      /* [N] KVS_MOD_TEXT, used when modality is NULL */
 } meda_state;
 
-static int meda_queries_wanted(const kvs_params *p, int N) {
-    (void)p;
-    return N;
-}
-
 static void meda_destroy(void *state) {
     meda_state *s = state;
     if (!s) return;
-    free(s->lse);
-    free(s->scores);
     free(s->ent);
     free(s->all_text);
-    free(s);
+    kvs_tp_destroy(s);
 }
 
 static kvs_status meda_create(const kvs_params *p, const kvs_shape *shape, void **state,
                               kvs_err *err) {
-    *state = NULL;
-    kvs_status st = kvs_tp_check_params(&kvs_method_meda, p, err);
+    kvs_status st = kvs_tp_create(&kvs_method_meda, p, shape, P_RECENT_FRAC, sizeof(meda_state),
+                                  state, err);
     if (st != KVS_OK) return st;
-    if (shape->n_layers < 1 || shape->n_tokens < 1 || shape->n_kv_heads < 1)
-        return kvs_errorf(err, KVS_ERR_INVALID, "meda: bad shape L=%d N=%d Hkv=%d",
-                          shape->n_layers, shape->n_tokens, shape->n_kv_heads);
-    st = kvs_tp_require_all_queries("meda", -1, shape->n_tokens, shape->n_q_heads,
-                                    shape->n_queries, shape->n_queries > 0, err);
-    if (st != KVS_OK) return st;
-    meda_state *s = calloc(1, sizeof *s);
-    if (!s) return kvs_errorf(err, KVS_ERR_NOMEM, "meda: out of memory for the state");
-    s->shape = *shape;
-    s->recent_frac = p->v[P_RECENT_FRAC];
+    meda_state *s = *state;
     s->merge = meda_merge_of[(int)p->v[P_MERGE]];
-    const size_t N = (size_t)shape->n_tokens, L = (size_t)shape->n_layers;
-    s->lse = malloc(sizeof(float) * (size_t)shape->n_q_heads * N);
-    s->scores = malloc(sizeof(float) * L * (size_t)shape->n_kv_heads * N);
-    s->ent = calloc(L, sizeof *s->ent);
-    s->all_text = calloc(N, 1); /* KVS_MOD_TEXT == 0 */
-    if (!s->lse || !s->scores || !s->ent || !s->all_text) {
+    s->ent = calloc((size_t)shape->n_layers, sizeof *s->ent);
+    s->all_text = calloc((size_t)shape->n_tokens, 1); /* KVS_MOD_TEXT == 0 */
+    if (!s->ent || !s->all_text) {
         meda_destroy(s);
+        *state = NULL;
         return kvs_errorf(err, KVS_ERR_NOMEM,
                           "meda: out of memory for [L=%d][Hkv=%d][N=%d] scores", shape->n_layers,
                           shape->n_kv_heads, shape->n_tokens);
     }
-    *state = s;
     return KVS_OK;
 }
 
@@ -132,20 +109,15 @@ static kvs_status meda_observe(void *state, int layer, const kvs_layer *in,
                                const uint8_t *modality, kvs_err *err) {
     meda_state *s = state;
     /* Scores and entropies from one fused pass over the logits. */
-    return kvs_tp_observe("meda", layer, &s->n_observed, &s->shape, in, modality, 0, 1, s->lse, s->scores,
-                          modality ? modality : s->all_text, &s->ent[layer], err);
+    return kvs_tp_observe(&s->tp, layer, in, modality, 0, 1, modality ? modality : s->all_text,
+                          &s->ent[layer], err);
 }
 
 static kvs_status meda_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {
     meda_state *s = state;
-    const int L = s->shape.n_layers, Hkv = s->shape.n_kv_heads, N = s->shape.n_tokens;
-    if (s->n_observed != L)
-        return kvs_errorf(err, KVS_ERR_INVALID, "meda: select after %d of %d layers were observed",
-                          s->n_observed, L);
-    if (per_layer < 1 || per_layer > N)
-        return kvs_errorf(err, KVS_ERR_INVALID, "meda: per-layer budget %d outside [1, N=%d]",
-                          per_layer, N);
-    kvs_status st = KVS_OK;
+    const int L = s->tp.shape.n_layers, Hkv = s->tp.shape.n_kv_heads, N = s->tp.shape.n_tokens;
+    kvs_status st = kvs_tp_check_select(&s->tp, per_layer, err);
+    if (st != KVS_OK) return st;
     double *w = malloc(sizeof(double) * (size_t)L); /* [L] E^l, then softmax weights */
     int *budgets = calloc((size_t)L, sizeof(int)); /* [L] */
     if (!w || !budgets) {
@@ -178,8 +150,8 @@ static kvs_status meda_select(void *state, int per_layer, kvs_plan *out, kvs_err
         kvs_err_prefix(err, "meda: layer budgets");
         goto cleanup;
     }
-    st = kvs_tp_fill_plan("meda", s->scores, L, Hkv, N, budgets, s->recent_frac, s->merge, out,
-                          err);
+    st = kvs_tp_fill_plan("meda", s->tp.scores, L, Hkv, N, budgets, s->tp.recent_frac, s->merge,
+                          out, err);
     if (st != KVS_OK) goto cleanup;
     if (xmodal)
         snprintf(out->note, sizeof out->note,
@@ -201,7 +173,7 @@ const kvs_method kvs_method_meda = {
     .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
     .params = meda_params,
     .n_params = (int)(sizeof meda_params / sizeof meda_params[0]),
-    .queries_wanted = meda_queries_wanted,
+    .queries_wanted = kvs_tp_queries_all,
     .create = meda_create,
     .observe = meda_observe,
     .select = meda_select,

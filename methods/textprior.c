@@ -1,12 +1,13 @@
 /*
  * textprior.c -- private helpers shared by h2o.c, lookm.c and meda.c: the
- * H2O attention column-sum score, the LOOK-M text prior and the per-head
- * "recent window + top-k of the rest" selection. See textprior.h.
+ * H2O attention column-sum score, the LOOK-M text prior, the per-head
+ * "recent window + top-k of the rest" selection, and the create / observe /
+ * select / destroy steps the three methods share. See textprior.h.
  *
  * What it is not: it computes no attention itself (core's fused
  * kvs_attn_colsum_fused / kvs_attn_stats_fused do, one pass over the logits,
  * memory O(rows x N) per thread), allocates no N x N buffer,
- * and holds no state between calls.
+ * and holds no global state (each kvs_tp_state belongs to its caller).
  */
 #include "textprior.h"
 
@@ -186,21 +187,93 @@ kvs_status kvs_tp_fill_plan(const char *method, const float *scores /* [L][Hkv][
     return st;
 }
 
-kvs_status kvs_tp_observe(const char *method, int layer, int *n_observed, const kvs_shape *shape,
-                          const kvs_layer *in, const uint8_t *modality, int normalize, int text_prior,
-                          float *lse /* [Hq][N] */, float *scores /* [L][Hkv][N] */,
-                          const uint8_t *ent_modality, kvs_entropy_stats *ent, kvs_err *err) {
-    if (layer != *n_observed || layer >= shape->n_layers)
-        return kvs_errorf(err, KVS_ERR_INVALID, "%s: observe(layer %d) out of order: expected layer %d of %d",
-                          method, layer, *n_observed, shape->n_layers);
+int kvs_tp_queries_all(const kvs_params *p, int N) {
+    (void)p;
+    return N;
+}
+
+kvs_status kvs_tp_create(const kvs_method *m, const kvs_params *p, const kvs_shape *shape,
+                         int recent_param, size_t state_size, void **state, kvs_err *err) {
+    assert(state_size >= sizeof(kvs_tp_state) && recent_param >= 0 && recent_param < m->n_params);
+    *state = NULL;
+    const char *method = m->name;
+    kvs_status st = kvs_tp_check_params(m, p, err);
+    if (st != KVS_OK) return st;
+    if (shape->n_layers < 1 || shape->n_tokens < 1 || shape->n_kv_heads < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: bad shape L=%d N=%d Hkv=%d", method,
+                          shape->n_layers, shape->n_tokens, shape->n_kv_heads);
+    st = kvs_tp_require_all_queries(method, -1, shape->n_tokens, shape->n_q_heads,
+                                    shape->n_queries, shape->n_queries > 0, err);
+    if (st != KVS_OK) return st;
+    kvs_tp_state *s = calloc(1, state_size);
+    if (!s) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for the state", method);
+    s->m = m;
+    s->shape = *shape;
+    s->recent_frac = p->v[recent_param];
+    const size_t N = (size_t)shape->n_tokens;
+    s->lse = malloc(sizeof(float) * (size_t)shape->n_q_heads * N);
+    s->scores = malloc(sizeof(float) * (size_t)shape->n_layers * (size_t)shape->n_kv_heads * N);
+    if (!s->lse || !s->scores) {
+        kvs_tp_destroy(s);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for [L=%d][Hkv=%d][N=%d] scores",
+                          method, shape->n_layers, shape->n_kv_heads, shape->n_tokens);
+    }
+    *state = s;
+    return KVS_OK;
+}
+
+void kvs_tp_destroy(void *state) {
+    kvs_tp_state *s = state;
+    if (!s) return;
+    free(s->lse);
+    free(s->scores);
+    free(s);
+}
+
+kvs_status kvs_tp_check_select(const kvs_tp_state *s, int per_layer, kvs_err *err) {
+    const int L = s->shape.n_layers, N = s->shape.n_tokens;
+    if (s->n_observed != L)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: select after %d of %d layers were observed",
+                          s->m->name, s->n_observed, L);
+    if (per_layer < 1 || per_layer > N)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: per-layer budget %d outside [1, N=%d]",
+                          s->m->name, per_layer, N);
+    return KVS_OK;
+}
+
+kvs_status kvs_tp_select_uniform(const kvs_tp_state *s, int per_layer, kvs_merge merge,
+                                 kvs_plan *out, kvs_err *err) {
+    kvs_status st = kvs_tp_check_select(s, per_layer, err);
+    if (st != KVS_OK) return st;
+    const int L = s->shape.n_layers;
+    int *budgets = calloc((size_t)L, sizeof(int)); /* [L], every layer the same */
+    if (!budgets) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", s->m->name);
+    for (int l = 0; l < L; l++) budgets[l] = per_layer;
+    st = kvs_tp_fill_plan(s->m->name, s->scores, L, s->shape.n_kv_heads, s->shape.n_tokens,
+                          budgets, s->recent_frac, merge, out, err);
+    free(budgets);
+    return st;
+}
+
+kvs_status kvs_tp_observe(kvs_tp_state *s, int layer, const kvs_layer *in, const uint8_t *modality,
+                          int normalize, int text_prior, const uint8_t *ent_modality,
+                          kvs_entropy_stats *ent, kvs_err *err) {
+    const char *method = s->m->name;
+    const kvs_shape *shape = &s->shape;
+    if (layer != s->n_observed || layer >= shape->n_layers)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: observe(layer %d) out of order: expected layer %d of %d", method,
+                          layer, s->n_observed, shape->n_layers);
     kvs_status st = kvs_tp_check_layer(method, layer, in, shape, err);
-    if (st == KVS_OK && text_prior) st = kvs_tp_check_modality(method, layer, modality, shape->n_tokens, err);
+    if (st == KVS_OK && text_prior)
+        st = kvs_tp_check_modality(method, layer, modality, shape->n_tokens, err);
     if (st != KVS_OK) return st;
     const int Hkv = shape->n_kv_heads, N = shape->n_tokens;
-    float *sc = scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
-    st = kvs_tp_scores(method, layer, in, normalize, shape->threads, lse, sc, ent_modality, ent, err);
+    float *sc = s->scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
+    st = kvs_tp_scores(method, layer, in, normalize, shape->threads, s->lse, sc, ent_modality, ent,
+                       err);
     if (st != KVS_OK) return st;
     if (text_prior) kvs_tp_text_boost(sc, Hkv, N, modality);
-    (*n_observed)++;
+    s->n_observed++;
     return KVS_OK;
 }

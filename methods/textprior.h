@@ -15,6 +15,8 @@
 #ifndef KVS_TEXTPRIOR_H
 #define KVS_TEXTPRIOR_H
 
+#include <stddef.h>
+
 #include "kvsieve.h"
 
 /* Checks that p holds m->n_params values, each in its declared range (INT /
@@ -73,14 +75,50 @@ kvs_status kvs_tp_fill_plan(const char *method, const float *scores /* [L][Hkv][
                             int Hkv, int N, const int *budgets /* [L] */, double recent_frac,
                             kvs_merge merge, kvs_plan *out, kvs_err *err);
 
+/* The state h2o, lookm and meda share. It is the FIRST member of each
+ * method's own state struct, so that kvs_tp_create can allocate the whole
+ * struct and kvs_tp_destroy free it. */
+typedef struct {
+    const kvs_method *m; /* the method; m->name names it in messages */
+    kvs_shape shape;     /* as given at create */
+    double recent_frac;  /* recent window share, r = floor(B * recent_frac) */
+    int n_observed;      /* layers observed so far, in order */
+    float *lse;          /* [Hq][N] scratch for the lse pass */
+    float *scores;       /* [L][Hkv][N] scores (text-boosted for lookm / meda) */
+} kvs_tp_state;
+
+/* queries_wanted of the three methods: all N prompt positions. */
+int kvs_tp_queries_all(const kvs_params *p, int N);
+
+/* The create step they share: kvs_tp_check_params, shape (L, N, Hkv >= 1),
+ * kvs_tp_require_all_queries, then one zeroed block of state_size bytes
+ * (>= sizeof(kvs_tp_state); the caller's struct starts with a kvs_tp_state)
+ * with m, shape, recent_frac = p->v[recent_param] and the lse / scores
+ * buffers set. *state is NULL on failure (nothing left allocated); the
+ * caller fills its own fields after success. */
+kvs_status kvs_tp_create(const kvs_method *m, const kvs_params *p, const kvs_shape *shape,
+                         int recent_param, size_t state_size, void **state, kvs_err *err);
+
+/* Frees a state made by kvs_tp_create (lse, scores, the block); NULL is a
+ * no-op. Fields the method added are the method's to free first. */
+void kvs_tp_destroy(void *state);
+
+/* Guard at select: all L layers observed and 1 <= per_layer <= N. Messages
+ * name the method. */
+kvs_status kvs_tp_check_select(const kvs_tp_state *s, int per_layer, kvs_err *err);
+
+/* Select with the same budget per_layer in every layer (h2o, lookm):
+ * kvs_tp_check_select, then kvs_tp_fill_plan with out->merge = merge. */
+kvs_status kvs_tp_select_uniform(const kvs_tp_state *s, int per_layer, kvs_merge merge,
+                                 kvs_plan *out, kvs_err *err);
+
 /* The observe step h2o, lookm and meda share: layers in order, shape and
  * (with text_prior) modality checks, the layer's scores into
- * scores[layer] ([L][Hkv][N] array), the head-averaged entropies when ent is
- * non-NULL (under ent_modality), and LOOK-M's text boost when text_prior.
- * Increments *n_observed on success. */
-kvs_status kvs_tp_observe(const char *method, int layer, int *n_observed, const kvs_shape *shape,
-                          const kvs_layer *in, const uint8_t *modality, int normalize, int text_prior,
-                          float *lse /* [Hq][N] */, float *scores /* [L][Hkv][N] */,
-                          const uint8_t *ent_modality, kvs_entropy_stats *ent, kvs_err *err);
+ * s->scores[layer], the head-averaged entropies when ent is non-NULL (under
+ * ent_modality), and LOOK-M's text boost when text_prior. Increments
+ * s->n_observed on success. */
+kvs_status kvs_tp_observe(kvs_tp_state *s, int layer, const kvs_layer *in, const uint8_t *modality,
+                          int normalize, int text_prior, const uint8_t *ent_modality,
+                          kvs_entropy_stats *ent, kvs_err *err);
 
 #endif

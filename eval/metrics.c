@@ -64,8 +64,12 @@ static int contains_words(const char *hay, const char *needle) {
     return 0;
 }
 
-double kvs_metric_exact_match(const char *prediction, const char *const *answers, int n_answers,
-                              const char *const *choices, int n_choices) {
+static int same_text(const char *p, const char *a) { return strcmp(a, p) == 0; }
+
+/* 1 if match(normalised prediction, normalised answer) holds for some answer,
+ * else 0; NAN when memory runs out. */
+static double any_answer(const char *prediction, const char *const *answers, int n_answers,
+                         int (*match)(const char *p, const char *a)) {
     char *p = kvs_metric_normalize(prediction);
     if (!p) return NAN;
     double best = 0.0;
@@ -75,29 +79,21 @@ double kvs_metric_exact_match(const char *prediction, const char *const *answers
             best = NAN;
             break;
         }
-        if (!strcmp(a, p)) best = 1.0;
+        if (match(p, a)) best = 1.0;
         free(a);
     }
     free(p);
     return best;
 }
 
+double kvs_metric_exact_match(const char *prediction, const char *const *answers, int n_answers,
+                              const char *const *choices, int n_choices) {
+    return any_answer(prediction, answers, n_answers, same_text);
+}
+
 double kvs_metric_contains(const char *prediction, const char *const *answers, int n_answers,
                            const char *const *choices, int n_choices) {
-    char *p = kvs_metric_normalize(prediction);
-    if (!p) return NAN;
-    double best = 0.0;
-    for (int i = 0; i < n_answers && best < 1.0; i++) {
-        char *a = kvs_metric_normalize(answers[i]);
-        if (!a) {
-            best = NAN;
-            break;
-        }
-        if (contains_words(p, a)) best = 1.0;
-        free(a);
-    }
-    free(p);
-    return best;
+    return any_answer(prediction, answers, n_answers, contains_words);
 }
 
 /* ---- multiple choice ------------------------------------------------------ */

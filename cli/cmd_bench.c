@@ -4,11 +4,14 @@
  * The prompt is real text (a fixed paragraph repeated) tokenised and cut to
  * the requested length; decode is greedy. A short untimed warm-up run first
  * faults in the weight pages. Prints machine, build, model, shapes and
- * repetitions, then one line per repetition and the medians.
- * What it is not: no database rows (the runner stores results), no
- * compression timing (see `kvsieve generate --method`).
+ * repetitions, then one line per repetition and the medians, and stores one
+ * engine_bench row (median, p10, p90 over the repetitions; provenance in a
+ * runs row of kind "bench") in the results database (--db, default
+ * results/kvsieve.db; --no-store skips it). `kvsieve report` shows it.
+ * What it is not: no compression timing (see `kvsieve generate --method`).
  */
 #ifdef KVS_HAVE_BACKEND
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,20 @@
 
 #include "cli.h"
 #include "kvs_backend.h"
+#ifdef KVS_HAVE_EVAL
+#include "kvs_eval.h"
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define BENCH_SAN "+asan"
+#else
+#define BENCH_SAN ""
+#endif
+#ifdef NDEBUG
+#define BENCH_BUILD "release" BENCH_SAN
+#else
+#define BENCH_BUILD "debug" BENCH_SAN
+#endif
 
 static const char *PARAGRAPH =
     "The history of the river valley is written in its stones. Farmers came first, cutting terraces into the "
@@ -26,7 +43,10 @@ static const char *PARAGRAPH =
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsieve bench --model PATH|default [--prompt-len N] [--gen N] [--threads N] [--reps N]\n"
-               "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1\n");
+               "                     [--db PATH | --no-store]\n"
+               "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1\n"
+               "  --db PATH   results database for the engine_bench row (default results/kvsieve.db)\n"
+               "  --no-store  print only; write no row\n");
 }
 
 static double cpu_s(void) {
@@ -40,6 +60,14 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Linear-interpolated quantile of sorted v[0..n) (as `kvsieve report` does). */
+static double quantile(const double *v, long n, double q) {
+    double pos = q * (double)(n - 1);
+    long i = (long)pos;
+    if (i >= n - 1) return v[n - 1];
+    return v[i] + (pos - (double)i) * (v[i + 1] - v[i]);
+}
+
 static int argmax(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -47,9 +75,49 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+#ifdef KVS_HAVE_EVAL
+/* The kvsieve source tree the running binary was built in (its folder), for
+ * the git revision of the runs row; "" when unknown. */
+static void exe_dir(char *out, size_t n) {
+    char buf[PATH_MAX];
+    out[0] = '\0';
+    ssize_t k = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (k <= 0) return;
+    buf[k] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (slash && slash != buf) *slash = '\0';
+    snprintf(out, n, "%s", buf);
+}
+
+/* Write the engine_bench row with a runs row of kind "bench" around it.
+ * Returns 0 or prints an error naming the database and returns 1. */
+static int store_row(kvs_store *st, const char *db, const char *cmdline, kvs_engine_bench_row *row) {
+    kvs_err err = {0};
+    char hash[65], dir[PATH_MAX];
+    kvs_sha256_hex(cmdline, strlen(cmdline), hash);
+    exe_dir(dir, sizeof dir);
+    kvs_run_info info = {"engine-bench", "bench", NULL, cmdline, hash, NULL, dir, 1};
+    int64_t run = 0, id = 0;
+    if (kvs_store_run_begin(st, &info, &run, &err) != KVS_OK) goto fail;
+    if (kvs_store_put_engine_bench(st, run, row, &id, &err) != KVS_OK) {
+        kvs_err e2 = {0};
+        kvs_store_run_end(st, run, "failed", 0, err.msg, &e2);
+        goto fail;
+    }
+    if (kvs_store_run_end(st, run, "done", 1, NULL, &err) != KVS_OK) goto fail;
+    printf("stored: engine_bench row %lld (run %lld) in %s (kvsieve report --db %s)\n", (long long)id,
+           (long long)run, db, db);
+    return 0;
+fail:
+    fprintf(stderr, "kvsieve bench: storing the result in %s: %s\n", db, err.msg);
+    return 1;
+}
+#endif
+
 int kvs_cmd_bench(int argc, char **argv) {
-    const char *model_spec = NULL;
+    const char *model_spec = NULL, *db = NULL;
     long plen = 2048, gen = 64, threads = 2, reps = 1;
+    int no_store = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -66,6 +134,10 @@ int kvs_cmd_bench(int argc, char **argv) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 256, &threads)) return 2;
         } else if (!strcmp(a, "--reps")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 100, &reps)) return 2;
+        } else if (!strcmp(a, "--db")) {
+            if (!(db = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--no-store")) {
+            no_store = 1;
         } else {
             fprintf(stderr, "kvsieve bench: unknown option '%s'\n", a);
             usage(stderr);
@@ -77,6 +149,19 @@ int kvs_cmd_bench(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (db && no_store) {
+        fprintf(stderr, "kvsieve bench: --db and --no-store exclude each other\n");
+        return 2;
+    }
+#ifndef KVS_HAVE_EVAL
+    if (!no_store) {
+        fprintf(stderr, "kvsieve bench: this kvsieve is built without eval/ (the results database); "
+                        "pass --no-store to only print\n");
+        return 2;
+    }
+#else
+    if (!db) db = KVS_STORE_DEFAULT_PATH;
+#endif
     kvs_err err = {0};
     char path[1024];
     if (kvs_model_resolve(model_spec, path, sizeof path, &err) != KVS_OK) {
@@ -89,7 +174,21 @@ int kvs_cmd_bench(int argc, char **argv) {
     int32_t *toks = NULL;
     float *logits = NULL;
     char *text = NULL;
-    double *pf = NULL, *dc = NULL;
+    double *pf = NULL, *dc = NULL, *pfc = NULL, *dcc = NULL;
+    char sha[65] = "", cpu[256] = "unknown";
+#ifdef KVS_HAVE_EVAL
+    kvs_store *st = NULL;
+    char cmdline[1600];
+    /* open (and migrate) the database before the long part: a bad --db fails at once */
+    if (!no_store) {
+        if (kvs_store_open(db, &st, &err) != KVS_OK) {
+            fprintf(stderr, "kvsieve bench: results database %s: %s\n", db, err.msg);
+            return 1;
+        }
+        if (kvs_sha256_file(path, sha, &err) != KVS_OK) goto fail;
+    }
+    kvs_store_host_cpu(cpu, sizeof cpu);
+#endif
     kvs_model_opts mo = {(int)threads};
     if (kvs_model_load(path, &mo, &m, &err) != KVS_OK) goto fail;
     const kvs_model_info *info = kvs_model_get_info(m);
@@ -108,28 +207,29 @@ int kvs_cmd_bench(int argc, char **argv) {
     n = (int)plen;
     kvs_session_opts so = {n + (int)gen + 1, (int)threads, 0};
     if (kvs_session_new(m, &so, &s, &err) != KVS_OK) goto fail;
-    logits = malloc((size_t)info->n_vocab * sizeof *logits);
-    pf = malloc((size_t)reps * sizeof *pf);
-    dc = malloc((size_t)reps * sizeof *dc);
-    if (!logits || !pf || !dc) goto oom;
-    printf("bench: host cpus %ld, threads %ld, build %s, model %s (%s, %s, %d layers, E %d, %d heads / %d kv, d %d, "
-           "vocab %d), prompt %d tokens, decode %ld tokens, %ld repetition(s)\n",
-           sysconf(_SC_NPROCESSORS_ONLN), threads,
-#ifdef NDEBUG
-           "release",
-#else
-           "debug",
-#endif
-           info->name, info->arch, info->weight_types, info->n_layers, info->n_embd, info->n_heads, info->n_kv_heads,
+    logits = malloc((size_t)info->n_vocab * sizeof *logits); /* [n_vocab] */
+    pf = malloc((size_t)reps * sizeof *pf);                   /* [reps] prefill tok/s, wall */
+    dc = malloc((size_t)reps * sizeof *dc);                   /* [reps] decode tok/s, wall */
+    pfc = malloc((size_t)reps * sizeof *pfc);                 /* [reps] prefill tok/s, cpu time */
+    dcc = malloc((size_t)reps * sizeof *dcc);                 /* [reps] decode tok/s, cpu time */
+    if (!logits || !pf || !dc || !pfc || !dcc) goto oom;
+    printf("bench: host %s, cpus %ld, device cpu, threads %ld, build %s, model %s (%s, %s, %d layers, E %d, "
+           "%d heads / %d kv, d %d, vocab %d), prompt %d tokens, decode %ld tokens, %ld repetition(s)\n",
+           cpu, sysconf(_SC_NPROCESSORS_ONLN), threads, BENCH_BUILD, info->name, info->arch,
+           info->weight_types, info->n_layers, info->n_embd, info->n_heads, info->n_kv_heads,
            info->head_dim, info->n_vocab, n, gen, reps);
+    if (sha[0]) printf("model file %s sha256 %s\n", path, sha);
     /* warm-up: touch every weight page of the mapping once (not timed) */
     if (kvs_session_prefill(s, toks, n < 16 ? n : 16, NULL, logits, &err) != KVS_OK ||
         kvs_session_decode(s, argmax(logits, info->n_vocab), logits, &err) != KVS_OK)
         goto fail;
     FILE *lf = fopen("/proc/loadavg", "r");
-    double la = 0;
+    double la = -1;
     if (lf) {
-        if (fscanf(lf, "%lf", &la) == 1) printf("load average before: %.2f (other processes share the cores)\n", la);
+        if (fscanf(lf, "%lf", &la) == 1)
+            printf("load average before: %.2f (other processes share the cores)\n", la);
+        else
+            la = -1;
         fclose(lf);
     }
     for (long r = 0; r < reps; r++) {
@@ -146,15 +246,45 @@ int kvs_cmd_bench(int argc, char **argv) {
         pf[r] = n * 1000.0 / (t1 - t0);
         dc[r] = gen * 1000.0 / (t2 - t1);
         /* CPU seconds used / threads = wall time the run would take with the cores to itself */
+        pfc[r] = n / ((c1 - c0) / threads);
+        dcc[r] = gen / ((c2 - c1) / threads);
         printf("rep %ld: prefill %.1f ms = %.1f tok/s (cpu %.2f s: %.1f tok/s per %ld dedicated cores); decode %ld "
                "tokens %.1f ms = %.2f tok/s (cpu %.2f s: %.1f tok/s)\n",
-               r + 1, t1 - t0, pf[r], c1 - c0, n / ((c1 - c0) / threads), threads, gen, t2 - t1, dc[r], c2 - c1,
-               gen / ((c2 - c1) / threads));
+               r + 1, t1 - t0, pf[r], c1 - c0, pfc[r], threads, gen, t2 - t1, dc[r], c2 - c1, dcc[r]);
     }
     qsort(pf, (size_t)reps, sizeof *pf, cmp_d);
     qsort(dc, (size_t)reps, sizeof *dc, cmp_d);
-    printf("median: prefill %.1f tok/s, decode %.2f tok/s (bars: prefill >= 400, decode >= 30 on 2 cores)\n",
-           pf[reps / 2], dc[reps / 2]);
+    qsort(pfc, (size_t)reps, sizeof *pfc, cmp_d);
+    qsort(dcc, (size_t)reps, sizeof *dcc, cmp_d);
+    double pf_med = quantile(pf, reps, 0.5), dc_med = quantile(dc, reps, 0.5);
+    printf("median: prefill %.1f tok/s [p10 %.1f, p90 %.1f], decode %.2f tok/s [p10 %.2f, p90 %.2f] "
+           "(bars: prefill >= 400, decode >= 30 on 2 cores)\n",
+           pf_med, quantile(pf, reps, 0.1), quantile(pf, reps, 0.9), dc_med, quantile(dc, reps, 0.1),
+           quantile(dc, reps, 0.9));
+#ifdef KVS_HAVE_EVAL
+    if (st) {
+        snprintf(cmdline, sizeof cmdline,
+                 "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld\nmodel_path=%s",
+                 model_spec, plen, gen, threads, reps, path);
+        char quant[sizeof info->weight_types];
+        snprintf(quant, sizeof quant, "%s", info->weight_types);
+        for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';
+        kvs_engine_bench_row row = {
+            .model = info->name, .model_sha256 = sha, .model_path = path, .arch = info->arch,
+            .quant_types = quant, .device = "cpu", .prompt_len = n, .gen_tokens = gen,
+            .threads = threads, .repetitions = reps, .prefill_tok_s = pf_med,
+            .prefill_tok_s_p10 = quantile(pf, reps, 0.1), .prefill_tok_s_p90 = quantile(pf, reps, 0.9),
+            .decode_tok_s = dc_med, .decode_tok_s_p10 = quantile(dc, reps, 0.1),
+            .decode_tok_s_p90 = quantile(dc, reps, 0.9), .prefill_cpu_tok_s = quantile(pfc, reps, 0.5),
+            .decode_cpu_tok_s = quantile(dcc, reps, 0.5), .load_avg_before = la, .host_cpu = cpu,
+            .build_type = BENCH_BUILD};
+        if (store_row(st, db, cmdline, &row)) goto cleanup;
+    } else {
+        printf("not stored (--no-store)\n");
+    }
+#else
+    printf("not stored (--no-store)\n");
+#endif
     rc = 0;
     goto cleanup;
 oom:
@@ -165,11 +295,16 @@ fail:
 cleanup:
     free(pf);
     free(dc);
+    free(pfc);
+    free(dcc);
     free(text);
     free(logits);
     free(toks);
     kvs_session_free(s);
     kvs_model_free(m);
+#ifdef KVS_HAVE_EVAL
+    kvs_store_close(st);
+#endif
     return rc;
 }
 #endif

@@ -42,6 +42,9 @@ void kvs_sha256_update(kvs_sha256_ctx *c, const void *data, size_t n);
 void kvs_sha256_final(kvs_sha256_ctx *c, uint8_t out[32]);
 /* One-shot digest as 64 lowercase hex characters + NUL. */
 void kvs_sha256_hex(const void *data, size_t n, char out[65]);
+/* Digest of a whole file (read in 1 MiB pieces) as 64 hex characters + NUL;
+ * errors name the path. Defined in task.c (it hashes the backend's model). */
+kvs_status kvs_sha256_file(const char *path, char out[65], kvs_err *err);
 
 /* ---- Experiments (what a config describes) -------------------------------- */
 
@@ -179,7 +182,7 @@ kvs_status kvs_grid_expand(const kvs_experiment *e, kvs_cell **cells, int *n_cel
 
 /* ---- The store ------------------------------------------------------------ */
 
-#define KVS_STORE_SCHEMA_VERSION 2
+#define KVS_STORE_SCHEMA_VERSION 3
 #define KVS_STORE_DEFAULT_PATH "results/kvsieve.db"
 
 typedef struct kvs_store kvs_store;
@@ -251,6 +254,34 @@ typedef struct {
 
 kvs_status kvs_store_put_latency(kvs_store *s, int64_t run_id, const kvs_latency_row *rows, int n,
                                  kvs_err *err);
+
+/* One `kvsieve bench` run (table engine_bench, schema version 3): the
+ * engine's prefill and decode throughput for one model, prompt length and
+ * thread count, summarised over `repetitions` timed runs. Its provenance is
+ * a runs row of kind "bench" (kvs_store_run_begin). */
+typedef struct {
+    const char *model;        /* general.name or the file name */
+    const char *model_sha256; /* 64 hex characters of the model file */
+    const char *model_path;   /* may be NULL */
+    const char *arch, *quant_types; /* "gemma3", "Q4_K Q5_0 Q6_K Q8_0 F32" */
+    const char *device;       /* "cpu" (NULL: "cpu") */
+    int64_t prompt_len, gen_tokens, threads, repetitions;
+    /* wall-clock tokens/s over the repetitions: median, 10th, 90th percentile */
+    double prefill_tok_s, prefill_tok_s_p10, prefill_tok_s_p90;
+    double decode_tok_s, decode_tok_s_p10, decode_tok_s_p90;
+    /* median tokens / (CPU seconds / threads): the rate with the cores to itself */
+    double prefill_cpu_tok_s, decode_cpu_tok_s;
+    double load_avg_before;   /* 1-minute load average before timing; < 0: unknown */
+    const char *host_cpu;     /* CPU model name (NULL: read from /proc/cpuinfo) */
+    const char *build_type;   /* "release", "debug", "+asan" suffix */
+} kvs_engine_bench_row;
+
+/* Insert one engine_bench row for run_id (a runs row must exist). *row_id
+ * (may be NULL) gets its id. Errors name the database path. */
+kvs_status kvs_store_put_engine_bench(kvs_store *s, int64_t run_id, const kvs_engine_bench_row *row,
+                                      int64_t *row_id, kvs_err *err);
+/* The CPU model name of this host ("unknown" when /proc/cpuinfo has none). */
+void kvs_store_host_cpu(char *out, size_t n);
 
 /* ---- Running -------------------------------------------------------------- */
 

@@ -4,7 +4,8 @@
  * What it is: SQL over cells/results/scores (and latency), aggregated per
  * (experiment, budget, method variant, metric) into mean and a seeded
  * percentile-bootstrap 95% CI, written as Markdown, LaTeX, CSV or JSON;
- * latency tables (N x method: median, p10, p90); plots through gnuplot run
+ * latency tables (N x method: median, p10, p90); the engine throughput
+ * table of `kvsieve bench` (engine_bench rows); plots through gnuplot run
  * as a child process. What it is not: it never runs a method; everything
  * comes from the database.
  */
@@ -814,6 +815,154 @@ static void write_latency(const lat_row *rows, int n, FILE *f, kvs_report_format
     }
 }
 
+/* ---- engine throughput (`kvsieve bench`) ----------------------------------------------- */
+
+typedef struct {
+    char model[128], build[32], device[16];
+    int64_t run, prompt_len, gen, threads, reps;
+    double pf, pf10, pf90, dc, dc10, dc90;
+} eng_row;
+
+/* The newest engine_bench row per (model file, device, prompt length, decode
+ * tokens, threads, build, host CPU), filtered like the rest of the report
+ * (experiment: the runs row's). A database from before schema 3 has none. */
+static kvs_status gather_engine(sqlite3 *db, const kvs_report_opts *o, eng_row **rows, int *n,
+                                kvs_err *err) {
+    sqlite3_stmt *st = NULL;
+    *rows = NULL;
+    *n = 0;
+    int cap = 0;
+    kvs_status rc = KVS_OK;
+    const char *sql =
+        "SELECT e.model, e.build_type, e.device, e.run_id, e.prompt_len, e.gen_tokens, e.threads,"
+        " e.repetitions, e.prefill_tok_s, e.prefill_tok_s_p10, e.prefill_tok_s_p90, e.decode_tok_s,"
+        " e.decode_tok_s_p10, e.decode_tok_s_p90 FROM engine_bench e JOIN runs ru ON ru.id = e.run_id"
+        " WHERE (?1 IS NULL OR ru.experiment = ?1) AND (?2 <= 0 OR e.run_id = ?2)"
+        " AND e.id IN (SELECT max(id) FROM engine_bench GROUP BY model_sha256, device, prompt_len,"
+        " gen_tokens, threads, build_type, host_cpu)"
+        " ORDER BY e.model, e.device, e.prompt_len, e.threads, e.build_type, e.gen_tokens, e.id";
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        return sql_fail(db, err, "engine_bench query");
+    if (o->experiment)
+        sqlite3_bind_text(st, 1, o->experiment, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 1);
+    sqlite3_bind_int64(st, 2, o->run_id);
+    int r;
+    while ((r = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            eng_row *nr = realloc(*rows, sizeof *nr * (size_t)cap);
+            if (!nr) {
+                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                goto cleanup;
+            }
+            *rows = nr;
+        }
+        eng_row *x = &(*rows)[(*n)++];
+        snprintf(x->model, sizeof x->model, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(x->build, sizeof x->build, "%s", (const char *)sqlite3_column_text(st, 1));
+        snprintf(x->device, sizeof x->device, "%s", (const char *)sqlite3_column_text(st, 2));
+        int64_t *iv[5] = {&x->run, &x->prompt_len, &x->gen, &x->threads, &x->reps};
+        for (int k = 0; k < 5; k++) *iv[k] = sqlite3_column_int64(st, 3 + k);
+        double *dv[6] = {&x->pf, &x->pf10, &x->pf90, &x->dc, &x->dc10, &x->dc90};
+        for (int k = 0; k < 6; k++)
+            *dv[k] = sqlite3_column_type(st, 8 + k) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 8 + k);
+    }
+    if (r != SQLITE_DONE) rc = sql_fail(db, err, "reading engine_bench");
+cleanup:
+    sqlite3_finalize(st);
+    if (rc) {
+        free(*rows);
+        *rows = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+/* The engine throughput section (nothing when there are no rows): a table
+ * (md, LaTeX), a second CSV block after a blank line, or the JSON key
+ * "engine" (written before the closing brace of the report object). */
+static void write_engine(const eng_row *rows, int n, FILE *f, kvs_report_format fmt) {
+    if (n == 0) return;
+    if (fmt == KVS_REPORT_MD)
+        fprintf(f, "## engine throughput\n\n| model | device | prompt | gen | threads | build | reps | "
+                   "prefill tok/s median [p10, p90] | decode tok/s median [p10, p90] | run |\n"
+                   "|---|---|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    else if (fmt == KVS_REPORT_LATEX)
+        fprintf(f, "%% engine throughput\n\\begin{table}[t]\n\\centering\n\\caption{Engine throughput "
+                   "(tokens/s, median [p10, p90] over repetitions)}\n\\begin{tabular}{llrrrlrrr}\n"
+                   "\\toprule\nmodel & device & prompt & gen & threads & build & reps & prefill & "
+                   "decode \\\\\n\\midrule\n");
+    else if (fmt == KVS_REPORT_CSV)
+        fprintf(f, "\nengine_model,device,prompt_len,gen_tokens,threads,build,repetitions,"
+                   "prefill_tok_s,prefill_tok_s_p10,prefill_tok_s_p90,decode_tok_s,decode_tok_s_p10,"
+                   "decode_tok_s_p90,run_id\n");
+    else
+        fprintf(f, ", \"engine\": [");
+    for (int i = 0; i < n; i++) {
+        const eng_row *x = &rows[i];
+        if (fmt == KVS_REPORT_MD || fmt == KVS_REPORT_LATEX) {
+            char v[6][32];
+            const double dv[6] = {x->pf, x->pf10, x->pf90, x->dc, x->dc10, x->dc90};
+            for (int k = 0; k < 6; k++) fmt_num(dv[k], v[k], sizeof v[k]);
+            if (fmt == KVS_REPORT_MD) {
+                fprintf(f, "| %s | %s | %lld | %lld | %lld | %s | %lld | %s [%s, %s] | %s [%s, %s] | %lld |\n",
+                        x->model, x->device, (long long)x->prompt_len, (long long)x->gen,
+                        (long long)x->threads, x->build, (long long)x->reps, v[0], v[1], v[2], v[3],
+                        v[4], v[5], (long long)x->run);
+            } else {
+                tex_escape(f, x->model);
+                fprintf(f, " & %s & %lld & %lld & %lld & ", x->device, (long long)x->prompt_len,
+                        (long long)x->gen, (long long)x->threads);
+                tex_escape(f, x->build);
+                fprintf(f, " & %lld & %s [%s, %s] & %s [%s, %s] \\\\\n", (long long)x->reps, v[0],
+                        v[1], v[2], v[3], v[4], v[5]);
+            }
+        } else if (fmt == KVS_REPORT_CSV) {
+            csv_field(f, x->model);
+            fputc(',', f);
+            csv_field(f, x->device);
+            fprintf(f, ",%lld,%lld,%lld,", (long long)x->prompt_len, (long long)x->gen,
+                    (long long)x->threads);
+            csv_field(f, x->build);
+            fprintf(f, ",%lld", (long long)x->reps);
+            const double dv[6] = {x->pf, x->pf10, x->pf90, x->dc, x->dc10, x->dc90};
+            for (int k = 0; k < 6; k++) {
+                if (isnan(dv[k]))
+                    fputc(',', f);
+                else
+                    fprintf(f, ",%.12g", dv[k]);
+            }
+            fprintf(f, ",%lld\n", (long long)x->run);
+        } else {
+            fprintf(f, "%s\n  {\"model\": ", i ? "," : "");
+            json_str(f, x->model);
+            fprintf(f, ", \"device\": ");
+            json_str(f, x->device);
+            fprintf(f, ", \"prompt_len\": %lld, \"gen_tokens\": %lld, \"threads\": %lld, \"build\": ",
+                    (long long)x->prompt_len, (long long)x->gen, (long long)x->threads);
+            json_str(f, x->build);
+            fprintf(f, ", \"repetitions\": %lld", (long long)x->reps);
+            static const char *const key[6] = {"prefill_tok_s", "prefill_tok_s_p10", "prefill_tok_s_p90",
+                                               "decode_tok_s",  "decode_tok_s_p10",  "decode_tok_s_p90"};
+            const double dv[6] = {x->pf, x->pf10, x->pf90, x->dc, x->dc10, x->dc90};
+            for (int k = 0; k < 6; k++) {
+                fprintf(f, ", \"%s\": ", key[k]);
+                json_num(f, dv[k]);
+            }
+            fprintf(f, ", \"run_id\": %lld}", (long long)x->run);
+        }
+    }
+    if (fmt == KVS_REPORT_MD)
+        fprintf(f, "\nTokens/s are wall-clock; the newest run per model file, device, prompt length, "
+                   "decode length, threads, build and host CPU.\n\n");
+    else if (fmt == KVS_REPORT_LATEX)
+        fprintf(f, "\\bottomrule\n\\end{tabular}\n\\end{table}\n\n");
+    else if (fmt == KVS_REPORT_JSON)
+        fprintf(f, "\n]");
+}
+
 /* ---- entry points ----------------------------------------------------------------------- */
 
 kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs_err *err) {
@@ -821,12 +970,14 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
     dataset d;
     memset(&d, 0, sizeof d);
     lat_row *lat = NULL;
-    int n_lat = 0;
+    eng_row *eng = NULL;
+    int n_lat = 0, n_eng = 0;
     kvs_status rc;
     if ((rc = gather(db, o, &d, err))) goto cleanup;
     if ((rc = gather_latency(db, o, &lat, &n_lat, err))) goto cleanup;
+    if ((rc = gather_engine(db, o, &eng, &n_eng, err))) goto cleanup;
     compute(&d, o);
-    if (d.n_groups == 0 && n_lat == 0) {
+    if (d.n_groups == 0 && n_lat == 0 && n_eng == 0) {
         if (o->experiment)
             rc = kvs_errorf(err, KVS_ERR_NOTFOUND, "report: no results for experiment '%s'",
                             o->experiment);
@@ -866,7 +1017,7 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
             json_num(f, lat[i].p90);
             fputc('}', f);
         }
-        fprintf(f, "\n]}\n");
+        fprintf(f, "\n]"); /* the object closes after the engine key */
     } else {
         int md = o->format == KVS_REPORT_MD;
         fprintf(f, md ? "# kvsieve report\n\n" : "%% kvsieve report (needs \\usepackage{booktabs})\n\n");
@@ -905,10 +1056,13 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
         if (n_lat > 0) fprintf(f, md ? "## compression latency\n\n" : "%% compression latency\n\n");
         write_latency(lat, n_lat, f, o->format);
     }
+    write_engine(eng, n_eng, f, o->format);
+    if (o->format == KVS_REPORT_JSON) fprintf(f, "}\n");
     if (ferror(f)) rc = kvs_errorf(err, KVS_ERR_IO, "report: write failed");
 cleanup:
     dataset_free(&d);
     free(lat);
+    free(eng);
     return rc;
 }
 

@@ -15,6 +15,7 @@
 #include <fftw3.h>
 #include <cjson/cJSON.h>
 #include <lua.h>
+#include <math.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -70,6 +71,18 @@ static const char *const migrations[] = {
     " median_ms REAL NOT NULL, p10_ms REAL, p90_ms REAL, bytes_moved REAL, gbps REAL);"
     "CREATE INDEX latency_run ON latency(run_id);"
     "UPDATE schema_version SET version = 2;",
+    /* 2 -> 3: engine throughput rows of `kvsieve bench` (provenance: a runs
+     * row of kind 'bench'); tokens/s are wall-clock unless named cpu_. */
+    "CREATE TABLE engine_bench(id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),"
+    " model TEXT NOT NULL, model_sha256 TEXT NOT NULL, model_path TEXT, arch TEXT, quant_types TEXT,"
+    " device TEXT NOT NULL, prompt_len INTEGER NOT NULL, gen_tokens INTEGER NOT NULL,"
+    " threads INTEGER NOT NULL, repetitions INTEGER NOT NULL,"
+    " prefill_tok_s REAL NOT NULL, prefill_tok_s_p10 REAL, prefill_tok_s_p90 REAL,"
+    " decode_tok_s REAL NOT NULL, decode_tok_s_p10 REAL, decode_tok_s_p90 REAL,"
+    " prefill_cpu_tok_s REAL, decode_cpu_tok_s REAL, load_avg_before REAL, host_cpu TEXT,"
+    " build_type TEXT NOT NULL, finished_at TEXT NOT NULL);"
+    "CREATE INDEX engine_bench_run ON engine_bench(run_id);"
+    "UPDATE schema_version SET version = 3;",
 };
 _Static_assert(sizeof migrations / sizeof migrations[0] == KVS_STORE_SCHEMA_VERSION,
                "one migration per schema version");
@@ -288,9 +301,8 @@ static void git_revision(const char *dir, char *out, size_t n) {
     snprintf(out, n, "%s%s", line, dirty ? "-dirty" : "");
 }
 
-/* "cpu: <model name> (<n> threads)". */
-static void device_name(char *out, size_t n) {
-    char model[256] = "unknown";
+void kvs_store_host_cpu(char *model, size_t n) {
+    snprintf(model, n, "unknown");
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (f) {
         char line[512];
@@ -301,13 +313,19 @@ static void device_name(char *out, size_t n) {
                     c++;
                     while (*c == ' ') c++;
                     c[strcspn(c, "\r\n")] = '\0';
-                    snprintf(model, sizeof model, "%s", c);
+                    snprintf(model, n, "%s", c);
                 }
                 break;
             }
         }
         fclose(f);
     }
+}
+
+/* "cpu: <model name> (<n> threads)". */
+static void device_name(char *out, size_t n) {
+    char model[256];
+    kvs_store_host_cpu(model, sizeof model);
     snprintf(out, n, "cpu: %s (%ld threads)", model, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
@@ -523,4 +541,75 @@ kvs_status kvs_store_put_latency(kvs_store *s, int64_t run_id, const kvs_latency
         }
     }
     return exec(s, "COMMIT", err);
+}
+
+/* NaN (an unknown percentile) is stored as NULL. */
+static void bind_real_or_null(sqlite3_stmt *st, int i, double v) {
+    if (isnan(v))
+        sqlite3_bind_null(st, i);
+    else
+        sqlite3_bind_double(st, i, v);
+}
+
+kvs_status kvs_store_put_engine_bench(kvs_store *s, int64_t run_id, const kvs_engine_bench_row *r,
+                                      int64_t *row_id, kvs_err *err) {
+    assert(s && r);
+    if (!r->model || !r->model_sha256 || !r->build_type)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: engine_bench row: model, model_sha256 and "
+                          "build_type are required", s->path);
+    if (r->prompt_len <= 0 || r->gen_tokens <= 0 || r->threads <= 0 || r->repetitions <= 0)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: engine_bench row: prompt_len %lld, gen_tokens "
+                          "%lld, threads %lld, repetitions %lld must all be positive", s->path,
+                          (long long)r->prompt_len, (long long)r->gen_tokens,
+                          (long long)r->threads, (long long)r->repetitions);
+    if (!(r->prefill_tok_s > 0) || !(r->decode_tok_s > 0))
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: engine_bench row: median prefill %g and "
+                          "decode %g tokens/s must be positive", s->path, r->prefill_tok_s,
+                          r->decode_tok_s);
+    char cpu[256];
+    if (!r->host_cpu) kvs_store_host_cpu(cpu, sizeof cpu);
+    sqlite3_stmt *st = NULL;
+    kvs_status rc = KVS_OK;
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT INTO engine_bench(run_id, model, model_sha256, model_path, arch,"
+                           " quant_types, device, prompt_len, gen_tokens, threads, repetitions,"
+                           " prefill_tok_s, prefill_tok_s_p10, prefill_tok_s_p90, decode_tok_s,"
+                           " decode_tok_s_p10, decode_tok_s_p90, prefill_cpu_tok_s, decode_cpu_tok_s,"
+                           " load_avg_before, host_cpu, build_type, finished_at)"
+                           " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,"
+                           "strftime('%Y-%m-%dT%H:%M:%SZ','now'))",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_fail(s, err, "preparing engine_bench insert");
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_text(st, 2, r->model, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, r->model_sha256, -1, SQLITE_STATIC);
+    bind_text_or_null(st, 4, r->model_path);
+    bind_text_or_null(st, 5, r->arch);
+    bind_text_or_null(st, 6, r->quant_types);
+    sqlite3_bind_text(st, 7, r->device ? r->device : "cpu", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 8, r->prompt_len);
+    sqlite3_bind_int64(st, 9, r->gen_tokens);
+    sqlite3_bind_int64(st, 10, r->threads);
+    sqlite3_bind_int64(st, 11, r->repetitions);
+    sqlite3_bind_double(st, 12, r->prefill_tok_s);
+    bind_real_or_null(st, 13, r->prefill_tok_s_p10);
+    bind_real_or_null(st, 14, r->prefill_tok_s_p90);
+    sqlite3_bind_double(st, 15, r->decode_tok_s);
+    bind_real_or_null(st, 16, r->decode_tok_s_p10);
+    bind_real_or_null(st, 17, r->decode_tok_s_p90);
+    bind_real_or_null(st, 18, r->prefill_cpu_tok_s);
+    bind_real_or_null(st, 19, r->decode_cpu_tok_s);
+    if (r->load_avg_before >= 0)
+        sqlite3_bind_double(st, 20, r->load_avg_before);
+    else
+        sqlite3_bind_null(st, 20);
+    sqlite3_bind_text(st, 21, r->host_cpu ? r->host_cpu : cpu, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 22, r->build_type, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_DONE) {
+        rc = db_fail(s, err, "inserting engine_bench row");
+    } else if (row_id) {
+        *row_id = sqlite3_last_insert_rowid(s->db);
+    }
+    sqlite3_finalize(st);
+    return rc;
 }

@@ -68,7 +68,8 @@ typedef struct {
 
 /* ---- model identity ------------------------------------------------------- */
 
-static kvs_status hash_file(const char *path, char out[65], kvs_err *err) {
+/* Declared in kvs_eval.h (SHA-256 section): `kvsieve bench` hashes its model with it too. */
+kvs_status kvs_sha256_file(const char *path, char out[65], kvs_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return kvs_errorf(err, KVS_ERR_IO, "%s: cannot open for hashing", path);
     kvs_sha256_ctx c;
@@ -115,7 +116,7 @@ static kvs_status model_identity(const char *url, char *name, size_t name_n, cha
     char hex[65];
     if (cJSON_IsString(path) && cJSON_IsNumber(size) && stat(path->valuestring, &sb) == 0 &&
         (double)sb.st_size == size->valuedouble) {
-        if ((rc = hash_file(path->valuestring, hex, err))) goto done;
+        if ((rc = kvs_sha256_file(path->valuestring, hex, err))) goto done;
         snprintf(hash, hash_n, "sha256:%s", hex);
     } else {
         /* a remote file: what the server says about it */

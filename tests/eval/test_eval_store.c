@@ -61,7 +61,7 @@ static void test_migration(void) {
     if (!s) return;
     CHECK_EQ_INT(kvs_store_schema_version(s), KVS_STORE_SCHEMA_VERSION);
     h = kvs_store_db(s);
-    CHECK_EQ_INT(q1(h, "SELECT version FROM schema_version"), 2);
+    CHECK_EQ_INT(q1(h, "SELECT version FROM schema_version"), KVS_STORE_SCHEMA_VERSION);
     /* old data kept, new columns and tables usable */
     CHECK_EQ_INT(q1(h, "SELECT count(*) FROM scores WHERE cell_key='k1' AND value=0.25"), 1);
     CHECK_EQ_INT(q1(h, "SELECT count(*) FROM runs WHERE id=1 AND kind='fidelity' AND device IS NULL"), 1);

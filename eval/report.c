@@ -158,6 +158,30 @@ static kvs_status sql_fail(sqlite3 *db, kvs_err *err, const char *what) {
     return kvs_errorf(err, KVS_ERR_IO, "report: %s: %s", what, sqlite3_errmsg(db));
 }
 
+/* Prepare a report query whose ?1 is the experiment filter (NULL: all) and ?2
+ * the run filter (<= 0: all), and bind both from the options. */
+static kvs_status prepare_filtered(sqlite3 *db, const char *sql, const kvs_report_opts *o,
+                                   sqlite3_stmt **st, const char *what, kvs_err *err) {
+    if (sqlite3_prepare_v2(db, sql, -1, st, NULL) != SQLITE_OK) return sql_fail(db, err, what);
+    if (o->experiment)
+        sqlite3_bind_text(*st, 1, o->experiment, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(*st, 1);
+    sqlite3_bind_int64(*st, 2, o->run_id);
+    return KVS_OK;
+}
+
+/* Make room for one more element in a doubling array (first size `first`). */
+static kvs_status grow(void **rows, int *cap, int n, size_t elem, int first, kvs_err *err) {
+    if (n < *cap) return KVS_OK;
+    int nc = *cap ? 2 * *cap : first;
+    void *nr = realloc(*rows, elem * (size_t)nc);
+    if (!nr) return kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+    *rows = nr;
+    *cap = nc;
+    return KVS_OK;
+}
+
 static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_err *err) {
     kvs_status rc = KVS_OK;
     sqlite3_stmt *st = NULL;
@@ -168,12 +192,7 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_
         " WHERE (?1 IS NULL OR c.experiment = ?1) AND (?2 <= 0 OR r.run_id = ?2)"
         " AND s.value IS NOT NULL"
         " ORDER BY c.experiment, c.budget_tokens, c.budget_ratio, c.label, s.metric";
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return sql_fail(db, err, "query");
-    if (o->experiment)
-        sqlite3_bind_text(st, 1, o->experiment, -1, SQLITE_STATIC);
-    else
-        sqlite3_bind_null(st, 1);
-    sqlite3_bind_int64(st, 2, o->run_id);
+    if ((rc = prepare_filtered(db, sql, o, &st, "query", err))) return rc;
     group *cur = NULL;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
@@ -699,24 +718,10 @@ static kvs_status gather_latency(sqlite3 *db, const kvs_report_opts *o, lat_row 
         " WHERE (?1 IS NULL OR ru.experiment = ?1) AND (?2 <= 0 OR l.run_id = ?2)"
         " AND l.id IN (SELECT max(id) FROM latency GROUP BY shape, device, dtype, method, params,"
         " n_tokens) ORDER BY l.shape, l.device, l.dtype, l.n_tokens";
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
-        return sql_fail(db, err, "latency query");
-    if (o->experiment)
-        sqlite3_bind_text(st, 1, o->experiment, -1, SQLITE_STATIC);
-    else
-        sqlite3_bind_null(st, 1);
-    sqlite3_bind_int64(st, 2, o->run_id);
+    if ((rc = prepare_filtered(db, sql, o, &st, "latency query", err))) return rc;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 64;
-            lat_row *nr = realloc(*rows, sizeof *nr * (size_t)cap);
-            if (!nr) {
-                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
-                goto cleanup;
-            }
-            *rows = nr;
-        }
+        if ((rc = grow((void **)rows, &cap, *n, sizeof **rows, 64, err))) goto cleanup;
         lat_row *x = &(*rows)[(*n)++];
         snprintf(x->shape, sizeof x->shape, "%s", (const char *)sqlite3_column_text(st, 0));
         snprintf(x->device, sizeof x->device, "%s", (const char *)sqlite3_column_text(st, 1));
@@ -841,24 +846,10 @@ static kvs_status gather_engine(sqlite3 *db, const kvs_report_opts *o, eng_row *
         " AND e.id IN (SELECT max(id) FROM engine_bench GROUP BY model_sha256, device, prompt_len,"
         " gen_tokens, threads, build_type, host_cpu)"
         " ORDER BY e.model, e.device, e.prompt_len, e.threads, e.build_type, e.gen_tokens, e.id";
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
-        return sql_fail(db, err, "engine_bench query");
-    if (o->experiment)
-        sqlite3_bind_text(st, 1, o->experiment, -1, SQLITE_STATIC);
-    else
-        sqlite3_bind_null(st, 1);
-    sqlite3_bind_int64(st, 2, o->run_id);
+    if ((rc = prepare_filtered(db, sql, o, &st, "engine_bench query", err))) return rc;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            eng_row *nr = realloc(*rows, sizeof *nr * (size_t)cap);
-            if (!nr) {
-                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
-                goto cleanup;
-            }
-            *rows = nr;
-        }
+        if ((rc = grow((void **)rows, &cap, *n, sizeof **rows, 16, err))) goto cleanup;
         eng_row *x = &(*rows)[(*n)++];
         snprintf(x->model, sizeof x->model, "%s", (const char *)sqlite3_column_text(st, 0));
         snprintf(x->build, sizeof x->build, "%s", (const char *)sqlite3_column_text(st, 1));

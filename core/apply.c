@@ -4,7 +4,8 @@
  * the plan asks for it, merge every evicted token into its most similar
  * kept token first (LOOK-M / MEDA, spec/methods.md).
  *
- * What it is: kvs_apply, kvs_merge_assign (cosine argmax of each evicted key
+ * What it is: kvs_apply / kvs_apply_into (threaded over (layer, KV head)
+ * units, re-using the output buffers of an earlier call), kvs_merge_assign (cosine argmax of each evicted key
  * over the kept keys of its head; tiled cblas_sgemm of evicted keys against
  * the unit-normalised kept keys, never an |E| x |C| buffer; ties go to the
  * lower kept slot; a zero key has cosine 0 with everything) and
@@ -18,7 +19,9 @@
 
 #include <assert.h>
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,92 +236,158 @@ static void gather_rows(const kvs_view *x, int h, const int32_t *kept, int B, fl
     }
 }
 
-kvs_status kvs_apply(const kvs_cache_view *in, const kvs_plan *plan, kvs_dense_cache *out,
-                     kvs_err *err) {
-    int32_t *assign = NULL;
+/* One (layer, KV head) unit of kvs_apply_into: gather, then merge. */
+typedef struct {
+    const kvs_cache_view *in;
+    const kvs_plan *plan;
+    kvs_dense_cache *out;
+    int32_t *assign; /* [threads][N] merge assignment scratch */
+    int n_kv_heads;
+    pthread_mutex_t lock; /* guards the first error below */
+    int bad_unit;         /* lowest failed unit, INT_MAX if none */
+    kvs_err bad_err;
+} apply_job;
+
+static void apply_unit(void *job, int tid, int u) {
+    apply_job *j = job;
+    const int l = u / j->n_kv_heads, h = u % j->n_kv_heads;
+    const kvs_layer *ly = &j->in->layers[l];
+    const int N = j->plan->n_tokens, B = j->plan->layers[l].budget, d = ly->k.head_dim;
+    const int32_t *kept = j->plan->layers[l].idx + (size_t)h * B;
+    kvs_dense_layer *dl = &j->out->layers[l];
+    float *kk = dl->k + (size_t)h * B * d, *vv = dl->v + (size_t)h * B * d; /* [B][d] */
+    gather_rows(&ly->k, h, kept, B, kk);
+    gather_rows(&ly->v, h, kept, B, vv);
+    if (j->plan->merge == KVS_MERGE_NONE || B == N) return;
+    int32_t *assign = j->assign + (size_t)tid * N; /* [N] */
+    kvs_err e = {0};
+    if (kvs_merge_assign(&ly->k, h, kept, B, assign, &e) == KVS_OK) {
+        kvs_merge_head(&ly->k, &ly->v, h, kept, B, assign, j->plan->merge, kk, vv);
+        return;
+    }
+    pthread_mutex_lock(&j->lock);
+    if (u < j->bad_unit) {
+        j->bad_unit = u;
+        j->bad_err = e;
+        kvs_err_prefix(&j->bad_err, "kvs_apply: layer %d", l);
+    }
+    pthread_mutex_unlock(&j->lock);
+}
+
+/* Makes out hold L layers of [Hkv][B_l][d] fp32 K and V, keeping the buffers
+ * of an earlier result that are large enough. */
+static kvs_status out_reserve(const kvs_cache_view *in, const kvs_plan *plan, kvs_dense_cache *out,
+                              kvs_err *err) {
+    const int L = plan->n_layers, Hkv = plan->n_kv_heads, N = plan->n_tokens;
+    if (out->layers && out->n_layers != L) kvs_dense_cache_free(out);
+    if (!out->layers) {
+        out->layers = calloc((size_t)L, sizeof *out->layers); /* [L] */
+        if (!out->layers) return kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: no memory for %d layers", L);
+        out->n_layers = L;
+    }
+    out->n_tokens = N;
+    free(out->modality);
+    out->modality = NULL;
+    if (in->modality) {
+        out->modality = malloc((size_t)N); /* [N] */
+        if (!out->modality) return kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: no memory for the modality mask");
+        memcpy(out->modality, in->modality, (size_t)N);
+    }
+    for (int l = 0; l < L; l++) {
+        const int B = plan->layers[l].budget, d = in->layers[l].k.head_dim;
+        kvs_dense_layer *dl = &out->layers[l];
+        const int64_t need = (int64_t)Hkv * B * d;
+        int64_t have = dl->cap > 0 ? dl->cap : (int64_t)dl->n_kv_heads * dl->n_tokens * dl->head_dim;
+        if (!dl->k || !dl->v || have < need) {
+            free(dl->k);
+            free(dl->v);
+            dl->k = malloc(sizeof(float) * (size_t)need); /* [Hkv][B][d] */
+            dl->v = malloc(sizeof(float) * (size_t)need); /* [Hkv][B][d] */
+            have = need;
+            if (!dl->k || !dl->v)
+                return kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: layer %d: no memory for %d x %d x %d",
+                                  l, Hkv, B, d);
+        }
+        free(dl->q); /* queries are not carried over */
+        dl->q = NULL;
+        dl->n_q_heads = dl->n_queries = 0;
+        dl->cap = have;
+        dl->n_tokens = B;
+        dl->n_kv_heads = Hkv;
+        dl->head_dim = d;
+    }
+    return KVS_OK;
+}
+
+kvs_status kvs_apply_into(const kvs_cache_view *in, const kvs_plan *plan, int threads,
+                          kvs_dense_cache *out, kvs_err *err) {
     kvs_status st = KVS_OK;
+    apply_job j = {.in = in, .plan = plan, .out = out, .bad_unit = INT_MAX};
+    int have_lock = 0;
     if (!in || !plan || !out) return kvs_errorf(err, KVS_ERR_INVALID, "kvs_apply: NULL argument");
-    memset(out, 0, sizeof *out);
     st = kvs_plan_check(plan, err);
     if (st) {
         kvs_err_prefix(err, "kvs_apply: plan of %.31s", plan->method);
-        return st;
+        goto cleanup;
     }
-    if (plan->merge < KVS_MERGE_NONE || plan->merge > KVS_MERGE_WEIGHTED)
-        return kvs_errorf(err, KVS_ERR_INVALID, "kvs_apply: plan of %s has unknown merge %d",
-                          plan->method, (int)plan->merge);
-    if (!in->layers || in->n_layers != plan->n_layers)
-        return kvs_errorf(err, KVS_ERR_INVALID, "kvs_apply: cache has %d layers, plan of %s has %d",
-                          in->n_layers, plan->method, plan->n_layers);
+    if (plan->merge < KVS_MERGE_NONE || plan->merge > KVS_MERGE_WEIGHTED) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "kvs_apply: plan of %s has unknown merge %d",
+                        plan->method, (int)plan->merge);
+        goto cleanup;
+    }
+    if (!in->layers || in->n_layers != plan->n_layers) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "kvs_apply: cache has %d layers, plan of %s has %d",
+                        in->n_layers, plan->method, plan->n_layers);
+        goto cleanup;
+    }
     const int L = in->n_layers, N = plan->n_tokens, Hkv = plan->n_kv_heads;
     for (int l = 0; l < L; l++) {
         const kvs_layer *ly = &in->layers[l];
         char what[64];
         snprintf(what, sizeof what, "kvs_apply: layer %d: k", l);
-        if ((st = check_host_view(&ly->k, what, err))) return st;
+        if ((st = check_host_view(&ly->k, what, err))) goto cleanup;
         snprintf(what, sizeof what, "kvs_apply: layer %d: v", l);
-        if ((st = check_host_view(&ly->v, what, err))) return st;
+        if ((st = check_host_view(&ly->v, what, err))) goto cleanup;
         if (ly->k.n_heads != Hkv || ly->v.n_heads != Hkv || ly->k.n_tokens != N ||
-            ly->v.n_tokens != N || ly->v.head_dim != ly->k.head_dim)
-            return kvs_errorf(err, KVS_ERR_INVALID,
-                              "kvs_apply: layer %d: k [%d][%d][%d] / v [%d][%d][%d] do not match "
-                              "the plan (Hkv = %d, N = %d)", l, ly->k.n_heads, ly->k.n_tokens,
-                              ly->k.head_dim, ly->v.n_heads, ly->v.n_tokens, ly->v.head_dim, Hkv, N);
-    }
-
-    out->layers = calloc((size_t)L, sizeof *out->layers); /* [L] */
-    if (!out->layers) {
-        st = kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: no memory for %d layers", L);
-        goto cleanup;
-    }
-    out->n_layers = L;
-    out->n_tokens = N;
-    if (in->modality) {
-        out->modality = malloc((size_t)N); /* [N] */
-        if (!out->modality) {
-            st = kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: no memory for the modality mask");
+            ly->v.n_tokens != N || ly->v.head_dim != ly->k.head_dim) {
+            st = kvs_errorf(err, KVS_ERR_INVALID,
+                            "kvs_apply: layer %d: k [%d][%d][%d] / v [%d][%d][%d] do not match "
+                            "the plan (Hkv = %d, N = %d)", l, ly->k.n_heads, ly->k.n_tokens,
+                            ly->k.head_dim, ly->v.n_heads, ly->v.n_tokens, ly->v.head_dim, Hkv, N);
             goto cleanup;
         }
-        memcpy(out->modality, in->modality, (size_t)N);
     }
+    if ((st = out_reserve(in, plan, out, err))) goto cleanup;
+
+    const int nt = kvs_parallel_threads(threads, L * Hkv);
     if (plan->merge != KVS_MERGE_NONE) {
-        assign = malloc(sizeof(int32_t) * (size_t)N); /* [N] */
-        if (!assign) {
+        j.assign = malloc(sizeof(int32_t) * (size_t)nt * (size_t)N); /* [nt][N] */
+        if (!j.assign) {
             st = kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: no memory for the merge assignment");
             goto cleanup;
         }
     }
-    for (int l = 0; l < L; l++) {
-        const kvs_layer *ly = &in->layers[l];
-        const int B = plan->layers[l].budget, d = ly->k.head_dim;
-        kvs_dense_layer *dl = &out->layers[l];
-        dl->n_tokens = B;
-        dl->n_kv_heads = Hkv;
-        dl->head_dim = d;
-        dl->k = malloc(sizeof(float) * (size_t)Hkv * (size_t)B * (size_t)d); /* [Hkv][B][d] */
-        dl->v = malloc(sizeof(float) * (size_t)Hkv * (size_t)B * (size_t)d); /* [Hkv][B][d] */
-        if (!dl->k || !dl->v) {
-            st = kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: layer %d: no memory for %d x %d x %d",
-                            l, Hkv, B, d);
-            goto cleanup;
-        }
-        for (int h = 0; h < Hkv; h++) {
-            const int32_t *kept = plan->layers[l].idx + (size_t)h * B;
-            float *kk = dl->k + (size_t)h * B * d, *vv = dl->v + (size_t)h * B * d;
-            gather_rows(&ly->k, h, kept, B, kk);
-            gather_rows(&ly->v, h, kept, B, vv);
-            if (plan->merge != KVS_MERGE_NONE && B < N) {
-                st = kvs_merge_assign(&ly->k, h, kept, B, assign, err);
-                if (st) {
-                    kvs_err_prefix(err, "kvs_apply: layer %d", l);
-                    goto cleanup;
-                }
-                kvs_merge_head(&ly->k, &ly->v, h, kept, B, assign, plan->merge, kk, vv);
-            }
-        }
+    j.n_kv_heads = Hkv;
+    if (pthread_mutex_init(&j.lock, NULL) != 0) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: could not create a mutex");
+        goto cleanup;
+    }
+    have_lock = 1;
+    if ((st = kvs_parallel_run(&j, apply_unit, L * Hkv, nt, "kvs_apply", err))) goto cleanup;
+    if (j.bad_unit != INT_MAX) {
+        st = j.bad_err.code != KVS_OK ? j.bad_err.code : KVS_ERR_INTERNAL;
+        if (err) *err = j.bad_err;
     }
 cleanup:
-    free(assign);
-    if (st) kvs_dense_cache_free(out);
+    if (have_lock) pthread_mutex_destroy(&j.lock);
+    free(j.assign);
+    if (st && out) kvs_dense_cache_free(out);
     return st;
+}
+
+kvs_status kvs_apply(const kvs_cache_view *in, const kvs_plan *plan, kvs_dense_cache *out,
+                     kvs_err *err) {
+    if (!out) return kvs_errorf(err, KVS_ERR_INVALID, "kvs_apply: NULL argument");
+    memset(out, 0, sizeof *out);
+    return kvs_apply_into(in, plan, 1, out, err);
 }

@@ -27,12 +27,12 @@
  * kvs_attn_stats_fused holds the rows of ALL Hq heads per block (up to
  * FUSED_ROWS stacked rows) so it also gets the head-averaged entropies.
  *
- * Threads: pthreads pull work units from an atomic counter. Every result is
+ * Threads: kvs_parallel_run (parallel.c) hands out work units. Every result is
  * independent of the thread count: the lse and entropy units own disjoint
  * rows; colsum splits each KV head's rows into a FIXED number of slabs
  * (depending on the shapes only) with one [N] double accumulator each,
  * reduced in slab order at the end. OpenBLAS is set to one thread for the
- * duration of a call and restored afterwards.
+ * duration of a call and restored afterwards (kvs_parallel_run does it).
  *
  * Decisions (to be listed in docs/methods.md): for the cross-modal entropies "image"
  * means the visual modalities KVS_MOD_IMAGE and KVS_MOD_VIDEO; audio rows and
@@ -49,8 +49,6 @@
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -278,91 +276,6 @@ static inline void mask_tail(float *s, int nv, int wp) {
     for (int j = nv; j < wp; j++) s[j] = MASKED;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Thread pool: workers pull unit indices from an atomic counter             */
-/* ------------------------------------------------------------------------ */
-
-typedef void (*unit_fn)(void *job, int tid, int unit);
-
-typedef struct {
-    void *job;
-    unit_fn fn;
-    int n_units;
-    atomic_int next;
-} pool_job;
-
-typedef struct {
-    pool_job *pj;
-    int tid;
-} pool_arg;
-
-static void *pool_worker(void *arg) {
-    pool_arg *a = arg;
-    for (;;) {
-        int u = atomic_fetch_add(&a->pj->next, 1);
-        if (u >= a->pj->n_units) break;
-        a->pj->fn(a->pj->job, a->tid, u);
-    }
-    return NULL;
-}
-
-/* Runs fn over units [0, n_units) on `threads` threads (the caller is thread
- * 0). Scratch for each tid must exist before. */
-static kvs_status pool_run(void *job, unit_fn fn, int n_units, int threads, const char *fname,
-                           kvs_err *err) {
-    pool_job pj = {.job = job, .fn = fn, .n_units = n_units};
-    atomic_init(&pj.next, 0);
-    pthread_t tids[64];
-    pool_arg args[64];
-    assert(threads >= 1 && threads <= 64);
-    int started = 0, failed_at = -1;
-    for (int t = 1; t < threads; t++) {
-        args[t].pj = &pj;
-        args[t].tid = t;
-        if (pthread_create(&tids[t], NULL, pool_worker, &args[t]) != 0) {
-            failed_at = t;
-            break;
-        }
-        started = t;
-    }
-    args[0].pj = &pj;
-    args[0].tid = 0;
-    pool_worker(&args[0]);
-    for (int t = 1; t <= started; t++) pthread_join(tids[t], NULL);
-    if (failed_at >= 0)
-        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: could not start worker thread %d of %d", fname,
-                          failed_at, threads);
-    return KVS_OK;
-}
-
-static int clamp_threads(int threads, int n_units) {
-    if (threads < 1) threads = 1;
-    if (threads > 64) threads = 64;
-    if (n_units >= 1 && threads > n_units) threads = n_units;
-    return threads;
-}
-
-/* OpenBLAS runs single-threaded inside our calls (our own threads, and
- * results that do not depend on its thread count); restored on exit. */
-static int blas_single_begin(void) {
-    int saved = openblas_get_num_threads();
-    if (saved != 1) openblas_set_num_threads(1);
-    return saved;
-}
-static void blas_single_end(int saved) {
-    if (saved != 1) openblas_set_num_threads(saved);
-}
-
-/* pool_run with OpenBLAS single-threaded for the duration of the run (and
- * its thread count restored before returning, also on error). */
-static kvs_status run_units(void *job, unit_fn fn, int n_units, int threads, const char *fname,
-                            kvs_err *err) {
-    const int blas = blas_single_begin();
-    const kvs_status st = pool_run(job, fn, n_units, threads, fname, err);
-    blas_single_end(blas);
-    return st;
-}
-
 /* After a pass that wrote lse [Hq][Nq]: KVS_ERR_NUMERIC naming fn, the query
  * head and row of the first non-finite value (row-major order). */
 static kvs_status lse_check_finite(const attn_ctx *c, const float *lse, const char *fn,
@@ -492,14 +405,14 @@ kvs_status kvs_attn_lse(const kvs_view *q, const kvs_view *k, float *lse, int th
     }
     if (c.Nq == 0) goto cleanup;
     const int n_units = c.Hkv * c.nb;
-    nt = clamp_threads(threads, n_units);
+    nt = kvs_parallel_threads(threads, n_units);
     sc = scratch_alloc(nt, c.G * c.tq, c.G * c.tq, c.d, 0);
     if (!sc) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for tile scratch (%d threads)", fn, nt);
         goto cleanup;
     }
     lse_job J = {.c = &c, .sc = sc, .lse = lse};
-    st = run_units(&J, lse_unit, n_units, nt, fn, err);
+    st = kvs_parallel_run(&J, lse_unit, n_units, nt, fn, err);
     if (st) goto cleanup;
     st = lse_check_finite(&c, lse, fn, err);
 cleanup:
@@ -640,7 +553,7 @@ kvs_status kvs_attn_colsum(const kvs_view *q, const kvs_view *k, const float *ls
     J.n_slab = make_slabs(&c, J.slab_b0);
     J.acc = calloc((size_t)c.Hkv * (size_t)J.n_slab * (size_t)c.N, sizeof(double));
     const int n_units = c.Hkv * J.n_slab;
-    nt = clamp_threads(threads, n_units);
+    nt = kvs_parallel_threads(threads, n_units);
     sc = scratch_alloc(nt, c.G * c.tq, c.G * c.tq, c.d, 0);
     if (!J.acc || !sc) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for accumulators (%d x %d x %d)", fn,
@@ -648,7 +561,7 @@ kvs_status kvs_attn_colsum(const kvs_view *q, const kvs_view *k, const float *ls
         goto cleanup;
     }
     J.sc = sc;
-    st = run_units(&J, colsum_unit, n_units, nt, fn, err);
+    st = kvs_parallel_run(&J, colsum_unit, n_units, nt, fn, err);
     if (st) goto cleanup;
     reduce_slabs(&c, J.acc, J.n_slab, (size_t)J.n_slab * c.N, (size_t)c.N, colsum);
 cleanup:
@@ -805,7 +718,7 @@ kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *ls
     J.row_entropy = row_entropy;
     J.n_slab = make_slabs(&c, J.slab_b0);
     const int n_units = c.Hkv * J.n_slab;
-    nt = clamp_threads(threads, n_units);
+    nt = kvs_parallel_threads(threads, n_units);
     const size_t M = (size_t)c.G * (size_t)c.tq;
     J.acc = calloc((size_t)c.Hkv * (size_t)J.n_slab * (size_t)c.N, sizeof(double));
     J.big = malloc(sizeof(float) * (size_t)nt * M * (size_t)J.ld);    /* [nt][M][ld] */
@@ -818,7 +731,7 @@ kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *ls
         goto cleanup;
     }
     J.sc = sc;
-    st = run_units(&J, fused_unit, n_units, nt, fn, err);
+    st = kvs_parallel_run(&J, fused_unit, n_units, nt, fn, err);
     if (st) goto cleanup;
     st = lse_check_finite(&c, lse, fn, err);
     if (st) goto cleanup;
@@ -1055,14 +968,14 @@ kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float 
     J.c = &c;
     J.lse = lse;
     const int re_ok = row_stats_alloc(&J.re, c.Nq);
-    nt = clamp_threads(threads, c.nb);
+    nt = kvs_parallel_threads(threads, c.nb);
     sc = scratch_alloc(nt, c.Hq * c.tq, c.G * c.tq, c.d, c.tq);
     if (!re_ok || !sc) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for row statistics (Nq = %d)", fn, c.Nq);
         goto cleanup;
     }
     J.sc = sc;
-    st = run_units(&J, ent_unit, c.nb, nt, fn, err);
+    st = kvs_parallel_run(&J, ent_unit, c.nb, nt, fn, err);
     if (st) goto cleanup;
     st = ent_reduce(&J.re, c.Nq, out, fn, err);
 cleanup:
@@ -1203,7 +1116,7 @@ kvs_status kvs_attn_stats_fused(const kvs_view *q, const kvs_view *k, const uint
     J.lse = lse;
     J.row_entropy = row_entropy;
     J.n_slab = make_slabs(&c, J.slab_b0);
-    nt = clamp_threads(threads, J.n_slab);
+    nt = kvs_parallel_threads(threads, J.n_slab);
     const size_t rows = (size_t)c.Hq * (size_t)c.tq;
     const int re_ok = row_stats_alloc(&J.re, c.Nq);
     J.big = malloc(sizeof(float) * (size_t)nt * rows * (size_t)J.ld); /* [nt][Hq*tq][ld] */
@@ -1219,7 +1132,7 @@ kvs_status kvs_attn_stats_fused(const kvs_view *q, const kvs_view *k, const uint
         goto cleanup;
     }
     J.sc = sc;
-    st = run_units(&J, stats_unit, J.n_slab, nt, fn, err);
+    st = kvs_parallel_run(&J, stats_unit, J.n_slab, nt, fn, err);
     if (st) goto cleanup;
     st = lse_check_finite(&c, lse, fn, err);
     if (st) goto cleanup;

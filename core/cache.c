@@ -1,15 +1,20 @@
 /*
  * cache.c -- validation of a prompt's cache view, and the owned dense cache.
  *
- * What it is: kvs_cache_validate (every shape rule a method may rely on, plus
- * the K/V/Q finiteness scan on host views), kvs_dense_cache_free and the view
- * on an uncompressed dense cache.
+ * What it is: kvs_cache_validate = kvs_cache_check_shape (every shape rule a
+ * method may rely on) + kvs_cache_check_finite (the K/V/Q NaN/Inf scan of
+ * host views, threaded: it is the one pass over every byte of the cache, the
+ * largest cost of the cheap methods), kvs_dense_cache_free and the view on an
+ * uncompressed dense cache.
  * What it is not: no loading (formats/), no compaction (apply.c). CUDA views
  * are shape-checked only: their finiteness is the device path's job, since
  * this file never dereferences device memory.
  */
 #include "kvsieve.h"
 
+#include <assert.h>
+#include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +51,7 @@ static kvs_status check_view(const kvs_view *v, const char *what, int l, kvs_err
     return KVS_OK;
 }
 
-kvs_status kvs_cache_validate_for(const kvs_cache_view *c, unsigned needs, kvs_shape *shape, kvs_err *err) {
+kvs_status kvs_cache_check_shape(const kvs_cache_view *c, kvs_shape *shape, kvs_err *err) {
     kvs_status st;
     if (!c) return kvs_errorf(err, KVS_ERR_INVALID, "cache view is NULL");
     if (c->n_layers < 1)
@@ -137,24 +142,86 @@ kvs_status kvs_cache_validate_for(const kvs_cache_view *c, unsigned needs, kvs_s
                                   "2 video, 3 audio)",
                                   n, (int)c->modality[n]);
     }
-    /* finiteness last: it is the only pass that reads every element */
-    for (int l = 0; l < c->n_layers; l++) {
-        const kvs_layer *ly = &c->layers[l];
-        if (ly->k.device != KVS_HOST) continue; /* device views: see file comment */
-        if ((st = kvs_view_check_finite(&ly->k, "K", err)) ||
-            (st = kvs_view_check_finite(&ly->v, "V", err)) ||
-            (ly->q.data && (needs & (KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW)) &&
-             (st = kvs_view_check_finite(&ly->q, "Q", err)))) {
-            kvs_err_prefix(err, "layer %d", l);
-            return st;
-        }
-    }
     if (shape) *shape = s;
     return KVS_OK;
 }
 
+/* ---- finiteness: one unit per (layer, K|V|Q, head), in that order --------- */
+
+typedef struct {
+    const kvs_cache_view *c;
+    int q_rows;           /* query rows scanned per layer (the last ones) */
+    int hkv, hq;          /* hq = 0 when no query rows are scanned */
+    atomic_int first_bad; /* lowest unit holding a NaN/Inf; INT_MAX if none */
+} finite_job;
+
+/* The whole tensor (0 K, 1 V, 2 Q: its last q_rows rows) of layer l. */
+static kvs_view tensor_view(const finite_job *j, int l, int t) {
+    const kvs_layer *ly = &j->c->layers[l];
+    kvs_view v = t == 0 ? ly->k : t == 1 ? ly->v : ly->q;
+    if (t == 2) {
+        const int rows = j->q_rows < v.n_tokens ? j->q_rows : v.n_tokens;
+        v.data = (const char *)v.data +
+                 (size_t)(v.n_tokens - rows) * (size_t)v.s_tok * kvs_dtype_size(v.dtype);
+        v.n_tokens = rows;
+    }
+    return v;
+}
+
+static void unit_split(const finite_job *j, int u, int *l, int *t, int *h) {
+    const int per = 2 * j->hkv + j->hq, r = u % per;
+    *l = u / per;
+    *t = r < j->hkv ? 0 : r < 2 * j->hkv ? 1 : 2;
+    *h = *t == 2 ? r - 2 * j->hkv : r % j->hkv;
+}
+
+static void finite_unit(void *job, int tid, int u) {
+    (void)tid;
+    finite_job *j = job;
+    if (u > atomic_load(&j->first_bad)) return; /* an earlier unit already failed */
+    int l, t, h;
+    unit_split(j, u, &l, &t, &h);
+    kvs_view v = tensor_view(j, l, t);
+    if (v.device != KVS_HOST) return;
+    v.data = (const char *)v.data + (size_t)h * (size_t)v.s_head * kvs_dtype_size(v.dtype);
+    v.n_heads = 1;
+    if (kvs_view_check_finite(&v, "x", NULL) == KVS_OK) return;
+    int cur = atomic_load(&j->first_bad);
+    while (u < cur && !atomic_compare_exchange_weak(&j->first_bad, &cur, u)) {
+    }
+}
+
+kvs_status kvs_cache_check_finite(const kvs_cache_view *c, int q_rows, int threads, kvs_err *err) {
+    if (!c || c->n_layers < 1 || !c->layers)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "kvs_cache_check_finite: no layers (check the shape first)");
+    const kvs_layer *l0 = &c->layers[0];
+    finite_job j = {.c = c, .q_rows = l0->q.data && q_rows > 0 ? q_rows : 0, .hkv = l0->k.n_heads};
+    j.hq = j.q_rows > 0 ? l0->q.n_heads : 0;
+    atomic_init(&j.first_bad, INT_MAX);
+    kvs_status st = kvs_parallel_run(&j, finite_unit, c->n_layers * (2 * j.hkv + j.hq), threads,
+                                     "cache finiteness check", err);
+    if (st) return st;
+    const int bad = atomic_load(&j.first_bad);
+    if (bad == INT_MAX) return KVS_OK;
+    /* Re-scan the first bad unit's whole tensor serially: the message names
+     * the head, token and channel exactly as a serial scan would. */
+    int l, t, h;
+    unit_split(&j, bad, &l, &t, &h);
+    const kvs_view v = tensor_view(&j, l, t);
+    st = kvs_view_check_finite(&v, t == 0 ? "K" : t == 1 ? "V" : "Q", err);
+    assert(st != KVS_OK);
+    kvs_err_prefix(err, "layer %d", l);
+    return st;
+}
+
 kvs_status kvs_cache_validate(const kvs_cache_view *c, kvs_shape *shape, kvs_err *err) {
-    return kvs_cache_validate_for(c, KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW, shape, err);
+    kvs_shape s;
+    kvs_status st = kvs_cache_check_shape(c, &s, err);
+    if (st) return st;
+    if ((st = kvs_cache_check_finite(c, s.n_queries, 1, err))) return st;
+    if (shape) *shape = s;
+    return KVS_OK;
 }
 
 void kvs_dense_cache_free(kvs_dense_cache *c) {

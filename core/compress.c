@@ -30,23 +30,16 @@ kvs_status kvs_compress(const kvs_method *m, const kvs_params *p, const kvs_cach
                           p->n, m->n_params);
 
     kvs_shape shape;
-    /* Shapes and K/V values first; then only the query rows the method reads
-     * (SnapKV reads the last w of a cache that may hold all N). */
-    if ((st = kvs_cache_validate_for(c, 0, &shape, err))) goto cleanup;
-    if ((m->needs & (KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW)) && shape.n_queries > 0 &&
-        c->layers[0].q.device == KVS_HOST) {
-        int want = m->queries_wanted ? m->queries_wanted(p, shape.n_tokens) : shape.n_queries;
-        if (want < 1 || want > shape.n_queries) want = shape.n_queries;
-        for (int l = 0; l < shape.n_layers; l++) {
-            kvs_view q = c->layers[l].q; /* its last `want` rows */
-            q.data = (const char *)q.data + (size_t)(q.n_tokens - want) * (size_t)q.s_tok * kvs_dtype_size(q.dtype);
-            q.n_tokens = want;
-            if ((st = kvs_view_check_finite(&q, "Q", err))) {
-                kvs_err_prefix(err, "layer %d", l);
-                goto cleanup;
-            }
-        }
+    /* Shapes, then one threaded NaN/Inf pass over K, V and only the query
+     * rows the method reads (SnapKV reads the last w of a cache that may
+     * hold all N; full / random / StreamingLLM read none). */
+    if ((st = kvs_cache_check_shape(c, &shape, err))) goto cleanup;
+    int q_rows = 0;
+    if ((m->needs & (KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW)) && shape.n_queries > 0) {
+        q_rows = m->queries_wanted ? m->queries_wanted(p, shape.n_tokens) : shape.n_queries;
+        if (q_rows < 1 || q_rows > shape.n_queries) q_rows = shape.n_queries;
     }
+    if ((st = kvs_cache_check_finite(c, q_rows, threads, err))) goto cleanup;
     shape.threads = threads >= 1 ? threads : 1;
     const int L = shape.n_layers, N = shape.n_tokens;
 

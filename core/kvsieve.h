@@ -142,20 +142,29 @@ typedef struct {
 /* Checks that all layers agree (N, Hkv, d; Hq multiple of Hkv; Nq <= N),
  * N > 0, and K/V/Q finite. Fills *shape. Messages name the layer. */
 kvs_status kvs_cache_validate(const kvs_cache_view *c, kvs_shape *shape, kvs_err *err);
-/* The same checks, but the queries' values are scanned for NaN/Inf only when
- * `needs` (a method's KVS_NEED_* bits) says they are read: kvs_compress uses
- * this so that a method that ignores Q does not pay a pass over it. */
-kvs_status kvs_cache_validate_for(const kvs_cache_view *c, unsigned needs, kvs_shape *shape, kvs_err *err);
+/* The two halves of kvs_cache_validate, for callers that read only part of
+ * the values (kvs_compress scans only the query rows the method reads):
+ * kvs_cache_check_shape applies every shape rule and reads no K/V/Q value;
+ * kvs_cache_check_finite scans every host K and V and the LAST q_rows query
+ * rows of each layer (0: none; capped at Nq) for NaN/Inf on `threads`
+ * threads. Its error names the first bad value in (layer, K|V|Q, head, token,
+ * channel) order, whatever the thread count. CUDA views are skipped (their
+ * scan is the device path's job). */
+kvs_status kvs_cache_check_shape(const kvs_cache_view *c, kvs_shape *shape, kvs_err *err);
+kvs_status kvs_cache_check_finite(const kvs_cache_view *c, int q_rows, int threads, kvs_err *err);
 
 /* ------------------------------------------------------------------------ */
 /* Owned dense cache (what formats/ loads and apply writes)                  */
 /* ------------------------------------------------------------------------ */
 
 /* Owned fp32 storage for one layer; budgets may differ across layers.
- * k, v are [Hkv][n_tokens][d]; q is [Hq][n_queries][d] or NULL. */
+ * k, v are [Hkv][n_tokens][d]; q is [Hq][n_queries][d] or NULL. cap is the
+ * number of floats allocated in k and in v each (kvs_apply_into reuses
+ * buffers that are large enough); 0 means exactly Hkv * n_tokens * d. */
 typedef struct {
     int n_tokens, n_kv_heads, head_dim;
     float *k, *v;
+    int64_t cap;
     int n_q_heads, n_queries;
     float *q;
 } kvs_dense_layer;
@@ -324,6 +333,14 @@ kvs_status kvs_compress(const kvs_method *m, const kvs_params *p, const kvs_cach
  * Queries are not carried over. out->n_tokens = N, modality copied. */
 kvs_status kvs_apply(const kvs_cache_view *in, const kvs_plan *plan, kvs_dense_cache *out,
                      kvs_err *err);
+/* kvs_apply on `threads` threads over (layer, KV head) units, writing into
+ * out's buffers where they are large enough: out must be zeroed or hold the
+ * result of an earlier kvs_apply / kvs_apply_into (a benchmark or an engine
+ * applying plan after plan then pays no page faults for fresh buffers). The
+ * result is the same as kvs_apply's whatever the thread count. On error out
+ * is freed (zeroed). */
+kvs_status kvs_apply_into(const kvs_cache_view *in, const kvs_plan *plan, int threads,
+                          kvs_dense_cache *out, kvs_err *err);
 
 /* The assignment alone, for one head: for every token n not in kept[0..B),
  * assign[n] = slot in [0, B) of its most cosine-similar kept key; for kept
@@ -446,6 +463,24 @@ double kvs_rng_normal(uint64_t *state);  /* standard normal */
 /* Case-insensitive Levenshtein distance of two names, for "did you mean"
  * suggestions; names longer than 63 characters count as very far (1000). */
 int kvs_edit_distance(const char *a, const char *b);
+
+/* ------------------------------------------------------------------------ */
+/* Threads                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* One unit of a parallel job; tid in [0, threads) names the worker (for
+ * per-worker scratch), unit in [0, n_units). */
+typedef void (*kvs_unit_fn)(void *job, int tid, int unit);
+/* Runs fn for every unit on min(threads, n_units, 64) threads, the caller
+ * being worker 0; units start in increasing order (an atomic counter), so
+ * uneven units balance. Every unit runs, even if a worker thread could not be
+ * started; that case then returns KVS_ERR_NOMEM naming `what`. Results must
+ * not depend on which worker ran a unit. */
+kvs_status kvs_parallel_run(void *job, kvs_unit_fn fn, int n_units, int threads, const char *what,
+                            kvs_err *err);
+/* The worker count kvs_parallel_run will use: threads clamped to
+ * [1, min(64, n_units)] (n_units < 1: to [1, 64]). Size scratch with it. */
+int kvs_parallel_threads(int threads, int n_units);
 
 #ifdef __cplusplus
 }

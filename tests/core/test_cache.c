@@ -1,7 +1,8 @@
 /*
  * test_cache.c -- kvs_cache_validate (valid shapes fill kvs_shape; every rule
  * violated once, with the message naming the layer / head / token), and the
- * dense cache: view on an uncompressed one, refusal on a compressed one, free.
+ * dense cache: view on an uncompressed one, refusal on a compressed one, free;
+ * the threaded finiteness scan reports the same first bad value on 1-5 threads.
  */
 #include "kvsieve.h"
 #include "test_util.h"
@@ -184,9 +185,46 @@ static void test_dense(void) {
     kvs_dense_cache_free(&dc); /* harmless twice */
 }
 
+/* kvs_cache_check_finite on 1-5 threads: several bad values at once, the
+ * message always names the first in (layer, K|V|Q, head, token) order; only
+ * the last q_rows query rows are scanned. */
+static void test_finite_threads(void) {
+    for (int t = 1; t <= 5; t++) {
+        kvs_cache_view c = make_cache(1);
+        CHECK_OK(kvs_cache_check_finite(&c, NQ, t, e), e);
+        V[2][1][0][0] = NAN;
+        Q[1][0][4][1] = INFINITY;
+        V[1][1][9][2] = -INFINITY;
+        K[1][1][3][0] = NAN; /* first in order: layer 1, K before V and Q */
+        CHECK_FAILS(kvs_cache_check_finite(&c, NQ, t, e), KVS_ERR_NUMERIC, e,
+                    "layer 1: K head 1 token 3 channel 0 is NaN");
+        K[1][1][3][0] = 0;
+        CHECK_FAILS(kvs_cache_check_finite(&c, NQ, t, e), KVS_ERR_NUMERIC, e,
+                    "layer 1: V head 1 token 9 channel 2 is -Inf");
+        V[1][1][9][2] = 0;
+        CHECK_FAILS(kvs_cache_check_finite(&c, NQ, t, e), KVS_ERR_NUMERIC, e,
+                    "layer 1: Q head 0 token 4 channel 1 is +Inf");
+        /* q_rows = 0: queries not read; the V of layer 2 is next */
+        CHECK_FAILS(kvs_cache_check_finite(&c, 0, t, e), KVS_ERR_NUMERIC, e,
+                    "layer 2: V head 1 token 0 channel 0 is NaN");
+        V[2][1][0][0] = 0;
+        /* a bad query row outside the last 2 rows is not read; inside it is,
+         * and the token counts within the scanned rows */
+        CHECK_OK(kvs_cache_check_finite(&c, 0, t, e), e);
+        Q[1][0][4][1] = 0;
+        Q[0][2][1][3] = NAN;
+        CHECK_OK(kvs_cache_check_finite(&c, 2, t, e), e);
+        CHECK_FAILS(kvs_cache_check_finite(&c, 4, t, e), KVS_ERR_NUMERIC, e,
+                    "layer 0: Q head 2 token 0 channel 3 is NaN");
+        CHECK_FAILS(kvs_cache_check_finite(&c, 99, t, e), KVS_ERR_NUMERIC, e,
+                    "layer 0: Q head 2 token 1 channel 3 is NaN");
+    }
+}
+
 int main(void) {
     test_valid();
     test_errors();
     test_dense();
+    test_finite_threads();
     return kvs_test_finish("core_cache");
 }

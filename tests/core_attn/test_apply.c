@@ -3,7 +3,8 @@
  * (hand case, ties to the lower kept slot also across similarity tiles,
  * zero keys, random shapes vs a brute-force double argmax), the three merge
  * formulas on a hand-computed case (numbers worked out by hand below), merge
- * through kvs_apply with an fp16 cache, and the error paths.
+ * through kvs_apply with an fp16 cache, the error paths, and kvs_apply_into
+ * (threads, buffer re-use) against kvs_apply.
  */
 #include "kvsieve.h"
 #include "test_util.h"
@@ -278,6 +279,66 @@ static void test_assign_errors(void) {
     CHECK_FAILS(kvs_merge_assign(&k, 0, ok, 2, a, err), KVS_ERR_NUMERIC, err, "token 3");
 }
 
+/* kvs_apply_into on 1-5 threads, into one output re-used across plans of
+ * growing and shrinking budgets, is bit-identical to a fresh kvs_apply, for
+ * fp32 and fp16 caches and every merge; a smaller plan keeps the buffers. */
+static void test_apply_into_threads(void) {
+    kvs_err errs = {0}, *err = &errs;
+    enum { L = 3, H = 3, N = 97, d = 8 };
+    static float kf[L][H * N * d], vf[L][H * N * d];
+    static uint16_t kh[L][H * N * d], vh[L][H * N * d];
+    uint64_t rng = 5;
+    for (int l = 0; l < L; l++)
+        for (int x = 0; x < H * N * d; x++) {
+            kf[l][x] = (float)kvs_rng_normal(&rng);
+            vf[l][x] = (float)kvs_rng_normal(&rng);
+            kh[l][x] = kvs_f32_to_f16(kf[l][x]);
+            vh[l][x] = kvs_f32_to_f16(vf[l][x]);
+        }
+    for (int half = 0; half < 2; half++) {
+        kvs_layer layers[L];
+        for (int l = 0; l < L; l++) {
+            layers[l].k = half ? kvs_view_make(kh[l], KVS_F16, H, N, d) : kvs_view_make(kf[l], KVS_F32, H, N, d);
+            layers[l].v = half ? kvs_view_make(vh[l], KVS_F16, H, N, d) : kvs_view_make(vf[l], KVS_F32, H, N, d);
+            layers[l].q = kvs_view_make(NULL, KVS_F32, H, 0, d);
+        }
+        kvs_cache_view cv = {.n_layers = L, .layers = layers, .modality = NULL};
+        for (int t = 1; t <= 5; t += 2) {
+            kvs_dense_cache out;
+            memset(&out, 0, sizeof out);
+            const int rounds[4][L] = {{10, 50, 97}, {5, 20, 40}, {60, 97, 30}, {1, 2, 3}};
+            for (int r = 0; r < 4; r++) {
+                kvs_plan plan;
+                CHECK_OK(kvs_plan_init(&plan, "rand", L, H, N, rounds[r], err), err);
+                for (int l = 0; l < L; l++)
+                    for (int h = 0; h < H; h++) { /* a random sorted subset */
+                        int32_t *idx = plan.layers[l].idx + (size_t)h * rounds[r][l];
+                        int need = rounds[r][l], got = 0;
+                        for (int n = 0; n < N; n++)
+                            if (kvs_rng_uniform(&rng) * (N - n) < need - got) idx[got++] = n;
+                        CHECK_EQ_INT(got, need);
+                    }
+                plan.merge = (kvs_merge)(r % 4); /* none, pivotal, average, weighted */
+                kvs_dense_cache ref;
+                CHECK_OK(kvs_apply(&cv, &plan, &ref, err), err);
+                float *k1 = out.layers ? out.layers[1].k : NULL;
+                CHECK_OK(kvs_apply_into(&cv, &plan, t, &out, err), err);
+                if (r == 1) CHECK(out.layers[1].k == k1); /* smaller: re-used */
+                CHECK_EQ_INT(out.n_layers, L);
+                for (int l = 0; l < L; l++) {
+                    const size_t n = (size_t)H * rounds[r][l] * d;
+                    CHECK_EQ_INT(out.layers[l].n_tokens, rounds[r][l]);
+                    CHECK(memcmp(out.layers[l].k, ref.layers[l].k, n * sizeof(float)) == 0);
+                    CHECK(memcmp(out.layers[l].v, ref.layers[l].v, n * sizeof(float)) == 0);
+                }
+                kvs_dense_cache_free(&ref);
+                kvs_plan_free(&plan);
+            }
+            kvs_dense_cache_free(&out);
+        }
+    }
+}
+
 int main(void) {
     test_compaction_hand();
     test_merge_formulas_hand();
@@ -285,5 +346,6 @@ int main(void) {
     test_assign_ties();
     test_assign_random();
     test_assign_errors();
+    test_apply_into_threads();
     return kvs_test_finish("core_attn_apply");
 }

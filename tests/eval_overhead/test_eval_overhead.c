@@ -122,7 +122,7 @@ static void test_run_and_resume(void) {
                  4);
     CHECK_EQ_INT(q1(h, "SELECT count(*) FROM results r JOIN cells c ON c.key = r.cell_key WHERE "
                        "c.method IN ('full','random','streamingllm') AND r.note LIKE "
-                       "'%dominant=gather of kept rows%'"),
+                       "'%dominant=cache read + gather%'"),
                  12);
     /* bytes moved, hand-checked (tiny: L 2, Hq 4, Hkv 2, d 16):
      *   full, N 64, F32:  K+V read 2*2*2*64*16*4 = 32768, written fp32 32768

@@ -1,0 +1,81 @@
+/*
+ * parallel.c -- the one thread pool of core: run independent work units.
+ *
+ * What it is: kvs_parallel_run hands the units [0, n) of one job to up to
+ * `threads` workers (the caller is worker 0) through an atomic counter, so
+ * units are started in increasing order and uneven units balance themselves.
+ * Attention passes, cache validation and apply all use it. OpenBLAS runs
+ * single-threaded for the duration of a run (units call cblas_sgemm from our
+ * own threads, and results must not depend on BLAS's thread count); its
+ * setting is restored before returning.
+ * What it is not: no persistent pool (threads live for one call: a call is
+ * milliseconds to seconds of work, the ~20 us thread start is noise), no
+ * nesting, no cancellation: every unit runs, also when a worker could not be
+ * started (the others finish its share).
+ */
+#include "kvsieve.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+enum { MAX_THREADS = 64 };
+
+typedef struct {
+    void *job;
+    kvs_unit_fn fn;
+    int n_units;
+    atomic_int next;
+} pool;
+
+typedef struct {
+    pool *p;
+    int tid;
+} worker_arg;
+
+static void *worker(void *arg) {
+    worker_arg *a = arg;
+    for (;;) {
+        const int u = atomic_fetch_add(&a->p->next, 1);
+        if (u >= a->p->n_units) break;
+        a->p->fn(a->p->job, a->tid, u);
+    }
+    return NULL;
+}
+
+int kvs_parallel_threads(int threads, int n_units) {
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (n_units >= 1 && threads > n_units) threads = n_units;
+    return threads;
+}
+
+kvs_status kvs_parallel_run(void *job, kvs_unit_fn fn, int n_units, int threads, const char *what,
+                            kvs_err *err) {
+    assert(fn && n_units >= 0);
+    pool p = {.job = job, .fn = fn, .n_units = n_units};
+    atomic_init(&p.next, 0);
+    threads = kvs_parallel_threads(threads, n_units);
+    const int blas = openblas_get_num_threads();
+    if (blas != 1) openblas_set_num_threads(1);
+    pthread_t tids[MAX_THREADS];
+    worker_arg args[MAX_THREADS];
+    int started = 0, failed_at = -1;
+    for (int t = 1; t < threads; t++) {
+        args[t] = (worker_arg){&p, t};
+        if (pthread_create(&tids[t], NULL, worker, &args[t]) != 0) {
+            failed_at = t;
+            break;
+        }
+        started = t;
+    }
+    args[0] = (worker_arg){&p, 0};
+    worker(&args[0]);
+    for (int t = 1; t <= started; t++) pthread_join(tids[t], NULL);
+    if (blas != 1) openblas_set_num_threads(blas);
+    if (failed_at >= 0)
+        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: could not start worker thread %d of %d",
+                          what ? what : "kvs_parallel_run", failed_at, threads);
+    return KVS_OK;
+}

@@ -13,10 +13,12 @@
  *                 text boost on the device;
  *   meda          as lookm plus row entropies; budgets on the host from the
  *                 L x 6 statistics (one sync);
- *   full, random, no scores: after a device-side finiteness check of K/V/Q
+ *   full, random, no scores: after a device-side finiteness check of K/V
  *   streamingllm  the CPU method itself builds the plan (their observe reads
  *                 shapes only, never data; random's streams are seeded per
  *                 (layer, head), so the plan is the CPU's bit for bit).
+ * Every method checks K, V and the query rows it reads (the last
+ * queries_wanted rows, as kvs_compress) for NaN / Inf on the device.
  * Then one top-k launch over all (layer, head) segments, one copy of the
  * indices back, one sync that also reports what the device flagged.
  * What it is not: no kernels (kvs_kernels.cu), no CPU fallback: a method
@@ -37,6 +39,7 @@ typedef struct {
     const kvs_cache_view *c;
     kvs_shape shape;
     int per_layer;
+    int q_rows; /* query rows the method reads (the last ones), as kvs_compress counts them */
     kvs_gpu_workspace *ws;
 } gctx;
 
@@ -44,7 +47,23 @@ static kvs_status lchk(int rc, const char *what, kvs_err *err) {
     return kvs_gpu_cuda_check(rc, what, err);
 }
 
-/* Finite checks of K, V (unless skip_kv) and Q of every layer. */
+/* Parameter `name` of the method, or KVS_ERR_INTERNAL when the method does
+ * not declare it (kvs_param_get would assert, or read p->v[-1] under
+ * NDEBUG). */
+static kvs_status gparam(const gctx *g, const char *name, double *out, kvs_err *err) {
+    const int i = kvs_param_index(g->m, name);
+    if (i < 0 || i >= g->p->n)
+        return kvs_errorf(err, KVS_ERR_INTERNAL,
+                          "%s (gpu): the GPU driver reads parameter '%s', which the method does "
+                          "not declare",
+                          g->m->name, name);
+    *out = g->p->v[i];
+    return KVS_OK;
+}
+
+/* Finite checks of K, V (unless skip_kv) and of the query rows the method
+ * reads (the last g->q_rows of each layer; none for methods without
+ * queries), exactly the values kvs_compress checks on the host. */
 static kvs_status check_inputs(gctx *g, int skip_kv, kvs_err *err) {
     for (int l = 0; l < g->shape.n_layers; l++) {
         const kvs_layer *ly = &g->c->layers[l];
@@ -53,8 +72,14 @@ static kvs_status check_inputs(gctx *g, int skip_kv, kvs_err *err) {
             rc = kvs_launch_check_finite(g->ws, &ly->k, KVS_GERR_K, l);
             if (!rc) rc = kvs_launch_check_finite(g->ws, &ly->v, KVS_GERR_V, l);
         }
-        if (!rc && ly->q.data && ly->q.n_tokens > 0)
-            rc = kvs_launch_check_finite(g->ws, &ly->q, KVS_GERR_Q, l);
+        if (!rc && g->q_rows > 0 && ly->q.data && ly->q.n_tokens > 0) {
+            kvs_view qv = ly->q; /* [Hq][rows][d]: the last rows; token index = row - (Nq - rows) */
+            const int rows = g->q_rows < qv.n_tokens ? g->q_rows : qv.n_tokens;
+            qv.data = (const char *)qv.data +
+                      (size_t)(qv.n_tokens - rows) * (size_t)qv.s_tok * kvs_dtype_size(qv.dtype);
+            qv.n_tokens = rows;
+            rc = kvs_launch_check_finite(g->ws, &qv, KVS_GERR_Q, l);
+        }
         if (rc) return lchk(rc, "finiteness check", err);
     }
     return KVS_OK;
@@ -133,17 +158,21 @@ static kvs_status run_flashcache(gctx *g, kvs_plan *out, kvs_err *err) {
     kvs_gpu_workspace *ws = g->ws;
     const int L = g->shape.n_layers, H = g->shape.n_kv_heads, N = g->shape.n_tokens;
     const int d = g->shape.head_dim;
-    const double gamma = kvs_param_get(g->m, g->p, "gamma");
-    const int dba = kvs_param_get(g->m, g->p, "dba") != 0.0;
-    const int gran_layer = (int)kvs_param_get(g->m, g->p, "granularity") == 1;
-    const int sinks = (int)kvs_param_get(g->m, g->p, "keep_sinks");
-    const int recent = (int)kvs_param_get(g->m, g->p, "keep_recent");
+    double gamma = 0.0, pdba = 0.0, pgran = 0.0, psinks = 0.0, precent = 0.0;
+    kvs_status st = gparam(g, "gamma", &gamma, err);
+    if (!st) st = gparam(g, "dba", &pdba, err);
+    if (!st) st = gparam(g, "granularity", &pgran, err);
+    if (!st) st = gparam(g, "keep_sinks", &psinks, err);
+    if (!st) st = gparam(g, "keep_recent", &precent, err);
+    if (st) return st;
+    const int dba = pdba != 0.0, gran_layer = (int)pgran == 1;
+    const int sinks = (int)psinks, recent = (int)precent;
     if (!(gamma > 0.0 && gamma <= 1.0))
         return kvs_errorf(err, KVS_ERR_INVALID, "flashcache: gamma=%g outside (0, 1]", gamma);
     int omega = (int)lround(gamma * (double)N);
     if (omega < 1) omega = 1;
     if (omega > N) omega = N;
-    kvs_status st = kvs_gpu_ensure_plans(ws, N, 2 * H * d, err);
+    st = kvs_gpu_ensure_plans(ws, N, 2 * H * d, err);
     if (st) return st;
     st = check_inputs(g, 1, err); /* K and V are checked inside the pack kernel */
     if (st) return st;
@@ -239,9 +268,15 @@ cleanup:
 static kvs_status run_snapkv(gctx *g, kvs_plan *out, kvs_err *err) {
     kvs_gpu_workspace *ws = g->ws;
     const int L = g->shape.n_layers, H = g->shape.n_kv_heads, N = g->shape.n_tokens;
-    const int window = (int)kvs_param_get(g->m, g->p, "window");
-    const int kernel = (int)kvs_param_get(g->m, g->p, "kernel");
-    const int is_max = (int)kvs_param_get(g->m, g->p, "pool") == 0;
+    double pwin = 0.0, pker = 0.0, ppool = 0.0;
+    kvs_status st = gparam(g, "window", &pwin, err);
+    if (!st) st = gparam(g, "kernel", &pker, err);
+    if (!st) st = gparam(g, "pool", &ppool, err);
+    if (st) return st;
+    const int window = (int)pwin, kernel = (int)pker, is_max = (int)ppool == 0;
+    if (window < 1 || kernel < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID, "snapkv: window=%d and kernel=%d must be >= 1",
+                          window, kernel);
     const int w = window < N ? window : N, P = N - w;
     for (int l = 0; l < L; l++) {
         const kvs_view *q = &g->c->layers[l].q;
@@ -251,7 +286,7 @@ static kvs_status run_snapkv(gctx *g, kvs_plan *out, kvs_err *err) {
                               "(window=%d) but %d were recorded",
                               l, w, w, q->data ? q->n_tokens : 0);
     }
-    kvs_status st = check_inputs(g, 0, err);
+    st = check_inputs(g, 0, err);
     if (st) return st;
     for (int l = 0; l < L; l++) {
         const kvs_layer *ly = &g->c->layers[l];
@@ -295,22 +330,25 @@ static kvs_status run_attention(gctx *g, kvs_plan *out, kvs_err *err) {
     const int L = g->shape.n_layers, H = g->shape.n_kv_heads, N = g->shape.n_tokens;
     const int is_h2o = strcmp(name, "h2o") == 0, is_meda = strcmp(name, "meda") == 0;
     int normalize = 0;
-    double frac = 0.5;
+    double frac = 0.5, pnorm = 0.0, pmerge = 0.0, ppolicy = 0.0;
     kvs_merge merge = KVS_MERGE_NONE;
+    kvs_status st = gparam(g, "recent_frac", &frac, err);
+    if (st) return st;
     if (is_h2o) {
-        normalize = kvs_param_get(g->m, g->p, "normalize") != 0.0;
-        frac = kvs_param_get(g->m, g->p, "recent_ratio");
+        if ((st = gparam(g, "normalize", &pnorm, err))) return st;
+        normalize = pnorm != 0.0;
     } else if (is_meda) {
-        frac = kvs_param_get(g->m, g->p, "recent_frac");
-        merge = merge_of_choice[(int)kvs_param_get(g->m, g->p, "merge") & 3];
+        if ((st = gparam(g, "merge", &pmerge, err))) return st;
+        merge = merge_of_choice[(int)pmerge & 3];
     } else { /* lookm */
-        if ((int)kvs_param_get(g->m, g->p, "text_policy") == 1)
+        if ((st = gparam(g, "text_policy", &ppolicy, err))) return st;
+        if ((st = gparam(g, "merge", &pmerge, err))) return st;
+        if ((int)ppolicy == 1)
             return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
                               "lookm: text_policy=keep_all keeps every text token and may exceed "
                               "the budget, which breaks the exact-budget plan contract (each layer "
                               "keeps exactly its budget); use text_policy=budget");
-        frac = kvs_param_get(g->m, g->p, "recent_ratio");
-        merge = merge_of_choice[(int)kvs_param_get(g->m, g->p, "merge") & 3];
+        merge = merge_of_choice[(int)pmerge & 3];
     }
     if (!(frac >= 0.0 && frac <= 1.0))
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: recent share %g outside [0, 1]", name, frac);
@@ -328,7 +366,7 @@ static kvs_status run_attention(gctx *g, kvs_plan *out, kvs_err *err) {
         if (rc) return lchk(rc, "modality upload", err);
         mod = ws->modality;
     }
-    kvs_status st = check_inputs(g, 0, err);
+    st = check_inputs(g, 0, err);
     if (st) return st;
     for (int l = 0; l < L; l++) {
         const kvs_layer *ly = &g->c->layers[l];
@@ -437,8 +475,14 @@ kvs_status kvs_gpu_compress(const char *method, const kvs_params *p,
                         m->n_params);
         goto cleanup;
     }
-    if ((st = kvs_cache_validate(c, &g.shape, err))) goto cleanup;
+    /* shapes only: device K/V/Q are checked for NaN / Inf on the device
+     * (check_inputs), which reads the same values kvs_compress scans */
+    if ((st = kvs_cache_check_shape(c, &g.shape, err))) goto cleanup;
     g.shape.threads = 1;
+    if ((m->needs & (KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW)) && g.shape.n_queries > 0) {
+        g.q_rows = m->queries_wanted ? m->queries_wanted(p, g.shape.n_tokens) : g.shape.n_queries;
+        if (g.q_rows < 1 || g.q_rows > g.shape.n_queries) g.q_rows = g.shape.n_queries;
+    }
     const int L = g.shape.n_layers, N = g.shape.n_tokens;
     for (int l = 0; l < L; l++) {
         const kvs_layer *ly = &c->layers[l];

@@ -1765,6 +1765,21 @@ extern "C" kvs_status kvs_gpu_apply_layer(kvs_gpu_workspace *ws, const kvs_layer
     if (plan->merge < KVS_MERGE_NONE || plan->merge > KVS_MERGE_WEIGHTED)
         return kvs_errorf(err, KVS_ERR_INVALID, "kvs_gpu_apply_layer: unknown merge %d",
                           (int)plan->merge);
+    if (B < 1 || B > N || !plan->layers[layer].idx)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "kvs_gpu_apply_layer: layer %d: budget %d outside [1, N = %d]", layer, B,
+                          N);
+    /* the kernels index K/V rows and the merge scratch by these: a bad plan
+     * must be an error here, not an illegal address (a sticky context error) */
+    for (int h = 0; h < H; h++) {
+        const int32_t *kept = plan->layers[layer].idx + (size_t)h * B; /* [B] */
+        for (int b = 0; b < B; b++)
+            if (kept[b] < 0 || kept[b] >= N || (b > 0 && kept[b] <= kept[b - 1]))
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "kvs_gpu_apply_layer: layer %d head %d: kept index %d at slot %d "
+                                  "is outside [0, %d) or not ascending and unique",
+                                  layer, h, (int)kept[b], b, N);
+    }
     /* staging buffer reuse: the previous upload must be done */
     cudaError_t rc = cudaStreamSynchronize(ws->stream);
     if (rc) return kvs_gpu_cuda_check(rc, "kvs_gpu_apply_layer", err);

@@ -5,11 +5,13 @@
 -- then 20 timed runs rotated over 3 synthetic input sets (seeds 1, 2, 3);
 -- median / p10 / p90, bytes moved and GB/s against a memcpy bandwidth
 -- measured in the same run, GFLOP/s of attention passes, and on CPU the
--- method's dominant term (DCT pair, attention pass, or gather) timed by a
--- micro-benchmark in the same cell (the CPU bar: median <= 2 x that).
+-- method's dominant term timed by a micro-benchmark in the same cell (the
+-- CPU bar: median <= 2 x that): the DCT pair, the attention pass, or, for
+-- full / random / StreamingLLM, one read of the cache (their NaN/Inf check)
+-- + the gather of the kept rows.
 --
---   kvsieve run experiments/overhead.lua              -- the CPU grid below: 56 cells, 6 min on
---                                                        2 idle cores, 12 min on a loaded machine
+--   kvsieve run experiments/overhead.lua              -- the CPU grid below: 106 cells, about
+--                                                        16 min on 2 idle cores
 --   kvsieve report --experiment overhead              -- method x N tables, median [p10, p90]
 --   kvsieve report --experiment overhead --plot overhead.svg   -- log-log plot
 --
@@ -28,15 +30,15 @@
 --     10 dominant-term runs x 3 methods x 2 dtypes would take 20 minutes at
 --     8K and 5 at 4K: they run at 2K on the Gemma shape only (0.43-0.58 s per
 --     run); the Qwen shape costs 5.4x Gemma per token pair, so none there.
---   * The other methods are linear (or N log N) in the cache: up to 8K on
---     the Gemma shape, 4K on the Qwen shape (a 235 MB fp32 cache at 2K).
---   * LLaVA-1.5-7B has 32 KV heads (28x the Gemma cache per token: 2.1 GB
---     per fp32 input set at 2K, 0.4-5.7 s per run): not in the default CPU grid.
---     At 64K its fp32 cache (69 GB) does not fit this machine at all; the
---     runner then stops with a memory error naming the sizes.
+--   * The other methods are linear (or N log N) in the cache: up to 32K on
+--     the Gemma shape (1.2 GB per fp32 input set), 16K on the Qwen shape
+--     (1.9 GB per set; 3 sets + outputs ~10 GB), 2K on LLaVA-1.5-7B (32 KV
+--     heads: 2.1 GB per fp32 set at 2K; 4K would need ~13 GB of input sets).
+--     Beyond that a cell needs more memory than this machine has (the runner
+--     stops it with a memory error naming the sizes) or minutes per cell.
 
 local attention = { ["gemma3-270m"] = 2048, ["qwen2.5-vl-7b"] = 0, ["llava-1.5-7b"] = 0 }
-local linear    = { ["gemma3-270m"] = 8192, ["qwen2.5-vl-7b"] = 4096, ["llava-1.5-7b"] = 0 }
+local linear    = { ["gemma3-270m"] = 32768, ["qwen2.5-vl-7b"] = 16384, ["llava-1.5-7b"] = 2048 }
 
 experiment {
   name    = "overhead",

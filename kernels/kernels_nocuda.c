@@ -57,6 +57,16 @@ void *kvs_gpu_workspace_stream(kvs_gpu_workspace *ws) { return NULL; }
 
 int kvs_gpu_workspace_tensor_cores(kvs_gpu_workspace *ws, int on) { return 0; }
 
+kvs_status kvs_gpu_workspace_attn_kernel(kvs_gpu_workspace *ws, int which, int *in_force,
+                                         kvs_err *err) {
+    if (in_force) *in_force = KVS_GPU_ATTN_WMMA;
+    return no_cuda(err, "kvs_gpu_workspace_attn_kernel");
+}
+
+int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k) {
+    return KVS_GPU_ATTN_CUDA_CORES;
+}
+
 kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err) {
     return no_cuda(err, "kvs_gpu_sync");
 }

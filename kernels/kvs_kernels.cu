@@ -3,8 +3,9 @@
  * the building-block kernels and their public / internal launchers (see
  * kvs_kernels.h for the algorithms, kvs_kernels_internal.h for the layout).
  *
- * What it is: one translation unit on purpose (CI compile time): no
- * templates over dtypes (a uniform runtime switch in ldf()), one tile-dot
+ * What it is: one translation unit for everything but the register-tiled
+ * attention kernels (attn_mma.cu, templated over d and the 16-bit type): no
+ * templates over dtypes here (a uniform runtime switch in ldf()), one tile-dot
  * helper shared by every attention-like kernel (64 x 64 logits per block of
  * 16 x 16 threads, 4 x 4 per thread, d in chunks of 64 through shared
  * memory), fp32 arithmetic with fp64 where sums get long.
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_mma.h"
 #include "kvs_kernels_internal.h"
 
 #define TILE 64
@@ -1200,6 +1202,11 @@ extern "C" kvs_status kvs_gpu_workspace_init(kvs_gpu_workspace **out, const kvs_
              prop.minor);
     ws->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
     ws->tensor_cores = prop.major >= 8; /* wmma fp16 + bf16 */
+    ws->cc_major = prop.major;
+    ws->cc_minor = prop.minor;
+    ws->attn_kernel = prop.major >= 8 ? KVS_GPU_ATTN_MMA : KVS_GPU_ATTN_WMMA;
+    if (prop.major >= 8 && (rc = (cudaError_t)kvs_attn_mma_prepare()) != cudaSuccess)
+        goto cuda_fail;
     if ((rc = cudaStreamCreateWithFlags(&ws->stream, cudaStreamNonBlocking)) != cudaSuccess)
         goto cuda_fail;
 #define KVS_DALLOC(field, bytes)                                                        \
@@ -1264,6 +1271,32 @@ extern "C" int kvs_gpu_workspace_tensor_cores(kvs_gpu_workspace *ws, int on) {
         ws->tensor_cores = on && ok;
     }
     return ws->tensor_cores;
+}
+
+extern "C" kvs_status kvs_gpu_workspace_attn_kernel(kvs_gpu_workspace *ws, int which,
+                                                    int *in_force, kvs_err *err) {
+    if (!ws)
+        return kvs_errorf(err, KVS_ERR_INVALID, "kvs_gpu_workspace_attn_kernel: no workspace");
+    if (which != -1 && which != KVS_GPU_ATTN_WMMA && which != KVS_GPU_ATTN_MMA)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "kvs_gpu_workspace_attn_kernel: kernel %d unknown (-1 query, 0 wmma-smem, "
+                          "1 mma-reg)", which);
+    if (which == KVS_GPU_ATTN_MMA && ws->cc_major < 8)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "kvs_gpu_workspace_attn_kernel: the mma-reg attention kernel needs sm_80 "
+                          "or newer (mma.sync bf16, ldmatrix, cp.async); device %s is not",
+                          ws->device_name);
+    if (which >= 0) ws->attn_kernel = which;
+    if (in_force) *in_force = ws->attn_kernel;
+    return KVS_OK;
+}
+
+extern "C" int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q,
+                                       const kvs_view *k) {
+    const int sixteen = q->dtype == k->dtype && q->dtype != KVS_F32;
+    if (!ws->tensor_cores || !sixteen) return KVS_GPU_ATTN_CUDA_CORES;
+    if (ws->attn_kernel == KVS_GPU_ATTN_MMA && kvs_attn_mma_views_ok(q, k)) return KVS_GPU_ATTN_MMA;
+    return KVS_GPU_ATTN_WMMA;
 }
 
 extern "C" const char *kvs_gpu_workspace_device(const kvs_gpu_workspace *ws) {
@@ -1480,6 +1513,8 @@ extern "C" int kvs_launch_pool(kvs_gpu_workspace *ws, const float *x, int rows, 
 
 extern "C" int kvs_launch_lse(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
                               float *lse, int layer) {
+    if (kvs_gpu_attn_kernel_for(ws, q, k) == KVS_GPU_ATTN_MMA)
+        return kvs_launch_lse_mma(ws, q, k, lse, layer);
     const int Hq = q->n_heads, Nq = q->n_tokens, N = k->n_tokens, d = k->head_dim;
     if (Nq <= 0) return 0;
     const int G = Hq / k->n_heads;
@@ -1503,9 +1538,16 @@ extern "C" int kvs_launch_lse(kvs_gpu_workspace *ws, const kvs_view *q, const kv
     k_lse<<<g, b, 0, ws->stream>>>(rows_of(q), q->s_head, rows_of(k), k->s_head, G, Nq, N, d,
                                    N - Nq, scale, lse, layer, ws->errrec, tps, pm, pl,
                                    ws->tensor_cores);
-    if (nsplit > 1)
-        k_lse_combine<<<grid_for((long long)Hq * Nq, 256), 256, 0, ws->stream>>>(
-            pm, pl, nsplit, Hq, Nq, lse, layer, ws->errrec);
+    int rc = (int)cudaGetLastError();
+    if (!rc && nsplit > 1) rc = kvs_launch_lse_combine(ws, pm, pl, nsplit, Hq, Nq, lse, layer);
+    return rc;
+}
+
+extern "C" int kvs_launch_lse_combine(kvs_gpu_workspace *ws, const float *part_m,
+                                      const float *part_l, int nsplit, int Hq, int Nq, float *lse,
+                                      int layer) {
+    k_lse_combine<<<grid_for((long long)Hq * Nq, 256), 256, 0, ws->stream>>>(
+        part_m, part_l, nsplit, Hq, Nq, lse, layer, ws->errrec);
     return (int)cudaGetLastError();
 }
 
@@ -1514,9 +1556,15 @@ extern "C" int kvs_launch_colsum(kvs_gpu_workspace *ws, const kvs_view *q, const
     const int Hq = q->n_heads, Nq = q->n_tokens, N = k->n_tokens, d = k->head_dim;
     const int Hkv = k->n_heads, G = Hq / Hkv;
     const float scale = (float)(1.0 / sqrt((double)d));
-    const dim3 g((unsigned)((N + TILE - 1) / TILE), (unsigned)Hkv, (unsigned)G), b(16, 16);
-    k_colsum<<<g, b, 0, ws->stream>>>(rows_of(q), q->s_head, rows_of(k), k->s_head, G, Nq, N, d,
-                                      N - Nq, scale, lse, ws->colpart, ws->tensor_cores);
+    if (kvs_gpu_attn_kernel_for(ws, q, k) == KVS_GPU_ATTN_MMA) {
+        const int rc = kvs_launch_colsum_mma(ws, q, k, lse, ws->colpart);
+        if (rc) return rc;
+    } else {
+        const dim3 g((unsigned)((N + TILE - 1) / TILE), (unsigned)Hkv, (unsigned)G), b(16, 16);
+        k_colsum<<<g, b, 0, ws->stream>>>(rows_of(q), q->s_head, rows_of(k), k->s_head, G, Nq,
+                                          N, d, N - Nq, scale, lse, ws->colpart,
+                                          ws->tensor_cores);
+    }
     k_colsum_combine<<<grid_for((long long)Hkv * N, 256), 256, 0, ws->stream>>>(ws->colpart, Hkv,
                                                                                G, N, colsum);
     return (int)cudaGetLastError();

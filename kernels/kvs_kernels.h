@@ -36,11 +36,13 @@
  *     index: ties go to the lower index, all keys distinct), early exit when
  *     the candidate bucket is exactly filled, then an ordered block-scan
  *     compaction, so the output is ascending without a sort.
- *   - Attention statistics: two-pass tiled log-sum-exp (spec/methods.md),
- *     64 x 64 logit tiles in shared memory, d in chunks of 64: fp16 / bf16
- *     caches on tensor cores (wmma, exact 16-bit products, fp32
- *     accumulation; kvs_gpu_workspace_tensor_cores switches it), fp32 caches
- *     on CUDA cores. Never an N x N buffer: pass 1 writes
+ *   - Attention statistics: two-pass tiled log-sum-exp (spec/methods.md).
+ *     fp16 / bf16 caches on tensor cores (exact 16-bit products, fp32
+ *     accumulation; kvs_gpu_workspace_tensor_cores switches it) with one of
+ *     two kernels (kvs_gpu_workspace_attn_kernel): register-tiled mma.sync
+ *     (default, kernels/attn_mma.cu) or 64 x 64 wmma logit tiles in shared
+ *     memory, d in chunks of 64; fp32 caches on CUDA cores (the 64 x 64
+ *     tiles). Never an N x N buffer: pass 1 writes
  *     lse [Hq][Nq] (one block per (query head, row tile); when that is too
  *     few blocks, e.g. SnapKV's 32-query window, the keys are split over
  *     blocks and partial max / sum pairs combined, nsplit * Nq <= N);
@@ -122,6 +124,33 @@ kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err);
  * sets it (on by default on sm_80+; ignored where unsupported), -1 only
  * queries. Returns the setting now in force. */
 int kvs_gpu_workspace_tensor_cores(kvs_gpu_workspace *ws, int on);
+/* The tensor-core kernel of the attention statistics passes
+ * (kvs_gpu_attn_lse / kvs_gpu_attn_colsum, the h2o / lookm / snapkv / meda
+ * scores) for fp16 / bf16 caches:
+ *   KVS_GPU_ATTN_WMMA (0), "wmma-smem": the 64 x 64 logit tile of the
+ *     shared tile_dot, staged through shared memory (the older kernel);
+ *   KVS_GPU_ATTN_MMA (1), "mma-reg" (default on sm_80+): FlashAttention-2
+ *     style, mma.sync m16n8k16 with register-resident fp32 accumulators,
+ *     ldmatrix, cp.async double buffering, exp2 with the scale folded in;
+ *     pass 1 runs 128 query rows per block over key tiles of 64 up to the
+ *     diagonal, pass 2 holds 128 keys per block and streams every visible
+ *     query tile of one query head of the group (fp64 per key across
+ *     tiles; the GQA mean then in head order, deterministic).
+ * `which` = 0 or 1 sets it, -1 only queries; *in_force (may be NULL)
+ * receives the setting. Asking for mma-reg below sm_80 is
+ * KVS_ERR_UNSUPPORTED naming the device; another value KVS_ERR_INVALID.
+ * Rule for views mma-reg cannot take (documented, not silent: see
+ * kvs_gpu_attn_kernel_for): it needs q and k of one 16-bit dtype,
+ * d % 8 == 0 and 8 <= d <= 128, 16-byte aligned data, head and token
+ * strides multiples of 8 elements; other fp16 / bf16 views run the
+ * wmma-smem kernel. The tensor-core switch above comes first: with it off
+ * every dtype runs on CUDA cores. The entropy pass always uses wmma-smem. */
+enum { KVS_GPU_ATTN_WMMA = 0, KVS_GPU_ATTN_MMA = 1, KVS_GPU_ATTN_CUDA_CORES = 2 };
+kvs_status kvs_gpu_workspace_attn_kernel(kvs_gpu_workspace *ws, int which, int *in_force,
+                                         kvs_err *err);
+/* The kernel kvs_gpu_attn_lse / kvs_gpu_attn_colsum would run now for these
+ * views: KVS_GPU_ATTN_MMA, KVS_GPU_ATTN_WMMA or KVS_GPU_ATTN_CUDA_CORES. */
+int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k);
 /* Name of the workspace's device ("NVIDIA H200 (sm_90)"). */
 const char *kvs_gpu_workspace_device(const kvs_gpu_workspace *ws);
 

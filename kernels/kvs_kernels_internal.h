@@ -62,6 +62,8 @@ struct kvs_gpu_workspace {
     int device;
     int n_sm; /* streaming multiprocessors (launch sizing) */
     int tensor_cores; /* attention tiles of fp16 / bf16 inputs on tensor cores */
+    int attn_kernel;  /* KVS_GPU_ATTN_WMMA or KVS_GPU_ATTN_MMA (kvs_gpu_workspace_attn_kernel) */
+    int cc_major, cc_minor; /* compute capability */
     char device_name[320];
     cudaStream_t stream;
     /* capacity */

@@ -24,9 +24,14 @@
  *
  * usage: bench_overhead [--n 2048,4096,...] [--methods a,b] [--reps 20]
  *                       [--dtype f16|bf16|f32] [--ratio 0.2] [--budget-s 300]
- *                       [--cell-s 60] [--tc 1|0] [--csv FILE]
+ *                       [--cell-s 60] [--tc 1|0] [--attn-kernel 1|0] [--csv FILE]
  * --tc 0 keeps the attention tiles on CUDA cores (default: tensor cores for
- * fp16 / bf16).
+ * fp16 / bf16); --attn-kernel 1|0 picks the tensor-core attention kernel of
+ * the table (1 mma-reg, 0 wmma-smem; default: the device default, mma-reg
+ * on sm_80+).
+ * Before the table: one attention pass pair (lse, colsum) of one layer at
+ * N = 8192 with both tensor-core kernels, ms and TFLOP/s (bench_passes;
+ * about 2 s, skipped when --budget-s < 30).
  */
 #include <cuda_runtime_api.h>
 
@@ -68,12 +73,97 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* One attention pass pair (lse, then colsum) on one layer at N = 8192, Nq =
+ * N, with each tensor-core attention kernel: median of 10 timed runs after
+ * 2 warm-ups, per layer and times L (the model), TFLOP/s counting 2 d FLOP
+ * per causally visible (query head, query, key) pair per pass. Skipped
+ * (said so) when the time budget is below 30 s. 0, or 1 on a setup error. */
+static int bench_passes(kvs_dtype dt, int L, int Hq, int Hkv, int d, double budget_s) {
+    const int N = 8192, REPS = 10;
+    if (budget_s < 30.0) {
+        printf("attention passes: skipped (--budget-s %.0f < 30)\n", budget_s);
+        return 0;
+    }
+    kvs_err err;
+    kvs_err_clear(&err);
+    const size_t es = kvs_dtype_size(dt), nk = (size_t)Hkv * N * d, nq = (size_t)Hq * N * d;
+    kvs_shape mx = {1, N, Hkv, Hq, d, 0, 1};
+    kvs_gpu_workspace *ws = NULL;
+    void *K = NULL, *Q = NULL;
+    float *lse = NULL, *cs = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = 1;
+    if (kvs_gpu_workspace_init(&ws, &mx, &err) != KVS_OK || kvs_gpu_malloc(&K, nk * es, &err) ||
+        kvs_gpu_malloc(&Q, nq * es, &err) ||
+        kvs_gpu_malloc((void **)&lse, sizeof(float) * Hq * N, &err) ||
+        kvs_gpu_malloc((void **)&cs, sizeof(float) * Hkv * N, &err) ||
+        kvs_gpu_fill_random(ws, K, dt, nk, 77u, 1.0f, &err) ||
+        kvs_gpu_fill_random(ws, Q, dt, nq, 78u, 1.0f, &err) || kvs_gpu_sync(ws, &err)) {
+        printf("attention passes: setup failed: %s\n", err.msg);
+        goto cleanup;
+    }
+    cudaStream_t st = (cudaStream_t)kvs_gpu_workspace_stream(ws);
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    kvs_view kv = kvs_view_make(K, dt, Hkv, N, d), qv = kvs_view_make(Q, dt, Hq, N, d);
+    kv.device = qv.device = KVS_CUDA;
+    const double pairs = (double)Hq * N * (N + 1.0) / 2.0, flop = 2.0 * d * pairs;
+    kvs_gpu_workspace_tensor_cores(ws, 1);
+    for (int kern = KVS_GPU_ATTN_WMMA; kern <= KVS_GPU_ATTN_MMA; kern++) {
+        const char *kname = kern == KVS_GPU_ATTN_MMA ? "mma-reg" : "wmma-smem";
+        if (kvs_gpu_workspace_attn_kernel(ws, kern, NULL, &err) != KVS_OK) {
+            printf("attention passes %-9s: unavailable: %s\n", kname, err.msg);
+            continue;
+        }
+        const int used = kvs_gpu_attn_kernel_for(ws, &qv, &kv);
+        double t[2][REPS];
+        int bad = 0;
+        for (int r = -2; r < REPS && !bad; r++) {
+            float ms[2] = {0, 0};
+            for (int p = 0; p < 2 && !bad; p++) {
+                cudaEventRecord(e0, st);
+                bad = p == 0 ? kvs_gpu_attn_lse(ws, &qv, &kv, lse, &err) != KVS_OK
+                             : kvs_gpu_attn_colsum(ws, &qv, &kv, lse, cs, &err) != KVS_OK;
+                cudaEventRecord(e1, st);
+                bad = bad || kvs_gpu_sync(ws, &err) != KVS_OK;
+                cudaEventElapsedTime(&ms[p], e0, e1);
+            }
+            if (r >= 0) {
+                t[0][r] = ms[0];
+                t[1][r] = ms[1];
+            }
+        }
+        if (bad) {
+            printf("attention passes %-9s: failed: %s\n", kname, err.msg);
+            goto cleanup;
+        }
+        qsort(t[0], REPS, sizeof(double), cmp_d);
+        qsort(t[1], REPS, sizeof(double), cmp_d);
+        const double ml = pct(t[0], REPS, 0.5), mc = pct(t[1], REPS, 0.5);
+        printf("attention passes %-9s (ran %s) N=%d Hq=%d Hkv=%d d=%d %s, one layer: lse %.3f ms "
+               "(%.0f TFLOP/s), colsum %.3f ms (%.0f TFLOP/s); x%d layers: %.1f ms\n",
+               kname, used == KVS_GPU_ATTN_MMA ? "mma-reg" : used == KVS_GPU_ATTN_WMMA ? "wmma-smem" : "cuda-cores",
+               N, Hq, Hkv, d, kvs_dtype_name(dt), ml, flop / (ml * 1e-3) / 1e12, mc,
+               flop / (mc * 1e-3) / 1e12, L, L * (ml + mc));
+    }
+    rc = 0;
+cleanup:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    kvs_gpu_free(K);
+    kvs_gpu_free(Q);
+    kvs_gpu_free(lse);
+    kvs_gpu_free(cs);
+    kvs_gpu_workspace_free(ws);
+    return rc;
+}
+
 static int is_attn(const char *m) { return !strcmp(m, "h2o") || !strcmp(m, "lookm") || !strcmp(m, "meda"); }
 
 int main(int argc, char **argv) {
     int Ns[MAX_N] = {2048, 4096, 8192, 16384, 32768, 65536}, nN = 6;
     const char *methods[MAX_M] = {"flashcache", "snapkv", "streamingllm", "h2o", "lookm", "meda"};
-    int nM = 6, reps = 20, tc = 1;
+    int nM = 6, reps = 20, tc = 1, attn_kernel = -1; /* -1: the device default */
     double ratio = 0.2, budget_s = 300.0, cell_s = 60.0;
     kvs_dtype dt = KVS_F16;
     const char *csv = NULL;
@@ -103,6 +193,8 @@ int main(int argc, char **argv) {
             cell_s = atof(v);
         } else if (!strcmp(a, "--tc")) {
             tc = atoi(v) != 0;
+        } else if (!strcmp(a, "--attn-kernel")) {
+            attn_kernel = atoi(v) != 0;
         } else if (!strcmp(a, "--csv")) {
             csv = v;
         } else if (!strcmp(a, "--dtype")) {
@@ -162,6 +254,8 @@ int main(int argc, char **argv) {
         printf("device copy bandwidth (read + write): %.0f GB/s\n", copy_gbs);
     }
 
+    if (bench_passes(dt, L, Hq, Hkv, d, budget_s) != 0) return 1;
+
     row rows[MAX_N * MAX_M];
     int nrows = 0;
     double last_ms[MAX_M];
@@ -212,11 +306,18 @@ int main(int argc, char **argv) {
                  kvs_gpu_malloc((void **)&vo[l], nkv * 4, &err) == KVS_OK;
         if (ok) ok = kvs_gpu_sync(ws, &err) == KVS_OK;
         if (!ok) printf("N=%d: setup failed: %s\n", N, err.msg);
-        if (ok && ni == 0)
-            printf("attention tiles: %s\n",
-                   kvs_gpu_workspace_tensor_cores(ws, tc) ? "tensor cores (wmma)" : "CUDA cores (fp32)");
-        else if (ok)
-            kvs_gpu_workspace_tensor_cores(ws, tc);
+        if (ok) {
+            const int on = kvs_gpu_workspace_tensor_cores(ws, tc);
+            int kern = -1;
+            ok = kvs_gpu_workspace_attn_kernel(ws, attn_kernel, &kern, &err) == KVS_OK;
+            if (!ok) printf("N=%d: attention kernel: %s\n", N, err.msg);
+            else if (ni == 0)
+                printf("attention tiles: %s\n",
+                       !on ? "CUDA cores (fp32)"
+                           : kern == KVS_GPU_ATTN_MMA ? "tensor cores (mma-reg; wmma-smem where the "
+                                                        "views do not qualify)"
+                                                      : "tensor cores (wmma-smem)");
+        }
         cudaStream_t st = ws ? (cudaStream_t)kvs_gpu_workspace_stream(ws) : 0;
         for (int m = 0; m < nM; m++) {
             row *r = &rows[nrows++];

@@ -6,8 +6,10 @@
  * of the largest score). For lookm / meda the merged caches of
  * kvs_gpu_apply_layer and kvs_apply agree within 1e-3 relative (fp16 too).
  * fp32, fp16, bf16; random shapes and budgets from synthetic caches with a
- * fresh seed; device outputs poisoned. Error paths: NaN in K, unknown
- * method, parameters of another method, host memory, missing queries.
+ * fresh seed; device outputs poisoned. Every case runs with both
+ * tensor-core attention kernels (mma-reg, wmma-smem) and on CUDA cores.
+ * Error paths: NaN in K, unknown method, parameters of another method,
+ * host memory, missing queries.
  * Without a CUDA device: checks the reported reason and exits 77 (skipped).
  * What it is not: no timing.
  */
@@ -316,18 +318,31 @@ int main(void) {
         return 1;
     }
     printf("device: %s\n", kvs_gpu_workspace_device(ws));
-    /* every case once with the tensor-core tiles (fp16 / bf16 attention)
-     * and once with CUDA cores only */
-    for (int tc = 1; tc >= 0; tc--) {
-        const int on = kvs_gpu_workspace_tensor_cores(ws, tc);
+    /* every case three times: tensor cores with the mma-reg attention
+     * kernel (fp16 / bf16; needs sm_80, else reported and skipped), tensor
+     * cores with the wmma-smem kernel, CUDA cores only */
+    for (int cfg = 0; cfg < 3; cfg++) {
+        const int on = kvs_gpu_workspace_tensor_cores(ws, cfg < 2);
+        int kern = -1;
+        kvs_status ks = kvs_gpu_workspace_attn_kernel(
+            ws, cfg == 0 ? KVS_GPU_ATTN_MMA : KVS_GPU_ATTN_WMMA, &kern, &err);
+        if (ks != KVS_OK) {
+            CHECK_MSG(cfg == 0 && ks == KVS_ERR_UNSUPPORTED && strstr(err.msg, "sm_80"),
+                      "attention kernel setting: %s", err.msg);
+            printf("mma-reg kernel unavailable: %s\n", err.msg);
+            continue;
+        }
+        const char *kn = !on ? "cuda-cores" : kern == KVS_GPU_ATTN_MMA ? "mma-reg" : "wmma-smem";
         for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++)
             for (int t = 0; t < 3; t++) {
                 const int before = kvs_test_failures;
                 run_case(ws, &rng, &kCases[i], kDtypes[t]);
-                printf("%-14s %-5s tc=%d %s\n", kCases[i].method, kvs_dtype_name(kDtypes[t]), on,
+                printf("%-14s %-5s tc=%d attn=%-10s %s\n", kCases[i].method,
+                       kvs_dtype_name(kDtypes[t]), on, kn,
                        kvs_test_failures == before ? "ok" : "FAILED");
             }
     }
+    kvs_gpu_workspace_tensor_cores(ws, 1);
     test_errors(ws, &rng);
     kvs_gpu_workspace_free(ws);
     printf("%d checks, %d failures\n", kvs_test_checks, kvs_test_failures);

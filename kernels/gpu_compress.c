@@ -6,7 +6,8 @@
  * declaration, the same budget rules through core's kvs_budget_allocate,
  * the same forced ranges and top-k segments), with the numbers computed by
  * the kernels of kvs_kernels.cu on the workspace stream:
- *   flashcache    per layer: fused DCT low-pass deviation + energies; DBA
+ *   flashcache    per layer: fused DCT low-pass deviation + energies (FFT or
+ *                 truncated-basis GEMM route, the workspace's setting); DBA
  *                 budgets on the host from the L x 4 energies (one sync);
  *   snapkv        per layer: lse + column sums of the window queries, pooled;
  *   h2o / lookm   per layer: lse + column sums of all queries, normalise /
@@ -30,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fc_gemm.h"
 #include "kvs_kernels_internal.h"
 #include "kvsieve_methods.h"
 
@@ -172,14 +174,14 @@ static kvs_status run_flashcache(gctx *g, kvs_plan *out, kvs_err *err) {
     int omega = (int)lround(gamma * (double)N);
     if (omega < 1) omega = 1;
     if (omega > N) omega = N;
-    st = kvs_gpu_ensure_plans(ws, N, 2 * H * d, err);
-    if (st) return st;
+    st = kvs_fc_prepare(ws, N, 2 * H * d, omega, err); /* FFT plans or the GEMM basis */
+    if (st) return kvs_err_prefix(err, "flashcache");
     st = check_inputs(g, 1, err); /* K and V are checked inside the pack kernel */
     if (st) return st;
     for (int l = 0; l < L; l++) {
-        int rc = kvs_launch_flashcache_layer(ws, &g->c->layers[l], l, omega,
-                                             ws->scores + (size_t)l * H * N, ws->energy + 4 * l);
-        if (rc) return lchk(rc, "flashcache: layer statistics", err);
+        st = kvs_fc_layer(ws, &g->c->layers[l], l, omega, ws->scores + (size_t)l * H * N,
+                          ws->energy + 4 * l, err);
+        if (st) return kvs_err_prefix(err, "flashcache");
     }
     int *budgets = calloc((size_t)L, sizeof(int)); /* [L] */
     double *R = calloc((size_t)L, sizeof(double)); /* [L] */

@@ -63,6 +63,12 @@ kvs_status kvs_gpu_workspace_attn_kernel(kvs_gpu_workspace *ws, int which, int *
     return no_cuda(err, "kvs_gpu_workspace_attn_kernel");
 }
 
+kvs_status kvs_gpu_workspace_dct_route(kvs_gpu_workspace *ws, int which, int *in_force,
+                                       kvs_err *err) {
+    if (in_force) *in_force = KVS_GPU_DCT_FFT;
+    return no_cuda(err, "kvs_gpu_workspace_dct_route");
+}
+
 int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k) {
     return KVS_GPU_ATTN_CUDA_CORES;
 }

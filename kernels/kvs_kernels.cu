@@ -26,6 +26,8 @@
 #include <string.h>
 
 #include "attn_mma.h"
+#include "dct_order.cuh"
+#include "fc_gemm.h"
 #include "kvs_kernels_internal.h"
 
 #define TILE 64
@@ -274,11 +276,7 @@ __global__ void k_fill_random(void *ptr, int dt, long long count, unsigned long 
 /* DCT (Makhoul) and the fused FlashCache statistics                         */
 /* ------------------------------------------------------------------------ */
 
-/* Reordered position of token n: even tokens first, odd ones mirrored. */
-__device__ __forceinline__ int mk_pos(int n, int N) { return (n & 1) ? N - 1 - (n >> 1) : (n >> 1); }
-__device__ __forceinline__ int mk_tok(int p, int N) {
-    return p < (N + 1) / 2 ? 2 * p : 2 * (N - 1 - p) + 1;
-}
+/* Reordered token positions: mk_pos / mk_tok (dct_order.cuh). */
 
 /* One head of a view [H][N][d] -> rin columns (t*H + h)*d + c, reordered,
  * fp32; flags non-finite values with `code`. grid (N/32, d/32, H), block 32x8. */
@@ -1156,6 +1154,7 @@ extern "C" void kvs_gpu_workspace_free(kvs_gpu_workspace *ws) {
     if (ws->stream) cudaStreamSynchronize(ws->stream);
     if (ws->have_r2c) cufftDestroy(ws->r2c);
     if (ws->have_c2r) cufftDestroy(ws->c2r);
+    kvs_fc_gemm_free(ws->fcg);
     void *dev[] = {ws->rin,   ws->rout,   ws->spec,     ws->scores, ws->scratch, ws->lse, ws->lsepart, ws->colpart, ws->rowpart,
                    ws->energy, ws->rowstat, ws->rowkind, ws->stats,  ws->modality, ws->desc,
                    ws->idx,   ws->ev,     ws->assign,   ws->kept,   ws->cnt,     ws->unitk,
@@ -1205,6 +1204,7 @@ extern "C" kvs_status kvs_gpu_workspace_init(kvs_gpu_workspace **out, const kvs_
     ws->cc_major = prop.major;
     ws->cc_minor = prop.minor;
     ws->attn_kernel = prop.major >= 8 ? KVS_GPU_ATTN_MMA : KVS_GPU_ATTN_WMMA;
+    ws->dct_route = KVS_GPU_DCT_FFT; /* the GEMM route is opt-in (kvs_gpu_workspace_dct_route) */
     if (prop.major >= 8 && (rc = (cudaError_t)kvs_attn_mma_prepare()) != cudaSuccess)
         goto cuda_fail;
     if ((rc = cudaStreamCreateWithFlags(&ws->stream, cudaStreamNonBlocking)) != cudaSuccess)
@@ -1473,19 +1473,29 @@ extern "C" int kvs_launch_flashcache_layer(kvs_gpu_workspace *ws, const kvs_laye
     const int ncols = 2 * H * d, Nh = N / 2 + 1;
     cudaError_t rc = cudaMemsetAsync(energy, 0, 4 * sizeof(double), ws->stream);
     if (rc) return (int)rc;
-    const dim3 pb(32, 8), pg((unsigned)((N + 31) / 32), (unsigned)((d + 31) / 32), (unsigned)H);
-    k_fc_pack<<<pg, pb, 0, ws->stream>>>(ly->k.data, (int)ly->k.dtype, ly->k.s_head, ly->k.s_tok,
-                                         H, N, d, 0, ws->rin, KVS_GERR_K, layer, ws->errrec);
-    k_fc_pack<<<pg, pb, 0, ws->stream>>>(ly->v.data, (int)ly->v.dtype, ly->v.s_head, ly->v.s_tok,
-                                         H, N, d, 1, ws->rin, KVS_GERR_V, layer, ws->errrec);
-    if ((rc = cudaGetLastError())) return (int)rc;
+    if ((rc = (cudaError_t)kvs_launch_fc_pack(ws, ly, layer))) return (int)rc;
     if ((rc = (cudaError_t)exec_r2c(ws, ws->rin, ws->spec))) return (int)rc;
     const dim3 sg((unsigned)((Nh + 255) / 256), (unsigned)ncols);
     k_fc_spectrum<<<sg, 256, 0, ws->stream>>>(ws->spec, N, Nh, omega, H * d, energy);
     if ((rc = cudaGetLastError())) return (int)rc;
     if ((rc = (cudaError_t)exec_c2r(ws, ws->spec, ws->rout))) return (int)rc;
+    return kvs_launch_fc_dev(ws, ws->rout, H, N, d, dev, layer);
+}
+
+extern "C" int kvs_launch_fc_pack(kvs_gpu_workspace *ws, const kvs_layer *ly, int layer) {
+    const int H = ly->k.n_heads, N = ly->k.n_tokens, d = ly->k.head_dim;
+    const dim3 pb(32, 8), pg((unsigned)((N + 31) / 32), (unsigned)((d + 31) / 32), (unsigned)H);
+    k_fc_pack<<<pg, pb, 0, ws->stream>>>(ly->k.data, (int)ly->k.dtype, ly->k.s_head, ly->k.s_tok,
+                                         H, N, d, 0, ws->rin, KVS_GERR_K, layer, ws->errrec);
+    k_fc_pack<<<pg, pb, 0, ws->stream>>>(ly->v.data, (int)ly->v.dtype, ly->v.s_head, ly->v.s_tok,
+                                         H, N, d, 1, ws->rin, KVS_GERR_V, layer, ws->errrec);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int kvs_launch_fc_dev(kvs_gpu_workspace *ws, const float *resid, int H, int N, int d,
+                                 float *dev, int layer) {
     const dim3 dg((unsigned)((N + 255) / 256), (unsigned)H);
-    k_fc_dev<<<dg, 256, 0, ws->stream>>>(ws->rout, H, N, d, dev, layer, ws->errrec);
+    k_fc_dev<<<dg, 256, 0, ws->stream>>>(resid, H, N, d, dev, layer, ws->errrec);
     return (int)cudaGetLastError();
 }
 
@@ -1660,10 +1670,10 @@ extern "C" kvs_status kvs_gpu_flashcache_layer(kvs_gpu_workspace *ws, const kvs_
     if (omega < 1 || omega > N)
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "kvs_gpu_flashcache_layer: omega=%d outside [1, N=%d]", omega, N);
-    st = kvs_gpu_ensure_plans(ws, N, 2 * H * d, err);
+    st = kvs_fc_prepare(ws, N, 2 * H * d, omega, err);
+    if (!st) st = kvs_fc_layer(ws, ly, layer, omega, dev, energy, err);
     if (st) return kvs_err_prefix(err, "kvs_gpu_flashcache_layer");
-    return kvs_gpu_cuda_check(kvs_launch_flashcache_layer(ws, ly, layer, omega, dev, energy),
-                              "kvs_gpu_flashcache_layer", err);
+    return KVS_OK;
 }
 
 extern "C" kvs_status kvs_gpu_topk(kvs_gpu_workspace *ws, const float *scores, int S, int n,

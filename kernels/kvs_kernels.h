@@ -16,21 +16,54 @@
  *     one layer on the device, the device twin of core's kvs_apply.
  *   - The building blocks, exposed for the parity tests and the latency
  *     benchmark: DCT-II / DCT-III along tokens, fused low-pass + deviation +
- *     per-layer energy, per-segment top-k, 1-D pooling, attention row
- *     log-sum-exp, column sums, entropies, cosine-argmax assignment.
+ *     per-layer energy (FFT or truncated-basis GEMM route), per-segment
+ *     top-k, 1-D pooling, attention row log-sum-exp, column sums,
+ *     entropies, cosine-argmax assignment.
  *
  * Algorithms:
- *   - DCT: Makhoul's N-point algorithm on cuFFT real transforms (R2C and
- *     C2R of length N, batched over every (K|V, head, channel) column of a
- *     layer in column-major [col][N] layout), any N >= 1. The even/odd
- *     reordering is fused into the fp16/bf16/fp32 -> fp32 transpose; the
- *     twiddle, the orthonormal scaling, the Parseval energies (low band and
- *     total, fp64 accumulation) and the band split are one kernel on the
- *     half spectrum, which keeps the HIGH band (m >= omega): by linearity
- *     its inverse is the residual x - x_base, so the deviation kernel reads
- *     one C2R output and the base itself is never formed. The
- *     truncated-basis GEMM route is NOT implemented (it needs an
- *     omega x N basis, i.e. O(N^2) memory).
+ *   - FlashCache's transform, two routes (kvs_gpu_workspace_dct_route);
+ *     both give dev [Hkv][N] and the four energies of
+ *     kvs_gpu_flashcache_layer, fp32 arithmetic, fp64 energy sums:
+ *     FFT route (default): Makhoul's N-point DCT on cuFFT real transforms
+ *     (R2C and C2R of length N, batched over every (K|V, head, channel)
+ *     column of a layer in column-major [col][N] layout), any N >= 1. The
+ *     even/odd reordering is fused into the fp16/bf16/fp32 -> fp32
+ *     transpose; the twiddle, the orthonormal scaling, the Parseval
+ *     energies (low band and total) and the band split are one kernel on
+ *     the half spectrum, which keeps the HIGH band (m >= omega): by
+ *     linearity its inverse is the residual x - x_base, so the deviation
+ *     kernel reads one C2R output and the base itself is never formed.
+ *     Cost per column of N: ~5 N log2 N FLOP (two real FFTs) but
+ *     memory-bound: about 34 bytes of device traffic per cache element
+ *     (pack, R2C, band split, C2R, deviation), ~285 MB per layer at the
+ *     qwen2.5-vl-7b shape, N = 8192 (Hkv 4, d 128), i.e. ~8 GB and ~2 ms for
+ *     28 layers at ~4 TB/s. No memory beyond the O(N) per column buffers.
+ *     GEMM route (KVS_GPU_DCT_GEMM): with C_w the first omega rows of the
+ *     orthonormal DCT-II matrix (omega x N), X_low = C_w x and the residual
+ *     x - C_w^T X_low as two cuBLAS GEMMs per layer over all 2 Hkv d columns
+ *     at once (cublasGemmEx, fp32 compute, on the workspace stream), the
+ *     energies sum X_low^2 and Parseval's sum x^2 (fixed-order, no
+ *     atomics), then the FFT route's deviation kernel on the residual
+ *     (kernels/fc_gemm.cu). Cost: 4 omega = 4 gamma N FLOP per cache
+ *     element (6.6 kFLOP at N = 8192, gamma 0.2, vs ~65 for the FFT; 55
+ *     GFLOP per layer, 1.5 TFLOP for 28 layers: ~30 ms at a realistic
+ *     ~50 TFLOP/s of fp32 SGEMM on an H200), and the basis C_w, omega x N
+ *     fp32 = 4 gamma N^2 bytes, built on the device once per (N, omega)
+ *     and cached in the workspace (allocated when first needed, not by
+ *     kvs_gpu_workspace_init): 54 MB at N = 8192, gamma 0.2; 3.4 GB at N =
+ *     65536; above 4 GiB (KVS_FC_GEMM_BASIS_CAP) or when the device lacks
+ *     the free memory it is refused (KVS_ERR_UNSUPPORTED / KVS_ERR_NOMEM,
+ *     naming N, omega and the size). It is the one buffer of kernels/
+ *     that grows as N^2 (gamma N x N, shared by every head and layer); the
+ *     FFT route needs O(N) per column only.
+ *     When each wins: the FFT route whenever N is more than a few hundred
+ *     (fp32 GEMM time per element ~4 gamma N / 50 TFLOP/s equals the FFT
+ *     route's ~34 B / 4 TB/s near N ~ 500); the GEMM route at small N,
+ *     where the batched FFTs are launch-bound, and as a cross-check. TF32
+ *     tensor cores (KVS_GPU_DCT_GEMM_TF32, opt-in) would move the crossover
+ *     to N ~ 4K but round the inputs to 10-bit mantissas: deviations off by
+ *     ~1e-3 relative, enough to reorder near ties, so its plans are NOT
+ *     guaranteed to equal the CPU's.
  *   - Top-k: one thread block per segment, MSB-first radix select on 64-bit
  *     keys (order-preserving float bits, then the complement of the token
  *     index: ties go to the lower index, all keys distinct), early exit when
@@ -62,7 +95,9 @@
  * to run core's kvs_budget_allocate exactly as the CPU does; every method
  * synchronises once at the end to copy the plan's indices back and read the
  * device error record (NaN / Inf found on the device, naming layer, head,
- * token). The workspace is sized once for a maximal shape and never grows.
+ * token). The workspace is sized once for a maximal shape and never grows,
+ * except for the GEMM route's basis (above), allocated when that route
+ * first runs a shape.
  *
  * Memory: device views are read in place (any head / token stride, channel
  * stride 1). A device cache view's `modality` pointer is HOST memory ([N]
@@ -151,6 +186,22 @@ kvs_status kvs_gpu_workspace_attn_kernel(kvs_gpu_workspace *ws, int which, int *
 /* The kernel kvs_gpu_attn_lse / kvs_gpu_attn_colsum would run now for these
  * views: KVS_GPU_ATTN_MMA, KVS_GPU_ATTN_WMMA or KVS_GPU_ATTN_CUDA_CORES. */
 int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k);
+/* FlashCache's transform (kvs_gpu_flashcache_layer, hence
+ * kvs_gpu_compress("flashcache"); the routes and their costs are under
+ * "Algorithms" above):
+ *   KVS_GPU_DCT_FFT (0, default): cuFFT, Makhoul's algorithm;
+ *   KVS_GPU_DCT_GEMM (1): truncated-basis GEMMs on cuBLAS, fp32 compute
+ *     (plans as the CPU's, like the FFT route);
+ *   KVS_GPU_DCT_GEMM_TF32 (2): the same on TF32 tensor cores; faster, NOT
+ *     plan-exact (deviations ~1e-3 relative), sm_80+ only.
+ * `which` = 0, 1 or 2 sets it, -1 only queries; *in_force (may be NULL)
+ * receives the setting. Selecting a GEMM route the first time creates the
+ * workspace's cuBLAS handle (errors name cuBLAS's status); the basis is
+ * built by the first flashcache call of each (N, omega). Another value is
+ * KVS_ERR_INVALID; TF32 below sm_80 KVS_ERR_UNSUPPORTED. */
+enum { KVS_GPU_DCT_FFT = 0, KVS_GPU_DCT_GEMM = 1, KVS_GPU_DCT_GEMM_TF32 = 2 };
+kvs_status kvs_gpu_workspace_dct_route(kvs_gpu_workspace *ws, int which, int *in_force,
+                                       kvs_err *err);
 /* Name of the workspace's device ("NVIDIA H200 (sm_90)"). */
 const char *kvs_gpu_workspace_device(const kvs_gpu_workspace *ws);
 
@@ -185,7 +236,11 @@ kvs_status kvs_gpu_dct3(kvs_gpu_workspace *ws, const float *X, float *x, int nco
  * dev [Hkv][N] = mean_c (K - K_base)^2 + mean_c (V - V_base)^2 with the
  * low-pass keeping omega coefficients; energy[4] (device, fp64) receives
  * {low K, total K, low V, total V} (sum of squared orthonormal DCT-II
- * coefficients of the layer). `layer` only names errors. */
+ * coefficients of the layer; the GEMM route's total is Parseval's sum of
+ * squared inputs). Runs the workspace's route (kvs_gpu_workspace_dct_route);
+ * the GEMM route builds its basis here when (N, omega) is new and refuses a
+ * basis above KVS_FC_GEMM_BASIS_CAP or beyond free device memory. `layer`
+ * only names errors. */
 kvs_status kvs_gpu_flashcache_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
                                     int layer, int omega, float *dev, double *energy,
                                     kvs_err *err);

@@ -63,6 +63,9 @@ struct kvs_gpu_workspace {
     int n_sm; /* streaming multiprocessors (launch sizing) */
     int tensor_cores; /* attention tiles of fp16 / bf16 inputs on tensor cores */
     int attn_kernel;  /* KVS_GPU_ATTN_WMMA or KVS_GPU_ATTN_MMA (kvs_gpu_workspace_attn_kernel) */
+    int dct_route;    /* KVS_GPU_DCT_* (kvs_gpu_workspace_dct_route): FlashCache's transform */
+    struct kvs_fc_gemm *fcg; /* the GEMM route's cuBLAS handle and cached basis (fc_gemm.cu);
+                              * NULL until the route is first selected */
     int cc_major, cc_minor; /* compute capability */
     char device_name[320];
     cudaStream_t stream;
@@ -126,6 +129,14 @@ int kvs_launch_check_finite(kvs_gpu_workspace *ws, const kvs_view *v, int code, 
 /* flashcache statistics of one layer: dev [Hkv][N], energy [4] (zeroed here). */
 int kvs_launch_flashcache_layer(kvs_gpu_workspace *ws, const kvs_layer *ly, int layer, int omega,
                                 float *dev, double *energy);
+/* The two halves of it that the GEMM route (fc_gemm.cu) shares: K and V of
+ * the layer -> ws->rin [2 H d][N] fp32 in Makhoul's reordered token order
+ * (dct_order.cuh), flagging NaN / Inf; and dev [H][N] from reordered
+ * residual columns resid [2 H d][N] (x - x_base), flagging a non-finite
+ * deviation. */
+int kvs_launch_fc_pack(kvs_gpu_workspace *ws, const kvs_layer *ly, int layer);
+int kvs_launch_fc_dev(kvs_gpu_workspace *ws, const float *resid, int H, int N, int d, float *dev,
+                      int layer);
 /* out[n] = sum_h dev[h][n] ([H][N] -> [N]) */
 int kvs_launch_head_sum(kvs_gpu_workspace *ws, const float *dev, int H, int N, float *out);
 int kvs_launch_topk(kvs_gpu_workspace *ws, const float *scores, const kvs_topk_desc *desc_dev,

@@ -31,7 +31,10 @@
  * on sm_80+).
  * Before the table: one attention pass pair (lse, colsum) of one layer at
  * N = 8192 with both tensor-core kernels, ms and TFLOP/s (bench_passes;
- * about 2 s, skipped when --budget-s < 30).
+ * about 2 s, skipped when --budget-s < 30); then FlashCache on the whole
+ * model at N = 8192 with each DCT route (fft: ms and GB/s; gemm, gemm-tf32:
+ * ms and TFLOP/s; bench_routes; about 1 s, skipped when less than 20 s of
+ * the budget is left). The table itself uses the default (fft) route.
  */
 #include <cuda_runtime_api.h>
 
@@ -158,6 +161,120 @@ cleanup:
     return rc;
 }
 
+/* FlashCache (kvs_gpu_compress, default parameters, ratio 0.2) on the whole
+ * model at N = 8192 with each DCT route (kvs_gpu_workspace_dct_route): fft,
+ * gemm (fp32 cuBLAS) and gemm-tf32 (opt-in, not plan-exact): median of 5
+ * timed runs after 1 warm-up (which builds the GEMM basis), CUDA events on
+ * the workspace stream. GB/s counts the K+V bytes read once (fft), TFLOP/s
+ * the two GEMMs' 4 omega N (2 Hkv d) FLOP per layer (gemm). Skipped (said
+ * so) when the time budget is below 20 s or a warm-up run predicts more
+ * than 10 s. 0, or 1 on a setup error. */
+static int bench_routes(kvs_dtype dt, int L, int Hq, int Hkv, int d, double budget_s) {
+    enum { RN = 8192, RL = 28, REPS = 5 };
+    if (budget_s < 20.0) {
+        printf("flashcache routes: skipped (--budget-s %.0f < 20)\n", budget_s);
+        return 0;
+    }
+    if (L > RL) L = RL;
+    kvs_err err;
+    kvs_err_clear(&err);
+    const int N = RN;
+    const size_t es = kvs_dtype_size(dt), nkv = (size_t)Hkv * N * d;
+    kvs_shape mx = {L, N, Hkv, Hq, d, 0, 1};
+    kvs_gpu_workspace *ws = NULL;
+    void *K[RL], *V[RL];
+    kvs_layer layers[RL];
+    memset(K, 0, sizeof K);
+    memset(V, 0, sizeof V);
+    memset(layers, 0, sizeof layers);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = 1, ok = kvs_gpu_workspace_init(&ws, &mx, &err) == KVS_OK;
+    for (int l = 0; ok && l < L; l++) {
+        ok = kvs_gpu_malloc(&K[l], nkv * es, &err) == KVS_OK &&
+             kvs_gpu_malloc(&V[l], nkv * es, &err) == KVS_OK &&
+             kvs_gpu_fill_random(ws, K[l], dt, nkv, 500u + 2u * l, 1.0f, &err) == KVS_OK &&
+             kvs_gpu_fill_random(ws, V[l], dt, nkv, 501u + 2u * l, 1.0f, &err) == KVS_OK;
+        layers[l].k = kvs_view_make(K[l], dt, Hkv, N, d);
+        layers[l].v = kvs_view_make(V[l], dt, Hkv, N, d);
+        layers[l].k.device = layers[l].v.device = KVS_CUDA;
+    }
+    if (ok) ok = kvs_gpu_sync(ws, &err) == KVS_OK;
+    const kvs_method *me = kvs_method_find("flashcache");
+    if (!ok || !me) {
+        printf("flashcache routes: setup failed: %s\n", me ? err.msg : "no flashcache method");
+        goto cleanup;
+    }
+    cudaStream_t st = (cudaStream_t)kvs_gpu_workspace_stream(ws);
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    kvs_cache_view cv = {L, layers, NULL};
+    kvs_params p;
+    kvs_params_defaults(me, &p);
+    const double gamma = kvs_param_get(me, &p, "gamma");
+    int omega = (int)lround(gamma * N);
+    if (omega < 1) omega = 1;
+    const double bytes = 2.0 * L * (double)nkv * es;
+    const double flop = 4.0 * L * (double)omega * N * (2.0 * Hkv * d);
+    const double gib = 4.0 * omega * (double)N / (1024.0 * 1024.0 * 1024.0);
+    const char *names[3] = {"fft", "gemm", "gemm-tf32"};
+    kvs_budget b = {0.2, 0};
+    for (int route = KVS_GPU_DCT_FFT; route <= KVS_GPU_DCT_GEMM_TF32; route++) {
+        if (kvs_gpu_workspace_dct_route(ws, route, NULL, &err) != KVS_OK) {
+            printf("flashcache routes %-9s: unavailable: %s\n", names[route], err.msg);
+            continue;
+        }
+        double t[REPS];
+        int bad = 0, skipped = 0;
+        for (int r = -1; r < REPS && !bad && !skipped; r++) {
+            kvs_plan plan;
+            float ms = 0;
+            cudaEventRecord(e0, st);
+            kvs_status s = kvs_gpu_compress("flashcache", &p, &cv, &b, ws, &plan, &err);
+            cudaEventRecord(e1, st);
+            if (s == KVS_OK) s = kvs_gpu_sync(ws, &err);
+            if (s != KVS_OK) {
+                bad = 1;
+                break;
+            }
+            kvs_plan_free(&plan);
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (r < 0 && ms * 1e-3 * REPS > 10.0) {
+                printf("flashcache routes %-9s: skipped after warm-up: one run %.1f ms, %d reps > "
+                       "10 s\n", names[route], ms, REPS);
+                skipped = 1;
+            }
+            if (r >= 0) t[r] = ms;
+        }
+        if (bad) {
+            printf("flashcache routes %-9s: failed: %s\n", names[route], err.msg);
+            continue;
+        }
+        if (skipped) continue;
+        qsort(t, REPS, sizeof(double), cmp_d);
+        const double med = pct(t, REPS, 0.5);
+        if (route == KVS_GPU_DCT_FFT)
+            printf("flashcache routes %-9s N=%d L=%d Hkv=%d d=%d %s gamma %g: %.3f ms (median of %d), "
+                   "%.0f GB/s (K+V read once)\n", names[route], N, L, Hkv, d, kvs_dtype_name(dt),
+                   gamma, med, REPS, bytes / (med * 1e6));
+        else
+            printf("flashcache routes %-9s N=%d L=%d Hkv=%d d=%d %s gamma %g: %.3f ms (median of %d), "
+                   "%.1f TFLOP/s (2 GEMMs, %.2f TFLOP), basis %.3f GiB%s\n", names[route], N, L, Hkv,
+                   d, kvs_dtype_name(dt), gamma, med, REPS, flop / (med * 1e9), flop / 1e12, gib,
+                   route == KVS_GPU_DCT_GEMM_TF32 ? ", not plan-exact" : "");
+        fflush(stdout);
+    }
+    rc = 0;
+cleanup:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    for (int l = 0; l < L; l++) {
+        kvs_gpu_free(K[l]);
+        kvs_gpu_free(V[l]);
+    }
+    kvs_gpu_workspace_free(ws);
+    return rc;
+}
+
 static int is_attn(const char *m) { return !strcmp(m, "h2o") || !strcmp(m, "lookm") || !strcmp(m, "meda"); }
 
 int main(int argc, char **argv) {
@@ -254,7 +371,8 @@ int main(int argc, char **argv) {
         printf("device copy bandwidth (read + write): %.0f GB/s\n", copy_gbs);
     }
 
-    if (bench_passes(dt, L, Hq, Hkv, d, budget_s) != 0) return 1;
+    if (bench_passes(dt, L, Hq, Hkv, d, budget_s - (now_s() - t_start)) != 0) return 1;
+    if (bench_routes(dt, L, Hq, Hkv, d, budget_s - (now_s() - t_start)) != 0) return 1;
 
     row rows[MAX_N * MAX_M];
     int nrows = 0;

@@ -83,7 +83,7 @@ fi
 if [ "$status_cfg" -eq 0 ]; then
   status_build=0
   timeout "$(cap 240 150)" cmake --build "$BUILD" -j"$JOBS" --target test_gpu_kernels \
-    test_gpu_methods test_gpu_attn_mma bench_overhead > "$OUTDIR/build.log" 2>&1 || status_build=$?
+    test_gpu_methods test_gpu_attn_mma test_gpu_fc_gemm bench_overhead > "$OUTDIR/build.log" 2>&1 || status_build=$?
   note "build: rc=$status_build in $(($(date +%s) - T0)) s since start (log: build.log)"
   [ "$status_build" -ne 0 ] && grep -m5 -iE "error|Error [0-9]" "$OUTDIR/build.log" | tee -a "$SUMMARY"
 fi
@@ -140,7 +140,7 @@ note "elapsed: $(($(date +%s) - T0)) s; exit $verdict" \
      "bench $status_bench$([ "$no_device" -eq 1 ] && echo ', no CUDA device'))"
 echo
 if [ -s "$OUTDIR/bench.log" ]; then
-  grep -E '^(bench_overhead:|shape |device copy|attention tiles|attention passes)' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
+  grep -E '^(bench_overhead:|shape |device copy|attention tiles|attention passes|flashcache routes)' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
   if grep -q '^== GPU compression overhead' "$OUTDIR/bench.log"; then
     sed -n '/^== GPU compression overhead/,$p' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
   else # killed before its table: the cells it printed as it went

@@ -7,7 +7,9 @@
  * kvs_gpu_apply_layer and kvs_apply agree within 1e-3 relative (fp16 too).
  * fp32, fp16, bf16; random shapes and budgets from synthetic caches with a
  * fresh seed; device outputs poisoned. Every case runs with both
- * tensor-core attention kernels (mma-reg, wmma-smem) and on CUDA cores.
+ * tensor-core attention kernels (mma-reg, wmma-smem) and on CUDA cores;
+ * the flashcache cases also with the truncated-basis GEMM DCT route
+ * (kvs_gpu_workspace_dct_route 1; the default FFT route in the loop).
  * Error paths: NaN in K, unknown method, parameters of another method,
  * host memory, missing queries.
  * Without a CUDA device: checks the reported reason and exits 77 (skipped).
@@ -341,6 +343,26 @@ int main(void) {
                        kvs_dtype_name(kDtypes[t]), on, kn,
                        kvs_test_failures == before ? "ok" : "FAILED");
             }
+    }
+    /* flashcache once more with the truncated-basis GEMM route (cuBLAS,
+     * fp32 compute): its plans must equal the CPU's exactly as the FFT
+     * route's do above (ties aside) */
+    int route = -1;
+    kvs_status rs = kvs_gpu_workspace_dct_route(ws, KVS_GPU_DCT_GEMM, &route, &err);
+    CHECK_MSG(rs == KVS_OK && route == KVS_GPU_DCT_GEMM, "dct route gemm: rc %d: %s", (int)rs,
+              err.msg);
+    if (rs == KVS_OK) {
+        for (size_t i = 0; i < sizeof kCases / sizeof kCases[0]; i++) {
+            if (strcmp(kCases[i].method, "flashcache")) continue;
+            for (int t = 0; t < 3; t++) {
+                const int before = kvs_test_failures;
+                run_case(ws, &rng, &kCases[i], kDtypes[t]);
+                printf("%-14s %-5s dct=gemm %s%s\n", kCases[i].method, kvs_dtype_name(kDtypes[t]),
+                       kCases[i].params[0] ? kCases[i].params[0] : "defaults",
+                       kvs_test_failures == before ? " ok" : " FAILED");
+            }
+        }
+        CHECK_OK(kvs_gpu_workspace_dct_route(ws, KVS_GPU_DCT_FFT, &route, &err), &err);
     }
     kvs_gpu_workspace_tensor_cores(ws, 1);
     test_errors(ws, &rng);

@@ -21,6 +21,8 @@
  * CPU it is 3-6x faster than FFTW's own REDFT10/REDFT01 r2r kinds batched with
  * stride d (those have no SIMD codelets); the tests cross-check the two.
  *
+ * kvs_dct_lowpass_sqres is FlashCache's transform, low-pass and residual
+ * fused over L2-sized column groups (bit for bit the unfused steps).
  * What it is not: no planning at execution time, no threads of its own, no
  * GPU code (kernels/ holds the cuFFT version).
  *
@@ -60,6 +62,25 @@ kvs_status kvs_dct3_ortho_cols(kvs_dct_plan *p, const float *X, float *x, kvs_er
 
 /* Blocked transpose of a [rows][cols] matrix into [cols][rows] (out != in). */
 void kvs_transpose_f32(const float *in, int rows, int cols, float *out);
+
+/* FlashCache's low-pass residual of head `head` of a [N][d] view x (fp32,
+ * fp16 or bf16, any strides), fused: with X the DCT-II of every column c,
+ * base the DCT-III of X with X[m >= omega] = 0 (1 <= omega <= N):
+ *   *lo    = sum_c sum_{m < omega} X_c[m]^2   (double; c, then m ascending)
+ *   acc[n] = sum_c (x_c[n] - base_c[n])^2     (fp32, c ascending), acc [N]
+ * Bit for bit what transposing to [d][N], kvs_dct2_ortho_cols, zeroing
+ * X[m >= omega], kvs_dct3_ortho_cols and those two loops give (the same float
+ * operations in the same order; tests/methods1/test_dct.c checks it). The
+ * head is read once, row chunks transposed straight into the permuted FFT
+ * input; then groups of kvs_dct_plan_group(p) columns go through FFT,
+ * low-pass, inverse FFT and residual while their spectrum and base stay in
+ * L2. Uses the plan's scratch. */
+kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, int omega,
+                                 double *lo, float *acc, kvs_err *err);
+/* Columns per group of kvs_dct_lowpass_sqres: about 512 KiB / (12 N), a
+ * multiple of 8 (of 16 for odd N), at least 8; d where that is not less than
+ * d or where FFTW plans a group's columns differently from all d columns. */
+int kvs_dct_plan_group(const kvs_dct_plan *p);
 
 #ifdef __cplusplus
 }

@@ -42,16 +42,19 @@
  *   - Dev is accumulated in fp32 per token from an fp32 transform; a Dev that
  *     is not finite (overflow in K^2) is KVS_ERR_NUMERIC naming layer/head.
  * Memory: observe keeps Dev [L][Hkv][N] and four double energies per layer;
- * the transform buffers ([d][N] x 3 plus the plan's scratch) are reused for
- * every head and layer. The DCT is methods/dct.h (Makhoul's algorithm on
- * FFTW real FFTs, column-major after one transpose per head).
+ * each worker's DCT plan holds one head's [d][N] permuted columns plus one
+ * L2-sized column group's spectrum and base, reused for every head and
+ * layer. The transform is kvs_dct_lowpass_sqres (methods/dct.h: Makhoul's
+ * algorithm on FFTW real FFTs, fused with the low-pass, the energies and the
+ * squared residual; bit for bit the unfused DCT-II / zeroing / DCT-III).
  * FFTW plans are made once in create() (methods/dct.c makes FFTW's planner
  * thread-safe once per process).
- * Threads: observe splits a layer over min(shape.threads, 2 Hkv) workers by
- * (head, K|V) units (unit u on worker u mod T), each worker
- * with its own plan and buffers; Dev = K share + V share per token and the
- * energies are summed over heads in index order afterwards, so the plan is
- * bit-identical for any thread count.
+ * Threads: observe runs a layer's (head, K|V) units through core's
+ * kvs_parallel_run on kvs_parallel_threads(shape.threads, 2 Hkv) workers,
+ * each with its own plan; a unit writes only its own share of Dev and its
+ * own energies; Dev = K share + V share per token and the energies are
+ * summed over heads in index order afterwards, so the plan is bit-identical
+ * for any thread count.
  * Speed: GCC is asked for -O3 here (the residual loops are memory-bound
  * streams GCC's -O2 cost model leaves scalar); no reassociation is enabled,
  * so results do not depend on it.
@@ -66,15 +69,12 @@
 
 #include <assert.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { P_GAMMA = 0, P_DBA, P_GRAN, P_SINKS, P_RECENT };
 enum { GRAN_HEAD = 0, GRAN_LAYER = 1 };
-enum { FC_CHUNK = 32 };       /* tokens per read of the view */
-enum { FC_MAX_THREADS = 64 }; /* worker threads per observe */
 
 static const kvs_param_def fc_params[] = {
     {"gamma", KVS_PARAM_FLOAT, 0.2, 1e-9, 1.0, NULL,
@@ -89,13 +89,10 @@ static const kvs_param_def fc_params[] = {
      "always keep the last r tokens (ablation; counted in the budget)"},
 };
 
-/* Per-thread transform workspace (a DCT plan owns scratch, so one each). */
+/* Per-thread transform workspace (a DCT plan owns scratch, so one each; it
+ * holds the block, its spectrum and its base, see kvs_dct_lowpass_sqres). */
 typedef struct {
     kvs_dct_plan *plan;
-    float *rows; /* [FC_CHUNK][d] a chunk of one head of K or V, converted to fp32 */
-    float *x;    /* [d][N] one head of K or V, column-major */
-    float *X;    /* [d][N] its DCT-II coefficients */
-    float *base; /* [d][N] low-pass reconstruction */
     float *acc;  /* [N] sum over channels of the squared residual */
 } fc_work;
 
@@ -104,21 +101,19 @@ typedef struct {
     double gamma;
     int omega;
     int dba, gran, sinks, recent;
-    int n_work;            /* worker threads: min(threads, 2 * Hkv) */
+    int n_work;            /* workers: kvs_parallel_threads(threads, 2 Hkv) */
     fc_work *work;         /* [n_work] */
     float *dev;            /* [L][Hkv][N] deviation per token */
     float *dev_part;       /* [Hkv][2][N] one layer's per-(head, K|V) share of dev */
     double *e_head;        /* [Hkv][2][2] one layer's energies per head: K/V x high/total */
     double *e_high, *e_tot; /* [L][2] energies (0: K, 1: V), high band and total */
     unsigned char *seen;   /* [L] */
+    kvs_status *unit_rc;   /* [2 Hkv] one layer's status per (head, K|V) unit */
+    kvs_err *unit_err;     /* [2 Hkv] and its message */
 } fc_state;
 
 static void fc_work_free(fc_work *w) {
     kvs_dct_plan_destroy(w->plan);
-    free(w->rows);
-    free(w->x);
-    free(w->X);
-    free(w->base);
     free(w->acc);
 }
 
@@ -133,6 +128,8 @@ static void fc_destroy(void *state) {
     free(st->e_high);
     free(st->e_tot);
     free(st->seen);
+    free(st->unit_rc);
+    free(st->unit_err);
     free(st);
 }
 
@@ -158,10 +155,7 @@ static kvs_status fc_create(const kvs_params *p, const kvs_shape *s, void **stat
     st->gran = (int)p->v[P_GRAN];
     st->sinks = (int)p->v[P_SINKS];
     st->recent = (int)p->v[P_RECENT];
-    const size_t nd = (size_t)N * (size_t)d;
-    st->n_work = s->threads < 2 * H ? s->threads : 2 * H;
-    if (st->n_work > FC_MAX_THREADS) st->n_work = FC_MAX_THREADS;
-    if (st->n_work < 1) st->n_work = 1;
+    st->n_work = kvs_parallel_threads(s->threads, 2 * H);
     st->work = calloc((size_t)st->n_work, sizeof(fc_work));
     st->dev = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
     st->dev_part = malloc(sizeof(float) * 2 * (size_t)H * (size_t)N);
@@ -169,7 +163,10 @@ static kvs_status fc_create(const kvs_params *p, const kvs_shape *s, void **stat
     st->e_high = calloc((size_t)L * 2, sizeof(double));
     st->e_tot = calloc((size_t)L * 2, sizeof(double));
     st->seen = calloc((size_t)L, 1);
-    if (!st->work || !st->dev || !st->dev_part || !st->e_head || !st->e_high || !st->e_tot || !st->seen) {
+    st->unit_rc = calloc(2 * (size_t)H, sizeof(kvs_status));
+    st->unit_err = calloc(2 * (size_t)H, sizeof(kvs_err));
+    if (!st->work || !st->dev || !st->dev_part || !st->e_head || !st->e_high || !st->e_tot ||
+        !st->seen || !st->unit_rc || !st->unit_err) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "flashcache: out of memory (L=%d Hkv=%d N=%d d=%d)",
                         L, H, N, d);
         goto cleanup;
@@ -181,12 +178,8 @@ static kvs_status fc_create(const kvs_params *p, const kvs_shape *s, void **stat
             kvs_err_prefix(err, "flashcache");
             goto cleanup;
         }
-        w->rows = malloc(sizeof(float) * (size_t)FC_CHUNK * (size_t)d);
-        w->x = malloc(sizeof(float) * nd);
-        w->X = malloc(sizeof(float) * nd);
-        w->base = malloc(sizeof(float) * nd);
         w->acc = malloc(sizeof(float) * (size_t)N);
-        if (!w->rows || !w->x || !w->X || !w->base || !w->acc) {
+        if (!w->acc) {
             rc = kvs_errorf(err, KVS_ERR_NOMEM,
                             "flashcache: out of memory for worker %d (N=%d d=%d)", i, N, d);
             goto cleanup;
@@ -200,40 +193,18 @@ cleanup:
 }
 
 /* One head of K or V: transform, energies, low-pass base, add the mean
- * squared residual of every token to dev[0..N). Works column-major [d][N]. */
+ * squared residual of every token to dev[0..N). */
 static kvs_status fc_column_block(const fc_state *st, fc_work *w, const kvs_view *v, int h,
                                   float *dev /* [N] */,
                                   double *e_high, double *e_tot, kvs_err *err) {
     const int N = st->shape.n_tokens, d = st->shape.head_dim, omega = st->omega;
-    /* Read the head in chunks of FC_CHUNK tokens (L1-sized) and transpose each
-     * into the column-major x. */
-    for (int n0 = 0; n0 < N; n0 += FC_CHUNK) {
-        const int cnt = N - n0 < FC_CHUNK ? N - n0 : FC_CHUNK;
-        kvs_view_rows_f32(v, h, n0, cnt, w->rows);
-        for (int c = 0; c < d; c++) {
-            float *xc = w->x + (int64_t)c * N + n0; /* [cnt] */
-            for (int i = 0; i < cnt; i++) xc[i] = w->rows[(int64_t)i * d + c];
-        }
-    }
-    kvs_status rc = kvs_dct2_ortho_cols(w->plan, w->x, w->X, err);
-    if (rc) return rc;
+    /* DCT-II, lo = ||X[m < omega]||^2, base = DCT-III of the low band,
+     * acc[n] = sum_c (x - base)^2, read from the view in L2-sized column
+     * groups (methods/dct.h). */
     double lo = 0.0;
-    for (int c = 0; c < d; c++) {
-        float *Xc = w->X + (int64_t)c * N; /* [N] */
-        for (int m = 0; m < omega; m++) lo += (double)Xc[m] * Xc[m];
-        if (omega < N) memset(Xc + omega, 0, sizeof(float) * (size_t)(N - omega));
-    }
-    rc = kvs_dct3_ortho_cols(w->plan, w->X, w->base, err);
-    if (rc) return rc;
     float *acc = w->acc; /* [N] */
-    memset(acc, 0, sizeof(float) * (size_t)N);
-    for (int c = 0; c < d; c++) {
-        const float *xc = w->x + (int64_t)c * N, *bc = w->base + (int64_t)c * N; /* [N] */
-        for (int n = 0; n < N; n++) {
-            const float r = xc[n] - bc[n];
-            acc[n] += r * r;
-        }
-    }
+    kvs_status rc = kvs_dct_lowpass_sqres(w->plan, v, h, omega, &lo, acc, err);
+    if (rc) return rc;
     /* High band by Parseval: ||X[m >= omega]||^2 = ||x - base||^2. */
     double hi = 0.0;
     for (int n = 0; n < N; n++) hi += acc[n];
@@ -244,40 +215,25 @@ static kvs_status fc_column_block(const fc_state *st, fc_work *w, const kvs_view
     return KVS_OK;
 }
 
-/* One worker's share of a layer: units u = first, first + stride, ... where
- * unit u is head u / 2 of K (u even) or V (u odd), so a one-head layer still
- * keeps two workers busy. */
+/* One layer's job for kvs_parallel_run: unit u is head u / 2 of K (u even)
+ * or V (u odd), so a one-head layer still keeps two workers busy. */
 typedef struct {
     fc_state *st;
-    fc_work *w;
-    int layer, first, stride;
     const kvs_view *kv[2];
-    int bad_unit; /* first unit that failed, or -1 */
-    kvs_err err;
 } fc_job;
 
-static kvs_status fc_units(fc_job *j) {
+static void fc_unit(void *job, int tid, int u) {
+    fc_job *j = job;
     fc_state *st = j->st;
-    const int N = st->shape.n_tokens, H = st->shape.n_kv_heads;
-    static const char *const nm[2] = {"K", "V"};
-    for (int u = j->first; u < 2 * H; u += j->stride) {
-        const int h = u / 2, t = u % 2;
-        float *part = st->dev_part + (int64_t)u * N; /* [N] */
-        double *eh = st->e_head + 4 * (int64_t)h + 2 * t; /* high, total */
-        memset(part, 0, sizeof(float) * (size_t)N);
-        eh[0] = eh[1] = 0.0;
-        kvs_status rc = fc_column_block(st, j->w, j->kv[t], h, part, &eh[0], &eh[1], &j->err);
-        if (rc) {
-            j->bad_unit = u;
-            return kvs_err_prefix(&j->err, "flashcache: layer %d head %d %s", j->layer, h, nm[t]);
-        }
-    }
-    return KVS_OK;
-}
-
-static void *fc_thread(void *arg) {
-    fc_units(arg);
-    return NULL;
+    const int N = st->shape.n_tokens, h = u / 2, t = u % 2;
+    assert(tid >= 0 && tid < st->n_work);
+    float *part = st->dev_part + (int64_t)u * N;     /* [N] */
+    double *eh = st->e_head + 4 * (int64_t)h + 2 * t; /* high, total */
+    memset(part, 0, sizeof(float) * (size_t)N);
+    eh[0] = eh[1] = 0.0;
+    st->unit_err[u].code = KVS_OK;
+    st->unit_rc[u] = fc_column_block(st, &st->work[tid], j->kv[t], h, part, &eh[0], &eh[1],
+                                     &st->unit_err[u]);
 }
 
 static kvs_status fc_observe(void *state, int layer, const kvs_layer *in,
@@ -302,27 +258,15 @@ static kvs_status fc_observe(void *state, int layer, const kvs_layer *in,
                               "needs host memory",
                               layer, nm[t]);
     }
-    const int T = st->n_work;
-    fc_job jobs[FC_MAX_THREADS];
-    pthread_t tid[FC_MAX_THREADS];
-    int started[FC_MAX_THREADS] = {0};
-    const int nj = T;
-    assert(nj >= 1 && nj <= FC_MAX_THREADS);
-    for (int i = 0; i < nj; i++) {
-        jobs[i] = (fc_job){st, &st->work[i], layer, i, nj, {kv[0], kv[1]}, -1, {KVS_OK, ""}};
-        if (i > 0) started[i] = pthread_create(&tid[i], NULL, fc_thread, &jobs[i]) == 0;
-    }
-    for (int i = 1; i < nj; i++) /* a thread that could not start runs here */
-        if (!started[i]) fc_units(&jobs[i]);
-    fc_units(&jobs[0]);
-    for (int i = 1; i < nj; i++)
-        if (started[i]) pthread_join(tid[i], NULL);
-    /* Report the failing unit with the lowest index (same as one thread). */
-    int worst = -1;
-    for (int i = 0; i < nj; i++)
-        if (jobs[i].bad_unit >= 0 && (worst < 0 || jobs[i].bad_unit < jobs[worst].bad_unit))
-            worst = i;
-    if (worst >= 0) return kvs_errorf(err, jobs[worst].err.code, "%s", jobs[worst].err.msg);
+    fc_job job = {st, {kv[0], kv[1]}};
+    kvs_status rc = kvs_parallel_run(&job, fc_unit, 2 * H, st->n_work, "flashcache", err);
+    if (rc) return rc;
+    /* Report the failing unit with the lowest index (same for any thread count). */
+    for (int u = 0; u < 2 * H; u++)
+        if (st->unit_rc[u]) {
+            *err = st->unit_err[u];
+            return kvs_err_prefix(err, "flashcache: layer %d head %d %s", layer, u / 2, nm[u % 2]);
+        }
     /* Dev = K share + V share, in that order whatever the thread count. */
     for (int h = 0; h < H; h++) {
         float *dev = st->dev + ((int64_t)layer * H + h) * N;          /* [N] */

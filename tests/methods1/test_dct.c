@@ -2,7 +2,9 @@
  * test_dct.c -- methods/dct.h: the orthonormal DCT-II / DCT-III pair on
  * [N][d] and [d][N] column batches, against a naive double-precision DCT
  * written here (small N) and against FFTW's own REDFT10 / REDFT01 kinds
- * (large N), plus round trip, Parseval, in-place use and the error paths.
+ * (large N), plus round trip, Parseval, in-place use and the error paths;
+ * and FlashCache's fused kvs_dct_lowpass_sqres, bit for bit against the
+ * unfused transpose / DCT-II / zeroing / DCT-III / residual it replaces.
  */
 #include "dct.h"
 
@@ -200,10 +202,146 @@ static void test_cols_and_fftw(void) {
     CHECK(ok);
 }
 
+/* The unfused computation kvs_dct_lowpass_sqres replaces (what FlashCache
+ * did before): head h of x to fp32 [d][N], DCT-II, energy of m < omega,
+ * zero m >= omega, DCT-III, squared residual summed over channels. */
+static void lowpass_ref(kvs_dct_plan *p, const kvs_view *x, int h, int omega, double *lo,
+                        float *acc /* [N] */) {
+    const int N = x->n_tokens, d = x->head_dim;
+    const size_t nd = (size_t)N * d;
+    float *rows = malloc(sizeof(float) * nd), *xc = malloc(sizeof(float) * nd); /* [N][d], [d][N] */
+    float *X = malloc(sizeof(float) * nd), *b = malloc(sizeof(float) * nd);     /* [d][N] each */
+    kvs_err e_ = {0}, *e = &e_;
+    kvs_view_rows_f32(x, h, 0, N, rows);
+    kvs_transpose_f32(rows, N, d, xc); /* [d][N] */
+    CHECK_OK(kvs_dct2_ortho_cols(p, xc, X, e), e);
+    double s = 0.0;
+    for (int c = 0; c < d; c++) {
+        float *Xc = X + (size_t)c * N;
+        for (int m = 0; m < omega; m++) s += (double)Xc[m] * Xc[m];
+        for (int m = omega; m < N; m++) Xc[m] = 0.0f;
+    }
+    *lo = s;
+    CHECK_OK(kvs_dct3_ortho_cols(p, X, b, e), e);
+    for (int n = 0; n < N; n++) acc[n] = 0.0f;
+    for (int c = 0; c < d; c++)
+        for (int n = 0; n < N; n++) {
+            const float r = xc[(size_t)c * N + n] - b[(size_t)c * N + n];
+            acc[n] += r * r;
+        }
+    free(rows), free(xc), free(X), free(b);
+}
+
+/* Fused == unfused, exactly: shapes with one group, several groups and a
+ * narrower last group; omega at the edges (1, N) and on both sides of N/2
+ * (where the kept pairs (k, N-k) change); fp32 (contiguous and strided,
+ * head > 0), fp16, bf16. */
+static void test_lowpass_sqres(void) {
+    static const struct {
+        int N, d;
+    } sh[] = {{1, 1},    {2, 3},     {3, 2},     {5, 4},     {17, 3},    {64, 8},
+              {1001, 5}, {2048, 40}, {3001, 24}, {3000, 20}, {1023, 64}, {2048, 256}};
+    uint64_t rng = 99;
+    int grouped = 0;
+    for (size_t a = 0; a < sizeof sh / sizeof sh[0]; a++) {
+        const int N = sh[a].N, d = sh[a].d, H = 2, pad = 3, st = d + pad; /* strided rows */
+        kvs_err e_ = {0}, *e = &e_;
+        kvs_dct_plan *p = NULL;
+        CHECK_OK(kvs_dct_plan_create(N, d, &p, e), e);
+        if (!p) continue;
+        const int g = kvs_dct_plan_group(p);
+        CHECK_MSG(g >= 1 && g <= d, "N=%d d=%d: group %d", N, d, g);
+        if (g < d) grouped++;
+        if (N == 2048 && d == 256) /* the Gemma 3 shape: the L2-sized path is in use */
+            CHECK_MSG(g < d, "N=2048 d=256: kvs_dct_plan_group = %d, not grouped", g);
+        const size_t ne = (size_t)H * N * st;
+        float *f = malloc(sizeof(float) * ne);
+        uint16_t *h16 = malloc(sizeof(uint16_t) * ne), *b16 = malloc(sizeof(uint16_t) * ne);
+        for (size_t i = 0; i < ne; i++) {
+            const size_t n = (i / (size_t)st) % (size_t)N;
+            f[i] = (float)(sin(0.01 * (double)n * (1 + i % 3)) + 0.3 * kvs_rng_normal(&rng));
+            if (i % 97 == 0) f[i] *= 8.0f; /* outliers */
+            h16[i] = kvs_f32_to_f16(f[i]);
+            b16[i] = kvs_f32_to_bf16(f[i]);
+        }
+        kvs_view views[4];
+        views[0] = kvs_view_make(f, KVS_F32, H, N, st); /* rows of st floats, */
+        views[0].head_dim = d;                          /* the first d used: strided */
+        views[1] = kvs_view_make(f, KVS_F32, H, N, d);  /* contiguous [H][N][d] */
+        views[2] = kvs_view_make(h16, KVS_F16, H, N, d);
+        views[3] = kvs_view_make(b16, KVS_BF16, H, N, d);
+        const int omegas[] = {1, N / 5 > 0 ? N / 5 : 1, N / 2, N / 2 + 1, (3 * N) / 4, N};
+        float *acc = malloc(sizeof(float) * N), *ref = malloc(sizeof(float) * N);
+        for (int vi = 0; vi < 4; vi++)
+            for (size_t oi = 0; oi < sizeof omegas / sizeof omegas[0]; oi++) {
+                const int om = omegas[oi] < 1 ? 1 : (omegas[oi] > N ? N : omegas[oi]);
+                const int head = (int)(oi % 2);
+                double lo = -1.0, lo_ref = -2.0;
+                CHECK_OK(kvs_dct_lowpass_sqres(p, &views[vi], head, om, &lo, acc, e), e);
+                lowpass_ref(p, &views[vi], head, om, &lo_ref, ref);
+                CHECK_MSG(lo == lo_ref, "N=%d d=%d view %d omega %d: lo %.17g vs %.17g", N, d, vi,
+                          om, lo, lo_ref);
+                CHECK_MSG(memcmp(acc, ref, sizeof(float) * N) == 0,
+                          "N=%d d=%d view %d omega %d: residual differs", N, d, vi, om);
+                if (om == N) { /* nothing cut: the residual is round-off only */
+                    double ss = 0.0;
+                    for (int n = 0; n < N; n++) ss += acc[n];
+                    CHECK_MSG(ss <= 1e-8 * lo + 1e-30, "N=%d d=%d: omega = N residual %.3g of %.3g",
+                              N, d, ss, lo);
+                }
+            }
+        /* Parseval: lo (omega) + residual = total energy (omega = N / 5). */
+        if (N >= 5) {
+            double lo = 0.0, tot = 0.0, hi = 0.0;
+            CHECK_OK(kvs_dct_lowpass_sqres(p, &views[1], 1, N / 5, &lo, acc, e), e);
+            for (int n = 0; n < N; n++) hi += acc[n];
+            for (int n = 0; n < N; n++)
+                for (int c = 0; c < d; c++) {
+                    const double v = f[((size_t)N + n) * d + c];
+                    tot += v * v;
+                }
+            CHECK_MSG(fabs(lo + hi - tot) <= 1e-5 * tot, "N=%d d=%d: lo + hi %.9g vs %.9g", N, d,
+                      lo + hi, tot);
+        }
+        free(f), free(h16), free(b16), free(acc), free(ref);
+        kvs_dct_plan_destroy(p);
+    }
+    CHECK_MSG(grouped >= 3, "only %d shapes took the grouped path", grouped);
+}
+
+static void test_lowpass_errors(void) {
+    kvs_err e_ = {0}, *e = &e_;
+    kvs_dct_plan *p = NULL;
+    CHECK_OK(kvs_dct_plan_create(8, 2, &p, e), e);
+    if (!p) return;
+    float x[2 * 8 * 2] = {0}, acc[8];
+    double lo;
+    kvs_view v = kvs_view_make(x, KVS_F32, 2, 8, 2);
+    CHECK_OK(kvs_dct_lowpass_sqres(p, &v, 1, 3, &lo, acc, e), e);
+    CHECK(lo == 0.0);
+    CHECK_FAILS(kvs_dct_lowpass_sqres(p, NULL, 0, 3, &lo, acc, e), KVS_ERR_INVALID, e, "NULL");
+    CHECK_FAILS(kvs_dct_lowpass_sqres(p, &v, 0, 3, NULL, acc, e), KVS_ERR_INVALID, e, "NULL");
+    CHECK_FAILS(kvs_dct_lowpass_sqres(p, &v, 0, 0, &lo, acc, e), KVS_ERR_INVALID, e, "omega=0");
+    CHECK_FAILS(kvs_dct_lowpass_sqres(p, &v, 0, 9, &lo, acc, e), KVS_ERR_INVALID, e, "omega=9");
+    CHECK_FAILS(kvs_dct_lowpass_sqres(p, &v, 2, 3, &lo, acc, e), KVS_ERR_INVALID, e, "head 2");
+    kvs_view w = kvs_view_make(x, KVS_F32, 1, 16, 2);
+    CHECK_FAILS(kvs_dct_lowpass_sqres(p, &w, 0, 3, &lo, acc, e), KVS_ERR_INVALID, e, "N=16 d=2");
+    w = v;
+    w.device = KVS_CUDA;
+    CHECK_FAILS(kvs_dct_lowpass_sqres(p, &w, 0, 3, &lo, acc, e), KVS_ERR_UNSUPPORTED, e,
+                "device memory");
+    w = v;
+    w.dtype = KVS_U8;
+    CHECK_FAILS(kvs_dct_lowpass_sqres(p, &w, 0, 3, &lo, acc, e), KVS_ERR_INVALID, e, "dtype");
+    kvs_dct_plan_destroy(p);
+}
+
 int main(void) {
     test_hand();
     test_against_naive();
     test_errors();
     test_cols_and_fftw();
+    test_lowpass_sqres();
+    test_lowpass_errors();
     return kvs_test_finish("test_dct");
 }

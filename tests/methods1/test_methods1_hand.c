@@ -424,6 +424,23 @@ static void test_flashcache_hand(void) {
     flashcache_spike(&c, 1);
     CHECK_FAILS(m1_run(m, &p, &c, 2, &plan, e), KVS_ERR_INVALID, e, "gamma=0 outside (0, 1]");
     m1_cache_free(&c);
+    /* A transform failing in one (head, K|V) unit (here a V that is not a
+     * float type, which only the method's own table lets through) is
+     * reported with its layer, head and K|V, 2 threads or 1. */
+    kvs_params_defaults(m, &p);
+    flashcache_spike(&c, 2);
+    for (int threads = 1; threads <= 2; threads++) {
+        kvs_shape s = m1_shape(&c, threads);
+        void *state = NULL;
+        CHECK_OK(m->create(&p, &s, &state, e), e);
+        if (!state) continue;
+        kvs_layer bad = c.layers[0];
+        bad.v.dtype = KVS_U8;
+        CHECK_FAILS(m->observe(state, 0, &bad, NULL, e), KVS_ERR_INVALID, e,
+                    "flashcache: layer 0 head 0 V: kvs_dct_lowpass_sqres: dtype");
+        m->destroy(state);
+    }
+    m1_cache_free(&c);
 }
 
 int main(void) {

@@ -14,7 +14,7 @@
  * method's dominant term measured by a micro-benchmark in the same cell:
  *   flashcache            one orthonormal DCT-II + DCT-III pair over every
  *                         (layer, K|V, head, channel) column (methods/dct.h),
- *                         spread over all threads;
+ *                         in L2-sized column groups, on the cell's threads;
  *   h2o, lookm, meda      one causal attention pass over all queries
  *                         (core's kvs_attn_colsum_fused, every layer);
  *   snapkv                the same pass over the observation window only;
@@ -59,7 +59,6 @@
 
 #include <assert.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,60 +367,67 @@ static void make_work(const oh_inst *in, const kvs_layer *src, int want, kvs_lay
 
 /* ---- dominant terms (CPU micro-benchmarks) ------------------------------------ */
 
+/* FlashCache's dominant term: one orthonormal DCT-II + DCT-III pair over
+ * every (layer, K|V, head, channel) column, at its best: the input already
+ * transposed to [d][N] fp32, the columns of a block taken in groups of G
+ * (kvs_dct_plan_group: the group's spectrum and output stay in L2, as in
+ * kvs_dct_lowpass_sqres), one (layer, K|V, head) block per unit on the cell's
+ * threads. FFT cost does not depend on the values, so at most 64 MiB of real
+ * columns are re-used over the blocks. */
 typedef struct {
-    kvs_dct_plan *plan;
-    float *X, *y; /* [d][N] each */
-    const float *cols; /* [nblocks][d][N] transposed columns (shared, read-only) */
-    int nblocks, total, tid, nthreads;
-    kvs_status rc;
-    kvs_err err;
-} dct_job;
-
-static void *dct_worker(void *arg) {
-    dct_job *j = arg;
-    const int N = kvs_dct_plan_n(j->plan), d = kvs_dct_plan_d(j->plan);
-    for (int b = j->tid; b < j->total && !j->rc; b += j->nthreads) {
-        const float *x = j->cols + (size_t)(b % j->nblocks) * d * N;
-        if ((j->rc = kvs_dct2_ortho_cols(j->plan, x, j->X, &j->err))) break;
-        j->rc = kvs_dct3_ortho_cols(j->plan, j->X, j->y, &j->err);
-    }
-    return NULL;
-}
-
-typedef struct {
-    int T;
-    dct_job *jobs; /* [T] */
-    float *cols;   /* [nblocks][d][N] */
-    int nblocks, total;
+    kvs_dct_plan **plans; /* [T] (N, G) plans, one per worker */
+    float *X, *y;         /* [T][G][N] each */
+    const float *cols;    /* [nblocks][d][N] transposed columns (read-only) */
+    int nblocks, total, T, N, d, G;
+    kvs_status *rc;       /* [total] */
 } dct_bench;
 
-static void dct_bench_free(dct_bench *b) {
-    for (int t = 0; b->jobs && t < b->T; t++) {
-        kvs_dct_plan_destroy(b->jobs[t].plan);
-        free(b->jobs[t].X);
-        free(b->jobs[t].y);
+static void dct_unit(void *job, int tid, int u) {
+    dct_bench *b = job;
+    const size_t gn = (size_t)b->G * b->N;
+    const float *x = b->cols + (size_t)(u % b->nblocks) * b->d * b->N;
+    float *X = b->X + (size_t)tid * gn, *y = b->y + (size_t)tid * gn;
+    for (int c = 0; c < b->d && !b->rc[u]; c += b->G) {
+        if ((b->rc[u] = kvs_dct2_ortho_cols(b->plans[tid], x + (size_t)c * b->N, X, NULL))) break;
+        b->rc[u] = kvs_dct3_ortho_cols(b->plans[tid], X, y, NULL);
     }
-    free(b->jobs);
-    free(b->cols);
+}
+
+static void dct_bench_free(dct_bench *b) {
+    for (int t = 0; b->plans && t < b->T; t++) kvs_dct_plan_destroy(b->plans[t]);
+    free(b->plans);
+    free(b->X);
+    free(b->y);
+    free((void *)b->cols);
+    free(b->rc);
     memset(b, 0, sizeof *b);
 }
 
-/* Columns of as many whole (layer, K|V, head) blocks of set 0 as fit in
- * 64 MiB (at least one), transposed to [d][N] fp32; total = L * 2 * Hkv. */
-static kvs_status dct_bench_init(dct_bench *b, const oh_inst *in, int T, kvs_err *err) {
+static kvs_status dct_bench_init(dct_bench *b, const oh_inst *in, int threads, kvs_err *err) {
     memset(b, 0, sizeof *b);
     const int N = in->N, d = in->d;
     const size_t blk = (size_t)d * N; /* floats per block */
+    kvs_dct_plan *probe = NULL;
+    float *rows = NULL, *cols = NULL;
+    kvs_status rc = kvs_dct_plan_create(N, d, &probe, err);
+    if (rc) return rc;
+    int G = kvs_dct_plan_group(probe);
+    if (G < 1 || G > d || d % G != 0) G = d; /* whole blocks when groups do not tile d */
+    kvs_dct_plan_destroy(probe);
+    b->N = N, b->d = d, b->G = G;
     b->total = in->L * 2 * in->Hkv;
     b->nblocks = (int)((64u << 20) / (blk * sizeof(float)));
     if (b->nblocks < 1) b->nblocks = 1;
     if (b->nblocks > b->total) b->nblocks = b->total;
-    b->T = T;
-    b->cols = malloc(blk * b->nblocks * sizeof(float));
-    b->jobs = calloc((size_t)T, sizeof *b->jobs);
-    float *rows = malloc(blk * sizeof(float)); /* [N][d] one head in fp32 */
-    kvs_status rc = KVS_OK;
-    if (!b->cols || !b->jobs || !rows) {
+    b->T = kvs_parallel_threads(threads, b->total);
+    cols = malloc(blk * b->nblocks * sizeof(float));               /* [nblocks][d][N] */
+    rows = malloc(blk * sizeof(float));                            /* [N][d] one head */
+    b->plans = calloc((size_t)b->T, sizeof *b->plans);             /* [T] */
+    b->X = malloc(sizeof(float) * (size_t)b->T * G * N);          /* [T][G][N] */
+    b->y = malloc(sizeof(float) * (size_t)b->T * G * N);          /* [T][G][N] */
+    b->rc = calloc((size_t)b->total, sizeof *b->rc);               /* [total] */
+    b->cols = cols;
+    if (!cols || !rows || !b->plans || !b->X || !b->y || !b->rc) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for the DCT micro-benchmark");
         goto cleanup;
     }
@@ -429,20 +435,10 @@ static kvs_status dct_bench_init(dct_bench *b, const oh_inst *in, int T, kvs_err
         int l = i / (2 * in->Hkv), kv = (i / in->Hkv) % 2, h = i % in->Hkv;
         const kvs_view *v = kv ? &in->layers[l].v : &in->layers[l].k;
         kvs_view_rows_f32(v, h, 0, N, rows);
-        kvs_transpose_f32(rows, N, d, b->cols + (size_t)i * blk);
+        kvs_transpose_f32(rows, N, d, cols + (size_t)i * blk);
     }
-    for (int t = 0; t < T; t++) {
-        dct_job *j = &b->jobs[t];
-        if ((rc = kvs_dct_plan_create(N, d, &j->plan, err))) goto cleanup;
-        j->X = malloc(blk * sizeof(float));
-        j->y = malloc(blk * sizeof(float));
-        if (!j->X || !j->y) {
-            rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for the DCT micro-benchmark");
-            goto cleanup;
-        }
-        j->cols = b->cols, j->nblocks = b->nblocks, j->total = b->total;
-        j->tid = t, j->nthreads = T;
-    }
+    for (int t = 0; t < b->T; t++)
+        if ((rc = kvs_dct_plan_create(N, G, &b->plans[t], err))) goto cleanup;
 cleanup:
     free(rows);
     if (rc) dct_bench_free(b);
@@ -450,22 +446,11 @@ cleanup:
 }
 
 static kvs_status dct_bench_run(dct_bench *b, kvs_err *err) {
-    pthread_t tid[256];
-    int started[256] = {0};
-    assert(b->T <= 256);
-    for (int t = 0; t < b->T; t++) b->jobs[t].rc = KVS_OK;
-    for (int t = 1; t < b->T; t++)
-        started[t] = pthread_create(&tid[t], NULL, dct_worker, &b->jobs[t]) == 0;
-    dct_worker(&b->jobs[0]);
-    for (int t = 1; t < b->T; t++) {
-        if (started[t])
-            pthread_join(tid[t], NULL);
-        else
-            dct_worker(&b->jobs[t]); /* could not start: run here */
-    }
-    for (int t = 0; t < b->T; t++)
-        if (b->jobs[t].rc) return kvs_errorf(err, b->jobs[t].rc, "%s", b->jobs[t].err.msg);
-    return KVS_OK;
+    memset(b->rc, 0, sizeof *b->rc * (size_t)b->total);
+    kvs_status rc = kvs_parallel_run(b, dct_unit, b->total, b->T, "DCT micro-benchmark", err);
+    for (int u = 0; !rc && u < b->total; u++)
+        if (b->rc[u]) rc = kvs_errorf(err, b->rc[u], "DCT micro-benchmark: block %d failed", u);
+    return rc;
 }
 
 /* The dominant term of the index-only methods (full, random, StreamingLLM):

@@ -27,12 +27,17 @@
  * own is the basis (4 omega N bytes, capped at KVS_FC_GEMM_BASIS_CAP) and
  * 8 KiB of partial sums.
  *
+ * cuBLAS is loaded with dlopen when the route is first chosen (libcublas
+ * .so.<CUDA major>): the FFT route, the default, then costs no process the
+ * ~60 MB of cuBLAS / cuBLASLt pages a link-time dependency maps at start.
+ *
  * What it is not: no FFT code (kvs_kernels.cu), no method logic
  * (gpu_compress.c), no host synchronisation (kvs_fc_prepare may allocate,
  * which the CUDA runtime may serialise with the device).
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <assert.h>
 #include <math.h>
@@ -46,7 +51,23 @@
 #define FC_PARTS 256 /* blocks per energy sum (fixed: the sums are deterministic) */
 #define FC_MARGIN ((size_t)64 << 20) /* free device memory left after the basis */
 
+/* The cuBLAS entry points the route calls, from dlopen. */
+typedef struct {
+    void *lib;
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*destroy)(cublasHandle_t);
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                              const void *, const void *, cudaDataType, int, const void *,
+                              cudaDataType, int, const void *, void *, cudaDataType, int,
+                              cublasComputeType_t, cublasGemmAlgo_t);
+    const char *(*status_name)(cublasStatus_t);
+    const char *(*status_string)(cublasStatus_t);
+} cublas_api;
+
 struct kvs_fc_gemm {
+    cublas_api api;
     cublasHandle_t h; /* on ws->stream */
     float *basis;     /* [omega][N] fp32: the N x omega column-major matrix Bw^T */
     size_t cap;       /* bytes allocated at basis */
@@ -111,11 +132,49 @@ __global__ void __launch_bounds__(FC_PARTS) k_fc_sumsq_final(const double *part,
 /* Host side                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static kvs_status cublas_check(cublasStatus_t s, const char *what, kvs_err *err) {
+static kvs_status cublas_check(const cublas_api *a, cublasStatus_t s, const char *what,
+                               kvs_err *err) {
     if (s == CUBLAS_STATUS_SUCCESS) return KVS_OK;
     return kvs_errorf(err, s == CUBLAS_STATUS_ALLOC_FAILED ? KVS_ERR_NOMEM : KVS_ERR_INTERNAL,
-                      "%s: cuBLAS error %d (%s): %s", what, (int)s, cublasGetStatusName(s),
-                      cublasGetStatusString(s));
+                      "%s: cuBLAS error %d (%s): %s", what, (int)s, a->status_name(s),
+                      a->status_string(s));
+}
+
+#define KVS_STR2(x) #x
+#define KVS_STR(x) KVS_STR2(x)
+#ifndef KVS_CUDA_MAJOR
+#define KVS_CUDA_MAJOR 13
+#endif
+
+/* dlopen the cuBLAS of the CUDA major version we were built with. */
+static kvs_status cublas_load(cublas_api *a, kvs_err *err) {
+    const char *name = "libcublas.so." KVS_STR(KVS_CUDA_MAJOR);
+    memset(a, 0, sizeof *a);
+    a->lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "DCT GEMM route needs %s (the FFT route does not): %s", name, dlerror());
+    struct {
+        void **slot;
+        const char *sym;
+    } syms[] = {{(void **)&a->create, "cublasCreate_v2"},
+                {(void **)&a->destroy, "cublasDestroy_v2"},
+                {(void **)&a->set_stream, "cublasSetStream_v2"},
+                {(void **)&a->set_math_mode, "cublasSetMathMode"},
+                {(void **)&a->gemm_ex, "cublasGemmEx"},
+                {(void **)&a->status_name, "cublasGetStatusName"},
+                {(void **)&a->status_string, "cublasGetStatusString"}};
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        *syms[i].slot = dlsym(a->lib, syms[i].sym);
+        if (!*syms[i].slot) {
+            kvs_status st = kvs_errorf(err, KVS_ERR_UNSUPPORTED, "DCT GEMM route: %s has no %s",
+                                       name, syms[i].sym);
+            dlclose(a->lib);
+            memset(a, 0, sizeof *a);
+            return st;
+        }
+    }
+    return KVS_OK;
 }
 
 extern "C" size_t kvs_fc_gemm_basis_bytes(int N, int omega) {
@@ -124,9 +183,10 @@ extern "C" size_t kvs_fc_gemm_basis_bytes(int N, int omega) {
 
 extern "C" void kvs_fc_gemm_free(kvs_fc_gemm *g) {
     if (!g) return;
-    if (g->h) cublasDestroy(g->h);
+    if (g->h) g->api.destroy(g->h);
     if (g->basis) cudaFree(g->basis);
     if (g->part) cudaFree(g->part);
+    if (g->api.lib) dlclose(g->api.lib);
     free(g);
 }
 
@@ -134,14 +194,18 @@ extern "C" void kvs_fc_gemm_free(kvs_fc_gemm *g) {
 static kvs_status gemm_create(kvs_gpu_workspace *ws, kvs_err *err) {
     kvs_fc_gemm *g = (kvs_fc_gemm *)calloc(1, sizeof *g);
     if (!g) return kvs_errorf(err, KVS_ERR_NOMEM, "DCT GEMM route: out of host memory");
-    kvs_status st = cublas_check(cublasCreate(&g->h), "DCT GEMM route: cublasCreate", err);
-    if (st) g->h = NULL;
+    kvs_status st = cublas_load(&g->api, err);
+    const cublas_api *a = &g->api;
+    if (!st) {
+        st = cublas_check(a, a->create(&g->h), "DCT GEMM route: cublasCreate", err);
+        if (st) g->h = NULL;
+    }
     if (!st)
-        st = cublas_check(cublasSetStream(g->h, ws->stream), "DCT GEMM route: cublasSetStream",
+        st = cublas_check(a, a->set_stream(g->h, ws->stream), "DCT GEMM route: cublasSetStream",
                           err);
     /* fp32 GEMMs stay fp32: no tensor-op math unless a call asks for TF32 */
     if (!st)
-        st = cublas_check(cublasSetMathMode(g->h, CUBLAS_DEFAULT_MATH),
+        st = cublas_check(a, a->set_math_mode(g->h, CUBLAS_DEFAULT_MATH),
                           "DCT GEMM route: cublasSetMathMode", err);
     if (!st) {
         const cudaError_t rc = cudaMalloc((void **)&g->part, sizeof(double) * 4 * FC_PARTS);
@@ -263,7 +327,7 @@ static kvs_status gemm_layer(kvs_gpu_workspace *ws, const kvs_layer *ly, int lay
     if (st) return st;
     /* X_low (omega x ncols, ld omega) = Bw (omega x N) * x (N x ncols, ld N);
      * Bw is stored as its transpose (N x omega, ld N), hence OP_T */
-    st = cublas_check(cublasGemmEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, omega, ncols, N, &one, g->basis,
+    st = cublas_check(&g->api, g->api.gemm_ex(g->h, CUBLAS_OP_T, CUBLAS_OP_N, omega, ncols, N, &one, g->basis,
                                    CUDA_R_32F, N, ws->rin, CUDA_R_32F, N, &zero, xl, CUDA_R_32F,
                                    omega, ct, CUBLAS_GEMM_DEFAULT),
                       what, err);
@@ -277,7 +341,7 @@ static kvs_status gemm_layer(kvs_gpu_workspace *ws, const kvs_layer *ly, int lay
                              cudaMemcpyDeviceToDevice, ws->stream);
     if (rc != cudaSuccess) return kvs_gpu_cuda_check(rc, what, err);
     /* residual (N x ncols, ld N) = x - Bw^T (N x omega) * X_low (omega x ncols) */
-    st = cublas_check(cublasGemmEx(g->h, CUBLAS_OP_N, CUBLAS_OP_N, N, ncols, omega, &minus_one,
+    st = cublas_check(&g->api, g->api.gemm_ex(g->h, CUBLAS_OP_N, CUBLAS_OP_N, N, ncols, omega, &minus_one,
                                    g->basis, CUDA_R_32F, N, xl, CUDA_R_32F, omega, &one, ws->rout,
                                    CUDA_R_32F, N, ct, CUBLAS_GEMM_DEFAULT),
                       what, err);

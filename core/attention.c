@@ -166,6 +166,8 @@ typedef struct {
     const float *kf; /* K head g, token j: kf + g * kf_head + j * kf_tok */
     int64_t kf_head, kf_tok;
     float *kf_owned; /* [Hkv][N][d] fp32 copy when K is not usable as is */
+    const kvs_view *k; /* the keys as given */
+    int k_lazy;        /* kf == NULL: each unit converts its head's keys (fused path) */
 } attn_ctx;
 
 static int dtype_ok(kvs_dtype t) { return t == KVS_F32 || t == KVS_F16 || t == KVS_BF16; }
@@ -187,10 +189,33 @@ static kvs_status check_view(const kvs_view *v, const char *fn, const char *what
     return KVS_OK;
 }
 
+/* fp16 / bf16 keys to fp32, one (KV head, KCONV_ROWS rows) unit each: on
+ * the call's threads, since with small GQA groups (SnapKV's window on a
+ * model without GQA) the conversion costs as much as the logits. */
+enum { KCONV_ROWS = 1024, KCHUNK = 512 };
+typedef struct {
+    const kvs_view *k;
+    float *dst; /* [Hkv][N][d] */
+    int n_chunks;
+} kconv_job;
+
+static void kconv_unit(void *job, int tid, int u) {
+    (void)tid;
+    const kconv_job *j = job;
+    const int g = u / j->n_chunks, n0 = (u % j->n_chunks) * KCONV_ROWS;
+    const int N = j->k->n_tokens, d = j->k->head_dim;
+    const int rows = N - n0 < KCONV_ROWS ? N - n0 : KCONV_ROWS;
+    kvs_view_rows_f32(j->k, g, n0, rows, j->dst + ((size_t)g * N + (size_t)n0) * d);
+}
+
 /* wide: grow the row block for small G (lse, colsum); entropies keep TQ
  * since one of its units holds the rows of all Hq heads. */
-static kvs_status ctx_init(attn_ctx *c, const kvs_view *q, const kvs_view *k, int wide,
-                           const char *fn, kvs_err *err) {
+static kvs_status ctx_convert_k(attn_ctx *c, int threads, const char *fn, kvs_err *err);
+
+/* lazy: leave fp16 / bf16 keys unconverted (c->k_lazy) for a caller that
+ * decides later (kvs_attn_colsum_fused). */
+static kvs_status ctx_init(attn_ctx *c, const kvs_view *q, const kvs_view *k, int wide, int lazy,
+                           int threads, const char *fn, kvs_err *err) {
     memset(c, 0, sizeof *c);
     if (!q || !k) return kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL q or k view", fn);
     kvs_status st = check_view(q, fn, "q", err);
@@ -211,6 +236,7 @@ static kvs_status ctx_init(attn_ctx *c, const kvs_view *q, const kvs_view *k, in
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: Nq = %d queries exceed N = %d keys", fn,
                           q->n_tokens, k->n_tokens);
     c->q = q;
+    c->k = k;
     c->Hq = q->n_heads;
     c->Hkv = k->n_heads;
     c->G = c->Hq / c->Hkv;
@@ -227,12 +253,24 @@ static kvs_status ctx_init(attn_ctx *c, const kvs_view *q, const kvs_view *k, in
         c->kf_tok = k->s_tok;
         return KVS_OK;
     }
+    if (lazy) {
+        c->k_lazy = 1;
+        return KVS_OK;
+    }
+    return ctx_convert_k(c, threads, fn, err);
+}
+
+/* Every KV head's keys to fp32 [Hkv][N][d] (c->kf_owned, freed by ctx_free). */
+static kvs_status ctx_convert_k(attn_ctx *c, int threads, const char *fn, kvs_err *err) {
     const size_t nd = (size_t)c->N * (size_t)c->d;
+    c->k_lazy = 0;
     c->kf_owned = malloc(sizeof(float) * nd * (size_t)c->Hkv); /* [Hkv][N][d] */
     if (!c->kf_owned)
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for the fp32 keys (%d heads x %d x %d)",
                           fn, c->Hkv, c->N, c->d);
-    for (int g = 0; g < c->Hkv; g++) kvs_view_rows_f32(k, g, 0, c->N, c->kf_owned + (size_t)g * nd);
+    kconv_job kj = {c->k, c->kf_owned, (c->N + KCONV_ROWS - 1) / KCONV_ROWS};
+    kvs_status st = kvs_parallel_run(&kj, kconv_unit, c->Hkv * kj.n_chunks, threads, fn, err);
+    if (st) return st;
     c->kf = c->kf_owned;
     c->kf_head = (int64_t)nd;
     c->kf_tok = c->d;
@@ -397,7 +435,7 @@ kvs_status kvs_attn_lse(const kvs_view *q, const kvs_view *k, float *lse, int th
     attn_ctx c;
     scratch *sc = NULL;
     int nt = 0;
-    kvs_status st = ctx_init(&c, q, k, 1, fn, err);
+    kvs_status st = ctx_init(&c, q, k, 1, 0, threads, fn, err);
     if (st) goto cleanup;
     if (!lse && c.Nq > 0) {
         st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL lse output", fn);
@@ -541,7 +579,7 @@ kvs_status kvs_attn_colsum(const kvs_view *q, const kvs_view *k, const float *ls
     int nt = 0;
     colsum_job J;
     memset(&J, 0, sizeof J);
-    kvs_status st = ctx_init(&c, q, k, 1, fn, err);
+    kvs_status st = ctx_init(&c, q, k, 1, 0, threads, fn, err);
     if (st) goto cleanup;
     st = colsum_begin(&c, colsum, fn, err);
     if (st || c.Nq == 0) goto cleanup;
@@ -597,6 +635,7 @@ typedef struct {
     int n_slab;
     int slab_b0[NSLAB + 1];
     double *acc; /* [Hkv][n_slab][N] */
+    float *kbuf; /* [threads][KCHUNK][d] fp32 keys being converted (lazy), or NULL */
 } fused_job;
 
 /* One row of logits s[0 .. nv) (the causal keys; s[nv .. nv rounded up to
@@ -676,14 +715,24 @@ static void fused_unit(void *jp, int tid, int u) {
     double *acc = J->acc + ((size_t)g * J->n_slab + sl) * c->N; /* [N] */
     float *buf = J->big + (size_t)tid * (size_t)(c->G * c->tq) * (size_t)ld; /* [M][ld] */
     float *col = J->colf + (size_t)tid * (size_t)ld;                         /* [ld] */
+    float *kbuf = J->kbuf ? J->kbuf + (size_t)tid * KCHUNK * (size_t)c->d : NULL; /* [KCHUNK][d] */
     for (int b = J->slab_b0[sl]; b < J->slab_b0[sl + 1]; b++) {
         const int i0 = b * c->tq, nr = block_rows(c, b), M = c->G * nr;
         const int W = c->off + i0 + nr; /* keys 0 .. W-1 are visible to some row */
         const int Wp = (W + VL - 1) / VL * VL;
         assert(Wp <= ld);
         load_q_group(c, g, i0, nr, sc->qb);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, c->d, c->scale, sc->qb, c->d,
-                    c->kf + (int64_t)g * c->kf_head, (int)c->kf_tok, 0.0f, buf, (int)ld);
+        if (c->kf) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, c->d, c->scale, sc->qb, c->d,
+                        c->kf + (int64_t)g * c->kf_head, (int)c->kf_tok, 0.0f, buf, (int)ld);
+        } else { /* lazy keys (nb == 1: this is the head's only block) */
+            for (int j0 = 0; j0 < W; j0 += KCHUNK) {
+                const int w = W - j0 < KCHUNK ? W - j0 : KCHUNK;
+                kvs_view_rows_f32(c->k, g, j0, w, kbuf);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, w, c->d, c->scale, sc->qb,
+                            c->d, kbuf, c->d, 0.0f, buf + j0, (int)ld);
+            }
+        }
         memset(col, 0, sizeof(float) * (size_t)Wp);
         for (int R = 0; R < M; R++) {
             const int r = R % nr, h = g * c->G + R / nr;
@@ -706,7 +755,7 @@ kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *ls
     float *lse_owned = NULL; /* [Hq][Nq] when the caller passes lse = NULL */
     fused_job J;
     memset(&J, 0, sizeof J);
-    kvs_status st = ctx_init(&c, q, k, 1, fn, err);
+    kvs_status st = ctx_init(&c, q, k, 1, 1, threads, fn, err);
     if (st) goto cleanup;
     st = colsum_begin(&c, colsum, fn, err);
     if (st || c.Nq == 0) goto cleanup;
@@ -720,6 +769,16 @@ kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *ls
     const int n_units = c.Hkv * J.n_slab;
     nt = kvs_parallel_threads(threads, n_units);
     const size_t M = (size_t)c.G * (size_t)c.tq;
+    /* fp16 / bf16 keys read by one block per KV head (SnapKV's window): the
+     * unit converts them KCHUNK keys at a time into per-thread scratch that
+     * stays in cache, instead of a fresh [Hkv][N][d] fp32 copy of the layer
+     * (with a small GQA group that copy cost as much as the logits). */
+    if (c.k_lazy && c.nb > 1) st = ctx_convert_k(&c, threads, fn, err);
+    if (!st && c.k_lazy) {
+        J.kbuf = malloc(sizeof(float) * (size_t)nt * KCHUNK * (size_t)c.d); /* [nt][KCHUNK][d] */
+        if (!J.kbuf) st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory for the fp32 keys", fn);
+    }
+    if (st) goto cleanup;
     J.acc = calloc((size_t)c.Hkv * (size_t)J.n_slab * (size_t)c.N, sizeof(double));
     J.big = malloc(sizeof(float) * (size_t)nt * M * (size_t)J.ld);    /* [nt][M][ld] */
     J.colf = malloc(sizeof(float) * (size_t)nt * (size_t)J.ld);       /* [nt][ld] */
@@ -741,6 +800,7 @@ cleanup:
     free(J.acc);
     free(J.big);
     free(J.colf);
+    free(J.kbuf);
     free(lse_owned);
     ctx_free(&c);
     return st;
@@ -953,7 +1013,7 @@ kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float 
     int nt = 0;
     ent_job J;
     memset(&J, 0, sizeof J);
-    kvs_status st = ctx_init(&c, q, k, 0, fn, err);
+    kvs_status st = ctx_init(&c, q, k, 0, 0, threads, fn, err);
     if (st) goto cleanup;
     if (!out) {
         st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL output", fn);
@@ -1098,7 +1158,7 @@ kvs_status kvs_attn_stats_fused(const kvs_view *q, const kvs_view *k, const uint
     float *lse_owned = NULL; /* [Hq][Nq] when the caller passes lse = NULL */
     stats_job J;
     memset(&J, 0, sizeof J);
-    kvs_status st = ctx_init(&c, q, k, 0, fn, err);
+    kvs_status st = ctx_init(&c, q, k, 0, 0, threads, fn, err);
     if (st) goto cleanup;
     if (!ent) {
         st = kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL entropy output", fn);

@@ -11,7 +11,7 @@
 -- + the gather of the kept rows.
 --
 --   kvsieve run experiments/overhead.lua              -- the CPU grid below: 106 cells, about
---                                                        12.5 min on 2 idle cores
+--                                                        12 min on 2 idle cores
 --   kvsieve report --experiment overhead              -- method x N tables, median [p10, p90]
 --   kvsieve report --experiment overhead --plot overhead.svg   -- log-log plot
 --

@@ -331,6 +331,13 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
 /* Mean and percentile-bootstrap 95% CI of x[0..n), deterministic in seed. */
 void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,
                       double *lo, double *hi);
+/* The same for the weighted mean sum w x / sum w (w NULL: all 1, exactly
+ * kvs_bootstrap_ci); each resample draws the same indices as the unweighted
+ * one. The report weighs decode_tok_s by each request's decode time, so its
+ * mean is total tokens / total decode time, not a mean of per-request rates
+ * (which favours short answers). */
+void kvs_bootstrap_ci_weighted(const double *x, const double *w, int n, int resamples,
+                               uint64_t seed, double *mean, double *lo, double *hi);
 
 #ifdef __cplusplus
 }

@@ -39,11 +39,15 @@ static double quantile(const double *v, int n, double q) {
     return v[i] + f * (v[i + 1] - v[i]);
 }
 
-void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,
-                      double *lo, double *hi) {
-    double s = 0;
-    for (int i = 0; i < n; i++) s += x[i];
-    *mean = n > 0 ? s / n : NAN;
+void kvs_bootstrap_ci_weighted(const double *x, const double *w, int n, int resamples,
+                               uint64_t seed, double *mean, double *lo, double *hi) {
+    double s = 0, sw = 0;
+    for (int i = 0; i < n; i++) {
+        const double wi = w ? w[i] : 1.0;
+        s += x[i] * wi;
+        sw += wi;
+    }
+    *mean = n > 0 && sw > 0 ? s / sw : NAN;
     if (n <= 1 || resamples < 2) {
         *lo = *hi = *mean;
         return;
@@ -58,20 +62,31 @@ void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, doub
      * n < 2^32 and free of a division. */
     uint64_t st = seed;
     for (int b = 0; b < resamples; b++) {
-        double t = 0;
+        double t = 0, tw = 0;
         for (int i = 0; i < n; i++) {
             uint64_t z = (st += 0x9e3779b97f4a7c15ULL);
             z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
             z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
             z ^= z >> 31;
-            t += x[((z >> 32) * (uint64_t)n) >> 32];
+            const uint64_t k = ((z >> 32) * (uint64_t)n) >> 32;
+            if (w) {
+                t += x[k] * w[k];
+                tw += w[k];
+            } else {
+                t += x[k];
+            }
         }
-        m[b] = t / n;
+        m[b] = w ? (tw > 0 ? t / tw : NAN) : t / n;
     }
     qsort(m, (size_t)resamples, sizeof *m, cmp_double);
     *lo = quantile(m, resamples, 0.025);
     *hi = quantile(m, resamples, 0.975);
     free(m);
+}
+
+void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,
+                      double *lo, double *hi) {
+    kvs_bootstrap_ci_weighted(x, NULL, n, resamples, seed, mean, lo, hi);
 }
 
 static uint64_t fnv1a(const char *s, uint64_t h) {
@@ -110,6 +125,8 @@ typedef struct {
     int exp, budget, label, metric;
     int n, cap;
     double *x; /* [n] values */
+    double *w; /* [n] weights, or NULL (all 1): decode_tok_s is weighted by each
+                * request's decode time, so its mean is total tokens / total time */
     double mean, lo, hi;
 } group;
 
@@ -137,7 +154,10 @@ static void dataset_free(dataset *d) {
     free(d->exp_kind);
     free(d->label_method);
     free(d->budgets);
-    for (int i = 0; i < d->n_groups; i++) free(d->g[i].x);
+    for (int i = 0; i < d->n_groups; i++) {
+        free(d->g[i].x);
+        free(d->g[i].w);
+    }
     free(d->g);
 }
 
@@ -187,7 +207,7 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_
     sqlite3_stmt *st = NULL;
     const char *sql =
         "SELECT c.experiment, c.kind, c.label, c.method, c.budget_ratio, c.budget_tokens, s.metric,"
-        " s.value FROM cells c JOIN results r ON r.cell_key = c.key"
+        " s.value, r.decode_ms FROM cells c JOIN results r ON r.cell_key = c.key"
         " JOIN scores s ON s.cell_key = c.key"
         " WHERE (?1 IS NULL OR c.experiment = ?1) AND (?2 <= 0 OR r.run_id = ?2)"
         " AND s.value IS NOT NULL"
@@ -259,6 +279,11 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_
                 cur->exp = e, cur->budget = b, cur->label = l, cur->metric = m;
             }
         }
+        /* decode_tok_s: a mean of per-request rates would favour short
+         * answers; weighting by decode time gives total tokens / total time */
+        const int weighted = strcmp(metric ? metric : "", "decode_tok_s") == 0;
+        const double wv = weighted ? sqlite3_column_double(st, 8) : 1.0;
+        if (weighted && !(wv > 0)) continue; /* no decode time recorded: no rate */
         if (cur->n == cur->cap) {
             int cap = cur->cap ? 2 * cur->cap : 8;
             double *nx = realloc(cur->x, sizeof *nx * (size_t)cap);
@@ -266,8 +291,19 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_
                 rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
                 goto cleanup;
             }
-            cur->x = nx, cur->cap = cap;
+            cur->x = nx;
+            if (weighted || cur->w) {
+                double *nw = realloc(cur->w, sizeof *nw * (size_t)cap);
+                if (!nw) {
+                    rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                    goto cleanup;
+                }
+                cur->w = nw;
+            }
+            cur->cap = cap;
         }
+        assert(!cur->w == !weighted); /* one metric per group */
+        if (cur->w) cur->w[cur->n] = wv;
         cur->x[cur->n++] = value;
     }
     if (r != SQLITE_DONE) rc = sql_fail(db, err, "reading scores");
@@ -289,7 +325,7 @@ static void compute(dataset *d, const kvs_report_opts *o) {
         h = fnv1a(d->labels.v[g->label], h);
         h = fnv1a("|", h);
         h = fnv1a(d->metrics.v[g->metric], h);
-        kvs_bootstrap_ci(g->x, g->n, B, seed ^ h, &g->mean, &g->lo, &g->hi);
+        kvs_bootstrap_ci_weighted(g->x, g->w, g->n, B, seed ^ h, &g->mean, &g->lo, &g->hi);
     }
 }
 
@@ -1032,6 +1068,13 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
             layout_free(&t);
         }
         if (d.n_groups > 0) {
+            int rate = 0; /* the decode rate's mean is a ratio of sums: say so */
+            for (int i = 0; i < d.metrics.n; i++) rate |= !strcmp(d.metrics.v[i], "decode_tok_s");
+            if (rate)
+                fprintf(f, md ? "decode_tok_s: total decoded tokens / total decode time over the "
+                                "requests (a mean of per-request rates would favour short answers); "
+                                "its CI resamples requests.\n"
+                              : "%% decode_tok_s: total tokens / total decode time\n");
             if (md)
                 fprintf(f, "Mean [95%% percentile-bootstrap CI, %d resamples, seed %llu]. **Bold**: "
                            "best per column among the compressed variants (lower is better for "

@@ -2,7 +2,8 @@
  * LaTeX, CSV and JSON must match the golden files byte for byte (set
  * KVS_UPDATE_GOLDEN=1 to rewrite them after a deliberate change, then read
  * the diff); filters by experiment and run; plots through gnuplot; a clear
- * error when gnuplot is missing. argv[1] is the golden folder. */
+ * error when gnuplot is missing; decode_tok_s as total tokens / total time.
+ * argv[1] is the golden folder. */
 #include "eval_test_util.h"
 #include "kvs_eval.h"
 #include "test_util.h"
@@ -100,6 +101,56 @@ static void golden(kvs_store *s, const char *gdir, const char *name, kvs_report_
     free(want);
 }
 
+/* decode_tok_s is total tokens / total decode time, not a mean of the
+ * per-request rates: requests of 2 tokens in 10 ms (200 tok/s) and 18 in
+ * 190 ms (94.7) give 20 / 0.2 s = 100 tok/s (the plain mean would be 147.4);
+ * other metrics stay plain means. */
+static void test_decode_rate(void) {
+    char db[256];
+    snprintf(db, sizeof db, "%s/rate.db", dir);
+    kvs_store *s = NULL;
+    kvs_err err = {0};
+    CHECK_OK(kvs_store_open(db, &s, &err), &err);
+    if (!s) return;
+    CHECK(sqlite3_exec(kvs_store_db(s),
+                       "INSERT INTO runs(id, experiment, kind, config_path, config_text, config_hash,"
+                       " git_rev, host, device, versions, kvsieve_version, started_at, ended_at,"
+                       " status, pid, n_cells, n_done) VALUES"
+                       "(1, 'rate', 'task', 'rate.lua', 'experiment{}', '11', NULL, 'host',"
+                       " 'cpu: test', '{}', '0.1.0', '2026-01-01T00:00:00Z', NULL, 'done', 1, 2, 2)",
+                       NULL, NULL, NULL) == SQLITE_OK);
+    const double ms[2] = {10, 190};
+    const int64_t tok[2] = {2, 18};
+    for (int i = 0; i < 2; i++) {
+        char key[32], sample[32];
+        snprintf(key, sizeof key, "rate-%d", i);
+        snprintf(sample, sizeof sample, "s%d", i);
+        kvs_cell_row c = {.key = key, .experiment = "rate", .kind = "task", .definition = key,
+                          .dataset = "niah", .sample_id = sample, .shape = "-", .n_tokens = 100,
+                          .seed = i, .method = "full", .label = "full", .params_json = "{}",
+                          .budget_ratio = 1.0};
+        kvs_score sc[2] = {{"decode_tok_s", 1e3 * (double)tok[i] / ms[i]}, {"needle", i}};
+        kvs_result_row r = {.decode_ms = ms[i], .decode_tokens = tok[i], .n_scores = 2, .scores = sc};
+        CHECK_OK(kvs_store_put(s, 1, &c, &r, 1, &err), &err);
+    }
+    char out[256];
+    snprintf(out, sizeof out, "%s/rate.csv", dir);
+    FILE *f = fopen(out, "w");
+    CHECK(f != NULL);
+    if (f) {
+        kvs_report_opts o = {NULL, 0, KVS_REPORT_CSV, 1000, 20260};
+        CHECK_OK(kvs_report_write(s, &o, f, &err), &err);
+        fclose(f);
+    }
+    char *got = slurp(out);
+    CHECK_MSG(got && strstr(got, ",decode_tok_s,2,100,"), "decode_tok_s is not 100:\n%s",
+              got ? got : "(none)");
+    CHECK_MSG(got && strstr(got, ",needle,2,0.5,"), "needle is not a plain mean:\n%s",
+              got ? got : "(none)");
+    free(got);
+    kvs_store_close(s);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_eval_report GOLDEN_DIR\n");
@@ -163,6 +214,7 @@ int main(int argc, char **argv) {
         printf("gnuplot not installed: plot output not checked\n");
     }
     kvs_store_close(s);
+    test_decode_rate();
     eval_rmdir(dir);
     return kvs_test_finish("test_eval_report");
 }

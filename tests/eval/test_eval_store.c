@@ -210,6 +210,21 @@ static void test_bootstrap(void) {
     double same[4] = {2, 2, 2, 2};
     kvs_bootstrap_ci(same, 4, 1000, 1, &m, &lo, &hi);
     CHECK(m == 2 && lo == 2 && hi == 2);
+    /* weighted: NULL or equal weights give the unweighted result exactly;
+     * x = {10, 100}, w = {9, 1}: mean (90 + 100) / 10 = 19, CI in [10, 100] */
+    double wm, wlo, whi, ones[50];
+    for (int i = 0; i < 50; i++) ones[i] = 1.0;
+    kvs_bootstrap_ci_weighted(x, NULL, 50, 1000, 5, &wm, &wlo, &whi);
+    kvs_bootstrap_ci(x, 50, 1000, 5, &m, &lo, &hi);
+    CHECK(wm == m && wlo == lo && whi == hi);
+    kvs_bootstrap_ci_weighted(x, ones, 50, 1000, 5, &wm, &wlo, &whi);
+    CHECK_NEAR(wm, m, 1e-12);
+    CHECK_NEAR(wlo, lo, 1e-12);
+    CHECK_NEAR(whi, hi, 1e-12);
+    const double xv[2] = {10, 100}, wv[2] = {9, 1};
+    kvs_bootstrap_ci_weighted(xv, wv, 2, 1000, 3, &wm, &wlo, &whi);
+    CHECK_NEAR(wm, 19.0, 1e-12);
+    CHECK(wlo >= 10 && whi <= 100 && wlo < wm && wm < whi);
 }
 
 int main(void) {

@@ -19,9 +19,7 @@
 
 #include <assert.h>
 #include <cblas.h>
-#include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,12 +241,9 @@ typedef struct {
     kvs_dense_cache *out;
     int32_t *assign; /* [threads][N] merge assignment scratch */
     int n_kv_heads;
-    pthread_mutex_t lock; /* guards the first error below */
-    int bad_unit;         /* lowest failed unit, INT_MAX if none */
-    kvs_err bad_err;
 } apply_job;
 
-static void apply_unit(void *job, int tid, int u) {
+static kvs_status apply_unit(void *job, int tid, int u, kvs_err *err) {
     apply_job *j = job;
     const int l = u / j->n_kv_heads, h = u % j->n_kv_heads;
     const kvs_layer *ly = &j->in->layers[l];
@@ -258,20 +253,15 @@ static void apply_unit(void *job, int tid, int u) {
     float *kk = dl->k + (size_t)h * B * d, *vv = dl->v + (size_t)h * B * d; /* [B][d] */
     gather_rows(&ly->k, h, kept, B, kk);
     gather_rows(&ly->v, h, kept, B, vv);
-    if (j->plan->merge == KVS_MERGE_NONE || B == N) return;
+    if (j->plan->merge == KVS_MERGE_NONE || B == N) return KVS_OK;
     int32_t *assign = j->assign + (size_t)tid * N; /* [N] */
-    kvs_err e = {0};
-    if (kvs_merge_assign(&ly->k, h, kept, B, assign, &e) == KVS_OK) {
-        kvs_merge_head(&ly->k, &ly->v, h, kept, B, assign, j->plan->merge, kk, vv);
-        return;
+    const kvs_status st = kvs_merge_assign(&ly->k, h, kept, B, assign, err);
+    if (st) {
+        kvs_err_prefix(err, "kvs_apply: layer %d", l);
+        return st;
     }
-    pthread_mutex_lock(&j->lock);
-    if (u < j->bad_unit) {
-        j->bad_unit = u;
-        j->bad_err = e;
-        kvs_err_prefix(&j->bad_err, "kvs_apply: layer %d", l);
-    }
-    pthread_mutex_unlock(&j->lock);
+    kvs_merge_head(&ly->k, &ly->v, h, kept, B, assign, j->plan->merge, kk, vv);
+    return KVS_OK;
 }
 
 /* Makes out hold L layers of [Hkv][B_l][d] fp32 K and V, keeping the buffers
@@ -322,8 +312,7 @@ static kvs_status out_reserve(const kvs_cache_view *in, const kvs_plan *plan, kv
 kvs_status kvs_apply_into(const kvs_cache_view *in, const kvs_plan *plan, int threads,
                           kvs_dense_cache *out, kvs_err *err) {
     kvs_status st = KVS_OK;
-    apply_job j = {.in = in, .plan = plan, .out = out, .bad_unit = INT_MAX};
-    int have_lock = 0;
+    apply_job j = {.in = in, .plan = plan, .out = out};
     if (!in || !plan || !out) return kvs_errorf(err, KVS_ERR_INVALID, "kvs_apply: NULL argument");
     st = kvs_plan_check(plan, err);
     if (st) {
@@ -368,18 +357,8 @@ kvs_status kvs_apply_into(const kvs_cache_view *in, const kvs_plan *plan, int th
         }
     }
     j.n_kv_heads = Hkv;
-    if (pthread_mutex_init(&j.lock, NULL) != 0) {
-        st = kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: could not create a mutex");
-        goto cleanup;
-    }
-    have_lock = 1;
-    if ((st = kvs_parallel_run(&j, apply_unit, L * Hkv, nt, "kvs_apply", err))) goto cleanup;
-    if (j.bad_unit != INT_MAX) {
-        st = j.bad_err.code != KVS_OK ? j.bad_err.code : KVS_ERR_INTERNAL;
-        if (err) *err = j.bad_err;
-    }
+    st = kvs_parallel_run(&j, apply_unit, L * Hkv, nt, "kvs_apply", err);
 cleanup:
-    if (have_lock) pthread_mutex_destroy(&j.lock);
     free(j.assign);
     if (st && out) kvs_dense_cache_free(out);
     return st;

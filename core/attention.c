@@ -199,13 +199,15 @@ typedef struct {
     int n_chunks;
 } kconv_job;
 
-static void kconv_unit(void *job, int tid, int u) {
+static kvs_status kconv_unit(void *job, int tid, int u, kvs_err *err) {
+    (void)err;
     (void)tid;
     const kconv_job *j = job;
     const int g = u / j->n_chunks, n0 = (u % j->n_chunks) * KCONV_ROWS;
     const int N = j->k->n_tokens, d = j->k->head_dim;
     const int rows = N - n0 < KCONV_ROWS ? N - n0 : KCONV_ROWS;
     kvs_view_rows_f32(j->k, g, n0, rows, j->dst + ((size_t)g * N + (size_t)n0) * d);
+    return KVS_OK;
 }
 
 /* wide: grow the row block for small G (lse, colsum); entropies keep TQ
@@ -389,7 +391,8 @@ typedef struct {
     float *lse; /* [Hq][Nq] */
 } lse_job;
 
-static void lse_unit(void *jp, int tid, int u) {
+static kvs_status lse_unit(void *jp, int tid, int u, kvs_err *err) {
+    (void)err;
     lse_job *J = jp;
     const attn_ctx *c = J->c;
     scratch *sc = &J->sc[tid];
@@ -427,6 +430,7 @@ static void lse_unit(void *jp, int tid, int u) {
         const int h = g * c->G + R / nr, r = R % nr;
         J->lse[(size_t)h * c->Nq + i0 + r] = (float)(m[R] + log(l[R]));
     }
+    return KVS_OK;
 }
 
 kvs_status kvs_attn_lse(const kvs_view *q, const kvs_view *k, float *lse, int threads,
@@ -484,7 +488,8 @@ typedef struct {
     double *acc;            /* [Hkv][n_slab][N] */
 } colsum_job;
 
-static void colsum_unit(void *jp, int tid, int u) {
+static kvs_status colsum_unit(void *jp, int tid, int u, kvs_err *err) {
+    (void)err;
     colsum_job *J = jp;
     const attn_ctx *c = J->c;
     scratch *sc = &J->sc[tid];
@@ -535,6 +540,7 @@ static void colsum_unit(void *jp, int tid, int u) {
                 J->row_entropy[(size_t)h * c->Nq + i0 + R % nr] = (float)(lrow[R] - ps[R]);
             }
     }
+    return KVS_OK;
 }
 
 /* Output check of the column-sum passes: a NULL colsum is KVS_ERR_INVALID
@@ -706,7 +712,8 @@ static kvs_status fused_setup(attn_ctx *c, int stacked_heads, int64_t *ld, float
     return KVS_OK;
 }
 
-static void fused_unit(void *jp, int tid, int u) {
+static kvs_status fused_unit(void *jp, int tid, int u, kvs_err *err) {
+    (void)err;
     fused_job *J = jp;
     const attn_ctx *c = J->c;
     scratch *sc = &J->sc[tid];
@@ -744,6 +751,7 @@ static void fused_unit(void *jp, int tid, int u) {
         }
         for (int j = 0; j < W; j++) acc[j] += (double)col[j];
     }
+    return KVS_OK;
 }
 
 kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *lse, float *colsum,
@@ -936,7 +944,8 @@ typedef struct {
     row_stats re;
 } ent_job;
 
-static void ent_unit(void *jp, int tid, int u) {
+static kvs_status ent_unit(void *jp, int tid, int u, kvs_err *err) {
+    (void)err;
     ent_job *J = jp;
     const attn_ctx *c = J->c;
     scratch *sc = &J->sc[tid];
@@ -1002,6 +1011,7 @@ static void ent_unit(void *jp, int tid, int u) {
     }
     for (int r = 0; r < nr; r++)
         row_entropy_out(zp[r], tp[r], zx[r], tx[r], kind[r], i0 + r, &J->re);
+    return KVS_OK;
 }
 
 kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float *lse,
@@ -1072,7 +1082,8 @@ typedef struct {
     double *acc;              /* [n_slab][Hkv][N] or NULL */
 } stats_job;
 
-static void stats_unit(void *jp, int tid, int sl) {
+static kvs_status stats_unit(void *jp, int tid, int sl, kvs_err *err) {
+    (void)err;
     stats_job *J = jp;
     const attn_ctx *c = J->c;
     scratch *sc = &J->sc[tid];
@@ -1146,6 +1157,7 @@ static void stats_unit(void *jp, int tid, int sl) {
             row_entropy_out(zp, tp, zx, tx, kind, i0 + r, &J->re);
         }
     }
+    return KVS_OK;
 }
 
 kvs_status kvs_attn_stats_fused(const kvs_view *q, const kvs_view *k, const uint8_t *modality,

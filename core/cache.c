@@ -13,8 +13,6 @@
 #include "kvsieve.h"
 
 #include <assert.h>
-#include <limits.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -151,8 +149,7 @@ kvs_status kvs_cache_check_shape(const kvs_cache_view *c, kvs_shape *shape, kvs_
 typedef struct {
     const kvs_cache_view *c;
     int q_rows;           /* query rows scanned per layer (the last ones) */
-    int hkv, hq;          /* hq = 0 when no query rows are scanned */
-    atomic_int first_bad; /* lowest unit holding a NaN/Inf; INT_MAX if none */
+    int hkv, hq; /* hq = 0 when no query rows are scanned */
 } finite_job;
 
 /* The whole tensor (0 K, 1 V, 2 Q: its last q_rows rows) of layer l. */
@@ -175,20 +172,24 @@ static void unit_split(const finite_job *j, int u, int *l, int *t, int *h) {
     *h = *t == 2 ? r - 2 * j->hkv : r % j->hkv;
 }
 
-static void finite_unit(void *job, int tid, int u) {
+static kvs_status finite_unit(void *job, int tid, int u, kvs_err *err) {
     (void)tid;
-    finite_job *j = job;
-    if (u > atomic_load(&j->first_bad)) return; /* an earlier unit already failed */
+    const finite_job *j = job;
     int l, t, h;
     unit_split(j, u, &l, &t, &h);
-    kvs_view v = tensor_view(j, l, t);
-    if (v.device != KVS_HOST) return;
+    const kvs_view whole = tensor_view(j, l, t);
+    if (whole.device != KVS_HOST) return KVS_OK;
+    kvs_view v = whole; /* head h only */
     v.data = (const char *)v.data + (size_t)h * (size_t)v.s_head * kvs_dtype_size(v.dtype);
     v.n_heads = 1;
-    if (kvs_view_check_finite(&v, "x", NULL) == KVS_OK) return;
-    int cur = atomic_load(&j->first_bad);
-    while (u < cur && !atomic_compare_exchange_weak(&j->first_bad, &cur, u)) {
-    }
+    if (kvs_view_check_finite(&v, "x", NULL) == KVS_OK) return KVS_OK;
+    /* Re-scan the whole tensor for the message: it names the head, token
+     * and channel exactly as a serial scan would (earlier heads are clean or
+     * failed as lower units, whose error wins). */
+    kvs_status st = kvs_view_check_finite(&whole, t == 0 ? "K" : t == 1 ? "V" : "Q", err);
+    assert(st != KVS_OK);
+    kvs_err_prefix(err, "layer %d", l);
+    return st;
 }
 
 kvs_status kvs_cache_check_finite(const kvs_cache_view *c, int q_rows, int threads, kvs_err *err) {
@@ -198,21 +199,8 @@ kvs_status kvs_cache_check_finite(const kvs_cache_view *c, int q_rows, int threa
     const kvs_layer *l0 = &c->layers[0];
     finite_job j = {.c = c, .q_rows = l0->q.data && q_rows > 0 ? q_rows : 0, .hkv = l0->k.n_heads};
     j.hq = j.q_rows > 0 ? l0->q.n_heads : 0;
-    atomic_init(&j.first_bad, INT_MAX);
-    kvs_status st = kvs_parallel_run(&j, finite_unit, c->n_layers * (2 * j.hkv + j.hq), threads,
-                                     "cache finiteness check", err);
-    if (st) return st;
-    const int bad = atomic_load(&j.first_bad);
-    if (bad == INT_MAX) return KVS_OK;
-    /* Re-scan the first bad unit's whole tensor serially: the message names
-     * the head, token and channel exactly as a serial scan would. */
-    int l, t, h;
-    unit_split(&j, bad, &l, &t, &h);
-    const kvs_view v = tensor_view(&j, l, t);
-    st = kvs_view_check_finite(&v, t == 0 ? "K" : t == 1 ? "V" : "Q", err);
-    assert(st != KVS_OK);
-    kvs_err_prefix(err, "layer %d", l);
-    return st;
+    return kvs_parallel_run(&j, finite_unit, c->n_layers * (2 * j.hkv + j.hq), threads,
+                            "cache finiteness check", err);
 }
 
 kvs_status kvs_cache_validate(const kvs_cache_view *c, kvs_shape *shape, kvs_err *err) {

@@ -469,13 +469,16 @@ int kvs_edit_distance(const char *a, const char *b);
 /* ------------------------------------------------------------------------ */
 
 /* One unit of a parallel job; tid in [0, threads) names the worker (for
- * per-worker scratch), unit in [0, n_units). */
-typedef void (*kvs_unit_fn)(void *job, int tid, int unit);
+ * per-worker scratch), unit in [0, n_units). A failing unit returns its
+ * status with its message in *err (a zeroed kvs_err of its own). */
+typedef kvs_status (*kvs_unit_fn)(void *job, int tid, int unit, kvs_err *err);
 /* Runs fn for every unit on min(threads, n_units, 64) threads, the caller
  * being worker 0; units start in increasing order (an atomic counter), so
- * uneven units balance. Every unit runs, even if a worker thread could not be
- * started; that case then returns KVS_ERR_NOMEM naming `what`. Results must
- * not depend on which worker ran a unit. */
+ * uneven units balance. Results must not depend on which worker ran a unit.
+ * When units fail, returns the status and message of the failing unit with
+ * the lowest index, whatever the thread count (units after it that had not
+ * started are skipped). Every unit runs even if a worker thread could not be
+ * started; that case then returns KVS_ERR_NOMEM naming `what`. */
 kvs_status kvs_parallel_run(void *job, kvs_unit_fn fn, int n_units, int threads, const char *what,
                             kvs_err *err);
 /* The worker count kvs_parallel_run will use: threads clamped to

@@ -10,13 +10,17 @@
  * setting is restored before returning.
  * What it is not: no persistent pool (threads live for one call: a call is
  * milliseconds to seconds of work, the ~20 us thread start is noise), no
- * nesting, no cancellation: every unit runs, also when a worker could not be
- * started (the others finish its share).
+ * nesting. Errors: a unit that fails returns its status and message; the
+ * run returns those of the failing unit with the LOWEST index (the same for
+ * any thread count) and skips the units after it that have not started.
+ * Every unit runs, also when a worker could not be started (the others
+ * finish its share).
  */
 #include "kvsieve.h"
 
 #include <assert.h>
 #include <cblas.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -27,6 +31,9 @@ typedef struct {
     kvs_unit_fn fn;
     int n_units;
     atomic_int next;
+    atomic_int bad_unit;  /* lowest failed unit, INT_MAX if none */
+    pthread_mutex_t lock; /* guards bad_err */
+    kvs_err bad_err;
 } pool;
 
 typedef struct {
@@ -36,10 +43,20 @@ typedef struct {
 
 static void *worker(void *arg) {
     worker_arg *a = arg;
+    pool *p = a->p;
     for (;;) {
-        const int u = atomic_fetch_add(&a->p->next, 1);
-        if (u >= a->p->n_units) break;
-        a->p->fn(a->p->job, a->tid, u);
+        const int u = atomic_fetch_add(&p->next, 1);
+        if (u >= p->n_units || u > atomic_load(&p->bad_unit)) break;
+        kvs_err e = {0};
+        const kvs_status st = p->fn(p->job, a->tid, u, &e);
+        if (st == KVS_OK) continue;
+        pthread_mutex_lock(&p->lock);
+        if (u < atomic_load(&p->bad_unit)) {
+            atomic_store(&p->bad_unit, u);
+            p->bad_err = e;
+            p->bad_err.code = st;
+        }
+        pthread_mutex_unlock(&p->lock);
     }
     return NULL;
 }
@@ -56,6 +73,10 @@ kvs_status kvs_parallel_run(void *job, kvs_unit_fn fn, int n_units, int threads,
     assert(fn && n_units >= 0);
     pool p = {.job = job, .fn = fn, .n_units = n_units};
     atomic_init(&p.next, 0);
+    atomic_init(&p.bad_unit, INT_MAX);
+    if (pthread_mutex_init(&p.lock, NULL) != 0)
+        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: could not create a mutex",
+                          what ? what : "kvs_parallel_run");
     threads = kvs_parallel_threads(threads, n_units);
     const int blas = openblas_get_num_threads();
     if (blas != 1) openblas_set_num_threads(1);
@@ -74,6 +95,11 @@ kvs_status kvs_parallel_run(void *job, kvs_unit_fn fn, int n_units, int threads,
     worker(&args[0]);
     for (int t = 1; t <= started; t++) pthread_join(tids[t], NULL);
     if (blas != 1) openblas_set_num_threads(blas);
+    pthread_mutex_destroy(&p.lock);
+    if (atomic_load(&p.bad_unit) != INT_MAX) {
+        if (err) *err = p.bad_err;
+        return p.bad_err.code;
+    }
     if (failed_at >= 0)
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: could not start worker thread %d of %d",
                           what ? what : "kvs_parallel_run", failed_at, threads);

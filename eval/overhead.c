@@ -379,18 +379,19 @@ typedef struct {
     float *X, *y;         /* [T][G][N] each */
     const float *cols;    /* [nblocks][d][N] transposed columns (read-only) */
     int nblocks, total, T, N, d, G;
-    kvs_status *rc;       /* [total] */
 } dct_bench;
 
-static void dct_unit(void *job, int tid, int u) {
+static kvs_status dct_unit(void *job, int tid, int u, kvs_err *err) {
     dct_bench *b = job;
     const size_t gn = (size_t)b->G * b->N;
     const float *x = b->cols + (size_t)(u % b->nblocks) * b->d * b->N;
     float *X = b->X + (size_t)tid * gn, *y = b->y + (size_t)tid * gn;
-    for (int c = 0; c < b->d && !b->rc[u]; c += b->G) {
-        if ((b->rc[u] = kvs_dct2_ortho_cols(b->plans[tid], x + (size_t)c * b->N, X, NULL))) break;
-        b->rc[u] = kvs_dct3_ortho_cols(b->plans[tid], X, y, NULL);
-    }
+    kvs_status st = KVS_OK;
+    for (int c = 0; c < b->d && !st; c += b->G)
+        if (!(st = kvs_dct2_ortho_cols(b->plans[tid], x + (size_t)c * b->N, X, err)))
+            st = kvs_dct3_ortho_cols(b->plans[tid], X, y, err);
+    if (st) kvs_err_prefix(err, "DCT micro-benchmark: block %d", u);
+    return st;
 }
 
 static void dct_bench_free(dct_bench *b) {
@@ -399,7 +400,6 @@ static void dct_bench_free(dct_bench *b) {
     free(b->X);
     free(b->y);
     free((void *)b->cols);
-    free(b->rc);
     memset(b, 0, sizeof *b);
 }
 
@@ -425,9 +425,8 @@ static kvs_status dct_bench_init(dct_bench *b, const oh_inst *in, int threads, k
     b->plans = calloc((size_t)b->T, sizeof *b->plans);             /* [T] */
     b->X = malloc(sizeof(float) * (size_t)b->T * G * N);          /* [T][G][N] */
     b->y = malloc(sizeof(float) * (size_t)b->T * G * N);          /* [T][G][N] */
-    b->rc = calloc((size_t)b->total, sizeof *b->rc);               /* [total] */
     b->cols = cols;
-    if (!cols || !rows || !b->plans || !b->X || !b->y || !b->rc) {
+    if (!cols || !rows || !b->plans || !b->X || !b->y) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for the DCT micro-benchmark");
         goto cleanup;
     }
@@ -446,11 +445,7 @@ cleanup:
 }
 
 static kvs_status dct_bench_run(dct_bench *b, kvs_err *err) {
-    memset(b->rc, 0, sizeof *b->rc * (size_t)b->total);
-    kvs_status rc = kvs_parallel_run(b, dct_unit, b->total, b->T, "DCT micro-benchmark", err);
-    for (int u = 0; !rc && u < b->total; u++)
-        if (b->rc[u]) rc = kvs_errorf(err, b->rc[u], "DCT micro-benchmark: block %d failed", u);
-    return rc;
+    return kvs_parallel_run(b, dct_unit, b->total, b->T, "DCT micro-benchmark", err);
 }
 
 /* The dominant term of the index-only methods (full, random, StreamingLLM):
@@ -482,7 +477,8 @@ static uint64_t read_words(const kvs_view *x) {
     return acc;
 }
 
-static void gather_unit(void *job, int tid, int u) {
+static kvs_status gather_unit(void *job, int tid, int u, kvs_err *err) {
+    (void)err;
     gather_job *g = job;
     const int l = u / 2, is_v = u % 2;
     const kvs_view *x = is_v ? &g->ly[l].v : &g->ly[l].k;
@@ -500,6 +496,7 @@ static void gather_unit(void *job, int tid, int u) {
             i = j;
         }
     }
+    return KVS_OK;
 }
 
 static kvs_status gather_run(const kvs_layer *ly, int L, const kvs_plan *p, float *out, int maxB,

@@ -108,8 +108,6 @@ typedef struct {
     double *e_head;        /* [Hkv][2][2] one layer's energies per head: K/V x high/total */
     double *e_high, *e_tot; /* [L][2] energies (0: K, 1: V), high band and total */
     unsigned char *seen;   /* [L] */
-    kvs_status *unit_rc;   /* [2 Hkv] one layer's status per (head, K|V) unit */
-    kvs_err *unit_err;     /* [2 Hkv] and its message */
 } fc_state;
 
 static void fc_work_free(fc_work *w) {
@@ -128,8 +126,6 @@ static void fc_destroy(void *state) {
     free(st->e_high);
     free(st->e_tot);
     free(st->seen);
-    free(st->unit_rc);
-    free(st->unit_err);
     free(st);
 }
 
@@ -163,10 +159,8 @@ static kvs_status fc_create(const kvs_params *p, const kvs_shape *s, void **stat
     st->e_high = calloc((size_t)L * 2, sizeof(double));
     st->e_tot = calloc((size_t)L * 2, sizeof(double));
     st->seen = calloc((size_t)L, 1);
-    st->unit_rc = calloc(2 * (size_t)H, sizeof(kvs_status));
-    st->unit_err = calloc(2 * (size_t)H, sizeof(kvs_err));
     if (!st->work || !st->dev || !st->dev_part || !st->e_head || !st->e_high || !st->e_tot ||
-        !st->seen || !st->unit_rc || !st->unit_err) {
+        !st->seen) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "flashcache: out of memory (L=%d Hkv=%d N=%d d=%d)",
                         L, H, N, d);
         goto cleanup;
@@ -220,9 +214,10 @@ static kvs_status fc_column_block(const fc_state *st, fc_work *w, const kvs_view
 typedef struct {
     fc_state *st;
     const kvs_view *kv[2];
+    int layer;
 } fc_job;
 
-static void fc_unit(void *job, int tid, int u) {
+static kvs_status fc_unit(void *job, int tid, int u, kvs_err *err) {
     fc_job *j = job;
     fc_state *st = j->st;
     const int N = st->shape.n_tokens, h = u / 2, t = u % 2;
@@ -231,9 +226,9 @@ static void fc_unit(void *job, int tid, int u) {
     double *eh = st->e_head + 4 * (int64_t)h + 2 * t; /* high, total */
     memset(part, 0, sizeof(float) * (size_t)N);
     eh[0] = eh[1] = 0.0;
-    st->unit_err[u].code = KVS_OK;
-    st->unit_rc[u] = fc_column_block(st, &st->work[tid], j->kv[t], h, part, &eh[0], &eh[1],
-                                     &st->unit_err[u]);
+    const kvs_status rc = fc_column_block(st, &st->work[tid], j->kv[t], h, part, &eh[0], &eh[1], err);
+    if (rc) kvs_err_prefix(err, "flashcache: layer %d head %d %s", j->layer, h, t ? "V" : "K");
+    return rc;
 }
 
 static kvs_status fc_observe(void *state, int layer, const kvs_layer *in,
@@ -258,15 +253,11 @@ static kvs_status fc_observe(void *state, int layer, const kvs_layer *in,
                               "needs host memory",
                               layer, nm[t]);
     }
-    fc_job job = {st, {kv[0], kv[1]}};
+    fc_job job = {st, {kv[0], kv[1]}, layer};
+    /* an error names the failing unit with the lowest index, whatever the
+     * thread count (kvs_parallel_run) */
     kvs_status rc = kvs_parallel_run(&job, fc_unit, 2 * H, st->n_work, "flashcache", err);
     if (rc) return rc;
-    /* Report the failing unit with the lowest index (same for any thread count). */
-    for (int u = 0; u < 2 * H; u++)
-        if (st->unit_rc[u]) {
-            *err = st->unit_err[u];
-            return kvs_err_prefix(err, "flashcache: layer %d head %d %s", layer, u / 2, nm[u % 2]);
-        }
     /* Dev = K share + V share, in that order whatever the thread count. */
     for (int h = 0; h < H; h++) {
         float *dev = st->dev + ((int64_t)layer * H + h) * N;          /* [N] */

@@ -221,19 +221,6 @@ void kvs_merge_head(const kvs_view *k, const kvs_view *v, int head, const int32_
     }
 }
 
-/* Rows kept[0..B) of head h into dst [B][d], one conversion per run of
- * consecutive indices. */
-static void gather_rows(const kvs_view *x, int h, const int32_t *kept, int B, float *dst) {
-    const int d = x->head_dim;
-    int b = 0;
-    while (b < B) {
-        int run = 1;
-        while (b + run < B && kept[b + run] == kept[b] + run) run++;
-        kvs_view_rows_f32(x, h, kept[b], run, dst + (size_t)b * d);
-        b += run;
-    }
-}
-
 /* One (layer, KV head) unit of kvs_apply_into: gather, then merge. */
 typedef struct {
     const kvs_cache_view *in;
@@ -251,8 +238,8 @@ static kvs_status apply_unit(void *job, int tid, int u, kvs_err *err) {
     const int32_t *kept = j->plan->layers[l].idx + (size_t)h * B;
     kvs_dense_layer *dl = &j->out->layers[l];
     float *kk = dl->k + (size_t)h * B * d, *vv = dl->v + (size_t)h * B * d; /* [B][d] */
-    gather_rows(&ly->k, h, kept, B, kk);
-    gather_rows(&ly->v, h, kept, B, vv);
+    kvs_view_gather_f32(&ly->k, h, kept, B, kk);
+    kvs_view_gather_f32(&ly->v, h, kept, B, vv);
     if (j->plan->merge == KVS_MERGE_NONE || B == N) return KVS_OK;
     int32_t *assign = j->assign + (size_t)tid * N; /* [N] */
     const kvs_status st = kvs_merge_assign(&ly->k, h, kept, B, assign, err);

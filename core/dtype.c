@@ -164,6 +164,17 @@ void kvs_view_rows_f32(const kvs_view *v, int h, int n0, int count, float *dst /
     }
 }
 
+void kvs_view_gather_f32(const kvs_view *v, int h, const int32_t *idx, int n, float *dst) {
+    const int d = v->head_dim;
+    int i = 0;
+    while (i < n) {
+        int run = 1;
+        while (i + run < n && idx[i + run] == idx[i] + run) run++;
+        kvs_view_rows_f32(v, h, idx[i], run, dst + (size_t)i * d);
+        i += run;
+    }
+}
+
 /* Exponent bits all ones means Inf or NaN. The loops only OR a flag, in
  * fixed-size inner blocks that gcc -O2 vectorises (32-byte compares), so a
  * scan runs near memory speed; the exact position is found after. */

@@ -105,6 +105,9 @@ kvs_view kvs_view_make(const void *data, kvs_dtype t, int H, int N, int d);
 
 /* Convert rows [n0, n0+count) of head h to fp32: dst is [count][d]. */
 void kvs_view_rows_f32(const kvs_view *v, int h, int n0, int count, float *dst);
+/* Rows idx[0..n) of head h (ascending) to fp32: dst is [n][d]; runs of
+ * consecutive indices are converted in one call. */
+void kvs_view_gather_f32(const kvs_view *v, int h, const int32_t *idx, int n, float *dst);
 
 /* Returns KVS_ERR_NUMERIC naming "<what> head h token n channel c" at the first
  * NaN or Inf, else KVS_OK. */

@@ -488,13 +488,7 @@ static kvs_status gather_unit(void *job, int tid, int u, kvs_err *err) {
     for (int h = 0; h < Hkv; h++) {
         const int32_t *idx = pl->idx + (size_t)h * B;
         float *o = g->out + (((size_t)(2 * l + is_v) * Hkv + h) * g->maxB) * d; /* [B][d] */
-        int i = 0;
-        while (i < B) {
-            int j = i + 1;
-            while (j < B && idx[j] == idx[j - 1] + 1) j++;
-            kvs_view_rows_f32(x, h, idx[i], j - i, o + (size_t)i * d);
-            i = j;
-        }
+        kvs_view_gather_f32(x, h, idx, B, o);
     }
     return KVS_OK;
 }

@@ -232,6 +232,21 @@ static void test_rows_f16_all_values(void) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* kvs_view_gather_f32: rows {0, 1, 3, 4, 5} of head 1 of a [2][6][2] fp16
+ * view (element = 100 h + 10 n + c, exact in fp16), in order. */
+static void test_gather(void) {
+    uint16_t x[2 * 6 * 2];
+    for (int h = 0; h < 2; h++)
+        for (int n = 0; n < 6; n++)
+            for (int c = 0; c < 2; c++) x[(h * 6 + n) * 2 + c] = kvs_f32_to_f16((float)(100 * h + 10 * n + c));
+    const kvs_view v = kvs_view_make(x, KVS_F16, 2, 6, 2);
+    const int32_t idx[5] = {0, 1, 3, 4, 5};
+    float out[5 * 2];
+    kvs_view_gather_f32(&v, 1, idx, 5, out);
+    for (int i = 0; i < 5; i++)
+        for (int c = 0; c < 2; c++) CHECK(out[i * 2 + c] == (float)(100 + 10 * idx[i] + c));
+}
+
 int main(void) {
     test_rows_f16_all_values();
     test_f16_known();
@@ -239,5 +254,6 @@ int main(void) {
     test_bf16();
     test_names();
     test_views();
+    test_gather();
     return kvs_test_finish("core_dtype");
 }

@@ -12,6 +12,7 @@
 #ifndef KG_UTIL_H
 #define KG_UTIL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,24 @@ static inline int kg_device_or_skip(const char *test) {
     }
     printf("SKIP: %s: %s\n", test, err.msg);
     return KG_SKIP;
+}
+
+/* max |a[i]| over n */
+static inline double kg_max_abs(const float *a, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(a[i]) > m) m = fabs(a[i]);
+    return m;
+}
+
+/* max |a - b| over n; NaN counts as infinite */
+static inline double kg_max_err(const float *a, const float *b, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)a[i] - b[i]);
+        if (!(e <= m)) m = isnan(e) ? INFINITY : e;
+    }
+    return m;
 }
 
 /* Fresh seed each run (printed), or KVS_SEED from the environment. */

@@ -61,16 +61,6 @@ static int tview_make(uint64_t *rng, kvs_dtype t, int H, int N, int d, int pad, 
     return 0;
 }
 
-/* max |a - b|, NaN counts as infinite */
-static double max_abs_err(const float *a, const float *b, size_t n) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = fabs((double)a[i] - b[i]);
-        if (!(e <= m)) m = isnan(e) ? INFINITY : e;
-    }
-    return m;
-}
-
 /* number of j with |g - c| > rtol |c| + atol (NaN counts) */
 static size_t colsum_bad(const float *g, const float *c, size_t n, double rtol, double atol,
                          size_t *first) {
@@ -133,7 +123,7 @@ static void run_case(kvs_gpu_workspace *ws, uint64_t *rng, kvs_dtype t, int G, i
         CHECK_OK(kvs_gpu_sync(ws, &err), &err);
         CHECK(!kg_download(glse, dlse, sizeof(float) * nl) &&
               !kg_download(gcs, dcs, sizeof(float) * nc));
-        const double el = max_abs_err(glse, lse, nl);
+        const double el = kg_max_err(glse, lse, nl);
         CHECK_MSG(el <= 1e-3, "%s %s: lse max abs err %g", what, kname(used), el);
         size_t first = 0;
         const size_t bad = colsum_bad(gcs, cs, nc, 1e-3, 1e-6 * cmax, &first);

@@ -83,23 +83,6 @@ out:
     return rc;
 }
 
-static double max_abs(const float *a, size_t n) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs(a[i]) > m) m = fabs(a[i]);
-    return m;
-}
-
-/* max |a - b|; NaN counts as infinite */
-static double max_err(const float *a, const float *b, size_t n) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = fabs((double)a[i] - b[i]);
-        if (!(e <= m)) m = isnan(e) ? INFINITY : e;
-    }
-    return m;
-}
-
 /* One run of kvs_gpu_flashcache_layer with `route` into poisoned outputs,
  * downloaded into dev [H][N], e[4]. 0 on success. */
 static int run_route(kvs_gpu_workspace *ws, int route, const kvs_layer *dl, int omega, float *dev,
@@ -157,7 +140,7 @@ static void test_parity(kvs_gpu_workspace *ws, uint64_t *rng) {
                     run_route(ws, KVS_GPU_DCT_FFT, &f.dev, omega, g0, e0)) {
                     CHECK_MSG(0, "%s: setup or run failed", what);
                 } else {
-                    const double sc = max_abs(ref, nd), er = max_err(g1, ref, nd);
+                    const double sc = kg_max_abs(ref, nd), er = kg_max_err(g1, ref, nd);
                     if (omega == N) /* nothing filtered: residual is rounding only */
                         CHECK_MSG(er <= 1e-4 * (sc + 1e-3), "%s: omega = N must keep the signal: "
                                   "max deviation %g", what, er);
@@ -169,7 +152,7 @@ static void test_parity(kvs_gpu_workspace *ws, uint64_t *rng) {
                                   "%s: GEMM energy %d: gpu %.12g cpu %.12g", what, i, e1[i], e[i]);
                     CHECK_MSG(!memcmp(g1, g2, sizeof(float) * nd) && !memcmp(e1, e2, sizeof e1),
                               "%s: two GEMM runs differ (not deterministic)", what);
-                    const double ef = max_err(g1, g0, nd);
+                    const double ef = kg_max_err(g1, g0, nd);
                     CHECK_MSG(ef <= 2e-4 * sc + (omega == N ? 1e-7 : 0.0),
                               "%s: GEMM vs FFT route max err %g (max %g)", what, ef, sc);
                 }
@@ -201,7 +184,7 @@ static void test_tf32(kvs_gpu_workspace *ws, uint64_t *rng) {
         printf("gemm-tf32 route unavailable: %s\n", err.msg);
     } else if (ref && g && !kg_ref_flashcache(&f.host, omega, ref, e) &&
                !run_route(ws, KVS_GPU_DCT_GEMM_TF32, &f.dev, omega, g, ge)) {
-        const double sc = max_abs(ref, (size_t)H * N), er = max_err(g, ref, (size_t)H * N);
+        const double sc = kg_max_abs(ref, (size_t)H * N), er = kg_max_err(g, ref, (size_t)H * N);
         CHECK_MSG(er <= 1e-2 * sc, "tf32 route: deviation max err %g (max %g)", er, sc);
         for (int i = 0; i < 4; i++)
             CHECK_MSG(fabs(ge[i] - e[i]) <= 1e-2 * fabs(e[i]), "tf32 energy %d: %g vs %g", i, ge[i],

@@ -15,23 +15,6 @@
 
 static const kvs_dtype kDtypes[3] = {KVS_F32, KVS_F16, KVS_BF16};
 
-static double max_abs(const float *a, size_t n) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs(a[i]) > m) m = fabs(a[i]);
-    return m;
-}
-
-/* max |a - b| over n; NaN counts as infinite */
-static double max_err(const float *a, const float *b, size_t n) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = fabs((double)a[i] - b[i]);
-        if (!(e <= m)) m = isnan(e) ? INFINITY : e;
-    }
-    return m;
-}
-
 static void test_dct(kvs_gpu_workspace *ws, uint64_t *rng) {
     const int Ns[] = {1, 2, 3, 7, 64, 100, 257, 1024};
     const int ncols = 6;
@@ -54,9 +37,9 @@ static void test_dct(kvs_gpu_workspace *ws, uint64_t *rng) {
             CHECK_OK(kvs_gpu_dct3(ws, dX, dx2, ncols, N, &err), &err);
             CHECK_OK(kvs_gpu_sync(ws, &err), &err);
             CHECK(!kg_download(gX, dX, sizeof(float) * n) && !kg_download(gx, dx2, sizeof(float) * n));
-            const double sX = max_abs(X, n), eX = max_err(gX, X, n), ex = max_err(gx, x, n);
+            const double sX = kg_max_abs(X, n), eX = kg_max_err(gX, X, n), ex = kg_max_err(gx, x, n);
             CHECK_MSG(eX <= 2e-5 * (sX > 1 ? sX : 1), "DCT-II N=%d: max err %g (scale %g)", N, eX, sX);
-            CHECK_MSG(ex <= 2e-5 * (max_abs(x, n) + 1), "DCT-III(DCT-II) N=%d: max err %g", N, ex);
+            CHECK_MSG(ex <= 2e-5 * (kg_max_abs(x, n) + 1), "DCT-III(DCT-II) N=%d: max err %g", N, ex);
         }
         kvs_gpu_free(dx);
         kvs_gpu_free(dX);
@@ -100,7 +83,7 @@ static void test_flashcache_layer(kvs_gpu_workspace *ws, uint64_t *rng) {
                 CHECK_OK(kvs_gpu_sync(ws, &err), &err);
                 CHECK(!kg_download(got, ddev, sizeof(float) * (size_t)H * N) &&
                       !kg_download(ge, den, sizeof ge));
-                const double sc = max_abs(ref, (size_t)H * N), er = max_err(got, ref, (size_t)H * N);
+                const double sc = kg_max_abs(ref, (size_t)H * N), er = kg_max_err(got, ref, (size_t)H * N);
                 CHECK_MSG(er <= 1e-4 * sc + 1e-6, "%s N=%d omega=%d: deviation max err %g (max %g)",
                           kvs_dtype_name(kDtypes[ti]), N, omega, er, sc);
                 for (int i = 0; i < 4; i++)
@@ -187,7 +170,7 @@ static void test_pool(kvs_gpu_workspace *ws, uint64_t *rng) {
                 CHECK_OK(kvs_gpu_pool1d(ws, dx, R, n, k, is_max, dout, &err), &err);
                 CHECK_OK(kvs_gpu_sync(ws, &err), &err);
                 CHECK(!kg_download(got, dout, sizeof(float) * (size_t)R * n));
-                const double e = max_err(got, ref, (size_t)R * n);
+                const double e = kg_max_err(got, ref, (size_t)R * n);
                 CHECK_MSG(is_max ? e == 0.0 : e <= 1e-6, "pool %s n=%d k=%d: max err %g",
                           is_max ? "max" : "avg", n, k, e);
                 kvs_gpu_free(dx);
@@ -234,10 +217,10 @@ static void test_attention(kvs_gpu_workspace *ws, uint64_t *rng) {
                 CHECK_OK(kvs_gpu_sync(ws, &err), &err);
                 CHECK(!kg_download(glse, dlse, sizeof(float) * (size_t)Hq * Nq) &&
                       !kg_download(gcs, dcs, sizeof(float) * (size_t)H * N));
-                const double el = max_err(glse, lse, (size_t)Hq * Nq);
-                CHECK_MSG(el <= 1e-4 * (1.0 + max_abs(lse, (size_t)Hq * Nq)), "%s N=%d Nq=%d tc=%d: lse max err %g",
+                const double el = kg_max_err(glse, lse, (size_t)Hq * Nq);
+                CHECK_MSG(el <= 1e-4 * (1.0 + kg_max_abs(lse, (size_t)Hq * Nq)), "%s N=%d Nq=%d tc=%d: lse max err %g",
                           kvs_dtype_name(kDtypes[ti]), N, Nq, tc_on, el);
-                const double sc = max_abs(cs, (size_t)H * N), ec = max_err(gcs, cs, (size_t)H * N);
+                const double sc = kg_max_abs(cs, (size_t)H * N), ec = kg_max_err(gcs, cs, (size_t)H * N);
                 CHECK_MSG(ec <= 1e-4 * sc, "%s N=%d Nq=%d tc=%d: colsum max err %g (max %g)",
                           kvs_dtype_name(kDtypes[ti]), N, Nq, tc_on, ec, sc);
                 for (int mi = 0; mi < 2; mi++) {

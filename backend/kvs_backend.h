@@ -281,12 +281,22 @@ kvs_status kvs_chat_apply(const kvs_model *m, const kvs_chat_msg *msgs, int n,
 
 typedef struct kvs_session kvs_session;
 
+/* Element type of the KV cache. Attention always accumulates in fp32; f16 and
+ * bf16 rows are converted in registers (decode) or per key tile (prefill).
+ * 0 (a zero-initialised opts) is f16, as llama.cpp's default cache. */
+typedef enum { KVS_CACHE_F16 = 0, KVS_CACHE_BF16 = 1, KVS_CACHE_F32 = 2 } kvs_cache_type;
+/* "f16" "bf16" "f32" ("?" for anything else). */
+const char *kvs_cache_type_name(int t);
+/* "f16" | "bf16" | "f32" -> *out; anything else is KVS_ERR_INVALID naming it. */
+kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err);
+
 typedef struct {
     int n_ctx;          /* max positions (prompt + generated); <= 0: min(n_ctx_train, 8192) */
     int n_threads;      /* <= 0: the model's */
     /* Queries recorded during prefill for methods (post-RoPE, per layer):
      * 0 none, -1 all prompt positions, k > 0 the last k positions. */
     int record_queries;
+    int cache_type;     /* kvs_cache_type; 0: f16 */
 } kvs_session_opts;
 
 kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *opts, kvs_session **out,
@@ -314,8 +324,42 @@ kvs_status kvs_session_prefill(kvs_session *s, const int32_t *tokens, int n,
 kvs_status kvs_session_prefill_embd(kvs_session *s, const float *embd, int n,
                                     const uint8_t *modality, float *logits, kvs_err *err);
 /* Append one token at position n_past; logits [n_vocab] of that position.
- * KVS_ERR_INVALID when the context is full. No allocation. */
+ * KVS_ERR_INVALID when the context is full. No allocation. This is
+ * kvs_batch_decode of one sequence on the session's own pool (same kernels,
+ * bit-identical results). */
 kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_err *err);
+
+/* Append n tokens at n_past as one chunked prefill over the current cache
+ * (which may be compressed and ragged); logits [n_vocab] of the last position
+ * (may be NULL). The query-agnostic suffix path: query t (position n_past + t)
+ * attends, per KV head, the stored rows whose original positions it may see
+ * (causal; sliding-window layers: position > p - window) and the chunk's
+ * earlier tokens. Up to 64 tokens run as one pass of the decode kernels with
+ * a column per token (each weight row read once for all of them; the result
+ * is bit-identical to n kvs_session_decode calls); longer ones through the
+ * prefill kernels (sgemm on dequantised weights, in ubatch chunks: the same
+ * numbers as decoding them one by one up to fp32 rounding and the 8-bit
+ * activations of decode). The session must hold a prefill; n_past + n <=
+ * n_ctx, else KVS_ERR_INVALID and nothing changes. */
+kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, float *logits, kvs_err *err);
+
+/* Decode several sessions of one model together: one pass over the weights
+ * per step (each weight row is read once and multiplied with every
+ * sequence's activations), each sequence with its own ragged cache and
+ * position. A batch owns a pool of n_threads workers (the sessions' own pools
+ * are not used) and scratch for max_seqs sequences; decoding allocates
+ * nothing. One thread at a time per batch; the sessions must not be used
+ * elsewhere during a call. */
+typedef struct kvs_batch kvs_batch;
+kvs_status kvs_batch_new(kvs_model *m, int max_seqs, int n_threads, kvs_batch **out, kvs_err *err);
+void kvs_batch_free(kvs_batch *b);
+/* Session i appends tokens[i] at its own n_past; logits [n][n_vocab] row i
+ * for session i (may be NULL). The sessions are distinct, of b's model,
+ * 1 <= n <= max_seqs. Checks every session first (context full ->
+ * KVS_ERR_INVALID naming index i) and changes nothing on error. Results per
+ * session are bit-identical to kvs_session_decode. */
+kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t *tokens, int n,
+                            float *logits, kvs_err *err);
 
 /* Copy src's whole state (cache, lengths, positions, recorded queries,
  * modality) into dst (same model, dst->n_ctx >= src->n_past). One prefill,

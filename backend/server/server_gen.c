@@ -625,7 +625,7 @@ static int run_request(kvs_server *s, const gen_req *g, gen_out *outs, int n_out
         rc = srv_fail(e, 500, "", "out of memory for logits");
         goto cleanup;
     }
-    kvs_session_opts so = {s->cfg.n_ctx, s->cfg.threads, queries_to_record(g)};
+    kvs_session_opts so = {s->cfg.n_ctx, s->cfg.threads, queries_to_record(g), KVS_CACHE_F16};
     if (kvs_session_new(s->model, &so, &pre, &err) != KVS_OK) {
         rc = srv_fail(e, 500, "", "cannot create a session: %s", err.msg);
         goto cleanup;
@@ -980,7 +980,7 @@ void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_resp
     }
     srv_slot_acquire(s);
     have_slot = 1;
-    kvs_session_opts so = {s->cfg.n_ctx, s->cfg.threads, (int)nq};
+    kvs_session_opts so = {s->cfg.n_ctx, s->cfg.threads, (int)nq, KVS_CACHE_F16};
     if (kvs_session_new(s->model, &so, &ses, &err) != KVS_OK) {
         srv_fail(&e, 500, "", "cannot create a session: %s", err.msg);
         goto fail;

@@ -407,13 +407,34 @@ typedef struct {
     int threads;              /* <= 0: the session's */
 } kvs_compress_opts;
 
-/* Run a method on the prefill cache and apply its plan; fills stats with
- * compress_ms (view + observe + select + apply). The method's query needs
- * must have been recorded (record_queries), else KVS_ERR_INVALID names it. */
+/* Run a method on the prefill cache and apply its plan, then trim the
+ * sliding-window layers (kvs_session_trim_local; also for "full" / NULL);
+ * fills stats with compress_ms (view + observe + select + apply + trim) and
+ * bytes before (the prompt cache) / after (what is held). The method's query
+ * needs must have been recorded (record_queries), else KVS_ERR_INVALID names
+ * it. */
 kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
                                 kvs_err *err);
-/* Statistics of the current cache without compressing (before == after). */
+/* Statistics of the current cache without compressing: before = the full
+ * prompt cache (n_prompt rows in every layer), after = the rows held now
+ * (equal right after a prefill). Bytes are real: rows x 2 (K, V) x KV heads x
+ * head_dim x the cache element size; local (sliding-window) and global layers
+ * apart. */
 void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *stats);
+
+/* Sliding-window layers keep their window (as llama.cpp's SWA cache): each
+ * local layer drops the rows that no query at position >= n_past can see
+ * (position <= n_past - window; with per-head positions, the fewest over the
+ * heads) and moves to a buffer of window + max(window, 64) rows; decoding then
+ * drops old rows by one memmove when the buffer fills (amortised, no
+ * allocation). kvs_session_compress calls it for every method, "full"
+ * included, after the plan is applied, so the stats' bytes_after_local is
+ * what the decode really holds. Until then (a prefill session that variants
+ * are copied from) every layer holds the whole prompt: cache views and
+ * compress_local need it; a trimmed session cannot be compressed again.
+ * No-op for models without sliding windows. Greedy output is unchanged: the
+ * dropped rows are exactly those attention masks out. */
+kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err);
 
 /* How many queries the session must record for a method with params at
  * prompt length N (0, N, or a window), per the method's needs. */

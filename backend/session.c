@@ -41,6 +41,7 @@ typedef struct {
     int32_t *pos;   /* [Hkv][cap] original positions, ascending per head */
     int cap, len;
     int compressed;
+    int bounded;    /* sliding-window layer trimmed to its window: cap <= window + slack, old rows dropped */
     float *q;       /* [Hq][nq][D] recorded queries (post-RoPE, fp32), or NULL */
     int nq;
 } kv_layer;
@@ -298,6 +299,7 @@ void kvs_session_reset(kvs_session *s) {
         }
         c->len = 0;
         c->compressed = 0;
+        c->bounded = 0;
     }
     s->n_past = 0;
     s->n_prompt = 0;
@@ -307,6 +309,113 @@ int kvs_session_n_ctx(const kvs_session *s) { return s->n_ctx; }
 void kvs_session_set_ubatch(kvs_session *s, int ubatch) { s->ubatch = ubatch > 0 ? ubatch : KVS_UBATCH; }
 int kvs_session_n_past(const kvs_session *s) { return s->n_past; }
 const kvs_model *kvs_session_model(const kvs_session *s) { return s->m; }
+
+/* ---- sliding-window layers keep their window ------------------------------------ */
+/* A local layer's query at position p sees rows with position > p - window.
+ * Once a session is past its prefill (kvs_session_compress, or
+ * kvs_session_trim_local), a local layer keeps only those rows, in a buffer of
+ * window + slack rows (slack = max(window, KVS_EXTEND_COLS)); when decoding
+ * fills it, the rows no later query can see are dropped by one memmove per
+ * layer, so the memmove is amortised over >= slack tokens and decoding never
+ * allocates. Before that the prefill session keeps the whole prompt in every
+ * layer (compress_local needs it; cache views require it). */
+
+static int window_cap(const kvs_session *s) {
+    int w = s->m->info.sliding_window;
+    return w + (w > KVS_EXTEND_COLS ? w : KVS_EXTEND_COLS);
+}
+
+/* Rows of layer c that no query at position >= p can see: the minimum over
+ * KV heads of the rows with position <= p - window (positions ascend per
+ * head, so they are the first rows; every head keeps its visible rows). */
+static int kv_droppable(const kvs_session *s, const kv_layer *c, int p) {
+    const int Hkv = s->m->info.n_kv_heads, W = s->m->info.sliding_window;
+    int drop = c->len;
+    for (int g = 0; g < Hkv && drop > 0; g++) {
+        const int32_t *P = c->pos + (size_t)g * c->cap;
+        int lo = 0, hi = drop;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (p - P[mid] >= W) lo = mid + 1;
+            else hi = mid;
+        }
+        drop = lo;
+    }
+    return drop;
+}
+
+/* Drop those rows of bounded layer c (one memmove per buffer). */
+static void kv_drop_old(const kvs_session *s, kv_layer *c, int p) {
+    const int Hkv = s->m->info.n_kv_heads, D = s->m->info.head_dim;
+    const int drop = kv_droppable(s, c, p);
+    if (drop == 0) return;
+    const int keep = c->len - drop;
+    for (int g = 0; g < Hkv; g++) {
+        memmove(kv_row(s, c, c->k, g, 0), kv_row(s, c, c->k, g, drop), (size_t)keep * D * s->esz);
+        memmove(kv_row(s, c, c->v, g, 0), kv_row(s, c, c->v, g, drop), (size_t)keep * D * s->esz);
+        int32_t *P = c->pos + (size_t)g * c->cap;
+        memmove(P, P + drop, (size_t)keep * sizeof *P);
+    }
+    c->len = keep;
+}
+
+/* Make room for `need` rows at positions p, p+1, ... in every bounded layer
+ * (drops rows only when the buffer would overflow). */
+static void kv_make_room(kvs_session *s, int p, int need) {
+    for (int l = 0; l < s->m->info.n_layers; l++) {
+        kv_layer *c = &s->kv[l];
+        if (c->bounded && c->len + need > c->cap) kv_drop_old(s, c, p);
+    }
+}
+
+/* Rows layer c can take from position p on (bounded layers: after dropping);
+ * the exact count only when it is below need. */
+static int kv_room(const kvs_session *s, const kv_layer *c, int p, int need) {
+    int r = c->cap - c->len;
+    if (!c->bounded || r >= need) return r;
+    return r + kv_droppable(s, c, p);
+}
+
+kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
+    const kvs_model_info *MI = &s->m->info;
+    if (MI->sliding_window <= 0 || s->n_past == 0) return KVS_OK;
+    const int Hkv = MI->n_kv_heads, D = MI->head_dim, room = s->n_ctx - s->n_past;
+    for (int l = 0; l < MI->n_layers; l++) {
+        kv_layer *c = &s->kv[l];
+        if (!s->m->layers[l].is_local || c->bounded) continue;
+        c->bounded = 1; /* kv_drop_old only works on its rows; the capacity is set below */
+        kv_drop_old(s, c, s->n_past);
+        int cap = c->len + room < window_cap(s) ? c->len + room : window_cap(s);
+        if (cap < c->len + 1 && room > 0) cap = c->len + 1;
+        if (cap == c->cap) continue;
+        kv_layer n = *c;
+        n.k = malloc((size_t)Hkv * cap * D * s->esz);
+        n.v = malloc((size_t)Hkv * cap * D * s->esz);
+        n.pos = malloc((size_t)Hkv * cap * sizeof(int32_t));
+        n.cap = cap;
+        if (!n.k || !n.v || !n.pos) {
+            free(n.k);
+            free(n.v);
+            free(n.pos);
+            return kvs_errorf(err, KVS_ERR_NOMEM, "trim: layer %d: out of memory for %d rows", l, cap);
+        }
+        for (int g = 0; g < Hkv; g++) {
+            memcpy(kv_row(s, &n, n.k, g, 0), kv_row(s, c, c->k, g, 0), (size_t)c->len * D * s->esz);
+            memcpy(kv_row(s, &n, n.v, g, 0), kv_row(s, c, c->v, g, 0), (size_t)c->len * D * s->esz);
+            memcpy(n.pos + (size_t)g * cap, c->pos + (size_t)g * c->cap, (size_t)c->len * sizeof(int32_t));
+        }
+        free(c->k);
+        free(c->v);
+        free(c->pos);
+        if (c->len != s->n_prompt) { /* recorded queries serve compression, which needs the whole prompt */
+            free(c->q);
+            n.q = NULL;
+            n.nq = 0;
+        }
+        *c = n;
+    }
+    return KVS_OK;
+}
 
 /* ---- decode: parallel matrix-vector products over a batch ---------------------- */
 
@@ -519,7 +628,7 @@ static kvs_status decode_check(const kvs_session *s, const char *what, kvs_err *
     if (s->n_past >= s->n_ctx)
         return kvs_errorf(err, KVS_ERR_INVALID, "decode%s: the context is full (%d positions)", what, s->n_ctx);
     for (int l = 0; l < s->m->info.n_layers; l++)
-        if (s->kv[l].len >= s->kv[l].cap)
+        if (kv_room(s, &s->kv[l], s->n_past, 1) < 1)
             return kvs_errorf(err, KVS_ERR_INTERNAL, "decode%s: layer %d cache is full (%d rows)", what, l,
                               s->kv[l].cap);
     return KVS_OK;
@@ -527,7 +636,10 @@ static kvs_status decode_check(const kvs_session *s, const char *what, kvs_err *
 
 /* Decode n checked sequences (embeddings already in db->x). */
 static void decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n, float *logits) {
-    for (int i = 0; i < n; i++) db->pos[i] = ss[i]->n_past;
+    for (int i = 0; i < n; i++) {
+        db->pos[i] = ss[i]->n_past;
+        kv_make_room(ss[i], ss[i]->n_past, 1);
+    }
     dec_step(pool, db, ss, n, 0, 0, NULL, 0);
     for (int i = 0; i < n; i++) {
         ss[i]->modality[ss[i]->n_past] = KVS_MOD_TEXT;
@@ -897,8 +1009,11 @@ static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float 
         st = kvs_errorf(err, KVS_ERR_NOMEM, "prefill: out of memory for a %d-token chunk", ub);
         goto cleanup;
     }
-    for (int p0 = 0; p0 < n; p0 += ub) {
+    for (int p0 = 0; p0 < n; p0 += b.T) {
         b.T = n - p0 < ub ? n - p0 : ub;
+        kv_make_room(s, p_start + p0, b.T);
+        for (int l = 0; l < MI->n_layers; l++)
+            if (s->kv[l].bounded && s->kv[l].cap - s->kv[l].len < b.T) b.T = s->kv[l].cap - s->kv[l].len;
         for (int t = 0; t < b.T; t++) {
             if (tokens) {
                 if ((st = embed_token(m, tokens[p0 + t], b.X + (size_t)t * E, err))) goto cleanup;
@@ -1002,10 +1117,13 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
         if (tokens[i] < 0 || tokens[i] >= MI->n_vocab)
             return kvs_errorf(err, KVS_ERR_INVALID, "extend: token %d at index %d is out of range [0, %d)", tokens[i],
                               i, MI->n_vocab);
-    for (int l = 0; l < MI->n_layers; l++)
-        if (s->kv[l].cap - s->kv[l].len < n)
-            return kvs_errorf(err, KVS_ERR_INTERNAL, "extend: layer %d cache has room for %d rows, not %d", l,
-                              s->kv[l].cap - s->kv[l].len, n);
+    for (int l = 0; l < MI->n_layers; l++) {
+        const kv_layer *c = &s->kv[l];
+        int need = c->bounded && n > KVS_EXTEND_COLS ? KVS_EXTEND_COLS : n; /* bounded: chunks of what fits */
+        int r = kv_room(s, c, s->n_past, need);
+        if (r < need)
+            return kvs_errorf(err, KVS_ERR_INTERNAL, "extend: layer %d cache has room for %d rows, not %d", l, r, n);
+    }
     const int p_start = s->n_past;
     kvs_status st = KVS_OK;
     if (n <= KVS_EXTEND_COLS) {
@@ -1023,6 +1141,7 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
             free(sbuf);
             return st ? st : kvs_errorf(err, KVS_ERR_NOMEM, "extend: out of memory for %d tokens", n);
         }
+        kv_make_room(s, p_start, n);
         for (int t = 0; t < n; t++) {
             cols[t] = s;
             db.pos[t] = p_start + t;
@@ -1037,15 +1156,8 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
         free(sbuf);
         return KVS_OK;
     }
-    if ((st = run_chunks(s, tokens, NULL, n, 0, logits, err))) {
-        /* undo: the rows written so far are dropped */
-        for (int l = 0; l < MI->n_layers; l++) {
-            kv_layer *c = &s->kv[l];
-            c->len -= s->n_past - p_start;
-        }
-        s->n_past = p_start;
-        return st;
-    }
+    /* run_chunks fails only before writing anything (scratch allocation; the tokens were checked) */
+    if ((st = run_chunks(s, tokens, NULL, n, 0, logits, err))) return st;
     for (int i = p_start; i < s->n_past; i++) s->modality[i] = KVS_MOD_TEXT;
     return KVS_OK;
 }
@@ -1068,6 +1180,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         const kv_layer *a = &src->kv[l];
         kv_layer *c = &dst->kv[l];
         int cap = a->len + (dst->n_ctx - src->n_past);
+        if (a->bounded && cap > window_cap(src)) cap = a->len < window_cap(src) ? window_cap(src) : a->len + 1;
         if (c->cap != cap) {
             kvs_status st = kv_alloc(c, Hkv, D, cap, dst->esz, err);
             if (st) {
@@ -1082,6 +1195,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         }
         c->len = a->len;
         c->compressed = a->compressed;
+        c->bounded = a->bounded;
         if (a->q) {
             c->q = malloc((size_t)Hq * a->nq * D * 4);
             if (!c->q) {
@@ -1141,14 +1255,20 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
         const kv_layer *c = &s->kv[l];
         st->is_local[l] = s->m->layers[l].is_local;
         st->compressed[l] = c->compressed;
-        st->tokens_before[l] = st->tokens_after[l] = c->len;
-        st->bytes_before[l] = st->bytes_after[l] = (int64_t)c->len * row_bytes(s);
-        if (st->is_local[l]) st->bytes_before_local += st->bytes_before[l];
-        else st->bytes_before_global += st->bytes_before[l];
+        st->tokens_before[l] = s->n_prompt;
+        st->tokens_after[l] = c->len;
+        st->bytes_before[l] = (int64_t)s->n_prompt * row_bytes(s);
+        st->bytes_after[l] = (int64_t)c->len * row_bytes(s);
+        if (st->is_local[l]) {
+            st->bytes_before_local += st->bytes_before[l];
+            st->bytes_after_local += st->bytes_after[l];
+        } else {
+            st->bytes_before_global += st->bytes_before[l];
+            st->bytes_after_global += st->bytes_after[l];
+        }
     }
-    st->bytes_after_local = st->bytes_before_local;
-    st->bytes_after_global = st->bytes_before_global;
-    st->bytes_before_total = st->bytes_after_total = st->bytes_before_local + st->bytes_before_global;
+    st->bytes_before_total = st->bytes_before_local + st->bytes_before_global;
+    st->bytes_after_total = st->bytes_after_local + st->bytes_after_global;
     snprintf(st->method, sizeof st->method, "full");
 }
 
@@ -1227,6 +1347,7 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
         c->cap = cap;
         c->len = B;
         c->compressed = 1;
+        c->bounded = 0; /* kvs_session_compress trims it again */
     }
     if (stats) {
         kvs_kv_stats after;
@@ -1263,9 +1384,10 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
     kvs_kv_stats local_stats;
     if (!stats) stats = &local_stats;
     if (!o->method || !strcmp(o->method->name, "full")) {
+        kvs_status st = kvs_session_trim_local(s, err);
         kvs_session_kv_stats(s, stats);
         stats->compress_ms = kvs_now_ms() - t0;
-        return KVS_OK;
+        return st;
     }
     const kvs_model_info *MI = &s->m->info;
     kvs_layer *layers = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
@@ -1297,6 +1419,17 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
                            &plan, err)))
         goto cleanup;
     if ((st = kvs_session_apply_plan(s, &plan, map, stats, err))) goto cleanup;
+    /* past the prefill: sliding-window layers keep only their window */
+    if ((st = kvs_session_trim_local(s, err))) goto cleanup;
+    {
+        kvs_kv_stats now;
+        kvs_session_kv_stats(s, &now);
+        memcpy(stats->tokens_after, now.tokens_after, sizeof now.tokens_after);
+        memcpy(stats->bytes_after, now.bytes_after, sizeof now.bytes_after);
+        stats->bytes_after_local = now.bytes_after_local;
+        stats->bytes_after_global = now.bytes_after_global;
+        stats->bytes_after_total = now.bytes_after_total;
+    }
     stats->compress_ms = kvs_now_ms() - t0;
 cleanup:
     kvs_plan_free(&plan);

@@ -12,6 +12,9 @@
  *   (methods, budgets, prompt lengths, extra decoded tokens) gives logits
  *   bit-identical to decoding each alone, step after step;
  * - the batch's error paths (context full names the index, nothing changes);
+ * - sliding-window layers trimmed to their window (kvs_session_compress) give
+ *   bit-identical logits to untrimmed ones through long extends and decoding
+ *   past the trimmed buffer, and the stats report the bytes really held;
  * - f16/bf16 caches: logits close to f32 (5e-3 / 3e-2 relative), KV bytes in the
  *   stats are 2 bytes per element, cache views carry the real dtype.
  */
@@ -176,6 +179,52 @@ static void run_arch(const char *arch, int ctype) {
         int32_t badt[1] = {V};
         CHECK_FAILS(kvs_batch_decode(bt, ss, badt, 1, lbat, &err), KVS_ERR_INVALID, &err, "out of range");
         CHECK_EQ_INT(kvs_session_n_past(ss[0]), n0);
+    }
+    /* (3) trimmed sliding-window layers == untrimmed: a short extend and
+     * decoding past the trimmed buffer (window 4 + slack 64 rows: the old rows
+     * are dropped twice) bit-identical, then a long extend (chunks split
+     * where the trimmed buffer is full: fp32 rounding apart) */
+    if (bt && sp.sliding_window > 0) {
+        kvs_session *u = NULL, *t = NULL;
+        kvs_session_opts so4 = {250, 2, 0, ctype};
+        CHECK_OK(kvs_session_new(m, &so4, &u, &err), &err);
+        CHECK_OK(kvs_session_new(m, &so4, &t, &err), &err);
+        if (u && t) {
+            CHECK_OK(prep(u, toks, 30, NULL, 0, 0, &err), &err);
+            CHECK_OK(kvs_session_copy(t, u, &err), &err);
+            kvs_kv_stats st;
+            kvs_compress_opts co;
+            memset(&co, 0, sizeof co); /* method NULL: full, trims */
+            CHECK_OK(kvs_session_compress(t, &co, &st, &err), &err);
+            const kvs_model_info *I = kvs_model_get_info(m);
+            int64_t rb = (int64_t)I->n_kv_heads * I->head_dim * 2 * (ctype == KVS_CACHE_F32 ? 4 : 2);
+            CHECK_EQ_INT(st.bytes_before_local, 5 * 30 * rb);
+            CHECK_EQ_INT(st.bytes_after_local, 5 * 3 * rb);
+            CHECK_EQ_INT(st.bytes_after_global, 30 * rb);
+            CHECK_OK(kvs_session_extend(u, toks + 10, 20, la, &err), &err);
+            CHECK_OK(kvs_session_extend(t, toks + 10, 20, lb, &err), &err);
+            CHECK(!memcmp(la, lb, (size_t)V * 4));
+            int same = 1, tok = argmax_f(la, V);
+            kvs_session *pair[2] = {u, t};
+            while (kvs_session_n_past(u) < 180) {
+                int32_t tk[2] = {tok, tok};
+                CHECK_OK(kvs_batch_decode(bt, pair, tk, 2, lbat, &err), &err);
+                same &= !memcmp(lbat, lbat + V, (size_t)V * 4);
+                tok = argmax_f(lbat, V);
+            }
+            CHECK_MSG(same, "%s %s: decode with trimmed local layers differs", arch, kvs_cache_type_name(ctype));
+            kvs_session_kv_stats(t, &st);
+            CHECK_MSG(st.tokens_after[0] <= 4 + 64, "local layer holds %lld rows", (long long)st.tokens_after[0]);
+            CHECK_EQ_INT(st.tokens_after[5], 180);
+            CHECK_OK(kvs_session_extend(u, toks + 30, 70, la, &err), &err);
+            CHECK_OK(kvs_session_extend(t, toks + 30, 70, lb, &err), &err);
+            double d = rel_diff(lb, la, V), tol = ctype == KVS_CACHE_BF16 ? 1e-3 : 1e-4;
+            CHECK_MSG(d <= tol, "%s %s: long extend with trimmed local layers differs by %g", arch,
+                      kvs_cache_type_name(ctype), d);
+            CHECK_EQ_INT(argmax_f(la, V), argmax_f(lb, V));
+        }
+        kvs_session_free(u);
+        kvs_session_free(t);
     }
 done:
     for (int i = 0; i < NS; i++) {

@@ -12,7 +12,9 @@
  * caches and positions bit-identical to decoding each alone over 6 steps;
  * f16 and bf16 caches against f32 after a 300-token prompt (logits within 2e-2
  * (f16) / 5e-2 (bf16) of the largest |logit|, the same top token) and their
- * KV bytes (2 per element).
+ * KV bytes (2 per element); sliding-window layers trimmed to their window
+ * after a 750-token prompt: the stats' local bytes fall to 511 rows per layer
+ * and 600 greedy steps give bit-identical logits to an untrimmed copy.
  */
 #include <math.h>
 #include <stdio.h>
@@ -176,6 +178,53 @@ int main(void) {
             CHECK_EQ_INT(ks.bytes_before_total, (int64_t)np * I->n_layers * I->n_kv_heads * I->head_dim * 2 * 2);
             kvs_session_free(s);
         }
+    }
+    /* sliding-window layers trimmed to their window (512): a prompt longer
+     * than the window, then 600 greedy tokens (past another window and the
+     * trimmed buffer of 1024 rows), decoded side by side in one batch with an
+     * untrimmed copy: bit-identical logits at every step */
+    if (bt) {
+        char *big = malloc(6 * strlen(TEXT) + 1);
+        int32_t *bt_toks = NULL;
+        int nb = 0;
+        kvs_session *u = NULL, *t = NULL;
+        kvs_session_opts so5 = {1400, 2, 0, KVS_CACHE_F16};
+        CHECK_OK(kvs_session_new(m, &so5, &u, &err), &err);
+        CHECK_OK(kvs_session_new(m, &so5, &t, &err), &err);
+        if (big && u && t) {
+            big[0] = 0;
+            for (int r = 0; r < 5; r++) strcat(big, TEXT);
+            CHECK_OK(kvs_tokenize(m, big, strlen(big), 1, 0, &bt_toks, &nb, &err), &err);
+            CHECK(nb > 700);
+            CHECK_OK(kvs_session_prefill(u, bt_toks, nb, NULL, la, &err), &err);
+            CHECK_OK(kvs_session_copy(t, u, &err), &err);
+            kvs_compress_opts co;
+            memset(&co, 0, sizeof co);
+            kvs_kv_stats ks;
+            CHECK_OK(kvs_session_compress(t, &co, &ks, &err), &err);
+            int64_t rb = (int64_t)I->n_kv_heads * I->head_dim * 2 * 2;
+            printf("trim: %d-token prompt, KV bytes local %lld -> %lld, global %lld -> %lld\n", nb,
+                   (long long)ks.bytes_before_local, (long long)ks.bytes_after_local, (long long)ks.bytes_before_global,
+                   (long long)ks.bytes_after_global);
+            CHECK_EQ_INT(ks.bytes_before_local, (int64_t)I->n_local_layers * nb * rb);
+            CHECK_EQ_INT(ks.bytes_after_local, (int64_t)I->n_local_layers * (I->sliding_window - 1) * rb);
+            CHECK_EQ_INT(ks.bytes_after_global, ks.bytes_before_global);
+            kvs_session *pair[2] = {u, t};
+            int same = 1, tok = argmax_f(la, V);
+            for (int g = 0; g < 600 && kvs_session_n_past(u) < kvs_session_n_ctx(u); g++) {
+                int32_t tk[2] = {tok, tok};
+                CHECK_OK(kvs_batch_decode(bt, pair, tk, 2, lbat, &err), &err);
+                same &= !memcmp(lbat, lbat + V, (size_t)V * 4);
+                tok = argmax_f(lbat, V);
+            }
+            CHECK_MSG(same, "decode with trimmed sliding-window layers differs from untrimmed");
+            kvs_session_kv_stats(t, &ks);
+            CHECK(ks.tokens_after[0] < 1024 && ks.tokens_after[5] == nb + 600);
+        }
+        free(big);
+        free(bt_toks);
+        kvs_session_free(u);
+        kvs_session_free(t);
     }
 done:
     for (int i = 0; i < NS; i++) {

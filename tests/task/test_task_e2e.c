@@ -113,9 +113,10 @@ static void test_run_resume(const char *model) {
     CHECK_EQ_INT(q_int(h, "SELECT count(*) FROM scores WHERE metric = 'rouge_l' AND value BETWEEN 0 AND 1"), 6);
     CHECK_EQ_INT(q_int(h, "SELECT count(*) FROM scores WHERE metric = 'prefill_ms' AND value > 0"), 18);
     CHECK_EQ_INT(q_int(h, "SELECT count(*) FROM scores WHERE metric = 'kv_kept_mb' AND value > 0"), 18);
-    /* full keeps every byte; compressed variants fewer; decode produced tokens */
+    /* full keeps every global byte (sliding-window layers only their window, so never more than
+     * before); compressed variants fewer; decode produced tokens */
     CHECK_EQ_INT(q_int(h, "SELECT count(*) FROM results r JOIN cells c ON c.key = r.cell_key WHERE "
-                          "c.method = 'full' AND r.kv_bytes_after != r.kv_bytes_before"),
+                          "c.method = 'full' AND r.kv_bytes_after > r.kv_bytes_before"),
                  0);
     CHECK_EQ_INT(q_int(h, "SELECT count(*) FROM results r JOIN cells c ON c.key = r.cell_key WHERE "
                           "c.method != 'full' AND r.kv_bytes_after >= r.kv_bytes_before"),

@@ -126,9 +126,12 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     if (r->buf) r->buf[r->len] = '\0';
     kvs_http_response resp = {500, NULL, 0, "application/json", 0};
     h->handler(h->user, &req, &resp);
-    if (resp.status == 0) { /* the client is gone: close without a response */
+    if (resp.status == 0) { /* the client is gone: a short answer nobody reads, then close */
         free(resp.body);
-        return MHD_NO;
+        size_t len;
+        char *body = dup_text("{\"error\":{\"message\":\"cancelled: the client closed the connection\","
+                              "\"type\":\"unavailable_error\"}}", &len);
+        return send_response(conn, 503, body, len, "application/json", 0);
     }
     return send_response(conn, resp.status, resp.body, resp.len, resp.content_type, resp.retry_after);
 }

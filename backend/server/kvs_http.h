@@ -32,7 +32,8 @@ typedef struct {
     const char *content_type; /* static string */
     int retry_after;          /* > 0: a Retry-After header (seconds) */
 } kvs_http_response;
-/* status 0: send nothing and close the connection (the client is gone). */
+/* status 0: the client is gone (a short 503 nobody reads is queued, then the
+ * connection closes). */
 
 typedef void (*kvs_http_handler)(void *user, const kvs_http_request *req, kvs_http_response *resp);
 

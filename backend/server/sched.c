@@ -200,6 +200,7 @@ static void job_finish(kvs_server *s, srv_job *j, int rc) {
         s->processing--;
         s->slots_free++;
     }
+    if (sc->admitting == j) sc->admitting = NULL; /* the handler may free j once signalled */
     j->state = JOB_DONE;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -213,10 +214,10 @@ static void note_cancel(kvs_server *s, int reason) {
 }
 
 static void job_cancelled(kvs_server *s, srv_job *j, int reason) {
-    note_cancel(s, reason);
     if (reason == SRV_CANCEL_SHUTDOWN) srv_fail(&j->e, 503, "", "request cancelled: the server is shutting down");
     else j->e.status = 0; /* the client is gone: no response */
     job_finish(s, j, -1);
+    note_cancel(s, reason); /* counted once the request has left the batch */
 }
 
 /* ---- admission ------------------------------------------------------------------ */
@@ -263,7 +264,9 @@ static kvs_status compress_with_plan(kvs_server *s, kvs_session *ses, const kvs_
             L->q = (kvs_view){NULL, KVS_F32, KVS_HOST, s->info->n_heads, 0, D, 0, D};
         }
     }
-    if ((st = kvs_compress(co->method, &co->params, &cv, &co->budget, co->threads, &plan, err))) goto cleanup;
+    /* plans do not depend on the thread count (design.md), so 1 stands in for "the session's" */
+    if ((st = kvs_compress(co->method, &co->params, &cv, &co->budget, co->threads > 0 ? co->threads : 1, &plan, err)))
+        goto cleanup;
     if ((st = kvs_session_apply_plan(ses, &plan, map, &o->stats, err))) goto cleanup;
     o->stats.compress_ms = kvs_now_ms() - t0;
     if (srv_span_kept(s, g, &plan, map, o)) st = kvs_errorf(err, KVS_ERR_NOMEM, "span_kept: out of memory");

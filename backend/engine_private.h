@@ -21,6 +21,12 @@ void kvs_vgelu_mul(float *g, const float *u, int n); /* g = gelu_tanh(g) * u */
 void kvs_vsilu_mul(float *g, const float *u, int n); /* g = silu(g) * u */
 void kvs_vaxpy(float *o, float a, const float *x, int n); /* o += a x */
 double kvs_sumsq(const float *x, int n);                 /* sum of squares */
+/* KV cache rows of element type ctype (kvs_cache_type); n elements. */
+size_t kvs_cache_elem_size(int ctype);
+void kvs_cache_to_f32(int ctype, const void *src, float *dst, int n);
+void kvs_cache_from_f32(int ctype, const float *src, void *dst, int n);
+float kvs_dot_cache(int ctype, const float *q, const void *k, int n);       /* q . k */
+void kvs_axpy_cache(int ctype, float *o, float a, const void *x, int n);    /* o += a x */
 
 /* ---- thread pool (pool.c) ---------------------------------------------------- */
 typedef void (*kvs_pool_fn)(void *arg, int ith, int nth);

@@ -281,12 +281,22 @@ kvs_status kvs_chat_apply(const kvs_model *m, const kvs_chat_msg *msgs, int n,
 
 typedef struct kvs_session kvs_session;
 
+/* Element type of the KV cache. Attention always accumulates in fp32; f16 and
+ * bf16 rows are converted in registers (decode) or per key tile (prefill).
+ * 0 (a zero-initialised opts) is f16, as llama.cpp's default cache. */
+typedef enum { KVS_CACHE_F16 = 0, KVS_CACHE_BF16 = 1, KVS_CACHE_F32 = 2 } kvs_cache_type;
+/* "f16" "bf16" "f32" ("?" for anything else). */
+const char *kvs_cache_type_name(int t);
+/* "f16" | "bf16" | "f32" -> *out; anything else is KVS_ERR_INVALID naming it. */
+kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err);
+
 typedef struct {
     int n_ctx;          /* max positions (prompt + generated); <= 0: min(n_ctx_train, 8192) */
     int n_threads;      /* <= 0: the model's */
     /* Queries recorded during prefill for methods (post-RoPE, per layer):
      * 0 none, -1 all prompt positions, k > 0 the last k positions. */
     int record_queries;
+    int cache_type;     /* kvs_cache_type; 0: f16 */
 } kvs_session_opts;
 
 kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *opts, kvs_session **out,
@@ -314,8 +324,42 @@ kvs_status kvs_session_prefill(kvs_session *s, const int32_t *tokens, int n,
 kvs_status kvs_session_prefill_embd(kvs_session *s, const float *embd, int n,
                                     const uint8_t *modality, float *logits, kvs_err *err);
 /* Append one token at position n_past; logits [n_vocab] of that position.
- * KVS_ERR_INVALID when the context is full. No allocation. */
+ * KVS_ERR_INVALID when the context is full. No allocation. This is
+ * kvs_batch_decode of one sequence on the session's own pool (same kernels,
+ * bit-identical results). */
 kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_err *err);
+
+/* Append n tokens at n_past as one chunked prefill over the current cache
+ * (which may be compressed and ragged); logits [n_vocab] of the last position
+ * (may be NULL). The query-agnostic suffix path: query t (position n_past + t)
+ * attends, per KV head, the stored rows whose original positions it may see
+ * (causal; sliding-window layers: position > p - window) and the chunk's
+ * earlier tokens. Up to 64 tokens run as one pass of the decode kernels with
+ * a column per token (each weight row read once for all of them; the result
+ * is bit-identical to n kvs_session_decode calls); longer ones through the
+ * prefill kernels (sgemm on dequantised weights, in ubatch chunks: the same
+ * numbers as decoding them one by one up to fp32 rounding and the 8-bit
+ * activations of decode). The session must hold a prefill; n_past + n <=
+ * n_ctx, else KVS_ERR_INVALID and nothing changes. */
+kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, float *logits, kvs_err *err);
+
+/* Decode several sessions of one model together: one pass over the weights
+ * per step (each weight row is read once and multiplied with every
+ * sequence's activations), each sequence with its own ragged cache and
+ * position. A batch owns a pool of n_threads workers (the sessions' own pools
+ * are not used) and scratch for max_seqs sequences; decoding allocates
+ * nothing. One thread at a time per batch; the sessions must not be used
+ * elsewhere during a call. */
+typedef struct kvs_batch kvs_batch;
+kvs_status kvs_batch_new(kvs_model *m, int max_seqs, int n_threads, kvs_batch **out, kvs_err *err);
+void kvs_batch_free(kvs_batch *b);
+/* Session i appends tokens[i] at its own n_past; logits [n][n_vocab] row i
+ * for session i (may be NULL). The sessions are distinct, of b's model,
+ * 1 <= n <= max_seqs. Checks every session first (context full ->
+ * KVS_ERR_INVALID naming index i) and changes nothing on error. Results per
+ * session are bit-identical to kvs_session_decode. */
+kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t *tokens, int n,
+                            float *logits, kvs_err *err);
 
 /* Copy src's whole state (cache, lengths, positions, recorded queries,
  * modality) into dst (same model, dst->n_ctx >= src->n_past). One prefill,
@@ -363,13 +407,34 @@ typedef struct {
     int threads;              /* <= 0: the session's */
 } kvs_compress_opts;
 
-/* Run a method on the prefill cache and apply its plan; fills stats with
- * compress_ms (view + observe + select + apply). The method's query needs
- * must have been recorded (record_queries), else KVS_ERR_INVALID names it. */
+/* Run a method on the prefill cache and apply its plan, then trim the
+ * sliding-window layers (kvs_session_trim_local; also for "full" / NULL);
+ * fills stats with compress_ms (view + observe + select + apply + trim) and
+ * bytes before (the prompt cache) / after (what is held). The method's query
+ * needs must have been recorded (record_queries), else KVS_ERR_INVALID names
+ * it. */
 kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
                                 kvs_err *err);
-/* Statistics of the current cache without compressing (before == after). */
+/* Statistics of the current cache without compressing: before = the full
+ * prompt cache (n_prompt rows in every layer), after = the rows held now
+ * (equal right after a prefill). Bytes are real: rows x 2 (K, V) x KV heads x
+ * head_dim x the cache element size; local (sliding-window) and global layers
+ * apart. */
 void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *stats);
+
+/* Sliding-window layers keep their window (as llama.cpp's SWA cache): each
+ * local layer drops the rows that no query at position >= n_past can see
+ * (position <= n_past - window; with per-head positions, the fewest over the
+ * heads) and moves to a buffer of window + max(window, 64) rows; decoding then
+ * drops old rows by one memmove when the buffer fills (amortised, no
+ * allocation). kvs_session_compress calls it for every method, "full"
+ * included, after the plan is applied, so the stats' bytes_after_local is
+ * what the decode really holds. Until then (a prefill session that variants
+ * are copied from) every layer holds the whole prompt: cache views and
+ * compress_local need it; a trimmed session cannot be compressed again.
+ * No-op for models without sliding windows. Greedy output is unchanged: the
+ * dropped rows are exactly those attention masks out. */
+kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err);
 
 /* How many queries the session must record for a method with params at
  * prompt length N (0, N, or a window), per the method's needs. */

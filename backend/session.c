@@ -1,21 +1,26 @@
 /*
  * session.c -- one sequence: the forward pass on the CPU and its ragged KV
- * cache.
+ * cache; several sequences decoded together (kvs_batch).
  *
  * Prefill runs the prompt (longer than KVS_SHORT_PROMPT tokens; shorter ones
  * go token by token through the decode kernels) in chunks of up to KVS_UBATCH tokens: each weight
  * matrix is dequantised once per chunk into a scratch buffer and multiplied
  * with OpenBLAS sgemm; attention is tiled (KVS_QTILE queries x the keys they
- * may see, never N x N) with sgemm for scores and outputs. Only the last
- * position's logits are computed. Decode multiplies quantised weight rows
- * with activations quantised to 8 bits (integer AVX2 dot products), rows
- * split over the session's thread pool; it allocates nothing.
+ * may see, never N x N) with sgemm for scores and outputs; the key/value rows
+ * of a tile are converted to fp32 into per-thread scratch allocated once per
+ * prefill. Only the last position's logits are computed. kvs_session_extend
+ * runs the same chunks at n_past over a compressed cache (masks by each
+ * head's stored positions). Decode multiplies quantised weight rows with
+ * activations quantised to 8 bits (integer AVX2 dot products), rows split
+ * over the thread pool, every sequence of a batch against each row while it
+ * is in cache; kvs_session_decode is the batch of one. It allocates nothing.
  *
- * The cache: per layer K and V as [Hkv][cap][D] fp32 and the original
- * position of every row [Hkv][cap]. After compression each layer has its own
- * length (and capacity: kept + room for the rest of the context), each KV head
- * its own kept positions; RoPE was applied before caching, so kept keys keep
- * their rotation and decoding continues at position n_past.
+ * The cache: per layer K and V as [Hkv][cap][D] in the session's element
+ * type (f16 default, bf16, f32) and the original position of every row
+ * [Hkv][cap]. After compression each layer has its own length (and capacity:
+ * kept + room for the rest of the context), each KV head its own kept
+ * positions; RoPE was applied before caching, so kept keys keep their
+ * rotation and decoding continues at position n_past.
  * What it is not: no sampling (server), no method logic (methods/, core/).
  */
 #include <assert.h>
@@ -29,31 +34,73 @@
 #define KVS_UBATCH 2048 /* default prefill chunk (tokens) */
 #define KVS_QTILE 128   /* prefill attention query tile */
 #define KVS_SHORT_PROMPT 8 /* prompts up to this length run through the decode kernels */
+#define KVS_EXTEND_COLS 64 /* extends up to this length run as one pass of the decode kernels */
 
 typedef struct {
-    float *k, *v;   /* [Hkv][cap][D] */
+    uint8_t *k, *v; /* [Hkv][cap][D] elements of the cache type */
     int32_t *pos;   /* [Hkv][cap] original positions, ascending per head */
     int cap, len;
     int compressed;
-    float *q;       /* [Hq][nq][D] recorded queries (post-RoPE), or NULL */
+    int bounded;    /* sliding-window layer trimmed to its window: cap <= window + slack, old rows dropped */
+    float *q;       /* [Hq][nq][D] recorded queries (post-RoPE, fp32), or NULL */
     int nq;
 } kv_layer;
+
+/* Decode scratch for up to cap sequences (allocated once). */
+typedef struct {
+    int cap, maxv, nqb;
+    float *x, *xn, *q, *k, *v, *att, *g, *u, *o; /* [cap][E] [cap][maxv] [cap][Hq*D] [cap][Hkv*D] x2 [cap][Hq*D] [cap][F] x2 [cap][E] */
+    kvs_q8a_block *xq;                           /* [cap][nqb] */
+    float *cs, *sn;                              /* [cap][2][D/2] rope of each sequence's position (global, local) */
+    int *pos;                                    /* [cap] position each sequence writes */
+    int *lim;                                    /* [cap] rows its query sees (its own row + 1) */
+} dec_buf;
 
 struct kvs_session {
     kvs_model *m;
     int n_ctx, n_threads, record_queries, ubatch;
+    int ctype;          /* kvs_cache_type */
+    size_t esz;         /* bytes per cache element */
     int n_past, n_prompt;
     kv_layer *kv;       /* [L] */
     uint8_t *modality;  /* [n_ctx] */
     kvs_pool *pool;
     float *inv_freq_g, *inv_freq_l; /* [D/2] */
-    /* decode scratch (allocated once) */
-    float *x, *xn, *q, *k, *v, *att, *g, *u, *o; /* [E] [E] [Hq*D] [Hkv*D] [Hkv*D] [Hq*D] [F] [F] [E] */
-    kvs_q8a_block *xq;                           /* [max(E, F, Hq*D)/32] */
-    float *scores;                               /* [Hq][n_ctx] */
-    float *cs, *sn;                              /* [D/2] rope for one position */
-    int n_prompt_cap;                            /* row length of the prefill score tiles */
+    dec_buf db;                     /* decode scratch of one sequence */
+    float *scores;                  /* [Hq][n_ctx] decode attention scores */
 };
+
+struct kvs_batch {
+    kvs_model *m;
+    int max_seqs;
+    kvs_pool *pool;
+    dec_buf db;
+};
+
+/* ---- cache types -------------------------------------------------------------- */
+
+const char *kvs_cache_type_name(int t) {
+    switch (t) {
+    case KVS_CACHE_F16: return "f16";
+    case KVS_CACHE_BF16: return "bf16";
+    case KVS_CACHE_F32: return "f32";
+    default: return "?";
+    }
+}
+
+kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err) {
+    static const int all[] = {KVS_CACHE_F16, KVS_CACHE_BF16, KVS_CACHE_F32};
+    for (int i = 0; i < 3; i++)
+        if (s && !strcmp(s, kvs_cache_type_name(all[i]))) {
+            *out = all[i];
+            return KVS_OK;
+        }
+    return kvs_errorf(err, KVS_ERR_INVALID, "cache type '%s' is not one of f16, bf16, f32", s ? s : "(null)");
+}
+
+static kvs_dtype cache_dtype(int ctype) {
+    return ctype == KVS_CACHE_F16 ? KVS_F16 : ctype == KVS_CACHE_BF16 ? KVS_BF16 : KVS_F32;
+}
 
 /* ---- small math ------------------------------------------------------------- */
 
@@ -99,6 +146,55 @@ static void kv_layer_free(kv_layer *c) {
     memset(c, 0, sizeof *c);
 }
 
+static void dec_buf_free(dec_buf *b) {
+    free(b->x);
+    free(b->xn);
+    free(b->q);
+    free(b->k);
+    free(b->v);
+    free(b->att);
+    free(b->g);
+    free(b->u);
+    free(b->o);
+    free(b->xq);
+    free(b->cs);
+    free(b->sn);
+    free(b->pos);
+    free(b->lim);
+    memset(b, 0, sizeof *b);
+}
+
+static kvs_status dec_buf_init(dec_buf *b, const kvs_model_info *MI, int cap, kvs_err *err) {
+    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
+    memset(b, 0, sizeof *b);
+    int maxv = E > F ? E : F;
+    if (Hq * D > maxv) maxv = Hq * D;
+    b->cap = cap;
+    b->maxv = maxv;
+    b->nqb = maxv / 32 + 1;
+    size_t c = (size_t)cap;
+    b->x = malloc(c * E * 4);
+    b->xn = malloc(c * maxv * 4);
+    b->q = malloc(c * Hq * D * 4);
+    b->k = malloc(c * Hkv * D * 4);
+    b->v = malloc(c * Hkv * D * 4);
+    b->att = malloc(c * Hq * D * 4);
+    b->g = malloc(c * F * 4);
+    b->u = malloc(c * F * 4);
+    b->o = malloc(c * E * 4);
+    b->xq = malloc(c * b->nqb * sizeof *b->xq);
+    b->cs = malloc(c * D * 4); /* [2][D/2] per sequence */
+    b->sn = malloc(c * D * 4);
+    b->pos = malloc(c * sizeof *b->pos);
+    b->lim = malloc(c * sizeof *b->lim);
+    if (!b->x || !b->xn || !b->q || !b->k || !b->v || !b->att || !b->g || !b->u || !b->o || !b->xq || !b->cs ||
+        !b->sn || !b->pos || !b->lim) {
+        dec_buf_free(b);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "decode scratch: out of memory for %d sequences", cap);
+    }
+    return KVS_OK;
+}
+
 void kvs_session_free(kvs_session *s) {
     if (!s) return;
     if (s->kv)
@@ -108,34 +204,28 @@ void kvs_session_free(kvs_session *s) {
     kvs_pool_free(s->pool);
     free(s->inv_freq_g);
     free(s->inv_freq_l);
-    free(s->x);
-    free(s->xn);
-    free(s->q);
-    free(s->k);
-    free(s->v);
-    free(s->att);
-    free(s->g);
-    free(s->u);
-    free(s->o);
-    free(s->xq);
+    dec_buf_free(&s->db);
     free(s->scores);
-    free(s->cs);
-    free(s->sn);
     free(s);
 }
 
 /* (Re)allocate a layer's buffers with capacity cap (contents undefined). */
-static kvs_status kv_alloc(kv_layer *c, int Hkv, int D, int cap, kvs_err *err) {
+static kvs_status kv_alloc(kv_layer *c, int Hkv, int D, int cap, size_t esz, kvs_err *err) {
     free(c->k);
     free(c->v);
     free(c->pos);
-    c->k = malloc((size_t)Hkv * cap * D * sizeof(float));
-    c->v = malloc((size_t)Hkv * cap * D * sizeof(float));
+    c->k = malloc((size_t)Hkv * cap * D * esz);
+    c->v = malloc((size_t)Hkv * cap * D * esz);
     c->pos = malloc((size_t)Hkv * cap * sizeof(int32_t));
     c->cap = cap;
     c->len = 0;
     if (!c->k || !c->v || !c->pos) return kvs_errorf(err, KVS_ERR_NOMEM, "KV cache: out of memory for %d positions", cap);
     return KVS_OK;
+}
+
+/* Row n of KV head g (K or V buffer of layer c). */
+static inline uint8_t *kv_row(const kvs_session *s, const kv_layer *c, uint8_t *base, int g, int n) {
+    return base + ((size_t)g * c->cap + (size_t)n) * s->m->info.head_dim * s->esz;
 }
 
 kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session **out, kvs_err *err) {
@@ -147,8 +237,15 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
     s->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : (MI->n_ctx_train < 8192 ? MI->n_ctx_train : 8192);
     s->n_threads = o && o->n_threads > 0 ? o->n_threads : m->n_threads;
     s->record_queries = o ? o->record_queries : 0;
+    s->ctype = o ? o->cache_type : KVS_CACHE_F16;
     s->ubatch = KVS_UBATCH;
     kvs_status st = KVS_OK;
+    if (s->ctype != KVS_CACHE_F16 && s->ctype != KVS_CACHE_BF16 && s->ctype != KVS_CACHE_F32) {
+        st = kvs_errorf(err, KVS_ERR_INVALID, "session: cache_type %d is not one of f16 (0), bf16 (1), f32 (2)",
+                        s->ctype);
+        goto cleanup;
+    }
+    s->esz = kvs_cache_elem_size(s->ctype);
     if (s->n_ctx > MI->n_ctx_train) {
         st = kvs_errorf(err, KVS_ERR_INVALID, "n_ctx %d exceeds the model's context length %d", s->n_ctx,
                         MI->n_ctx_train);
@@ -158,29 +255,15 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
         st = kvs_errorf(err, KVS_ERR_INVALID, "record_queries %d must be -1, 0 or a count", s->record_queries);
         goto cleanup;
     }
-    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff, L = MI->n_layers;
+    const int D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, L = MI->n_layers;
     if ((st = kvs_pool_new(s->n_threads, &s->pool, err))) goto cleanup;
+    if ((st = dec_buf_init(&s->db, MI, 1, err))) goto cleanup;
     s->kv = calloc((size_t)L, sizeof *s->kv);
     s->modality = calloc((size_t)s->n_ctx, 1);
     s->inv_freq_g = malloc((size_t)D / 2 * sizeof(float));
     s->inv_freq_l = malloc((size_t)D / 2 * sizeof(float));
-    int maxv = E > F ? E : F;
-    if (Hq * D > maxv) maxv = Hq * D;
-    s->x = malloc((size_t)E * 4);
-    s->xn = malloc((size_t)maxv * 4);
-    s->q = malloc((size_t)Hq * D * 4);
-    s->k = malloc((size_t)Hkv * D * 4);
-    s->v = malloc((size_t)Hkv * D * 4);
-    s->att = malloc((size_t)Hq * D * 4);
-    s->g = malloc((size_t)F * 4);
-    s->u = malloc((size_t)F * 4);
-    s->o = malloc((size_t)E * 4);
-    s->xq = malloc((size_t)(maxv / 32 + 1) * sizeof *s->xq);
     s->scores = malloc((size_t)Hq * s->n_ctx * 4);
-    s->cs = malloc((size_t)D / 2 * 4);
-    s->sn = malloc((size_t)D / 2 * 4);
-    if (!s->kv || !s->modality || !s->inv_freq_g || !s->inv_freq_l || !s->x || !s->xn || !s->q || !s->k ||
-        !s->v || !s->att || !s->g || !s->u || !s->o || !s->xq || !s->scores || !s->cs || !s->sn) {
+    if (!s->kv || !s->modality || !s->inv_freq_g || !s->inv_freq_l || !s->scores) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "session: out of memory");
         goto cleanup;
     }
@@ -193,7 +276,7 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
     }
     /* capacity n_ctx per layer: pages are only committed when written */
     for (int l = 0; l < L; l++)
-        if ((st = kv_alloc(&s->kv[l], Hkv, D, s->n_ctx, err))) goto cleanup;
+        if ((st = kv_alloc(&s->kv[l], Hkv, D, s->n_ctx, s->esz, err))) goto cleanup;
     /* the pool parallelises sgemm calls itself (each thread its own block) */
     openblas_set_num_threads(1);
     *out = s;
@@ -211,11 +294,12 @@ void kvs_session_reset(kvs_session *s) {
         c->q = NULL;
         c->nq = 0;
         if (c->cap != s->n_ctx) {
-            kvs_status st = kv_alloc(c, MI->n_kv_heads, MI->head_dim, s->n_ctx, NULL);
+            kvs_status st = kv_alloc(c, MI->n_kv_heads, MI->head_dim, s->n_ctx, s->esz, NULL);
             if (st) c->cap = 0; /* next prefill reports the allocation failure */
         }
         c->len = 0;
         c->compressed = 0;
+        c->bounded = 0;
     }
     s->n_past = 0;
     s->n_prompt = 0;
@@ -226,88 +310,214 @@ void kvs_session_set_ubatch(kvs_session *s, int ubatch) { s->ubatch = ubatch > 0
 int kvs_session_n_past(const kvs_session *s) { return s->n_past; }
 const kvs_model *kvs_session_model(const kvs_session *s) { return s->m; }
 
-/* ---- decode: parallel matrix-vector products ----------------------------------- */
+/* ---- sliding-window layers keep their window ------------------------------------ */
+/* A local layer's query at position p sees rows with position > p - window.
+ * Once a session is past its prefill (kvs_session_compress, or
+ * kvs_session_trim_local), a local layer keeps only those rows, in a buffer of
+ * window + slack rows (slack = max(window, KVS_EXTEND_COLS)); when decoding
+ * fills it, the rows no later query can see are dropped by one memmove per
+ * layer, so the memmove is amortised over >= slack tokens and decoding never
+ * allocates. Before that the prefill session keeps the whole prompt in every
+ * layer (compress_local needs it; cache views require it). */
 
+static int window_cap(const kvs_session *s) {
+    int w = s->m->info.sliding_window;
+    return w + (w > KVS_EXTEND_COLS ? w : KVS_EXTEND_COLS);
+}
+
+/* Rows of layer c that no query at position >= p can see: the minimum over
+ * KV heads of the rows with position <= p - window (positions ascend per
+ * head, so they are the first rows; every head keeps its visible rows). */
+static int kv_droppable(const kvs_session *s, const kv_layer *c, int p) {
+    const int Hkv = s->m->info.n_kv_heads, W = s->m->info.sliding_window;
+    int drop = c->len;
+    for (int g = 0; g < Hkv && drop > 0; g++) {
+        const int32_t *P = c->pos + (size_t)g * c->cap;
+        int lo = 0, hi = drop;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (p - P[mid] >= W) lo = mid + 1;
+            else hi = mid;
+        }
+        drop = lo;
+    }
+    return drop;
+}
+
+/* Drop those rows of bounded layer c (one memmove per buffer). */
+static void kv_drop_old(const kvs_session *s, kv_layer *c, int p) {
+    const int Hkv = s->m->info.n_kv_heads, D = s->m->info.head_dim;
+    const int drop = kv_droppable(s, c, p);
+    if (drop == 0) return;
+    const int keep = c->len - drop;
+    for (int g = 0; g < Hkv; g++) {
+        memmove(kv_row(s, c, c->k, g, 0), kv_row(s, c, c->k, g, drop), (size_t)keep * D * s->esz);
+        memmove(kv_row(s, c, c->v, g, 0), kv_row(s, c, c->v, g, drop), (size_t)keep * D * s->esz);
+        int32_t *P = c->pos + (size_t)g * c->cap;
+        memmove(P, P + drop, (size_t)keep * sizeof *P);
+    }
+    c->len = keep;
+}
+
+/* Make room for `need` rows at positions p, p+1, ... in every bounded layer
+ * (drops rows only when the buffer would overflow). */
+static void kv_make_room(kvs_session *s, int p, int need) {
+    for (int l = 0; l < s->m->info.n_layers; l++) {
+        kv_layer *c = &s->kv[l];
+        if (c->bounded && c->len + need > c->cap) kv_drop_old(s, c, p);
+    }
+}
+
+/* Rows layer c can take from position p on (bounded layers: after dropping);
+ * the exact count only when it is below need. */
+static int kv_room(const kvs_session *s, const kv_layer *c, int p, int need) {
+    int r = c->cap - c->len;
+    if (!c->bounded || r >= need) return r;
+    return r + kv_droppable(s, c, p);
+}
+
+kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
+    const kvs_model_info *MI = &s->m->info;
+    if (MI->sliding_window <= 0 || s->n_past == 0) return KVS_OK;
+    const int Hkv = MI->n_kv_heads, D = MI->head_dim, room = s->n_ctx - s->n_past;
+    for (int l = 0; l < MI->n_layers; l++) {
+        kv_layer *c = &s->kv[l];
+        if (!s->m->layers[l].is_local || c->bounded) continue;
+        c->bounded = 1; /* kv_drop_old only works on its rows; the capacity is set below */
+        kv_drop_old(s, c, s->n_past);
+        int cap = c->len + room < window_cap(s) ? c->len + room : window_cap(s);
+        if (cap < c->len + 1 && room > 0) cap = c->len + 1;
+        if (cap == c->cap) continue;
+        kv_layer n = *c;
+        n.k = malloc((size_t)Hkv * cap * D * s->esz);
+        n.v = malloc((size_t)Hkv * cap * D * s->esz);
+        n.pos = malloc((size_t)Hkv * cap * sizeof(int32_t));
+        n.cap = cap;
+        if (!n.k || !n.v || !n.pos) {
+            free(n.k);
+            free(n.v);
+            free(n.pos);
+            return kvs_errorf(err, KVS_ERR_NOMEM, "trim: layer %d: out of memory for %d rows", l, cap);
+        }
+        for (int g = 0; g < Hkv; g++) {
+            memcpy(kv_row(s, &n, n.k, g, 0), kv_row(s, c, c->k, g, 0), (size_t)c->len * D * s->esz);
+            memcpy(kv_row(s, &n, n.v, g, 0), kv_row(s, c, c->v, g, 0), (size_t)c->len * D * s->esz);
+            memcpy(n.pos + (size_t)g * cap, c->pos + (size_t)g * c->cap, (size_t)c->len * sizeof(int32_t));
+        }
+        free(c->k);
+        free(c->v);
+        free(c->pos);
+        if (c->len != s->n_prompt) { /* recorded queries serve compression, which needs the whole prompt */
+            free(c->q);
+            n.q = NULL;
+            n.nq = 0;
+        }
+        *c = n;
+    }
+    return KVS_OK;
+}
+
+/* ---- decode: parallel matrix-vector products over a batch ---------------------- */
+
+/* Up to three matrices sharing the input; every sequence i of the batch:
+ * out_w[i * ostride_w + r] = W_w[r] . x_i (+ b_w[r]). */
 typedef struct {
     const kvs_wmat *w[3];
     float *out[3];
+    int ostride[3];
     const float *bias[3];
-    int n;
-    const float *xf;
-    const kvs_q8a_block *xq;
+    int nw, n;
+    const float *xf; /* [n][xstride] fp32 activations (float weight types) */
+    int xstride;
+    const kvs_q8a_block *xq; /* [n][qstride] quantised activations */
+    int qstride;
 } mv_job;
 
 static void mv_run(void *arg, int ith, int nth) {
     mv_job *j = arg;
     int64_t total = 0;
-    for (int i = 0; i < j->n; i++) total += j->w[i]->rows;
+    for (int i = 0; i < j->nw; i++) total += j->w[i]->rows;
     int64_t per = (total + nth - 1) / nth;
     int64_t r0 = per * ith, r1 = r0 + per < total ? r0 + per : total;
     int64_t base = 0;
-    for (int i = 0; i < j->n; i++) {
+    for (int i = 0; i < j->nw; i++) {
         const kvs_wmat *w = j->w[i];
         int64_t a = r0 > base ? r0 - base : 0, b = r1 - base < w->rows ? r1 - base : w->rows;
         const uint8_t *data = w->data;
         int fl = w->type == KVS_GGML_F32 || w->type == KVS_GGML_F16 || w->type == KVS_GGML_BF16;
+        float *out = j->out[i];
+        const float *bias = j->bias[i];
+        const int os = j->ostride[i];
         for (int64_t r = a; r < b; r++) {
             const void *row = data + (size_t)r * w->row_bytes;
-            float y = fl ? kvs_dot_f32(w->type, row, j->xf, w->cols) : kvs_dot_q8a(w->type, row, j->xq, w->cols);
-            j->out[i][r] = y + (j->bias[i] ? j->bias[i][r] : 0.0f);
+            float br = bias ? bias[r] : 0.0f;
+            /* the row stays in cache while every sequence uses it */
+            for (int s = 0; s < j->n; s++) {
+                float y = fl ? kvs_dot_f32(w->type, row, j->xf + (size_t)s * j->xstride, w->cols)
+                             : kvs_dot_q8a(w->type, row, j->xq + (size_t)s * j->qstride, w->cols);
+                out[(size_t)s * os + r] = y + br;
+            }
         }
         base += w->rows;
     }
 }
 
-/* out_i = W_i x (+ b_i) for up to three matrices sharing the input x [cols]. */
-static void matvec(kvs_session *s, const float *x, int n, const kvs_wmat *w0, float *o0, const float *b0,
-                   const kvs_wmat *w1, float *o1, const float *b1, const kvs_wmat *w2, float *o2,
-                   const float *b2) {
-    mv_job j = {{w0, w1, w2}, {o0, o1, o2}, {b0, b1, b2}, n, x, s->xq};
-    kvs_q8a_quantize(x, s->xq, w0->cols);
-    kvs_pool_run(s->pool, mv_run, &j);
+/* out_w = W_w x (+ b_w) for the n sequences of db, x [n][xstride]. */
+static void matvec(kvs_pool *pool, dec_buf *db, int n, const float *x, int xstride, int nw, const kvs_wmat *w0,
+                   float *o0, int s0, const float *b0, const kvs_wmat *w1, float *o1, int s1, const float *b1,
+                   const kvs_wmat *w2, float *o2, int s2, const float *b2) {
+    mv_job j = {{w0, w1, w2}, {o0, o1, o2}, {s0, s1, s2}, {b0, b1, b2}, nw, n, x, xstride, db->xq, db->nqb};
+    for (int i = 0; i < n; i++) kvs_q8a_quantize(x + (size_t)i * xstride, db->xq + (size_t)i * db->nqb, w0->cols);
+    kvs_pool_run(pool, mv_run, &j);
 }
 
-/* ---- decode: attention over the ragged cache ---------------------------------- */
+/* ---- decode: attention over the ragged caches ------------------------------------ */
 
 typedef struct {
-    kvs_session *s;
-    const kv_layer *c;
-    int pos, window; /* window 0: global */
+    kvs_session *const *ss;
+    const dec_buf *db;
+    int l, n, window; /* window 0: global */
+    float *sbuf;      /* NULL: scores in each session's own buffer; else [threads][sstride] */
+    size_t sstride;
 } att_job;
 
+/* Jobs are (sequence, query head) pairs; query i sees rows [0, lim[i]) of its
+ * session's layer (those inside the window by position). */
 static void att_run(void *arg, int ith, int nth) {
     att_job *j = arg;
-    kvs_session *s = j->s;
-    const kvs_model_info *MI = &s->m->info;
+    const kvs_model_info *MI = &j->ss[0]->m->info;
     const int D = MI->head_dim, Hq = MI->n_heads, G = MI->n_heads / MI->n_kv_heads;
-    const kv_layer *c = j->c;
-    for (int h = ith; h < Hq; h += nth) {
-        int g = h / G;
-        const float *qh = s->q + (size_t)h * D;
-        const float *K = c->k + (size_t)g * c->cap * D, *V = c->v + (size_t)g * c->cap * D;
+    for (int job = ith; job < j->n * Hq; job += nth) {
+        int i = job / Hq, h = job % Hq, g = h / G;
+        const kvs_session *s = j->ss[i];
+        const kv_layer *c = &s->kv[j->l];
+        const int ct = s->ctype, pos = j->db->pos[i], len = j->db->lim[i];
+        const size_t rs = (size_t)D * s->esz;
+        const float *qh = j->db->q + ((size_t)i * Hq + h) * D;
+        const uint8_t *K = kv_row(s, c, c->k, g, 0), *V = kv_row(s, c, c->v, g, 0);
         const int32_t *P = c->pos + (size_t)g * c->cap;
         int j0 = 0;
         if (j->window > 0) { /* positions ascending: first key inside the window */
-            int lo = 0, hi = c->len;
+            int lo = 0, hi = len;
             while (lo < hi) {
                 int mid = (lo + hi) / 2;
-                if (j->pos - P[mid] >= j->window) lo = mid + 1;
+                if (pos - P[mid] >= j->window) lo = mid + 1;
                 else hi = mid;
             }
             j0 = lo;
         }
-        float *sc = s->scores + (size_t)h * s->n_ctx;
+        float *sc = j->sbuf ? j->sbuf + (size_t)ith * j->sstride : s->scores + (size_t)h * s->n_ctx;
         float mx = -INFINITY;
-        for (int t = j0; t < c->len; t++) {
-            float v = kvs_dot_ff(qh, K + (size_t)t * D, D) * s->m->attn_scale;
+        for (int t = j0; t < len; t++) {
+            float v = kvs_dot_cache(ct, qh, K + (size_t)t * rs, D) * s->m->attn_scale;
             sc[t] = v;
             if (v > mx) mx = v;
         }
-        double sum = kvs_vexp_sub(sc + j0, c->len - j0, mx);
+        double sum = kvs_vexp_sub(sc + j0, len - j0, mx);
         float inv = (float)(1.0 / sum);
-        float *o = s->att + (size_t)h * D;
+        float *o = j->db->att + ((size_t)i * Hq + h) * D;
         for (int d = 0; d < D; d++) o[d] = 0;
-        for (int t = j0; t < c->len; t++) kvs_vaxpy(o, sc[t] * inv, V + (size_t)t * D, D);
+        for (int t = j0; t < len; t++) kvs_axpy_cache(ct, o, sc[t] * inv, V + (size_t)t * rs, D);
     }
 }
 
@@ -315,57 +525,91 @@ static void head_norm(float *v, int nh, int D, const float *w, float eps) {
     for (int h = 0; h < nh; h++) rmsnorm(v + (size_t)h * D, v + (size_t)h * D, w, D, eps);
 }
 
-/* One position through every layer; x [E] holds the input embedding.
- * Positions in [n_total - nq, n_total) of a short prefill record their queries. */
-static void decode_layers(kvs_session *s, int pos, int n_total) {
-    kvs_model *m = s->m;
+/* One position per column through every layer: db->x [n][E] holds the input
+ * embeddings, db->pos [n] the positions. Column i belongs to session ss[i];
+ * a session may fill several consecutive columns (kvs_session_extend: its
+ * positions in order; column i then sees the rows of the columns before it,
+ * causal). sbuf: per-thread score rows for that case (NULL: the sessions'
+ * own). Sequence 0 of a short prefill of n_total tokens (rec = 1) records the
+ * queries of positions [n_total - nq, n_total). Every column's arithmetic is
+ * independent of n, of the other columns and of the thread count (per-row
+ * dot products, per-head attention), hence batch == alone bit for bit. */
+static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n, int rec, int n_total, float *sbuf,
+                     size_t sstride) {
+    kvs_model *m = ss[0]->m;
     const kvs_model_info *MI = &m->info;
     const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
-    const int gemma = m->arch == KVS_ARCH_GEMMA3;
+    const int gemma = m->arch == KVS_ARCH_GEMMA3, half = D / 2, mv = db->maxv;
+    for (int i = 0; i < n; i++) {
+        float *cs = db->cs + (size_t)i * D, *sn = db->sn + (size_t)i * D;
+        rope_table(ss[i]->inv_freq_g, half, db->pos[i], cs, sn);
+        rope_table(ss[i]->inv_freq_l, half, db->pos[i], cs + half, sn + half);
+    }
     for (int l = 0; l < MI->n_layers; l++) {
         const kvs_layer_w *w = &m->layers[l];
-        kv_layer *c = &s->kv[l];
-        rmsnorm(s->xn, s->x, w->attn_norm, E, m->norm_eps);
-        matvec(s, s->xn, 3, &w->wq, s->q, w->bq, &w->wk, s->k, w->bk, &w->wv, s->v, w->bv);
-        if (w->q_norm) head_norm(s->q, Hq, D, w->q_norm, m->norm_eps);
-        if (w->k_norm) head_norm(s->k, Hkv, D, w->k_norm, m->norm_eps);
-        rope_table(w->is_local ? s->inv_freq_l : s->inv_freq_g, D / 2, pos, s->cs, s->sn);
-        for (int h = 0; h < Hq; h++) rope_apply(s->q + (size_t)h * D, D, s->cs, s->sn, m->rope_neox);
-        for (int h = 0; h < Hkv; h++) rope_apply(s->k + (size_t)h * D, D, s->cs, s->sn, m->rope_neox);
-        if (c->q && pos < n_total && pos >= n_total - c->nq)
-            for (int h = 0; h < Hq; h++)
-                memcpy(c->q + ((size_t)h * c->nq + (pos - (n_total - c->nq))) * D, s->q + (size_t)h * D, (size_t)D * 4);
-        assert(c->len < c->cap);
-        for (int g = 0; g < Hkv; g++) {
-            memcpy(c->k + ((size_t)g * c->cap + c->len) * D, s->k + (size_t)g * D, (size_t)D * 4);
-            memcpy(c->v + ((size_t)g * c->cap + c->len) * D, s->v + (size_t)g * D, (size_t)D * 4);
-            c->pos[(size_t)g * c->cap + c->len] = pos;
+        for (int i = 0; i < n; i++) rmsnorm(db->xn + (size_t)i * mv, db->x + (size_t)i * E, w->attn_norm, E, m->norm_eps);
+        matvec(pool, db, n, db->xn, mv, 3, &w->wq, db->q, Hq * D, w->bq, &w->wk, db->k, Hkv * D, w->bk, &w->wv, db->v,
+               Hkv * D, w->bv);
+        for (int i = 0; i < n; i++) {
+            kvs_session *s = ss[i];
+            kv_layer *c = &s->kv[l];
+            float *q = db->q + (size_t)i * Hq * D, *k = db->k + (size_t)i * Hkv * D, *v = db->v + (size_t)i * Hkv * D;
+            const float *cs = db->cs + (size_t)i * D + (w->is_local ? half : 0);
+            const float *sn = db->sn + (size_t)i * D + (w->is_local ? half : 0);
+            int pos = db->pos[i];
+            if (w->q_norm) head_norm(q, Hq, D, w->q_norm, m->norm_eps);
+            if (w->k_norm) head_norm(k, Hkv, D, w->k_norm, m->norm_eps);
+            for (int h = 0; h < Hq; h++) rope_apply(q + (size_t)h * D, D, cs, sn, m->rope_neox);
+            for (int h = 0; h < Hkv; h++) rope_apply(k + (size_t)h * D, D, cs, sn, m->rope_neox);
+            if (rec && c->q && pos < n_total && pos >= n_total - c->nq)
+                for (int h = 0; h < Hq; h++)
+                    memcpy(c->q + ((size_t)h * c->nq + (pos - (n_total - c->nq))) * D, q + (size_t)h * D,
+                           (size_t)D * 4);
+            assert(c->len < c->cap);
+            for (int g = 0; g < Hkv; g++) {
+                kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kv_row(s, c, c->k, g, c->len), D);
+                kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kv_row(s, c, c->v, g, c->len), D);
+                c->pos[(size_t)g * c->cap + c->len] = pos;
+            }
+            c->len++;
+            db->lim[i] = c->len;
         }
-        c->len++;
-        att_job aj = {s, c, pos, w->is_local ? MI->sliding_window : 0};
-        kvs_pool_run(s->pool, att_run, &aj);
-        matvec(s, s->att, 1, &w->wo, s->o, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
-        if (gemma) rmsnorm(s->o, s->o, w->post_attn_norm, E, m->norm_eps);
-        for (int i = 0; i < E; i++) s->x[i] += s->o[i];
-        rmsnorm(s->xn, s->x, w->ffn_norm, E, m->norm_eps);
-        matvec(s, s->xn, 2, &w->gate, s->g, NULL, &w->up, s->u, NULL, NULL, NULL, NULL);
-        if (gemma) kvs_vgelu_mul(s->g, s->u, F);
-        else kvs_vsilu_mul(s->g, s->u, F);
-        matvec(s, s->g, 1, &w->down, s->o, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
-        if (gemma) rmsnorm(s->o, s->o, w->post_ffw_norm, E, m->norm_eps);
-        for (int i = 0; i < E; i++) s->x[i] += s->o[i];
+        att_job aj = {ss, db, l, n, w->is_local ? MI->sliding_window : 0, sbuf, sstride};
+        kvs_pool_run(pool, att_run, &aj);
+        matvec(pool, db, n, db->att, Hq * D, 1, &w->wo, db->o, E, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
+        for (int i = 0; i < n; i++) {
+            float *o = db->o + (size_t)i * E, *x = db->x + (size_t)i * E;
+            if (gemma) rmsnorm(o, o, w->post_attn_norm, E, m->norm_eps);
+            for (int e = 0; e < E; e++) x[e] += o[e];
+            rmsnorm(db->xn + (size_t)i * mv, x, w->ffn_norm, E, m->norm_eps);
+        }
+        matvec(pool, db, n, db->xn, mv, 2, &w->gate, db->g, F, NULL, &w->up, db->u, F, NULL, NULL, NULL, 0, NULL);
+        for (int i = 0; i < n; i++) {
+            if (gemma) kvs_vgelu_mul(db->g + (size_t)i * F, db->u + (size_t)i * F, F);
+            else kvs_vsilu_mul(db->g + (size_t)i * F, db->u + (size_t)i * F, F);
+        }
+        matvec(pool, db, n, db->g, F, 1, &w->down, db->o, E, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
+        for (int i = 0; i < n; i++) {
+            float *o = db->o + (size_t)i * E, *x = db->x + (size_t)i * E;
+            if (gemma) rmsnorm(o, o, w->post_ffw_norm, E, m->norm_eps);
+            for (int e = 0; e < E; e++) x[e] += o[e];
+        }
     }
 }
 
-/* logits [V] from the final hidden state x [E]. */
-static void output_logits(kvs_session *s, const float *x, float *logits) {
-    kvs_model *m = s->m;
+/* logits [n][V] from the final hidden states x [n][xstride]. */
+static void dec_logits(kvs_model *m, kvs_pool *pool, dec_buf *db, int n, const float *x, int xstride, float *logits) {
     const int E = m->info.n_embd, V = m->info.n_vocab;
-    rmsnorm(s->xn, x, m->output_norm, E, m->norm_eps);
-    matvec(s, s->xn, 1, &m->output, logits, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+    for (int i = 0; i < n; i++) rmsnorm(db->xn + (size_t)i * db->maxv, x + (size_t)i * xstride, m->output_norm, E, m->norm_eps);
+    matvec(pool, db, n, db->xn, db->maxv, 1, &m->output, logits, V, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
     float cap = m->info.final_softcap;
     if (cap > 0)
-        for (int i = 0; i < V; i++) logits[i] = cap * tanhf(logits[i] / cap);
+        for (size_t i = 0; i < (size_t)n * V; i++) logits[i] = cap * tanhf(logits[i] / cap);
+}
+
+/* logits [V] of one hidden state x [E] on the session's pool. */
+static void output_logits(kvs_session *s, const float *x, float *logits) {
+    dec_logits(s->m, s->pool, &s->db, 1, x, s->m->info.n_embd, logits);
 }
 
 static kvs_status embed_token(const kvs_model *m, int32_t tok, float *x, kvs_err *err) {
@@ -378,19 +622,90 @@ static kvs_status embed_token(const kvs_model *m, int32_t tok, float *x, kvs_err
     return KVS_OK;
 }
 
-kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_err *err) {
-    if (s->n_past == 0) return kvs_errorf(err, KVS_ERR_INVALID, "decode: run a prefill first");
+/* Can s take one more decoded token? (what) names the sequence in errors. */
+static kvs_status decode_check(const kvs_session *s, const char *what, kvs_err *err) {
+    if (s->n_past == 0) return kvs_errorf(err, KVS_ERR_INVALID, "decode%s: run a prefill first", what);
     if (s->n_past >= s->n_ctx)
-        return kvs_errorf(err, KVS_ERR_INVALID, "decode: the context is full (%d positions)", s->n_ctx);
+        return kvs_errorf(err, KVS_ERR_INVALID, "decode%s: the context is full (%d positions)", what, s->n_ctx);
     for (int l = 0; l < s->m->info.n_layers; l++)
-        if (s->kv[l].len >= s->kv[l].cap)
-            return kvs_errorf(err, KVS_ERR_INTERNAL, "decode: layer %d cache is full (%d rows)", l, s->kv[l].cap);
-    kvs_status st = embed_token(s->m, token, s->x, err);
+        if (kv_room(s, &s->kv[l], s->n_past, 1) < 1)
+            return kvs_errorf(err, KVS_ERR_INTERNAL, "decode%s: layer %d cache is full (%d rows)", what, l,
+                              s->kv[l].cap);
+    return KVS_OK;
+}
+
+/* Decode n checked sequences (embeddings already in db->x). */
+static void decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n, float *logits) {
+    for (int i = 0; i < n; i++) {
+        db->pos[i] = ss[i]->n_past;
+        kv_make_room(ss[i], ss[i]->n_past, 1);
+    }
+    dec_step(pool, db, ss, n, 0, 0, NULL, 0);
+    for (int i = 0; i < n; i++) {
+        ss[i]->modality[ss[i]->n_past] = KVS_MOD_TEXT;
+        ss[i]->n_past++;
+    }
+    if (logits) dec_logits(ss[0]->m, pool, db, n, db->x, ss[0]->m->info.n_embd, logits);
+}
+
+kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_err *err) {
+    kvs_status st = decode_check(s, "", err);
     if (st) return st;
-    decode_layers(s, s->n_past, 0);
-    s->modality[s->n_past] = KVS_MOD_TEXT;
-    s->n_past++;
-    if (logits) output_logits(s, s->x, logits);
+    if ((st = embed_token(s->m, token, s->db.x, err))) return st;
+    decode_run(s->pool, &s->db, &s, 1, logits);
+    return KVS_OK;
+}
+
+kvs_status kvs_batch_new(kvs_model *m, int max_seqs, int n_threads, kvs_batch **out, kvs_err *err) {
+    *out = NULL;
+    if (max_seqs < 1) return kvs_errorf(err, KVS_ERR_INVALID, "batch: max_seqs %d must be >= 1", max_seqs);
+    kvs_batch *b = calloc(1, sizeof *b);
+    if (!b) return kvs_errorf(err, KVS_ERR_NOMEM, "batch: out of memory");
+    b->m = m;
+    b->max_seqs = max_seqs;
+    kvs_status st = kvs_pool_new(n_threads > 0 ? n_threads : m->n_threads, &b->pool, err);
+    if (!st) st = dec_buf_init(&b->db, &m->info, max_seqs, err);
+    if (st) {
+        kvs_batch_free(b);
+        return st;
+    }
+    *out = b;
+    return KVS_OK;
+}
+
+void kvs_batch_free(kvs_batch *b) {
+    if (!b) return;
+    kvs_pool_free(b->pool);
+    dec_buf_free(&b->db);
+    free(b);
+}
+
+kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t *tokens, int n, float *logits,
+                            kvs_err *err) {
+    if (n < 1 || n > b->max_seqs)
+        return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: %d sequences, expected 1 .. %d", n, b->max_seqs);
+    if (!ss || !tokens) return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: sessions or tokens is NULL");
+    const int V = b->m->info.n_vocab, E = b->m->info.n_embd;
+    for (int i = 0; i < n; i++) {
+        char what[48];
+        snprintf(what, sizeof what, " (batch index %d)", i);
+        if (!ss[i]) return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: session %d is NULL", i);
+        if (ss[i]->m != b->m)
+            return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: session %d belongs to another model", i);
+        for (int k = 0; k < i; k++)
+            if (ss[k] == ss[i])
+                return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: sessions %d and %d are the same", k, i);
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: token %d of session %d is out of range [0, %d)",
+                              tokens[i], i, V);
+        kvs_status st = decode_check(ss[i], what, err);
+        if (st) return st;
+    }
+    for (int i = 0; i < n; i++) {
+        kvs_status st = embed_token(b->m, tokens[i], b->db.x + (size_t)i * E, err);
+        if (st) return st; /* tokens were checked: not reached */
+    }
+    decode_run(b->pool, &b->db, ss, n, logits);
     return KVS_OK;
 }
 
@@ -400,7 +715,9 @@ typedef struct {
     int T;
     float *X, *XN, *Q, *K, *V, *A, *G, *U, *O; /* [T][E] [T][max] [T][Hq*D] [T][Hkv*D] x2 [T][Hq*D] [T][F] x2 [T][E] */
     float *W;                                   /* [max rows*cols] dequantised weight */
-    float *S;                                   /* [threads][QTILE][n] attention scores, one tile per thread */
+    float *S;                                   /* [threads][QTILE][kmax] attention scores, one tile per thread */
+    float *KT, *VT;                             /* [threads][kmax][D] fp32 key/value tiles (f16/bf16 caches) */
+    int kmax;                                   /* most keys one query tile may see */
     float *cs, *sn;                             /* [2][T][D/2] rope tables (global, local) */
 } pf_buf;
 
@@ -451,12 +768,26 @@ typedef struct {
     kvs_session *s;
     pf_buf *b;
     const kv_layer *c;
-    int p0, window;
+    int p0, len0, window; /* position of the chunk's first token, cache rows before the chunk */
 } at_job;
 
+/* First row in [lo, hi) of P (ascending) with P[row] > p - window. */
+static int first_in_window(const int32_t *P, int lo, int hi, int p, int window) {
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (p - P[mid] >= window) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* Attention of the chunk: jobs are (query head, query tile) pairs, tiles of
- * KVS_QTILE queries against the keys they may see (causal, sliding window),
- * scores in the thread's own [QTILE][n] buffer. */
+ * KVS_QTILE queries against the cache rows they may see: rows [0, len0) hold
+ * earlier positions (maybe compressed: each KV head its own positions P),
+ * rows len0 + t the chunk's token t. Query t sees rows up to len0 + t
+ * (causal) with P > p - window (sliding window); scores in the thread's own
+ * [QTILE][kmax] buffer. On an uncompressed cache (P[r] = r, len0 = p0) this
+ * is plain causal attention. */
 static void at_run(void *arg, int ith, int nth) {
     at_job *j = arg;
     kvs_session *s = j->s;
@@ -465,23 +796,41 @@ static void at_run(void *arg, int ith, int nth) {
     const kvs_model_info *MI = &s->m->info;
     const int D = MI->head_dim, Hq = MI->n_heads, G = MI->n_heads / MI->n_kv_heads, T = b->T;
     const int ntile = (T + KVS_QTILE - 1) / KVS_QTILE;
-    float *S = b->S + (size_t)ith * KVS_QTILE * s->n_prompt_cap;
+    float *S = b->S + (size_t)ith * KVS_QTILE * b->kmax;
+    int conv_g = -1, conv_lo = 0, conv_hi = 0; /* rows of KV head conv_g already in the fp32 tiles */
     for (int job = ith; job < Hq * ntile; job += nth) {
         int h = job / ntile, t0 = (job % ntile) * KVS_QTILE, g = h / G;
-        const float *Kc = c->k + (size_t)g * c->cap * D, *Vc = c->v + (size_t)g * c->cap * D;
+        const int32_t *P = c->pos + (size_t)g * c->cap;
         int tq = T - t0 < KVS_QTILE ? T - t0 : KVS_QTILE;
-        int pf = j->p0 + t0, kmax = pf + tq;
-        int kmin = j->window > 0 ? pf - j->window + 1 : 0;
-        if (kmin < 0) kmin = 0;
+        int pf = j->p0 + t0, kmax = j->len0 + t0 + tq;
+        int kmin = j->window > 0 ? first_in_window(P, 0, kmax, pf, j->window) : 0;
         int nk = kmax - kmin;
+        assert(nk <= b->kmax);
+        const float *Kc, *Vc; /* rows kmin.. of head g in fp32 */
+        if (s->ctype == KVS_CACHE_F32) {
+            Kc = (const float *)kv_row(s, c, c->k, g, kmin);
+            Vc = (const float *)kv_row(s, c, c->v, g, kmin);
+        } else {
+            float *KT = b->KT + (size_t)ith * b->kmax * D, *VT = b->VT + (size_t)ith * b->kmax * D;
+            /* heads of one group share the conversion when their jobs follow each other */
+            if (conv_g != g || conv_lo != kmin || conv_hi != kmax) {
+                kvs_cache_to_f32(s->ctype, kv_row(s, c, c->k, g, kmin), KT, nk * D);
+                kvs_cache_to_f32(s->ctype, kv_row(s, c, c->v, g, kmin), VT, nk * D);
+                conv_g = g;
+                conv_lo = kmin;
+                conv_hi = kmax;
+            }
+            Kc = KT;
+            Vc = VT;
+        }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, nk, D, s->m->attn_scale,
-                    b->Q + ((size_t)t0 * Hq + h) * D, Hq * D, Kc + (size_t)kmin * D, D, 0.0f, S, nk);
+                    b->Q + ((size_t)t0 * Hq + h) * D, Hq * D, Kc, D, 0.0f, S, nk);
+        int lo = kmin;
         for (int i = 0; i < tq; i++) {
             float *r = S + (size_t)i * nk;
             int p = pf + i;
-            int lo = j->window > 0 ? p - j->window + 1 : 0;
-            if (lo < kmin) lo = kmin;
-            int a = lo - kmin, e = p - kmin + 1; /* valid keys [a, e) */
+            if (j->window > 0) lo = first_in_window(P, lo, j->len0 + t0 + i + 1, p, j->window);
+            int a = lo - kmin, e = j->len0 + t0 + i + 1 - kmin; /* valid keys [a, e) */
             float mx = -INFINITY;
             for (int t = a; t < e; t++) mx = r[t] > mx ? r[t] : mx;
             double sum = kvs_vexp_sub(r + a, e - a, mx);
@@ -490,7 +839,7 @@ static void at_run(void *arg, int ith, int nth) {
             for (int t = a; t < e; t++) r[t] *= inv;
             for (int t = e; t < nk; t++) r[t] = 0;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, D, nk, 1.0f, S, nk, Vc + (size_t)kmin * D, D, 0.0f,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, D, nk, 1.0f, S, nk, Vc, D, 0.0f,
                     b->A + ((size_t)t0 * Hq + h) * D, Hq * D);
     }
 }
@@ -503,7 +852,7 @@ typedef struct {
     pf_buf *b;
     const kvs_layer_w *w;
     kv_layer *c;
-    int stage, p0, n_total;
+    int stage, p0, len0, rec, n_total;
 } ew_job;
 
 static void ew_run(void *arg, int ith, int nth) {
@@ -527,17 +876,16 @@ static void ew_run(void *arg, int ith, int nth) {
             size_t tab = (w->is_local ? (size_t)T * half : 0) + (size_t)t * half;
             for (int h = 0; h < Hq; h++) rope_apply(q + (size_t)h * D, D, b->cs + tab, b->sn + tab, m->rope_neox);
             for (int h = 0; h < Hkv; h++) rope_apply(k + (size_t)h * D, D, b->cs + tab, b->sn + tab, m->rope_neox);
-            /* cache K, V at position p (uncompressed: row index == position) */
+            /* cache K, V of position p at row len0 + t */
             kv_layer *c = j->c;
-            int p = j->p0 + t;
+            int p = j->p0 + t, row = j->len0 + t;
             for (int g = 0; g < Hkv; g++) {
-                size_t row = (size_t)g * c->cap + (size_t)p;
-                memcpy(c->k + row * D, k + (size_t)g * D, (size_t)D * 4);
-                memcpy(c->v + row * D, v + (size_t)g * D, (size_t)D * 4);
-                c->pos[row] = p;
+                kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kv_row(s, c, c->k, g, row), D);
+                kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kv_row(s, c, c->v, g, row), D);
+                c->pos[(size_t)g * c->cap + row] = p;
             }
             int first = j->n_total - c->nq; /* record queries of positions [n_total - nq, n_total) */
-            if (c->q && p >= first)
+            if (j->rec && c->q && p >= first)
                 for (int h = 0; h < Hq; h++)
                     memcpy(c->q + ((size_t)h * c->nq + (p - first)) * D, q + (size_t)h * D, (size_t)D * 4);
             break;
@@ -560,8 +908,10 @@ static void ew_run(void *arg, int ith, int nth) {
     }
 }
 
-/* Run tokens [p0, p0+T) of the prompt: b->X holds their input embeddings. */
-static void prefill_chunk(kvs_session *s, pf_buf *b, int p0, int n_total) {
+/* Run tokens at positions [p0, p0+T): b->X holds their input embeddings; each
+ * layer appends them after its current rows. rec: record queries (prompt of
+ * n_total tokens). */
+static void prefill_chunk(kvs_session *s, pf_buf *b, int p0, int rec, int n_total) {
     kvs_model *m = s->m;
     const kvs_model_info *MI = &m->info;
     const int D = MI->head_dim, T = b->T, half = D / 2;
@@ -572,15 +922,17 @@ static void prefill_chunk(kvs_session *s, pf_buf *b, int p0, int n_total) {
     for (int l = 0; l < MI->n_layers; l++) {
         const kvs_layer_w *w = &m->layers[l];
         kv_layer *c = &s->kv[l];
-        ew_job ej = {s, b, w, c, EW_ATTN_IN, p0, n_total};
+        int len0 = c->len;
+        assert(len0 + T <= c->cap);
+        ew_job ej = {s, b, w, c, EW_ATTN_IN, p0, len0, rec, n_total};
         kvs_pool_run(s->pool, ew_run, &ej);
         matmul(s, b, &w->wq, b->XN, b->Q, w->bq);
         matmul(s, b, &w->wk, b->XN, b->K, w->bk);
         matmul(s, b, &w->wv, b->XN, b->V, w->bv);
         ej.stage = EW_QK;
         kvs_pool_run(s->pool, ew_run, &ej);
-        c->len = p0 + T;
-        at_job aj = {s, b, c, p0, w->is_local ? MI->sliding_window : 0};
+        c->len = len0 + T;
+        at_job aj = {s, b, c, p0, len0, w->is_local ? MI->sliding_window : 0};
         kvs_pool_run(s->pool, at_run, &aj);
         matmul(s, b, &w->wo, b->A, b->O, NULL);
         ej.stage = EW_ATTN_OUT;
@@ -607,8 +959,74 @@ static void pf_free(pf_buf *b) {
     free(b->O);
     free(b->W);
     free(b->S);
+    free(b->KT);
+    free(b->VT);
     free(b->cs);
     free(b->sn);
+}
+
+/* n tokens (or embeddings) at positions n_past.. through the batched kernels,
+ * in chunks of ubatch; rec: record queries of a prompt. logits: last position. */
+static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float *embd, int n, int rec, float *logits,
+                             kvs_err *err) {
+    kvs_model *m = s->m;
+    const kvs_model_info *MI = &m->info;
+    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
+    const int p_start = s->n_past;
+    int ub = n < s->ubatch ? n : s->ubatch;
+    size_t maxw = 0;
+    for (int l = 0; l < MI->n_layers; l++) {
+        const kvs_wmat *ws[] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv, &m->layers[l].wo,
+                                &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down};
+        for (int i = 0; i < 7; i++)
+            if ((size_t)(ws[i]->rows * ws[i]->cols) > maxw) maxw = (size_t)(ws[i]->rows * ws[i]->cols);
+    }
+    int maxlen = 0; /* a query tile sees at most the longest layer's rows plus the new tokens */
+    for (int l = 0; l < MI->n_layers; l++) maxlen = s->kv[l].len > maxlen ? s->kv[l].len : maxlen;
+    int maxv = E > F ? E : F;
+    kvs_status st = KVS_OK;
+    pf_buf b = {0};
+    b.kmax = maxlen + n;
+    b.X = malloc((size_t)ub * E * 4);
+    b.XN = malloc((size_t)ub * maxv * 4);
+    b.Q = malloc((size_t)ub * Hq * D * 4);
+    b.K = malloc((size_t)ub * Hkv * D * 4);
+    b.V = malloc((size_t)ub * Hkv * D * 4);
+    b.A = malloc((size_t)ub * Hq * D * 4);
+    b.G = malloc((size_t)ub * F * 4);
+    b.U = malloc((size_t)ub * F * 4);
+    b.O = malloc((size_t)ub * E * 4);
+    b.W = malloc(maxw * 4);
+    b.S = malloc((size_t)s->n_threads * KVS_QTILE * b.kmax * 4);
+    if (s->ctype != KVS_CACHE_F32) {
+        b.KT = malloc((size_t)s->n_threads * b.kmax * D * 4);
+        b.VT = malloc((size_t)s->n_threads * b.kmax * D * 4);
+    }
+    b.cs = malloc((size_t)2 * ub * D / 2 * 4);
+    b.sn = malloc((size_t)2 * ub * D / 2 * 4);
+    if (!b.X || !b.XN || !b.Q || !b.K || !b.V || !b.A || !b.G || !b.U || !b.O || !b.W || !b.S || !b.cs || !b.sn ||
+        (s->ctype != KVS_CACHE_F32 && (!b.KT || !b.VT))) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "prefill: out of memory for a %d-token chunk", ub);
+        goto cleanup;
+    }
+    for (int p0 = 0; p0 < n; p0 += b.T) {
+        b.T = n - p0 < ub ? n - p0 : ub;
+        kv_make_room(s, p_start + p0, b.T);
+        for (int l = 0; l < MI->n_layers; l++)
+            if (s->kv[l].bounded && s->kv[l].cap - s->kv[l].len < b.T) b.T = s->kv[l].cap - s->kv[l].len;
+        for (int t = 0; t < b.T; t++) {
+            if (tokens) {
+                if ((st = embed_token(m, tokens[p0 + t], b.X + (size_t)t * E, err))) goto cleanup;
+            } else
+                memcpy(b.X + (size_t)t * E, embd + (size_t)(p0 + t) * E, (size_t)E * 4);
+        }
+        prefill_chunk(s, &b, p_start + p0, rec, n);
+        s->n_past = p_start + p0 + b.T;
+    }
+    if (logits) output_logits(s, b.X + (size_t)(b.T - 1) * E, logits);
+cleanup:
+    pf_free(&b);
+    return st;
 }
 
 /* tokens or embd (exactly one non-NULL) */
@@ -616,7 +1034,7 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
                           float *logits, kvs_err *err) {
     kvs_model *m = s->m;
     const kvs_model_info *MI = &m->info;
-    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
+    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads;
     if (s->n_past != 0) return kvs_errorf(err, KVS_ERR_INVALID, "prefill: the session is not empty (reset it first)");
     if (n < 1) return kvs_errorf(err, KVS_ERR_INVALID, "prefill: empty prompt");
     if (n > s->n_ctx)
@@ -652,65 +1070,22 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
         /* short prompts: token by token with the decode kernels (no weight dequantisation) */
         for (int t = 0; t < n; t++) {
             if (tokens) {
-                if ((st = embed_token(m, tokens[t], s->x, err))) goto short_fail;
+                if ((st = embed_token(m, tokens[t], s->db.x, err))) goto fail;
             } else
-                memcpy(s->x, embd + (size_t)t * E, (size_t)E * 4);
-            decode_layers(s, t, n);
+                memcpy(s->db.x, embd + (size_t)t * E, (size_t)E * 4);
+            s->db.pos[0] = t;
+            dec_step(s->pool, &s->db, &s, 1, 1, n, NULL, 0);
         }
-        for (int i = 0; i < n; i++) s->modality[i] = modality ? modality[i] : KVS_MOD_TEXT;
-        s->n_past = n;
-        s->n_prompt = n;
-        if (logits) output_logits(s, s->x, logits);
-        return KVS_OK;
-    short_fail:
-        kvs_session_reset(s);
-        return st;
-    }
-    int ub = n < s->ubatch ? n : s->ubatch;
-    size_t maxw = 0;
-    for (int l = 0; l < MI->n_layers; l++) {
-        const kvs_wmat *ws[] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv, &m->layers[l].wo,
-                                &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down};
-        for (int i = 0; i < 7; i++)
-            if ((size_t)(ws[i]->rows * ws[i]->cols) > maxw) maxw = (size_t)(ws[i]->rows * ws[i]->cols);
-    }
-    int maxv = E > F ? E : F;
-    pf_buf b = {0};
-    b.X = malloc((size_t)ub * E * 4);
-    b.XN = malloc((size_t)ub * maxv * 4);
-    b.Q = malloc((size_t)ub * Hq * D * 4);
-    b.K = malloc((size_t)ub * Hkv * D * 4);
-    b.V = malloc((size_t)ub * Hkv * D * 4);
-    b.A = malloc((size_t)ub * Hq * D * 4);
-    b.G = malloc((size_t)ub * F * 4);
-    b.U = malloc((size_t)ub * F * 4);
-    b.O = malloc((size_t)ub * E * 4);
-    b.W = malloc(maxw * 4);
-    b.S = malloc((size_t)s->n_threads * KVS_QTILE * n * 4);
-    s->n_prompt_cap = n;
-    b.cs = malloc((size_t)2 * ub * D / 2 * 4);
-    b.sn = malloc((size_t)2 * ub * D / 2 * 4);
-    if (!b.X || !b.XN || !b.Q || !b.K || !b.V || !b.A || !b.G || !b.U || !b.O || !b.W || !b.S || !b.cs || !b.sn) {
-        st = kvs_errorf(err, KVS_ERR_NOMEM, "prefill: out of memory for a %d-token chunk", ub);
-        goto cleanup;
-    }
-    for (int p0 = 0; p0 < n; p0 += ub) {
-        b.T = n - p0 < ub ? n - p0 : ub;
-        for (int t = 0; t < b.T; t++) {
-            if (tokens) {
-                if ((st = embed_token(m, tokens[p0 + t], b.X + (size_t)t * E, err))) goto cleanup;
-            } else
-                memcpy(b.X + (size_t)t * E, embd + (size_t)(p0 + t) * E, (size_t)E * 4);
-        }
-        prefill_chunk(s, &b, p0, n);
+        if (logits) output_logits(s, s->db.x, logits);
+    } else {
+        if ((st = run_chunks(s, tokens, embd, n, 1, logits, err))) goto fail;
     }
     for (int i = 0; i < n; i++) s->modality[i] = modality ? modality[i] : KVS_MOD_TEXT;
     s->n_past = n;
     s->n_prompt = n;
-    if (logits) output_logits(s, b.X + (size_t)(b.T - 1) * E, logits);
-cleanup:
-    pf_free(&b);
-    if (st) kvs_session_reset(s);
+    return KVS_OK;
+fail:
+    kvs_session_reset(s);
     return st;
 }
 
@@ -730,11 +1105,71 @@ kvs_status kvs_session_prefill_embd(kvs_session *s, const float *embd, int n, co
     return prefill(s, NULL, embd, n, modality, logits, err);
 }
 
+kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, float *logits, kvs_err *err) {
+    const kvs_model_info *MI = &s->m->info;
+    if (!tokens) return kvs_errorf(err, KVS_ERR_INVALID, "extend: tokens is NULL");
+    if (n < 1) return kvs_errorf(err, KVS_ERR_INVALID, "extend: %d tokens (need >= 1)", n);
+    if (s->n_past == 0) return kvs_errorf(err, KVS_ERR_INVALID, "extend: run a prefill first");
+    if (n > s->n_ctx - s->n_past)
+        return kvs_errorf(err, KVS_ERR_INVALID, "extend: %d tokens at position %d exceed the context of %d", n,
+                          s->n_past, s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= MI->n_vocab)
+            return kvs_errorf(err, KVS_ERR_INVALID, "extend: token %d at index %d is out of range [0, %d)", tokens[i],
+                              i, MI->n_vocab);
+    for (int l = 0; l < MI->n_layers; l++) {
+        const kv_layer *c = &s->kv[l];
+        int need = c->bounded && n > KVS_EXTEND_COLS ? KVS_EXTEND_COLS : n; /* bounded: chunks of what fits */
+        int r = kv_room(s, c, s->n_past, need);
+        if (r < need)
+            return kvs_errorf(err, KVS_ERR_INTERNAL, "extend: layer %d cache has room for %d rows, not %d", l, r, n);
+    }
+    const int p_start = s->n_past;
+    kvs_status st = KVS_OK;
+    if (n <= KVS_EXTEND_COLS) {
+        /* one pass of the decode kernels with a column per token: each
+         * column's arithmetic is that of kvs_session_decode, so the result is
+         * bit-identical to decoding the tokens one by one */
+        dec_buf db;
+        int maxlen = 0;
+        for (int l = 0; l < MI->n_layers; l++) maxlen = s->kv[l].len > maxlen ? s->kv[l].len : maxlen;
+        size_t sstride = (size_t)maxlen + n;
+        kvs_session **cols = malloc((size_t)n * sizeof *cols);
+        float *sbuf = malloc((size_t)kvs_pool_size(s->pool) * sstride * sizeof *sbuf);
+        if (!cols || !sbuf || (st = dec_buf_init(&db, MI, n, err))) {
+            free(cols);
+            free(sbuf);
+            return st ? st : kvs_errorf(err, KVS_ERR_NOMEM, "extend: out of memory for %d tokens", n);
+        }
+        kv_make_room(s, p_start, n);
+        for (int t = 0; t < n; t++) {
+            cols[t] = s;
+            db.pos[t] = p_start + t;
+            embed_token(s->m, tokens[t], db.x + (size_t)t * MI->n_embd, NULL); /* checked above */
+        }
+        dec_step(s->pool, &db, cols, n, 0, 0, sbuf, sstride);
+        if (logits) dec_logits(s->m, s->pool, &db, 1, db.x + (size_t)(n - 1) * MI->n_embd, MI->n_embd, logits);
+        for (int t = 0; t < n; t++) s->modality[p_start + t] = KVS_MOD_TEXT;
+        s->n_past = p_start + n;
+        dec_buf_free(&db);
+        free(cols);
+        free(sbuf);
+        return KVS_OK;
+    }
+    /* run_chunks fails only before writing anything (scratch allocation; the tokens were checked) */
+    if ((st = run_chunks(s, tokens, NULL, n, 0, logits, err))) return st;
+    for (int i = p_start; i < s->n_past; i++) s->modality[i] = KVS_MOD_TEXT;
+    return KVS_OK;
+}
+
 /* ---- copies, views, compression --------------------------------------------------- */
 
 kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err) {
     if (dst == src) return KVS_OK;
     if (dst->m != src->m) return kvs_errorf(err, KVS_ERR_INVALID, "session copy: sessions of different models");
+    if (dst->ctype != src->ctype)
+        return kvs_errorf(err, KVS_ERR_INVALID, "session copy: cache types differ (destination %s, source %s)",
+                          kvs_cache_type_name(dst->ctype), kvs_cache_type_name(src->ctype));
     if (dst->n_ctx < src->n_past)
         return kvs_errorf(err, KVS_ERR_INVALID, "session copy: destination context %d < source length %d", dst->n_ctx,
                           src->n_past);
@@ -745,20 +1180,22 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         const kv_layer *a = &src->kv[l];
         kv_layer *c = &dst->kv[l];
         int cap = a->len + (dst->n_ctx - src->n_past);
+        if (a->bounded && cap > window_cap(src)) cap = a->len < window_cap(src) ? window_cap(src) : a->len + 1;
         if (c->cap != cap) {
-            kvs_status st = kv_alloc(c, Hkv, D, cap, err);
+            kvs_status st = kv_alloc(c, Hkv, D, cap, dst->esz, err);
             if (st) {
                 kvs_session_reset(dst);
                 return st;
             }
         }
         for (int g = 0; g < Hkv; g++) {
-            memcpy(c->k + (size_t)g * cap * D, a->k + (size_t)g * a->cap * D, (size_t)a->len * D * 4);
-            memcpy(c->v + (size_t)g * cap * D, a->v + (size_t)g * a->cap * D, (size_t)a->len * D * 4);
+            memcpy(kv_row(dst, c, c->k, g, 0), kv_row(src, a, a->k, g, 0), (size_t)a->len * D * src->esz);
+            memcpy(kv_row(dst, c, c->v, g, 0), kv_row(src, a, a->v, g, 0), (size_t)a->len * D * src->esz);
             memcpy(c->pos + (size_t)g * cap, a->pos + (size_t)g * a->cap, (size_t)a->len * 4);
         }
         c->len = a->len;
         c->compressed = a->compressed;
+        c->bounded = a->bounded;
         if (a->q) {
             c->q = malloc((size_t)Hq * a->nq * D * 4);
             if (!c->q) {
@@ -790,8 +1227,8 @@ kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_c
                               c->len, s->n_prompt);
         kvs_layer *L = &layers_storage[n];
         memset(L, 0, sizeof *L);
-        L->k = (kvs_view){c->k, KVS_F32, KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
-        L->v = (kvs_view){c->v, KVS_F32, KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
+        L->k = (kvs_view){c->k, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
+        L->v = (kvs_view){c->v, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
         if (c->q) L->q = (kvs_view){c->q, KVS_F32, KVS_HOST, Hq, c->nq, D, (int64_t)c->nq * D, D};
         else L->q = (kvs_view){NULL, KVS_F32, KVS_HOST, Hq, 0, D, 0, D};
         layer_map[n++] = l;
@@ -804,7 +1241,10 @@ kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_c
     return KVS_OK;
 }
 
-static int64_t row_bytes(const kvs_model_info *MI) { return (int64_t)MI->n_kv_heads * MI->head_dim * 2 * 4; }
+/* Bytes of one position in one layer: K and V of every KV head. */
+static int64_t row_bytes(const kvs_session *s) {
+    return (int64_t)s->m->info.n_kv_heads * s->m->info.head_dim * 2 * (int64_t)s->esz;
+}
 
 void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
     const kvs_model_info *MI = &s->m->info;
@@ -815,14 +1255,20 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
         const kv_layer *c = &s->kv[l];
         st->is_local[l] = s->m->layers[l].is_local;
         st->compressed[l] = c->compressed;
-        st->tokens_before[l] = st->tokens_after[l] = c->len;
-        st->bytes_before[l] = st->bytes_after[l] = (int64_t)c->len * row_bytes(MI);
-        if (st->is_local[l]) st->bytes_before_local += st->bytes_before[l];
-        else st->bytes_before_global += st->bytes_before[l];
+        st->tokens_before[l] = s->n_prompt;
+        st->tokens_after[l] = c->len;
+        st->bytes_before[l] = (int64_t)s->n_prompt * row_bytes(s);
+        st->bytes_after[l] = (int64_t)c->len * row_bytes(s);
+        if (st->is_local[l]) {
+            st->bytes_before_local += st->bytes_before[l];
+            st->bytes_after_local += st->bytes_after[l];
+        } else {
+            st->bytes_before_global += st->bytes_before[l];
+            st->bytes_after_global += st->bytes_after[l];
+        }
     }
-    st->bytes_after_local = st->bytes_before_local;
-    st->bytes_after_global = st->bytes_before_global;
-    st->bytes_before_total = st->bytes_after_total = st->bytes_before_local + st->bytes_before_global;
+    st->bytes_before_total = st->bytes_before_local + st->bytes_before_global;
+    st->bytes_after_total = st->bytes_after_local + st->bytes_after_global;
     snprintf(st->method, sizeof st->method, "full");
 }
 
@@ -860,8 +1306,8 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
                             c->len, s->n_prompt);
             goto cleanup;
         }
-        views[pl].k = (kvs_view){c->k, KVS_F32, KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
-        views[pl].v = (kvs_view){c->v, KVS_F32, KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
+        views[pl].k = (kvs_view){c->k, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
+        views[pl].v = (kvs_view){c->v, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
         views[pl].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, D, 0, D};
     }
     kvs_cache_view cv = {plan->n_layers, views, s->modality};
@@ -874,7 +1320,7 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
         int B = plan->layers[pl].budget;
         assert(dl->n_tokens == B && dl->n_kv_heads == Hkv && dl->head_dim == D);
         int cap = B + room;
-        float *nk = malloc((size_t)Hkv * cap * D * 4), *nv = malloc((size_t)Hkv * cap * D * 4);
+        uint8_t *nk = malloc((size_t)Hkv * cap * D * s->esz), *nv = malloc((size_t)Hkv * cap * D * s->esz);
         int32_t *np = malloc((size_t)Hkv * cap * 4);
         if (!nk || !nv || !np) {
             free(nk);
@@ -884,8 +1330,9 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
             goto cleanup;
         }
         for (int g = 0; g < Hkv; g++) {
-            memcpy(nk + (size_t)g * cap * D, dl->k + (size_t)g * B * D, (size_t)B * D * 4);
-            memcpy(nv + (size_t)g * cap * D, dl->v + (size_t)g * B * D, (size_t)B * D * 4);
+            /* kvs_apply's dense output is fp32: back to the cache type */
+            kvs_cache_from_f32(s->ctype, dl->k + (size_t)g * B * D, nk + (size_t)g * cap * D * s->esz, B * D);
+            kvs_cache_from_f32(s->ctype, dl->v + (size_t)g * B * D, nv + (size_t)g * cap * D * s->esz, B * D);
             for (int i = 0; i < B; i++) np[(size_t)g * cap + i] = plan->layers[pl].idx[(size_t)g * B + i];
         }
         free(c->k);
@@ -900,6 +1347,7 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
         c->cap = cap;
         c->len = B;
         c->compressed = 1;
+        c->bounded = 0; /* kvs_session_compress trims it again */
     }
     if (stats) {
         kvs_kv_stats after;
@@ -936,9 +1384,10 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
     kvs_kv_stats local_stats;
     if (!stats) stats = &local_stats;
     if (!o->method || !strcmp(o->method->name, "full")) {
+        kvs_status st = kvs_session_trim_local(s, err);
         kvs_session_kv_stats(s, stats);
         stats->compress_ms = kvs_now_ms() - t0;
-        return KVS_OK;
+        return st;
     }
     const kvs_model_info *MI = &s->m->info;
     kvs_layer *layers = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
@@ -970,6 +1419,17 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
                            &plan, err)))
         goto cleanup;
     if ((st = kvs_session_apply_plan(s, &plan, map, stats, err))) goto cleanup;
+    /* past the prefill: sliding-window layers keep only their window */
+    if ((st = kvs_session_trim_local(s, err))) goto cleanup;
+    {
+        kvs_kv_stats now;
+        kvs_session_kv_stats(s, &now);
+        memcpy(stats->tokens_after, now.tokens_after, sizeof now.tokens_after);
+        memcpy(stats->bytes_after, now.bytes_after, sizeof now.bytes_after);
+        stats->bytes_after_local = now.bytes_after_local;
+        stats->bytes_after_global = now.bytes_after_global;
+        stats->bytes_after_total = now.bytes_after_total;
+    }
     stats->compress_ms = kvs_now_ms() - t0;
 cleanup:
     kvs_plan_free(&plan);

@@ -3,9 +3,12 @@
  * softmax), GELU-tanh gating, axpy. AVX2 + FMA when the build targets it
  * (Release: -march=x86-64-v3), plain C otherwise; both paths agree to ~1e-6
  * relative (exp is a degree-6 polynomial after range reduction, as in Cephes).
+ * Also the KV cache row kernels (f32 / f16 / bf16 rows: conversion, dot with
+ * an fp32 query, axpy into an fp32 output).
  * What it is not: no matrix products (OpenBLAS and quant.c).
  */
 #include <math.h>
+#include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -105,4 +108,118 @@ double kvs_sumsq(const float *x, int n) {
 #endif
     for (; i < n; i++) s += (double)x[i] * x[i];
     return s;
+}
+
+/* ---- KV cache rows of the session's element type (kvs_cache_type) ------------- */
+/* f16 rows convert with F16C in registers, bf16 rows by a 16-bit shift; f32
+ * rows go through the fp32 kernels above, so an f32 cache computes exactly
+ * what it did before cache types existed. */
+
+#if defined(KVS_SIMD_AVX2) && defined(__F16C__)
+#define KVS_SIMD_F16C 1
+static inline __m256 ld_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#endif
+#ifdef KVS_SIMD_AVX2
+static inline __m256 ld_bf16(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline float hsum8_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+size_t kvs_cache_elem_size(int ctype) { return ctype == KVS_CACHE_F32 ? 4 : 2; }
+
+void kvs_cache_to_f32(int ctype, const void *src, float *dst, int n) {
+    if (ctype == KVS_CACHE_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    const uint16_t *h = src;
+    int i = 0;
+    if (ctype == KVS_CACHE_F16) {
+#ifdef KVS_SIMD_F16C
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld_f16(h + i));
+#endif
+        for (; i < n; i++) dst[i] = kvs_f16_to_f32(h[i]);
+    } else {
+#ifdef KVS_SIMD_AVX2
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld_bf16(h + i));
+#endif
+        for (; i < n; i++) dst[i] = kvs_bf16_to_f32(h[i]);
+    }
+}
+
+void kvs_cache_from_f32(int ctype, const float *src, void *dst, int n) {
+    if (ctype == KVS_CACHE_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    uint16_t *h = dst;
+    int i = 0;
+    if (ctype == KVS_CACHE_F16) {
+#ifdef KVS_SIMD_F16C
+        /* round to nearest even, as kvs_f32_to_f16 */
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+        for (; i < n; i++) h[i] = kvs_f32_to_f16(src[i]);
+    } else {
+        for (; i < n; i++) h[i] = kvs_f32_to_bf16(src[i]);
+    }
+}
+
+float kvs_dot_cache(int ctype, const float *q, const void *k, int n) {
+    if (ctype == KVS_CACHE_F32) return kvs_dot_ff(q, k, n);
+    const uint16_t *h = k;
+    int i = 0;
+    float s = 0;
+    if (ctype == KVS_CACHE_F16) {
+#ifdef KVS_SIMD_F16C
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld_f16(h + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), ld_f16(h + i + 8), a1);
+        }
+        s = hsum8_ps(_mm256_add_ps(a0, a1));
+#endif
+        for (; i < n; i++) s += q[i] * kvs_f16_to_f32(h[i]);
+    } else {
+#ifdef KVS_SIMD_AVX2
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld_bf16(h + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), ld_bf16(h + i + 8), a1);
+        }
+        s = hsum8_ps(_mm256_add_ps(a0, a1));
+#endif
+        for (; i < n; i++) s += q[i] * kvs_bf16_to_f32(h[i]);
+    }
+    return s;
+}
+
+void kvs_axpy_cache(int ctype, float *o, float a, const void *x, int n) {
+    if (ctype == KVS_CACHE_F32) {
+        kvs_vaxpy(o, a, x, n);
+        return;
+    }
+    const uint16_t *h = x;
+    int i = 0;
+    if (ctype == KVS_CACHE_F16) {
+#ifdef KVS_SIMD_F16C
+        __m256 va = _mm256_set1_ps(a);
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(va, ld_f16(h + i), _mm256_loadu_ps(o + i)));
+#endif
+        for (; i < n; i++) o[i] += a * kvs_f16_to_f32(h[i]);
+    } else {
+#ifdef KVS_SIMD_AVX2
+        __m256 va = _mm256_set1_ps(a);
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(va, ld_bf16(h + i), _mm256_loadu_ps(o + i)));
+#endif
+        for (; i < n; i++) o[i] += a * kvs_bf16_to_f32(h[i]);
+    }
 }

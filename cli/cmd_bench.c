@@ -43,8 +43,8 @@ static const char *PARAGRAPH =
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsieve bench --model PATH|default [--prompt-len N] [--gen N] [--threads N] [--reps N]\n"
-               "                     [--db PATH | --no-store]\n"
-               "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1\n"
+               "                     [--cache-type f16|bf16|f32] [--db PATH | --no-store]\n"
+               "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1 --cache-type f16\n"
                "  --db PATH   results database for the engine_bench row (default results/kvsieve.db)\n"
                "  --no-store  print only; write no row\n");
 }
@@ -117,7 +117,7 @@ fail:
 int kvs_cmd_bench(int argc, char **argv) {
     const char *model_spec = NULL, *db = NULL;
     long plen = 2048, gen = 64, threads = 2, reps = 1;
-    int no_store = 0;
+    int no_store = 0, cache_type = KVS_CACHE_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -134,6 +134,13 @@ int kvs_cmd_bench(int argc, char **argv) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 256, &threads)) return 2;
         } else if (!strcmp(a, "--reps")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 100, &reps)) return 2;
+        } else if (!strcmp(a, "--cache-type")) {
+            kvs_err e = {0};
+            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
+            if (kvs_cache_type_parse(v, &cache_type, &e) != KVS_OK) {
+                fprintf(stderr, "kvsieve bench: --cache-type: %s\n", e.msg);
+                return 2;
+            }
         } else if (!strcmp(a, "--db")) {
             if (!(db = kvs_arg_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--no-store")) {
@@ -205,7 +212,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         goto cleanup;
     }
     n = (int)plen;
-    kvs_session_opts so = {n + (int)gen + 1, (int)threads, 0};
+    kvs_session_opts so = {n + (int)gen + 1, (int)threads, 0, cache_type};
     if (kvs_session_new(m, &so, &s, &err) != KVS_OK) goto fail;
     logits = malloc((size_t)info->n_vocab * sizeof *logits); /* [n_vocab] */
     pf = malloc((size_t)reps * sizeof *pf);                   /* [reps] prefill tok/s, wall */
@@ -214,10 +221,10 @@ int kvs_cmd_bench(int argc, char **argv) {
     dcc = malloc((size_t)reps * sizeof *dcc);                 /* [reps] decode tok/s, cpu time */
     if (!logits || !pf || !dc || !pfc || !dcc) goto oom;
     printf("bench: host %s, cpus %ld, device cpu, threads %ld, build %s, model %s (%s, %s, %d layers, E %d, "
-           "%d heads / %d kv, d %d, vocab %d), prompt %d tokens, decode %ld tokens, %ld repetition(s)\n",
+           "%d heads / %d kv, d %d, vocab %d), %s KV cache, prompt %d tokens, decode %ld tokens, %ld repetition(s)\n",
            cpu, sysconf(_SC_NPROCESSORS_ONLN), threads, BENCH_BUILD, info->name, info->arch,
            info->weight_types, info->n_layers, info->n_embd, info->n_heads, info->n_kv_heads,
-           info->head_dim, info->n_vocab, n, gen, reps);
+           info->head_dim, info->n_vocab, kvs_cache_type_name(cache_type), n, gen, reps);
     if (sha[0]) printf("model file %s sha256 %s\n", path, sha);
     /* warm-up: touch every weight page of the mapping once (not timed) */
     if (kvs_session_prefill(s, toks, n < 16 ? n : 16, NULL, logits, &err) != KVS_OK ||
@@ -264,8 +271,9 @@ int kvs_cmd_bench(int argc, char **argv) {
 #ifdef KVS_HAVE_EVAL
     if (st) {
         snprintf(cmdline, sizeof cmdline,
-                 "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld\nmodel_path=%s",
-                 model_spec, plen, gen, threads, reps, path);
+                 "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-type %s\n"
+                 "model_path=%s",
+                 model_spec, plen, gen, threads, reps, kvs_cache_type_name(cache_type), path);
         char quant[sizeof info->weight_types];
         snprintf(quant, sizeof quant, "%s", info->weight_types);
         for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';

@@ -22,6 +22,7 @@ static void serve_usage(FILE *f) {
             "usage: kvsieve serve --model PATH|default [--host 127.0.0.1] [--port 8080]\n"
             "                     [--threads N] [--ctx N] [--slots N] [--alias NAME] [--queue N]\n"
             "                     [--batch N] [--n-predict-max N] [--drain-timeout S] [--max-conn N]\n"
+            "                     [--cache-type f16|bf16|f32]\n"
             "  --model    a GGUF file, or `default` (Gemma 3 270M Q4_K_M, see the README)\n"
             "  --host     address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port     TCP port (default 8080; 0 picks a free one and prints it)\n"
@@ -38,6 +39,7 @@ static void serve_usage(FILE *f) {
             "  --drain-timeout  seconds SIGTERM waits for requests in flight (default 10);\n"
             "             then the rest is cancelled (503) and the server exits 0\n"
             "  --max-conn simultaneous connections (default 512; polled, so > 1024 works)\n"
+            "  --cache-type  KV cache element type: f16 (default), bf16, f32\n"
             "SIGTERM or SIGINT drains (for at most --drain-timeout) and exits.\n");
 }
 
@@ -75,6 +77,13 @@ int kvs_cmd_serve(int argc, char **argv) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 24, &npmax)) return 2;
         } else if (!strcmp(a, "--drain-timeout")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 0, 86400, &drain)) return 2;
+        } else if (!strcmp(a, "--cache-type")) {
+            kvs_err e = {0};
+            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
+            if (kvs_cache_type_parse(v, &cfg.cache_type, &e) != KVS_OK) {
+                fprintf(stderr, "kvsieve serve: --cache-type: %s\n", e.msg);
+                return 2;
+            }
         } else if (!strcmp(a, "--max-conn")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 20, &max_conn)) return 2;
         } else {
@@ -133,8 +142,9 @@ int kvs_cmd_serve(int argc, char **argv) {
         goto cleanup;
     }
     int v6 = strchr(cfg.host, ':') != NULL; /* an IPv6 literal goes in brackets in a URL */
-    fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld)\n", v6 ? "[" : "",
-            cfg.host, v6 ? "]" : "", kvs_server_port(srv), cfg.slots, threads);
+    fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld, %s KV cache)\n",
+            v6 ? "[" : "", cfg.host, v6 ? "]" : "", kvs_server_port(srv), cfg.slots, threads,
+            kvs_cache_type_name(cfg.cache_type));
     fflush(stderr);
     int sig = 0;
     if (sigwait(&stop_set, &sig) != 0) {

@@ -86,7 +86,10 @@
  *   compress_ms (end of prefill -> decode may start: the method's cost),
  *   copy_ms (copying the shared prefill cache for this variant), n_prompt, tokens_before/after, bytes_before/after (total,
  *   _global, _local), note, layers: [{layer, local, compressed, tokens_before,
- *   tokens_after, bytes_before, bytes_after}]}.
+ *   tokens_after, bytes_before, bytes_after}]}. Bytes are real (the cache
+ *   element type, --cache-type); sliding-window layers keep only their window
+ *   once decoding starts, in every variant and in plain requests
+ *   (kvs_session_trim_local), so their tokens_after is at most the window.
  * Errors: {"error": {"message", "field", "type", "code"}}; 400 bad field,
  *   404 unknown path, 405 wrong method, 413 body too large, 503 draining or
  *   queue full (Retry-After) or cancelled by the shutdown, 500 engine failure. A prompt longer than the context is 400, never
@@ -127,6 +130,7 @@ typedef struct {
                           n_predict above it is refused (400 naming the field) */
     double drain_timeout_s; /* kvs_server_stop waits this long for the requests in flight
                                (default 10), then cancels what is left */
+    int cache_type;    /* kvs_cache_type of every session's KV cache (default 0: f16) */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *c);

@@ -21,7 +21,6 @@
  * geometrically, as before).
  */
 #define _GNU_SOURCE /* POLLRDHUP */
-#include "batch_shim.h" /* TEMPORARY: delete with batch_shim.{h,c} once the engine's batch API is merged */
 #include "server_internal.h"
 
 #include <errno.h>
@@ -235,8 +234,10 @@ static int queries_to_record(const gen_req *g) {
     return rq;
 }
 
-/* kvs_session_compress's steps (view, compress, apply) through the public
- * API, so the plan is at hand for span_kept. */
+/* kvs_session_compress's steps (view, compress, apply, trim the sliding-window
+ * layers) through the public API, so the plan is at hand for span_kept. The
+ * server test checks that asking for kv_spans changes neither the output nor
+ * the kv statistics. */
 static kvs_status compress_with_plan(kvs_server *s, kvs_session *ses, const kvs_compress_opts *co, const gen_req *g,
                                      gen_out *o, kvs_err *err) {
     const double t0 = kvs_now_ms();
@@ -268,6 +269,18 @@ static kvs_status compress_with_plan(kvs_server *s, kvs_session *ses, const kvs_
     if ((st = kvs_compress(co->method, &co->params, &cv, &co->budget, co->threads > 0 ? co->threads : 1, &plan, err)))
         goto cleanup;
     if ((st = kvs_session_apply_plan(ses, &plan, map, &o->stats, err))) goto cleanup;
+    /* as kvs_session_compress: sliding-window layers keep their window, and
+     * the "after" statistics are what the session holds now */
+    if ((st = kvs_session_trim_local(ses, err))) goto cleanup;
+    {
+        kvs_kv_stats now;
+        kvs_session_kv_stats(ses, &now);
+        memcpy(o->stats.tokens_after, now.tokens_after, sizeof now.tokens_after);
+        memcpy(o->stats.bytes_after, now.bytes_after, sizeof now.bytes_after);
+        o->stats.bytes_after_local = now.bytes_after_local;
+        o->stats.bytes_after_global = now.bytes_after_global;
+        o->stats.bytes_after_total = now.bytes_after_total;
+    }
     o->stats.compress_ms = kvs_now_ms() - t0;
     if (srv_span_kept(s, g, &plan, map, o)) st = kvs_errorf(err, KVS_ERR_NOMEM, "span_kept: out of memory");
 cleanup:
@@ -297,6 +310,7 @@ static void admit(kvs_server *s, srv_job *j) {
     so.n_ctx = s->cfg.n_ctx;
     so.n_threads = s->cfg.threads;
     so.record_queries = queries_to_record(g);
+    so.cache_type = s->cfg.cache_type;
     if (kvs_session_new(s->model, &so, &pre, &err) != KVS_OK) {
         srv_fail(&j->e, 500, "", "cannot create a session: %s", err.msg);
         goto fail;
@@ -366,7 +380,11 @@ static void admit(kvs_server *s, srv_job *j) {
                 }
                 o->compress_ms = o->stats.compress_ms;
                 srv_note_compress(s, o->compress_ms);
-            } else {
+            } else { /* no kv_compression: nothing compressed, the local layers keep their window */
+                if (kvs_session_trim_local(q->ses, &err) != KVS_OK) {
+                    srv_fail(&j->e, 500, "", "trimming the sliding-window layers failed: %s", err.msg);
+                    goto fail;
+                }
                 kvs_session_kv_stats(q->ses, &o->stats);
             }
             if (srv_span_kept(s, g, NULL, NULL, o)) {

@@ -329,6 +329,7 @@ static void handle_models(kvs_server *s, kvs_http_response *rs) {
     cJSON_AddNumberToObject(meta, "size", (double)in->file_size);
     cJSON_AddStringToObject(meta, "weight_types", in->weight_types);
     cJSON_AddNumberToObject(meta, "slots", s->cfg.slots);
+    cJSON_AddStringToObject(meta, "cache_type", kvs_cache_type_name(s->cfg.cache_type));
     srv_json_response(rs, 200, root);
 }
 
@@ -693,6 +694,8 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
         return kvs_errorf(err, KVS_ERR_INVALID, "server: queue must be >= 0, got %d", cfg->queue);
     if (cfg->batch < 1 || cfg->batch > 4096)
         return kvs_errorf(err, KVS_ERR_INVALID, "server: batch must be in [1, 4096], got %d", cfg->batch);
+    if (strcmp(kvs_cache_type_name(cfg->cache_type), "?") == 0)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: unknown cache type %d (f16, bf16, f32)", cfg->cache_type);
     if (cfg->n_predict_max < 1)
         return kvs_errorf(err, KVS_ERR_INVALID, "server: n_predict_max must be >= 1, got %d", cfg->n_predict_max);
     if (!(cfg->drain_timeout_s >= 0) || cfg->drain_timeout_s > 86400)

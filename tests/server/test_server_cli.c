@@ -158,6 +158,15 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(wait_exit(pid), 2);
     CHECK_MSG(strstr(buf, "--port"), "stderr: %s", buf);
 
+    /* an unknown cache type: exit 2 naming the flag */
+    len = 0;
+    char *a0[] = {bin, "serve", "--cache-type", "f8", "--model", model, NULL};
+    pid = spawn(a0, &fd);
+    read_until(fd, NULL, buf, sizeof buf, &len);
+    close(fd);
+    CHECK_EQ_INT(wait_exit(pid), 2);
+    CHECK_MSG(strstr(buf, "--cache-type") && strstr(buf, "f8"), "stderr: %s", buf);
+
     /* missing model: exit 1 naming it */
     len = 0;
     char *a2[] = {bin, "serve", "--model", "/nonexistent/m.gguf", NULL};

@@ -15,7 +15,8 @@
  * stop the server from answering, a bounded load test (64 clients, a tenth
  * hanging up, some without n_predict: every completed answer equals its
  * serial answer, /metrics counts the cancellations, /health ok afterwards),
- * and the drain timeout (queued requests cancelled with 503, stop returns).
+ * the drain timeout (queued requests cancelled with 503, stop returns), and
+ * the cache type (f16 and bf16 rows half the bytes of f32; /v1/models says which).
  * Not covered: the real model; SIGTERM delivery (test_server_cli.c).
  * No assertion on wall-clock time; every loop is bounded.
  */
@@ -605,6 +606,53 @@ static void test_load(void) {
     for (int k = 0; k < LOAD_KINDS; k++) cJSON_Delete(g_serial[k]);
 }
 
+/* ---- cache types ----------------------------------------------------------------------- */
+
+/* bytes of the prompt cache of a plain request on a server of cache type t */
+static double cache_bytes(kvs_model *m, int t, char *type_name, size_t n) {
+    kvs_server_config cfg;
+    kvs_server_config_defaults(&cfg);
+    cfg.port = 0;
+    cfg.threads = 1;
+    cfg.n_ctx = N_CTX;
+    cfg.cache_type = t;
+    kvs_err err_ = {0}, *err = &err_;
+    kvs_server *srv = NULL;
+    CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
+    if (!srv) return NAN;
+    int saved = g_port;
+    g_port = kvs_server_port(srv);
+    long st;
+    cJSON *r = post("{\"prompt\": \"the cat is on the cat\", \"n_predict\": 3}", &st);
+    CHECK_EQ_INT(st, 200);
+    double b = r ? num(obj(r, "kv"), "bytes_before") : NAN;
+    cJSON_Delete(r);
+    char *body = NULL;
+    CHECK_EQ_INT(http_full("GET", "/v1/models", NULL, &body, NULL), 200);
+    cJSON *mj = cJSON_Parse(body);
+    snprintf(type_name, n, "%s", str(obj(cJSON_GetArrayItem(obj(mj, "data"), 0), "meta"), "cache_type"));
+    cJSON_Delete(mj);
+    free(body);
+    kvs_server_stop(srv);
+    g_port = saved;
+    return b;
+}
+
+static void test_cache_type(kvs_model *m) {
+    char n16[16], nb16[16], n32[16];
+    double f16 = cache_bytes(m, KVS_CACHE_F16, n16, sizeof n16), bf16 = cache_bytes(m, KVS_CACHE_BF16, nb16, sizeof nb16),
+           f32 = cache_bytes(m, KVS_CACHE_F32, n32, sizeof n32);
+    CHECK(!strcmp(n16, "f16") && !strcmp(nb16, "bf16") && !strcmp(n32, "f32"));
+    CHECK_MSG(f16 > 0 && bf16 == f16 && f32 == 2 * f16, "prompt cache bytes f16 %g, bf16 %g, f32 %g", f16, bf16, f32);
+    kvs_server_config cfg;
+    kvs_server_config_defaults(&cfg);
+    cfg.port = 0;
+    cfg.cache_type = 7;
+    kvs_err err_ = {0}, *err = &err_;
+    kvs_server *srv = NULL;
+    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "cache type");
+}
+
 /* ---- drain timeout ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -688,6 +736,7 @@ int main(void) {
     kvs_server_stop(srv);
     srv = NULL;
     test_drain_timeout(m);
+    test_cache_type(m);
 done:
     kvs_server_stop(srv);
     kvs_model_free(m);

@@ -13,6 +13,10 @@
 /* ---- quant.c extras --------------------------------------------------------- */
 float kvs_dot_ff(const float *a, const float *b, int64_t n);
 float kvs_dot_q8a_scalar(int type, const void *row, const kvs_q8a_block *x, int64_t n);
+/* y[c] = kvs_dot_q8a(type, row, x + c * xstride, n) for c < ncols, bit for bit,
+ * each weight block unpacked once for all columns (quant.c). */
+void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
+                      float *y);
 
 /* ---- simd.c ------------------------------------------------------------------ */
 /* x[i] = exp(x[i] - sub); returns the sum. */

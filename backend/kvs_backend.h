@@ -5,13 +5,17 @@
  * What it is: a GGUF loader (mmap), tensor formats F32 F16 BF16 Q8_0 Q5_0 Q4_K
  * Q6_K (dequantisation and dot products), the tokenizer read from the GGUF
  * metadata, chat templates, the forward pass (pthreads + AVX2), and sessions
- * whose KV cache can be compressed after prefill by any kvs_method.
+ * whose KV cache (f16 by default, bf16 or f32) can be compressed after
+ * prefill by any kvs_method, extended by a chunked prefill (a query suffix)
+ * and decoded together with other sessions in one pass over the weights
+ * (kvs_batch).
  * What it is not: no HTTP and no sampling (backend/server/),
  * no compression logic (methods/, core/).
  *
  * Threading: a kvs_model is read-only after load and may be shared by
  * sessions; a kvs_session is used by one thread at a time and owns a pool of
- * n_threads workers. kvs_session_new sets OpenBLAS to one thread per call
+ * n_threads workers (a kvs_batch owns its own pool and uses the sessions'
+ * caches, not their pools). kvs_session_new sets OpenBLAS to one thread per call
  * (process-wide): the session's pool splits every sgemm itself.
  *
  * Default model: scripts/install_model.sh installs Gemma 3 270M (Q4_K_M, the
@@ -361,8 +365,9 @@ void kvs_batch_free(kvs_batch *b);
 kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t *tokens, int n,
                             float *logits, kvs_err *err);
 
-/* Copy src's whole state (cache, lengths, positions, recorded queries,
- * modality) into dst (same model, dst->n_ctx >= src->n_past). One prefill,
+/* Copy src's whole state (cache bytes, lengths, positions, recorded queries,
+ * modality, trimmed sliding-window layers) into dst (same model, same cache
+ * type, dst->n_ctx >= src->n_past). One prefill,
  * many compressions: prefill once, then copy into a work session per variant. */
 kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err);
 
@@ -371,7 +376,8 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
  * cache is uncompressed (all layers the prompt's length) and until the next
  * call that changes the session. layers_storage is [KVS_MAX_LAYERS];
  * layer_map [KVS_MAX_LAYERS] receives the model layer of each view layer.
- * Queries are included when recorded (q.data NULL otherwise). */
+ * K and V views have the cache's element type (KVS_F16, KVS_BF16, KVS_F32);
+ * queries are fp32, included when recorded (q.data NULL otherwise). */
 kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_cache_view *out,
                                   kvs_layer *layers_storage, int *layer_map, int *n_mapped,
                                   kvs_err *err);
@@ -394,7 +400,9 @@ typedef struct {
 /* Replace the cache of the layers in layer_map[0..plan->n_layers) with the
  * plan's kept rows (gathered, and merged when plan->merge says so): each layer
  * its own length, each KV head its own indices, original positions kept,
- * buffers reallocated to kept + remaining context (bytes really freed).
+ * buffers reallocated to kept + remaining context (bytes really freed); the
+ * fp32 rows of kvs_apply are written back in the cache type. Does not trim
+ * sliding-window layers (kvs_session_compress does, or kvs_session_trim_local).
  * The session must hold an uncompressed prefill cache. stats may be NULL. */
 kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map,
                                   kvs_kv_stats *stats, kvs_err *err);

@@ -620,3 +620,190 @@ float kvs_dot_f32(int type, const void *row, const float *x, int64_t n) {
 /* fp32 dot for the attention code (model.c). */
 float kvs_dot_ff(const float *a, const float *b, int64_t n);
 float kvs_dot_ff(const float *a, const float *b, int64_t n) { return dot_ff(a, b, n); }
+
+/* ---- multi-column dot products (batched decode) --------------------------------
+ * One weight row against ncols activation vectors: each weight block is
+ * unpacked once and multiplied with every column. Every column goes through
+ * exactly the operations of kvs_dot_q8a (same accumulators, same order, same
+ * scale products), so y[c] == kvs_dot_q8a(type, row, x + c * xstride, n) bit
+ * for bit: a batch decodes each sequence as it would decode alone. */
+
+#ifdef KVS_HAVE_AVX2
+#define KVS_MC 4 /* columns per register tile */
+
+static inline __attribute__((always_inline)) void mc_q8_0(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nb, float *y) {
+    __m256 acc[KVS_MC], acc2[KVS_MC];
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) acc[c] = acc2[c] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = row + b * 34, *b1 = b0 + 34;
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2)), w1 = _mm256_loadu_si256((const __m256i *)(b1 + 2));
+        __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
+        float d0 = h2f(b0), d1 = h2f(b1);
+        #pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) {
+            const kvs_q8a_block *xc = x + c * xs;
+            __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b].q), w0);
+            __m256i s1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b + 1].q), w1);
+            __m256 p0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a0, s0), _mm256_set1_epi16(1)));
+            __m256 p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a1, s1), _mm256_set1_epi16(1)));
+            acc[c] = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * xc[b].d), acc[c]);
+            acc2[c] = _mm256_fmadd_ps(p1, _mm256_set1_ps(d1 * xc[b + 1].d), acc2[c]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_add_ps(acc[c], acc2[c]);
+    for (; b < nb; b++) {
+        const uint8_t *blk = row + b * 34;
+        __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        float d = h2f(blk);
+        #pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) {
+            const kvs_q8a_block *xc = x + c * xs;
+            __m256 p = _mm256_cvtepi32_ps(dot_i8(w, _mm256_loadu_si256((const __m256i *)xc[b].q)));
+            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xc[b].d), acc[c]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]);
+}
+
+static inline __attribute__((always_inline)) void mc_q5_0(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nb, float *y) {
+    __m256 acc[KVS_MC];
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * 22;
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
+        __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+        __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
+        __m256i w = _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+        __m256i aw = _mm256_sign_epi8(w, w);
+        float d = h2f(blk);
+        #pragma GCC unroll 4
+        for (int c = 0; c < nc; c++) {
+            const kvs_q8a_block *xc = x + c * xs;
+            __m256i sq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b].q), w);
+            __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, sq), _mm256_set1_epi16(1)));
+            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xc[b].d), acc[c]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]);
+}
+
+static inline __attribute__((always_inline)) void mc_q4_k(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nsb, float *y) {
+    __m256 acc[KVS_MC];
+    float mins[KVS_MC];
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+        mins[c] = 0;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = row + b * 144;
+        float d = h2f(blk), dmin = h2f(blk + 2);
+        const uint8_t *qs = blk + 16;
+        for (int jp = 0; jp < 4; jp++) {
+            int s0, m0, s1, m1;
+            q4k_scale_min(2 * jp, blk + 4, &s0, &m0);
+            q4k_scale_min(2 * jp + 1, blk + 4, &s1, &m1);
+            __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + jp * 32));
+            __m256i lo = _mm256_and_si256(q4, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            #pragma GCC unroll 4
+            for (int c = 0; c < nc; c++) {
+                const kvs_q8a_block *x0 = &x[c * xs + b * 8 + 2 * jp], *x1 = x0 + 1;
+                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x0->q)), ones);
+                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)x1->q)), ones);
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d * s0 * x0->d), acc[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * s1 * x1->d), acc[c]);
+                mins[c] += dmin * (m0 * x0->d * (float)(x0->sum16[0] + x0->sum16[1]) +
+                                   m1 * x1->d * (float)(x1->sum16[0] + x1->sum16[1]));
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]) - mins[c];
+}
+
+static inline __attribute__((always_inline)) void mc_q6_k(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nsb, float *y) {
+    __m256 acc[KVS_MC];
+    float off[KVS_MC];
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+        off[c] = 0;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = row + b * 210;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        float d = h2f(blk + 208);
+        for (int n = 0; n < 2; n++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + n * 64));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + n * 64 + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + n * 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+            for (int qq = 0; qq < 4; qq++) {
+                int sa = sc[n * 8 + qq * 2], sb = sc[n * 8 + qq * 2 + 1];
+                __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)sb), _mm_set1_epi16((short)sa));
+                #pragma GCC unroll 4
+                for (int c = 0; c < nc; c++) {
+                    const kvs_q8a_block *xb = &x[c * xs + b * 8 + n * 4 + qq];
+                    __m256i p = _mm256_maddubs_epi16(q[qq], _mm256_loadu_si256((const __m256i *)xb->q));
+                    p = _mm256_madd_epi16(p, scv);
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xb->d), acc[c]);
+                    off[c] += d * xb->d * 32.0f * (float)(sa * xb->sum16[0] + sb * xb->sum16[1]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]) - off[c];
+}
+#endif
+
+void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
+                      float *y);
+void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
+                      float *y) {
+#ifdef KVS_HAVE_AVX2
+    const uint8_t *r = row;
+    for (int c0 = 0; c0 < ncols; c0 += KVS_MC) {
+        int nc = ncols - c0 < KVS_MC ? ncols - c0 : KVS_MC;
+        const kvs_q8a_block *xc = x + (int64_t)c0 * xstride;
+        /* a constant column count per call: the accumulators stay in registers */
+#define KVS_MC_CALL(fn, nb)                                                                                    \
+    switch (nc) {                                                                                              \
+    case 4: fn(r, xc, xstride, 4, nb, y + c0); break;                                                          \
+    case 3: fn(r, xc, xstride, 3, nb, y + c0); break;                                                          \
+    case 2: fn(r, xc, xstride, 2, nb, y + c0); break;                                                          \
+    default: fn(r, xc, xstride, 1, nb, y + c0); break;                                                         \
+    }
+        switch (type) {
+        case KVS_GGML_Q8_0: KVS_MC_CALL(mc_q8_0, n / 32) break;
+        case KVS_GGML_Q5_0: KVS_MC_CALL(mc_q5_0, n / 32) break;
+        case KVS_GGML_Q4_K: KVS_MC_CALL(mc_q4_k, n / 256) break;
+        case KVS_GGML_Q6_K: KVS_MC_CALL(mc_q6_k, n / 256) break;
+        default:
+            for (int c = 0; c < nc; c++) y[c0 + c] = kvs_dot_q8a(type, row, xc + (int64_t)c * xstride, n);
+        }
+#undef KVS_MC_CALL
+    }
+#else
+    for (int c = 0; c < ncols; c++) y[c] = kvs_dot_q8a(type, row, x + (int64_t)c * xstride, n);
+#endif
+}

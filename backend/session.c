@@ -451,11 +451,17 @@ static void mv_run(void *arg, int ith, int nth) {
         for (int64_t r = a; r < b; r++) {
             const void *row = data + (size_t)r * w->row_bytes;
             float br = bias ? bias[r] : 0.0f;
-            /* the row stays in cache while every sequence uses it */
-            for (int s = 0; s < j->n; s++) {
-                float y = fl ? kvs_dot_f32(w->type, row, j->xf + (size_t)s * j->xstride, w->cols)
-                             : kvs_dot_q8a(w->type, row, j->xq + (size_t)s * j->qstride, w->cols);
-                out[(size_t)s * os + r] = y + br;
+            if (fl) {
+                for (int s = 0; s < j->n; s++)
+                    out[(size_t)s * os + r] = kvs_dot_f32(w->type, row, j->xf + (size_t)s * j->xstride, w->cols) + br;
+                continue;
+            }
+            /* each weight block unpacked once for every sequence (same result per column as alone) */
+            float y[64];
+            for (int s0 = 0; s0 < j->n; s0 += 64) {
+                int nc = j->n - s0 < 64 ? j->n - s0 : 64;
+                kvs_dot_q8a_cols(w->type, row, j->xq + (size_t)s0 * j->qstride, j->qstride, nc, w->cols, y);
+                for (int c = 0; c < nc; c++) out[(size_t)(s0 + c) * os + r] = y[c] + br;
             }
         }
         base += w->rows;

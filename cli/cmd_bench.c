@@ -8,6 +8,12 @@
  * engine_bench row (median, p10, p90 over the repetitions; provenance in a
  * runs row of kind "bench") in the results database (--db, default
  * results/kvsieve.db; --no-store skips it). `kvsieve report` shows it.
+ * --batch 1,4,16,32: batched decode instead (kvs_batch_decode): the prompt is
+ * prefilled once, copied into B sessions (trimmed as the server's variants
+ * are), and the B sequences decode `--gen` steps together; prints per B the
+ * step time, tokens/s and the ratios to B = 1 (performance.md section 5
+ * goals: 16 sequences >= 5x the tokens/s of one, 32 in <= 3x its time).
+ * Prints only (no database row).
  * What it is not: no compression timing (see `kvsieve generate --method`).
  */
 #ifdef KVS_HAVE_BACKEND
@@ -43,7 +49,8 @@ static const char *PARAGRAPH =
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsieve bench --model PATH|default [--prompt-len N] [--gen N] [--threads N] [--reps N]\n"
-               "                     [--cache-type f16|bf16|f32] [--db PATH | --no-store]\n"
+               "                     [--cache-type f16|bf16|f32] [--batch B1,B2,..] [--db PATH | --no-store]\n"
+               "  --batch LIST  batched decode of B sequences for each B in LIST (prints only)\n"
                "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1 --cache-type f16\n"
                "  --db PATH   results database for the engine_bench row (default results/kvsieve.db)\n"
                "  --no-store  print only; write no row\n");
@@ -114,10 +121,78 @@ fail:
 }
 #endif
 
+/* Batched decode: prefill once into s, then for each B decode gen steps of B
+ * copies together. Returns 0 or 1 (error printed). */
+static int bench_batch(kvs_model *m, kvs_session *s, const int32_t *toks, int n, int gen, int threads, int cache_type,
+                       const int *batches, int nb) {
+    kvs_err err = {0};
+    const int V = kvs_model_get_info(m)->n_vocab;
+    int maxb = 0;
+    for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
+    kvs_session **ss = calloc((size_t)maxb, sizeof *ss);
+    int32_t *tk = malloc((size_t)maxb * sizeof *tk);
+    float *lg = malloc((size_t)maxb * V * sizeof *lg); /* [maxb][n_vocab] */
+    kvs_batch *b = NULL;
+    int rc = 1;
+    double t1 = 0, c1 = 0;
+    if (!ss || !tk || !lg) {
+        fprintf(stderr, "kvsieve bench: out of memory for %d sequences\n", maxb);
+        goto done;
+    }
+    kvs_session_reset(s);
+    if (kvs_session_prefill(s, toks, n, NULL, lg, &err) != KVS_OK) goto fail;
+    int first = argmax(lg, V);
+    kvs_session_opts so = {n + gen + 1, 1, 0, cache_type};
+    kvs_compress_opts co;
+    memset(&co, 0, sizeof co); /* full: the copies keep every token, local layers their window */
+    for (int i = 0; i < maxb; i++)
+        if (kvs_session_new(m, &so, &ss[i], &err) != KVS_OK) goto fail;
+    if (kvs_batch_new(m, maxb, threads, &b, &err) != KVS_OK) goto fail;
+    printf("batched decode: prompt %d tokens (full cache, sliding-window layers trimmed), %d steps per size\n", n, gen);
+    for (int i = 0; i < nb; i++) {
+        int B = batches[i];
+        for (int k = 0; k < B; k++) {
+            if (kvs_session_copy(ss[k], s, &err) != KVS_OK || kvs_session_compress(ss[k], &co, NULL, &err) != KVS_OK)
+                goto fail;
+            tk[k] = first;
+        }
+        double c0 = cpu_s(), t0 = kvs_now_ms();
+        for (int g = 0; g < gen; g++) {
+            if (kvs_batch_decode(b, ss, tk, B, lg, &err) != KVS_OK) goto fail;
+            for (int k = 0; k < B; k++) tk[k] = argmax(lg + (size_t)k * V, V);
+        }
+        double ms = kvs_now_ms() - t0, cpu = cpu_s() - c0;
+        if (i == 0 || t1 == 0) {
+            t1 = ms / gen;
+            c1 = cpu / gen;
+        }
+        printf("batch %3d: %.1f ms per step, %.1f tok/s (cpu %.1f ms per step: %.1f tok/s per %d dedicated cores); "
+               "vs the first size: %.2fx the step time, %.2fx the tokens/s (cpu: %.2fx, %.2fx)\n",
+               B, ms / gen, B * gen * 1000.0 / ms, cpu * 1000.0 / gen, B * gen / (cpu / threads), threads,
+               (ms / gen) / t1, (B * gen * 1000.0 / ms) / (batches[0] * 1000.0 / t1), (cpu / gen) / c1,
+               (B / (cpu / gen)) / (batches[0] / c1));
+    }
+    printf("goals (performance.md section 5, against 1 sequence): 16 sequences >= 5x the tokens/s, 32 in <= 3x the "
+           "time\nnot stored (--batch prints only)\n");
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "kvsieve bench: %s\n", err.msg);
+done:
+    kvs_batch_free(b);
+    if (ss)
+        for (int i = 0; i < maxb; i++) kvs_session_free(ss[i]);
+    free(ss);
+    free(tk);
+    free(lg);
+    return rc;
+}
+
 int kvs_cmd_bench(int argc, char **argv) {
     const char *model_spec = NULL, *db = NULL;
     long plen = 2048, gen = 64, threads = 2, reps = 1;
     int no_store = 0, cache_type = KVS_CACHE_F16;
+    int batches[16], n_batches = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -141,6 +216,24 @@ int kvs_cmd_bench(int argc, char **argv) {
                 fprintf(stderr, "kvsieve bench: --cache-type: %s\n", e.msg);
                 return 2;
             }
+        } else if (!strcmp(a, "--batch")) {
+            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                long b = 0;
+                if (n_batches == 16) {
+                    fprintf(stderr, "kvsieve bench: --batch: at most 16 sizes\n");
+                    return 2;
+                }
+                if (kvs_arg_int(a, tok, 1, 256, &b)) return 2;
+                batches[n_batches++] = (int)b;
+            }
+            if (n_batches == 0) {
+                fprintf(stderr, "kvsieve bench: --batch needs a list such as 1,4,16,32\n");
+                return 2;
+            }
+            no_store = 1;
         } else if (!strcmp(a, "--db")) {
             if (!(db = kvs_arg_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--no-store")) {
@@ -157,7 +250,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         return 2;
     }
     if (db && no_store) {
-        fprintf(stderr, "kvsieve bench: --db and --no-store exclude each other\n");
+        fprintf(stderr, "kvsieve bench: --db and --no-store (or --batch, which prints only) exclude each other\n");
         return 2;
     }
 #ifndef KVS_HAVE_EVAL
@@ -238,6 +331,10 @@ int kvs_cmd_bench(int argc, char **argv) {
         else
             la = -1;
         fclose(lf);
+    }
+    if (n_batches > 0) {
+        rc = bench_batch(m, s, toks, n, (int)gen, (int)threads, cache_type, batches, n_batches);
+        goto cleanup;
     }
     for (long r = 0; r < reps; r++) {
         kvs_session_reset(s);

@@ -3,8 +3,8 @@
  *
  * What it is: argument parsing, model loading, signal handling (SIGTERM and
  * SIGINT are blocked in every thread and awaited with sigwait; then the
- * server drains: requests in flight finish, new ones get 503) and the exit
- * code. What it is not: the server itself (backend/server/). Built only
+ * server drains: requests in flight finish for at most --drain-timeout
+ * seconds, new ones get 503, what is left is cancelled) and the exit code. What it is not: the server itself (backend/server/). Built only
  * when the kvsieve_server target exists (cli/CMakeLists.txt).
  */
 #include <signal.h>
@@ -20,23 +20,35 @@
 static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: kvsieve serve --model PATH|default [--host 127.0.0.1] [--port 8080]\n"
-            "                     [--threads N] [--ctx N] [--slots N] [--alias NAME]\n"
+            "                     [--threads N] [--ctx N] [--slots N] [--alias NAME] [--queue N]\n"
+            "                     [--batch N] [--n-predict-max N] [--drain-timeout S] [--max-conn N]\n"
+            "                     [--cache-type f16|bf16|f32]\n"
             "  --model    a GGUF file, or `default` (Gemma 3 270M Q4_K_M, see the README)\n"
             "  --host     address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port     TCP port (default 8080; 0 picks a free one and prints it)\n"
             "  --threads  forward-pass threads per request (default: online CPUs)\n"
             "  --ctx      context per request, prompt + generated (default min(trained, 8192));\n"
             "             longer prompts are refused with 400, never truncated\n"
-            "  --slots    requests computed at once (default 1); others wait in a queue\n"
+            "  --slots    requests decoded together (continuous batching, default 4); others queue\n"
             "  --alias    model id reported by /v1/models (default: the model's name)\n"
-            "SIGTERM or SIGINT drains (requests in flight finish) and exits.\n");
+            "  --queue    requests that may wait beyond the free slots (default 64); one more\n"
+            "             is answered 503 with Retry-After: 1\n"
+            "  --batch    sequences (variants of all running requests) per decode step (default 64)\n"
+            "  --n-predict-max  tokens a variant generates at most (default 4096): requests\n"
+            "             without n_predict stop there; a larger n_predict is refused (400)\n"
+            "  --drain-timeout  seconds SIGTERM waits for requests in flight (default 10);\n"
+            "             then the rest is cancelled (503) and the server exits 0\n"
+            "  --max-conn simultaneous connections (default 512; polled, so > 1024 works)\n"
+            "  --cache-type  KV cache element type: f16 (default), bf16, f32\n"
+            "SIGTERM or SIGINT drains (for at most --drain-timeout) and exits.\n");
 }
 
 int kvs_cmd_serve(int argc, char **argv) {
     kvs_server_config cfg;
     kvs_server_config_defaults(&cfg);
     const char *model_spec = NULL;
-    long port = cfg.port, threads = sysconf(_SC_NPROCESSORS_ONLN), ctx = 0, slots = 1;
+    long port = cfg.port, threads = sysconf(_SC_NPROCESSORS_ONLN), ctx = 0, slots = cfg.slots, queue = cfg.queue,
+         batch = cfg.batch, npmax = cfg.n_predict_max, drain = (long)cfg.drain_timeout_s, max_conn = cfg.max_conn;
     if (threads < 1) threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -57,6 +69,23 @@ int kvs_cmd_serve(int argc, char **argv) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 24, &ctx)) return 2;
         } else if (!strcmp(a, "--slots")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 256, &slots)) return 2;
+        } else if (!strcmp(a, "--queue")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 0, 1L << 20, &queue)) return 2;
+        } else if (!strcmp(a, "--batch")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 4096, &batch)) return 2;
+        } else if (!strcmp(a, "--n-predict-max")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 24, &npmax)) return 2;
+        } else if (!strcmp(a, "--drain-timeout")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 0, 86400, &drain)) return 2;
+        } else if (!strcmp(a, "--cache-type")) {
+            kvs_err e = {0};
+            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
+            if (kvs_cache_type_parse(v, &cfg.cache_type, &e) != KVS_OK) {
+                fprintf(stderr, "kvsieve serve: --cache-type: %s\n", e.msg);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max-conn")) {
+            if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 20, &max_conn)) return 2;
         } else {
             fprintf(stderr, "kvsieve serve: unknown option '%s'\n", a);
             serve_usage(stderr);
@@ -72,6 +101,11 @@ int kvs_cmd_serve(int argc, char **argv) {
     cfg.threads = (int)threads;
     cfg.n_ctx = (int)ctx;
     cfg.slots = (int)slots;
+    cfg.queue = (int)queue;
+    cfg.batch = (int)batch;
+    cfg.n_predict_max = (int)npmax;
+    cfg.drain_timeout_s = (double)drain;
+    cfg.max_conn = (int)max_conn;
 
     /* Block the stop signals before any thread starts, so every thread
      * inherits the mask and only sigwait below receives them. */
@@ -108,15 +142,18 @@ int kvs_cmd_serve(int argc, char **argv) {
         goto cleanup;
     }
     int v6 = strchr(cfg.host, ':') != NULL; /* an IPv6 literal goes in brackets in a URL */
-    fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld)\n", v6 ? "[" : "",
-            cfg.host, v6 ? "]" : "", kvs_server_port(srv), cfg.slots, threads);
+    fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld, %s KV cache)\n",
+            v6 ? "[" : "", cfg.host, v6 ? "]" : "", kvs_server_port(srv), cfg.slots, threads,
+            kvs_cache_type_name(cfg.cache_type));
     fflush(stderr);
     int sig = 0;
     if (sigwait(&stop_set, &sig) != 0) {
         fprintf(stderr, "kvsieve serve: sigwait failed\n");
         goto cleanup;
     }
-    fprintf(stderr, "kvsieve serve: %s received, draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    fprintf(stderr, "kvsieve serve: %s received, draining (at most %ld s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+            drain);
+    fflush(stderr);
     kvs_server_stop(srv);
     srv = NULL;
     fprintf(stderr, "kvsieve serve: stopped\n");

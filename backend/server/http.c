@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 struct kvs_http {
@@ -46,7 +47,7 @@ static void req_free(req_state *r) {
 }
 
 static enum MHD_Result send_response(struct MHD_Connection *c, int status, char *body, size_t len,
-                                     const char *ctype) {
+                                     const char *ctype, int retry_after) {
     struct MHD_Response *resp;
     if (body)
         resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
@@ -57,6 +58,11 @@ static enum MHD_Result send_response(struct MHD_Connection *c, int status, char 
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype ? ctype : "application/json");
+    if (retry_after > 0) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+    }
     enum MHD_Result r = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return r;
@@ -113,13 +119,21 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                  h->max_body);
         size_t len;
         char *body = dup_text(msg, &len);
-        return send_response(conn, 413, body, len, "application/json");
+        return send_response(conn, 413, body, len, "application/json", 0);
     }
-    kvs_http_request req = {method, url, r->buf ? r->buf : "", r->len};
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    kvs_http_request req = {method, url, r->buf ? r->buf : "", r->len, ci ? (int)ci->connect_fd : -1};
     if (r->buf) r->buf[r->len] = '\0';
-    kvs_http_response resp = {500, NULL, 0, "application/json"};
+    kvs_http_response resp = {500, NULL, 0, "application/json", 0};
     h->handler(h->user, &req, &resp);
-    return send_response(conn, resp.status, resp.body, resp.len, resp.content_type);
+    if (resp.status == 0) { /* the client is gone: a short answer nobody reads, then close */
+        free(resp.body);
+        size_t len;
+        char *body = dup_text("{\"error\":{\"message\":\"cancelled: the client closed the connection\","
+                              "\"type\":\"unavailable_error\"}}", &len);
+        return send_response(conn, 503, body, len, "application/json", 0);
+    }
+    return send_response(conn, resp.status, resp.body, resp.len, resp.content_type, resp.retry_after);
 }
 
 /* Called once the response has been sent (or the connection is gone). */
@@ -166,12 +180,15 @@ kvs_status kvs_http_start(const char *host, int port, int max_conn, size_t max_b
     h->listen_fd = MHD_INVALID_SOCKET;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG;
+    /* poll(), not select(): a descriptor >= FD_SETSIZE must not break the daemon */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_access, h, MHD_OPTION_SOCK_ADDR,
                             ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_NOTIFY_COMPLETED,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 600u,
+                            /* one thread per connection: 1 MiB stacks keep a thousand idle ones cheap */
+                            MHD_OPTION_THREAD_STACK_SIZE, (size_t)1 << 20, MHD_OPTION_NOTIFY_COMPLETED,
                             on_completed, h, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {
@@ -200,10 +217,25 @@ void kvs_http_quiesce(kvs_http *h) {
     if (h->listen_fd != MHD_INVALID_SOCKET) shutdown(h->listen_fd, SHUT_RDWR);
 }
 
-void kvs_http_drain(kvs_http *h) {
+int kvs_http_drain(kvs_http *h, double deadline_ms) {
     pthread_mutex_lock(&h->mu);
-    while (h->active > 0) pthread_cond_wait(&h->cv, &h->mu);
+    while (h->active > 0) {
+        if (deadline_ms <= 0) {
+            pthread_cond_wait(&h->cv, &h->mu);
+            continue;
+        }
+        double left = deadline_ms - kvs_now_ms();
+        if (left <= 0) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long ns = (long long)ts.tv_nsec + (long long)(left * 1e6);
+        ts.tv_sec += (time_t)(ns / 1000000000LL);
+        ts.tv_nsec = (long)(ns % 1000000000LL);
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+    }
+    int left = h->active;
     pthread_mutex_unlock(&h->mu);
+    return left;
 }
 
 void kvs_http_stop(kvs_http *h) {

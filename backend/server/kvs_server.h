@@ -4,9 +4,23 @@
  * What it is: a llama-server / OpenAI compatible HTTP API over one loaded
  * kvs_model, with the `kv_compression` extension (one prefill, then per
  * variant: copy the cache, compress it with a method from methods/, decode)
- * and a safetensors dump of the prefill cache. Requests queue behind a fixed
- * number of slots; a request the server cannot serve gets a 4xx JSON error
- * {"error": {"message", "field", "type"}} naming the field.
+ * and a safetensors dump of the prefill cache. A request the server cannot
+ * serve gets a 4xx JSON error {"error": {"message", "field", "type"}} naming
+ * the field.
+ *
+ * Scheduling (continuous batching, sched.c): one scheduler thread owns the
+ * model. Up to `slots` requests run at once; every live sequence -- each
+ * variant of each running request -- advances one token per step through one
+ * kvs_batch_decode call (one pass over the weights). Between steps it admits
+ * queued requests in arrival order (prefill; per variant copy + compress;
+ * the suffix as one kvs_session_extend chunk) and drops finished sequences.
+ * Greedy outputs do not depend on what else is in the batch. A long prefill
+ * delays the running requests' next step (no chunked mixing). At most
+ * `queue` requests wait; the next one gets 503 with Retry-After: 1.
+ * Careless clients: a client that closes its connection cancels its request,
+ * queued (at once) or running (before the next decode step); the handler
+ * thread poll()s the socket for POLLRDHUP while it waits, so a client that
+ * half-closes (shutdown(SHUT_WR)) after sending counts as gone.
  * What it is not: no signal handling (cli/cmd_serve.c owns that and calls
  * kvs_server_stop), no model loading, no streaming (stream: true is refused).
  *
@@ -21,12 +35,23 @@
  *                       kvsieve_prompt_ms_total, kvsieve_predicted_ms_total,
  *                       kvsieve_compress_ms (histogram), kvsieve_slots,
  *                       kvsieve_requests_processing, kvsieve_requests_waiting
+ *                       (queue depth), kvsieve_queue_capacity,
+ *                       kvsieve_requests_cancelled_total{reason=disconnect|shutdown},
+ *                       kvsieve_requests_rejected_queue_full_total (503s),
+ *                       kvsieve_requests_rejected_draining_total,
+ *                       kvsieve_batch_size (sequences in the batch now),
+ *                       kvsieve_batch_steps_total, kvsieve_batch_seq_steps_total
+ *                       (their sum of batch sizes: the mean batch is the ratio)
  *   POST /tokenize      {content, add_special=false, with_pieces=false,
  *                        parse_special=true} -> {tokens: [id] | [{id, piece}]}
  *   POST /detokenize    {tokens: [id]} -> {content}
- *   POST /completion    llama-server shape: {prompt: text | [ids], n_predict=-1,
- *                        temperature=0 (greedy), top_k=0, top_p=1, seed=-1
- *                        (random, reported), stop: text | [text], kv_compression}
+ *   POST /completion    llama-server shape: {prompt: text | [ids], n_predict=-1
+ *                        (-1: up to n_predict_max), temperature=0 (greedy), top_k=0,
+ *                        top_p=1, seed=-1 (random, reported), stop: text | [text],
+ *                        ignore_eos=false (as llama-server: end-of-generation
+ *                        tokens are never sampled, so only n_predict, the
+ *                        context or a stop string ends it), kv_compression,
+ *                        kv_spans}
  *                       -> {content, tokens, stop_type: eos|word|limit,
  *                        stopping_word, tokens_predicted, tokens_evaluated,
  *                        generation_settings, timings {prompt_n, prompt_ms,
@@ -47,15 +72,27 @@
  *   compress_local=false, name, suffix} or {variants: [such objects]} or a
  *   bare array of them. suffix (text, query-agnostic evaluation): tokenized
  *   without BOS and decoded on the variant's cache after its compression;
- *   generation starts from its last position (timings.suffix_ms). One prefill per request; each variant compresses a copy of the
- *   prefill cache. "kv" = {method, params (all values), budget, compress_local,
+ *   run as one kvs_session_extend chunk on the variant's compressed cache;
+ *   generation starts from its last position (timings.suffix_ms). One
+ *   prefill per request; each variant compresses a copy of the prefill cache.
+ * kv_spans: [{start, end}] byte offsets [start, end) into a string prompt
+ *   (400 naming kv_spans otherwise); each variant's kv then has span_kept
+ *   [[s_0 .. s_{L-1}] per span]: per model layer the share of the span's
+ *   prompt tokens (tokens whose bytes overlap it) that the plan kept,
+ *   averaged over KV heads; 1 for layers not compressed and for full.
+ * Timings per variant: predicted_ms is the wall time of the decode steps the
+ *   variant took part in (a step decodes every live sequence at once, so
+ *   concurrent variants share that time rather than adding to it). "kv" = {method, params (all values), budget, compress_local,
  *   compress_ms (end of prefill -> decode may start: the method's cost),
  *   copy_ms (copying the shared prefill cache for this variant), n_prompt, tokens_before/after, bytes_before/after (total,
  *   _global, _local), note, layers: [{layer, local, compressed, tokens_before,
- *   tokens_after, bytes_before, bytes_after}]}.
+ *   tokens_after, bytes_before, bytes_after}]}. Bytes are real (the cache
+ *   element type, --cache-type); sliding-window layers keep only their window
+ *   once decoding starts, in every variant and in plain requests
+ *   (kvs_session_trim_local), so their tokens_after is at most the window.
  * Errors: {"error": {"message", "field", "type", "code"}}; 400 bad field,
- *   404 unknown path, 405 wrong method, 413 body too large, 503 draining,
- *   500 engine failure. A prompt longer than the context is 400, never
+ *   404 unknown path, 405 wrong method, 413 body too large, 503 draining or
+ *   queue full (Retry-After) or cancelled by the shutdown, 500 engine failure. A prompt longer than the context is 400, never
  *   truncated. Options this server does not implement (penalties, min_p,
  *   typical_p, mirostat, logprobs / n_probs, echo, best_of, grammar,
  *   json_schema, tools, logit_bias, response_format other than text) are
@@ -78,12 +115,22 @@ extern "C" {
 typedef struct {
     const char *host;  /* default "127.0.0.1" */
     int port;          /* 0: any free port (see kvs_server_port) */
-    int slots;         /* requests computed at once (>= 1); others wait */
-    int threads;       /* forward-pass threads per request (<= 0: the model's) */
-    int n_ctx;         /* context per request (prompt + generated); <= 0: the session default */
-    int max_conn;      /* simultaneous HTTP connections (default 64) */
+    int slots;         /* requests in the decode batch at once (>= 1, default 4); others queue */
+    int threads;       /* forward-pass threads (<= 0: the model's) */
+    int n_ctx;         /* context per sequence (prompt + generated); <= 0: the session default */
+    int max_conn;      /* simultaneous HTTP connections (default 512; polled with poll(), so
+                          descriptors above FD_SETSIZE work) */
     size_t max_body;   /* largest request body in bytes (default 64 MiB) */
     const char *alias; /* model id shown by /v1/models (NULL: the model's name) */
+    int queue;         /* requests waiting for a slot at most (default 64); one more: 503 */
+    int batch;         /* sequences (variants of all running requests) decoded together at
+                          most (default 64); a request with more variants is refused (400) */
+    int n_predict_max; /* tokens one variant generates at most (default 4096): a request
+                          without n_predict stops there (stop_type "limit"); an explicit
+                          n_predict above it is refused (400 naming the field) */
+    double drain_timeout_s; /* kvs_server_stop waits this long for the requests in flight
+                               (default 10), then cancels what is left */
+    int cache_type;    /* kvs_cache_type of every session's KV cache (default 0: f16) */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *c);
@@ -96,8 +143,10 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
 /* The bound port (useful when cfg->port was 0). */
 int kvs_server_port(const kvs_server *s);
 /* Drain and stop: stop accepting connections, answer 503 to new requests on
- * open connections, wait for the requests in flight (queued ones included)
- * to finish, stop the daemon and free. NULL is a no-op. */
+ * open connections, wait up to cfg.drain_timeout_s for the requests in
+ * flight (queued ones included) to finish, then cancel the rest (they get
+ * 503; within one decode step, or after a prefill under way), stop the
+ * daemon and free. NULL is a no-op. */
 void kvs_server_stop(kvs_server *s);
 
 #ifdef __cplusplus

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* compress_ms histogram bucket upper bounds; the last bucket is +Inf. */
 static const double hist_le[SRV_HIST_BUCKETS - 1] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000};
@@ -30,12 +31,16 @@ void kvs_server_config_defaults(kvs_server_config *c) {
     memset(c, 0, sizeof *c);
     c->host = "127.0.0.1";
     c->port = 8080;
-    c->slots = 1;
+    c->slots = 4;
     c->threads = 0;
     c->n_ctx = 0;
-    c->max_conn = 64;
+    c->max_conn = 512;
     c->max_body = (size_t)64 << 20;
     c->alias = NULL;
+    c->queue = 64;
+    c->batch = 64;
+    c->n_predict_max = 4096;
+    c->drain_timeout_s = 10.0;
 }
 
 /* ---- errors and JSON helpers --------------------------------------------- */
@@ -84,6 +89,7 @@ void srv_error_response(kvs_http_response *resp, const srv_error *e) {
                                                           : "invalid_request_error");
     cJSON_AddNumberToObject(o, "code", e->status);
     srv_json_response(resp, e->status, root);
+    resp->retry_after = e->retry_after;
 }
 
 static void field_name(char *buf, size_t n, const char *prefix, const char *name) {
@@ -235,18 +241,14 @@ char *srv_utf8_clean(const char *text, size_t len) {
 
 void srv_slot_acquire(kvs_server *s) {
     pthread_mutex_lock(&s->mu);
-    s->waiting++;
     while (s->slots_free == 0) pthread_cond_wait(&s->cv, &s->mu);
-    s->waiting--;
     s->slots_free--;
-    s->processing++;
     pthread_mutex_unlock(&s->mu);
 }
 
 void srv_slot_release(kvs_server *s) {
     pthread_mutex_lock(&s->mu);
     s->slots_free++;
-    s->processing--;
     assert(s->slots_free <= s->cfg.slots);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -327,6 +329,7 @@ static void handle_models(kvs_server *s, kvs_http_response *rs) {
     cJSON_AddNumberToObject(meta, "size", (double)in->file_size);
     cJSON_AddStringToObject(meta, "weight_types", in->weight_types);
     cJSON_AddNumberToObject(meta, "slots", s->cfg.slots);
+    cJSON_AddStringToObject(meta, "cache_type", kvs_cache_type_name(s->cfg.cache_type));
     srv_json_response(rs, 200, root);
 }
 
@@ -511,14 +514,13 @@ static void tb_printf(textbuf *t, const char *fmt, ...) {
 
 static void handle_metrics(kvs_server *s, kvs_http_response *rs) {
     srv_metrics m;
-    int free_slots, waiting, processing;
+    int waiting, processing, live;
     pthread_mutex_lock(&s->mu);
     m = s->m;
-    free_slots = s->slots_free;
     waiting = s->waiting;
     processing = s->processing;
+    live = s->live_seqs;
     pthread_mutex_unlock(&s->mu);
-    (void)free_slots;
     textbuf t = {malloc(4096), 0, 4096, 1};
     if (!t.buf) t.ok = 0;
     tb_printf(&t, "# HELP kvsieve_requests_total HTTP requests received, by endpoint.\n"
@@ -578,10 +580,36 @@ static void handle_metrics(kvs_server *s, kvs_http_response *rs) {
               "# HELP kvsieve_requests_processing Requests holding a slot.\n"
               "# TYPE kvsieve_requests_processing gauge\n"
               "kvsieve_requests_processing %d\n"
-              "# HELP kvsieve_requests_waiting Requests waiting for a slot.\n"
+              "# HELP kvsieve_requests_waiting Requests waiting for a slot (queue depth).\n"
               "# TYPE kvsieve_requests_waiting gauge\n"
-              "kvsieve_requests_waiting %d\n",
-              s->cfg.slots, processing, waiting);
+              "kvsieve_requests_waiting %d\n"
+              "# HELP kvsieve_queue_capacity Requests that may wait beyond the free slots (--queue).\n"
+              "# TYPE kvsieve_queue_capacity gauge\n"
+              "kvsieve_queue_capacity %d\n"
+              "# HELP kvsieve_batch_size Sequences (variants of running requests) in the decode batch now.\n"
+              "# TYPE kvsieve_batch_size gauge\n"
+              "kvsieve_batch_size %d\n"
+              "# HELP kvsieve_batch_capacity Sequences decoded together at most (--batch).\n"
+              "# TYPE kvsieve_batch_capacity gauge\n"
+              "kvsieve_batch_capacity %d\n"
+              "# HELP kvsieve_batch_steps_total Decode steps (one kvs_batch_decode call each).\n"
+              "# TYPE kvsieve_batch_steps_total counter\n"
+              "kvsieve_batch_steps_total %llu\n"
+              "# HELP kvsieve_batch_seq_steps_total Sum of the batch sizes of all steps.\n"
+              "# TYPE kvsieve_batch_seq_steps_total counter\n"
+              "kvsieve_batch_seq_steps_total %llu\n"
+              "# HELP kvsieve_requests_rejected_queue_full_total Requests answered 503 because the queue was full.\n"
+              "# TYPE kvsieve_requests_rejected_queue_full_total counter\n"
+              "kvsieve_requests_rejected_queue_full_total %llu\n"
+              "# HELP kvsieve_requests_cancelled_total Requests cancelled before they completed, by reason.\n"
+              "# TYPE kvsieve_requests_cancelled_total counter\n"
+              "kvsieve_requests_cancelled_total{reason=\"disconnect\"} %llu\n"
+              "kvsieve_requests_cancelled_total{reason=\"shutdown\"} %llu\n",
+              s->cfg.slots, processing, waiting, s->cfg.queue, live, s->cfg.batch,
+              (unsigned long long)m.batch_steps, (unsigned long long)m.batch_seq_steps,
+              (unsigned long long)m.rejected_queue_full,
+              (unsigned long long)m.cancelled[SRV_CANCEL_DISCONNECT],
+              (unsigned long long)m.cancelled[SRV_CANCEL_SHUTDOWN]);
     if (!t.ok) {
         free(t.buf);
         srv_error e;
@@ -644,6 +672,7 @@ static void on_request(void *user, const kvs_http_request *rq, kvs_http_response
     pthread_mutex_lock(&s->mu);
     if (rs->status >= 500) s->m.errors_5xx[ep]++;
     else if (rs->status >= 400) s->m.errors_4xx[ep]++;
+    /* status 0: the client hung up (counted as a cancellation) */
     s->in_flight--;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -661,6 +690,17 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
         return kvs_errorf(err, KVS_ERR_INVALID, "server: max_conn must be >= 1, got %d", cfg->max_conn);
     if (cfg->max_body < 1024)
         return kvs_errorf(err, KVS_ERR_INVALID, "server: max_body must be >= 1024 bytes");
+    if (cfg->queue < 0)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: queue must be >= 0, got %d", cfg->queue);
+    if (cfg->batch < 1 || cfg->batch > 4096)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: batch must be in [1, 4096], got %d", cfg->batch);
+    if (strcmp(kvs_cache_type_name(cfg->cache_type), "?") == 0)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: unknown cache type %d (f16, bf16, f32)", cfg->cache_type);
+    if (cfg->n_predict_max < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: n_predict_max must be >= 1, got %d", cfg->n_predict_max);
+    if (!(cfg->drain_timeout_s >= 0) || cfg->drain_timeout_s > 86400)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: drain timeout must be in [0, 86400] s, got %g",
+                          cfg->drain_timeout_s);
     const kvs_model_info *mi = kvs_model_get_info(model);
     if (cfg->n_ctx > mi->n_ctx_train && mi->n_ctx_train > 0)
         return kvs_errorf(err, KVS_ERR_INVALID, "server: ctx %d exceeds the model's context length %d (%s)",
@@ -682,8 +722,11 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
     s->started_unix = time(NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    kvs_status st = kvs_http_start(s->host, cfg->port, cfg->max_conn, cfg->max_body, on_request, s,
-                                   &s->http, err);
+    kvs_status st = srv_sched_start(s, err);
+    if (st == KVS_OK) {
+        st = kvs_http_start(s->host, cfg->port, cfg->max_conn, cfg->max_body, on_request, s, &s->http, err);
+        if (st != KVS_OK) srv_sched_stop(s);
+    }
     if (st != KVS_OK) {
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->mu);
@@ -702,12 +745,38 @@ void kvs_server_stop(kvs_server *s) {
     s->draining = 1;
     pthread_mutex_unlock(&s->mu);
     kvs_http_quiesce(s->http);
-    /* handlers first, then their responses on the wire */
+    /* handlers first, then their responses on the wire, both until the drain
+     * deadline; then whatever is left is cancelled (503) and we wait for the
+     * handlers to return (within a decode step, or a prefill under way) */
+    const double deadline = kvs_now_ms() + 1e3 * s->cfg.drain_timeout_s;
+    int cancelled = 0;
     pthread_mutex_lock(&s->mu);
-    while (s->in_flight > 0) pthread_cond_wait(&s->cv, &s->mu);
+    while (s->in_flight > 0) {
+        double left = deadline - kvs_now_ms();
+        if (left <= 0 && !cancelled) {
+            pthread_mutex_unlock(&s->mu);
+            srv_sched_cancel_all(s);
+            pthread_mutex_lock(&s->mu);
+            cancelled = 1;
+            continue;
+        }
+        if (cancelled) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long ns = (long long)ts.tv_nsec + (long long)(left * 1e6);
+        ts.tv_sec += (time_t)(ns / 1000000000LL);
+        ts.tv_nsec = (long)(ns % 1000000000LL);
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
     pthread_mutex_unlock(&s->mu);
-    kvs_http_drain(s->http);
+    /* responses still unsent by then (a client that does not read) are cut */
+    double wire = deadline - kvs_now_ms();
+    kvs_http_drain(s->http, kvs_now_ms() + (wire > 1000 ? wire : 1000));
     kvs_http_stop(s->http);
+    srv_sched_stop(s);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

@@ -32,55 +32,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- request model ------------------------------------------------------- */
-
-typedef struct {
-    char name[64];            /* label echoed back ("" if none) */
-    char field[64];           /* "kv_compression" or "kv_compression.variants[i]" */
-    const kvs_method *method; /* NULL: no compression */
-    kvs_params params;
-    kvs_budget budget;
-    int compress_local;
-    int32_t *suffix; /* [n_suffix] malloc'd: decoded after the compression (query-agnostic) */
-    int n_suffix;
-} variant_req;
-
-typedef struct {
-    int32_t *prompt; /* [n_prompt] malloc'd */
-    int n_prompt;
-    const char *prompt_field; /* "prompt" or "messages" */
-    kvs_sampling_params sp;
-    int n_predict; /* -1: until a stop or the context is full */
-    kvs_stop stop;
-    int n_variants; /* 0: no kv_compression */
-    int several;    /* the request used a list of variants */
-    variant_req *variants;
-} gen_req;
-
-typedef struct {
-    char *text; /* [cap] */
-    size_t len, cap;
-    int32_t *toks; /* [cap_toks] */
-    int n_toks, cap_toks;
-    const char *stop_type; /* "eos", "word", "limit" */
-    char stopping_word[128];
-    double predicted_ms;
-    kvs_kv_stats stats;
-    double compress_ms;
-    double copy_ms; /* copying the prefill cache for this variant (not part of compress_ms) */
-    double suffix_ms; /* decoding the variant's suffix after the compression */
-} gen_out;
-
 static void gen_req_free(gen_req *g) {
     for (int i = 0; g->variants && i < g->n_variants; i++) free(g->variants[i].suffix);
     free(g->prompt);
     free(g->variants);
+    srv_spans_free(g);
     kvs_stop_free(&g->stop);
 }
 
-static void gen_out_free(gen_out *o) {
+void gen_out_free(gen_out *o) {
     free(o->text);
     free(o->toks);
+    free(o->span_kept);
 }
 
 /* ---- parsing ---------------------------------------------------------------- */
@@ -468,7 +431,12 @@ static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *
         npf = mct && !cJSON_IsNull(mct) ? "max_completion_tokens" : "max_tokens";
         if (srv_get_int(root, npf, "", -1, -1, 2147483647LL, &np, e)) return -1;
     }
+    if (np > s->cfg.n_predict_max)
+        return srv_fail(e, 400, npf, "%s = %lld is above this server's cap of %d tokens (--n-predict-max); ask for "
+                        "at most that, or -1 for up to the cap", npf, np, s->cfg.n_predict_max);
     g->n_predict = (int)np;
+    g->limit = np < 0 ? s->cfg.n_predict_max : (int)np;
+    if (srv_get_bool(root, "ignore_eos", "", 0, &g->ignore_eos, e)) return -1;
     kvs_stop_init(&g->stop, g->n_predict);
     if (parse_stop(root, g, e)) return -1;
     if (parse_kv_compression(s, root, g, e)) return -1;
@@ -479,6 +447,12 @@ static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *
         return -1;
     }
     if (g->n_prompt < 1) return srv_fail(e, 400, g->prompt_field, "%s is empty (no tokens)", g->prompt_field);
+    const char *text = NULL; /* the prompt string kv_spans refers to */
+    if (ep != EP_V1_CHAT) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        if (cJSON_IsString(p)) text = p->valuestring;
+        else if (cJSON_IsArray(p) && cJSON_IsString(cJSON_GetArrayItem(p, 0))) text = cJSON_GetArrayItem(p, 0)->valuestring;
+    }
     if (g->n_prompt > s->cfg.n_ctx)
         return srv_fail(e, 400, g->prompt_field,
                         "%s has %d tokens, more than the context of %d; it is not truncated: shorten it or "
@@ -499,204 +473,7 @@ static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *
                             g->n_prompt, g->variants[i].n_suffix, s->cfg.n_ctx);
         }
     }
-    return 0;
-}
-
-/* ---- generation ----------------------------------------------------------------- */
-
-static int out_reserve(gen_out *o, size_t extra) {
-    if (o->len + extra + 1 <= o->cap) return 0;
-    size_t cap = o->cap ? o->cap : 256;
-    while (cap < o->len + extra + 1) cap *= 2;
-    char *nb = realloc(o->text, cap);
-    if (!nb) return -1;
-    o->text = nb;
-    o->cap = cap;
-    return 0;
-}
-
-static int out_push_token(gen_out *o, int32_t t) {
-    if (o->n_toks == o->cap_toks) {
-        int cap = o->cap_toks ? 2 * o->cap_toks : 64;
-        int32_t *nt = realloc(o->toks, (size_t)cap * sizeof *nt);
-        if (!nt) return -1;
-        o->toks = nt;
-        o->cap_toks = cap;
-    }
-    o->toks[o->n_toks++] = t;
-    return 0;
-}
-
-/* Sample and decode until a stop; logits [n_vocab] holds the prefill logits
- * on entry and is overwritten. */
-static kvs_status generate(kvs_server *s, kvs_session *ses, float *logits, const gen_req *g, gen_out *o,
-                           kvs_err *err) {
-    kvs_sampler smp;
-    kvs_status st = kvs_sampler_init(&smp, &g->sp, s->info->n_vocab, err);
-    if (st != KVS_OK) return st;
-    if (out_reserve(o, 256)) {
-        kvs_sampler_free(&smp);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "generate: no memory for the output text");
-    }
-    o->text[0] = '\0';
-    const double t0 = kvs_now_ms();
-    for (;;) {
-        if (g->n_predict >= 0 && o->n_toks >= g->n_predict) {
-            o->stop_type = "limit";
-            break;
-        }
-        int32_t tok;
-        st = kvs_sampler_sample(&smp, logits, &tok, err);
-        if (st != KVS_OK) goto cleanup;
-        if (kvs_token_is_eog(s->model, tok) || kvs_stop_is_token(&g->stop, tok)) {
-            o->stop_type = "eos";
-            break;
-        }
-        if (out_push_token(o, tok)) {
-            st = kvs_errorf(err, KVS_ERR_NOMEM, "generate: no memory for the output tokens");
-            goto cleanup;
-        }
-        size_t old = o->len;
-        int k = kvs_token_to_piece(s->model, tok, 0, o->text + o->len, (int)(o->cap - o->len - 1));
-        if (k > (int)(o->cap - o->len - 1)) {
-            if (out_reserve(o, (size_t)k)) {
-                st = kvs_errorf(err, KVS_ERR_NOMEM, "generate: no memory for the output text");
-                goto cleanup;
-            }
-            k = kvs_token_to_piece(s->model, tok, 0, o->text + o->len, (int)(o->cap - o->len - 1));
-        }
-        if (k > 0) o->len += (size_t)k;
-        o->text[o->len] = '\0';
-        if (out_reserve(o, 64)) {
-            st = kvs_errorf(err, KVS_ERR_NOMEM, "generate: no memory for the output text");
-            goto cleanup;
-        }
-        size_t cut;
-        int w = kvs_stop_find_string(&g->stop, o->text, old, o->len, &cut);
-        if (w >= 0) {
-            o->len = cut;
-            o->text[cut] = '\0';
-            o->stop_type = "word";
-            snprintf(o->stopping_word, sizeof o->stopping_word, "%s", g->stop.strings[w]);
-            break;
-        }
-        if (kvs_session_n_past(ses) >= kvs_session_n_ctx(ses)) {
-            o->stop_type = "limit"; /* the context is full */
-            break;
-        }
-        /* the last token is not decoded when the next check would stop anyway */
-        if (g->n_predict >= 0 && o->n_toks >= g->n_predict) {
-            o->stop_type = "limit";
-            break;
-        }
-        st = kvs_session_decode(ses, tok, logits, err);
-        if (st != KVS_OK) goto cleanup;
-    }
-    o->predicted_ms = kvs_now_ms() - t0;
-cleanup:
-    kvs_sampler_free(&smp);
-    return st;
-}
-
-/* Queries to record at prefill: the most any variant's method needs
- * (-1 = all positions). */
-static int queries_to_record(const gen_req *g) {
-    int rq = 0;
-    for (int i = 0; i < g->n_variants; i++) {
-        const variant_req *v = &g->variants[i];
-        if (!v->method) continue;
-        int need = kvs_method_queries_needed(v->method, &v->params, g->n_prompt);
-        if (need >= g->n_prompt) return -1;
-        if (need > rq) rq = need;
-    }
-    return rq;
-}
-
-/* Run the request: one prefill, then every variant (or the plain request). */
-static int run_request(kvs_server *s, const gen_req *g, gen_out *outs, int n_outs, double *prompt_ms,
-                       srv_error *e) {
-    kvs_err err = {0};
-    kvs_session *pre = NULL, *work = NULL;
-    const size_t V = (size_t)s->info->n_vocab;
-    float *logits0 = malloc(V * sizeof *logits0); /* [n_vocab] prefill logits */
-    float *logits = malloc(V * sizeof *logits);   /* [n_vocab] decode logits */
-    int rc = 0;
-    if (!logits0 || !logits) {
-        rc = srv_fail(e, 500, "", "out of memory for logits");
-        goto cleanup;
-    }
-    kvs_session_opts so = {s->cfg.n_ctx, s->cfg.threads, queries_to_record(g), KVS_CACHE_F16};
-    if (kvs_session_new(s->model, &so, &pre, &err) != KVS_OK) {
-        rc = srv_fail(e, 500, "", "cannot create a session: %s", err.msg);
-        goto cleanup;
-    }
-    double t0 = kvs_now_ms();
-    if (kvs_session_prefill(pre, g->prompt, g->n_prompt, NULL, logits0, &err) != KVS_OK) {
-        rc = srv_fail_kvs(e, &err, g->prompt_field);
-        goto cleanup;
-    }
-    *prompt_ms = kvs_now_ms() - t0;
-    srv_note_prefill(s, g->n_prompt, *prompt_ms);
-    if (n_outs > 1 && kvs_session_new(s->model, &so, &work, &err) != KVS_OK) {
-        rc = srv_fail(e, 500, "", "cannot create a work session: %s", err.msg);
-        goto cleanup;
-    }
-    for (int i = 0; i < n_outs; i++) {
-        const variant_req *v = g->n_variants ? &g->variants[i] : NULL;
-        kvs_session *ses = pre;
-        gen_out *o = &outs[i];
-        if (work) {
-            double tc = kvs_now_ms();
-            kvs_session_reset(work);
-            if (kvs_session_copy(work, pre, &err) != KVS_OK) {
-                rc = srv_fail(e, 500, "", "variant %d: cannot copy the prefill cache: %s", i, err.msg);
-                goto cleanup;
-            }
-            o->copy_ms = kvs_now_ms() - tc;
-            ses = work;
-        }
-        if (v && v->method) {
-            kvs_compress_opts co;
-            memset(&co, 0, sizeof co);
-            co.method = v->method;
-            co.params = v->params;
-            co.budget = v->budget;
-            co.compress_local = v->compress_local;
-            co.threads = s->cfg.threads;
-            if (kvs_session_compress(ses, &co, &o->stats, &err) != KVS_OK) {
-                rc = srv_fail_kvs(e, &err, v->field);
-                goto cleanup;
-            }
-            o->compress_ms = o->stats.compress_ms;
-            srv_note_compress(s, o->compress_ms);
-        } else {
-            kvs_session_kv_stats(ses, &o->stats);
-            o->compress_ms = 0.0;
-        }
-        memcpy(logits, logits0, V * sizeof *logits);
-        if (v && v->n_suffix > 0) {
-            /* query-agnostic: the suffix (the question) is decoded on the
-             * compressed cache; generation starts from its last logits */
-            double ts = kvs_now_ms();
-            for (int t = 0; t < v->n_suffix; t++)
-                if (kvs_session_decode(ses, v->suffix[t], logits, &err) != KVS_OK) {
-                    rc = srv_fail(e, 500, "", "variant %d: decoding the suffix failed: %s", i, err.msg);
-                    goto cleanup;
-                }
-            o->suffix_ms = kvs_now_ms() - ts;
-        }
-        if (generate(s, ses, logits, g, o, &err) != KVS_OK) {
-            rc = srv_fail(e, 500, "", "variant %d: generation failed: %s", i, err.msg);
-            goto cleanup;
-        }
-        srv_note_predict(s, o->n_toks, o->predicted_ms);
-    }
-cleanup:
-    kvs_session_free(work);
-    kvs_session_free(pre);
-    free(logits);
-    free(logits0);
-    return rc;
+    return srv_parse_spans(s, root, text, g, e);
 }
 
 /* ---- responses ----------------------------------------------------------------- */
@@ -732,7 +509,7 @@ static void add_param_values(cJSON *obj, const kvs_method *m, const kvs_params *
     }
 }
 
-static cJSON *kv_json(const variant_req *v, const gen_out *o) {
+static cJSON *kv_json(const gen_req *g, const variant_req *v, const gen_out *o) {
     const kvs_kv_stats *st = &o->stats;
     cJSON *kv = cJSON_CreateObject();
     cJSON_AddStringToObject(kv, "method", v && v->method ? v->method->name : "none");
@@ -770,13 +547,22 @@ static cJSON *kv_json(const variant_req *v, const gen_out *o) {
     cJSON_AddNumberToObject(kv, "bytes_after_local", (double)st->bytes_after_local);
     cJSON_AddStringToObject(kv, "note", st->note);
     cJSON_AddItemToObject(kv, "layers", layers);
+    if (g->n_spans > 0 && o->span_kept) {
+        cJSON *sk = cJSON_AddArrayToObject(kv, "span_kept");
+        for (int k = 0; k < g->n_spans; k++) {
+            cJSON *row = cJSON_CreateArray();
+            for (int l = 0; l < st->n_layers; l++)
+                cJSON_AddItemToArray(row, cJSON_CreateNumber(o->span_kept[(size_t)k * st->n_layers + l]));
+            cJSON_AddItemToArray(sk, row);
+        }
+    }
     return kv;
 }
 
 static const char *oai_finish(const gen_out *o) { return strcmp(o->stop_type, "limit") == 0 ? "length" : "stop"; }
 
-static cJSON *variant_json(int i, const variant_req *v, const gen_out *o, const char *clean, int prompt_n,
-                           double prompt_ms) {
+static cJSON *variant_json(const gen_req *g, int i, const variant_req *v, const gen_out *o, const char *clean,
+                           int prompt_n, double prompt_ms) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "index", i);
     cJSON_AddStringToObject(j, "name", v && v->name[0] ? v->name : (v && v->method ? v->method->name : "none"));
@@ -788,7 +574,7 @@ static cJSON *variant_json(int i, const variant_req *v, const gen_out *o, const 
     cJSON_AddStringToObject(j, "finish_reason", oai_finish(o));
     cJSON_AddNumberToObject(j, "tokens_predicted", o->n_toks);
     cJSON_AddItemToObject(j, "timings", timings_json(prompt_n, prompt_ms, o));
-    cJSON_AddItemToObject(j, "kv", kv_json(v, o));
+    cJSON_AddItemToObject(j, "kv", kv_json(g, v, o));
     return j;
 }
 
@@ -796,6 +582,8 @@ static cJSON *settings_json(const kvs_server *s, const gen_req *g) {
     cJSON *gs = cJSON_CreateObject();
     cJSON_AddNumberToObject(gs, "n_ctx", s->cfg.n_ctx);
     cJSON_AddNumberToObject(gs, "n_predict", g->n_predict);
+    cJSON_AddNumberToObject(gs, "n_predict_max", s->cfg.n_predict_max);
+    cJSON_AddBoolToObject(gs, "ignore_eos", g->ignore_eos);
     cJSON_AddNumberToObject(gs, "temperature", g->sp.temperature);
     cJSON_AddNumberToObject(gs, "top_k", g->sp.top_k);
     cJSON_AddNumberToObject(gs, "top_p", g->sp.top_p);
@@ -852,11 +640,11 @@ static cJSON *build_response(kvs_server *s, int ep, const gen_req *g, const gen_
         cJSON_AddStringToObject(root, "system_fingerprint", "kvsieve-" KVS_VERSION);
     }
     cJSON_AddItemToObject(root, "timings", timings_json(g->n_prompt, prompt_ms, o));
-    cJSON_AddItemToObject(root, "kv", kv_json(v0, o));
+    cJSON_AddItemToObject(root, "kv", kv_json(g, v0, o));
     if (g->several) {
         cJSON *vs = cJSON_AddArrayToObject(root, "variants");
         for (int i = 0; i < n_outs; i++)
-            cJSON_AddItemToArray(vs, variant_json(i, &g->variants[i], &outs[i], clean[i], g->n_prompt, prompt_ms));
+            cJSON_AddItemToArray(vs, variant_json(g, i, &g->variants[i], &outs[i], clean[i], g->n_prompt, prompt_ms));
     }
     return root;
 }
@@ -880,10 +668,13 @@ void srv_handle_generate(kvs_server *s, int ep, const kvs_http_request *rq, kvs_
         goto fail;
     }
     double prompt_ms = 0.0;
-    srv_slot_acquire(s);
-    int rc = run_request(s, &g, outs, n_outs, &prompt_ms, &e);
-    srv_slot_release(s);
-    if (rc) goto fail;
+    if (srv_sched_generate(s, &g, outs, n_outs, &prompt_ms, rq->fd, &e)) {
+        if (e.status == 0) { /* the client hung up: nothing to send */
+            rs->status = 0;
+            goto cleanup;
+        }
+        goto fail;
+    }
     for (int i = 0; i < n_outs; i++) {
         clean[i] = srv_utf8_clean(outs[i].text ? outs[i].text : "", outs[i].len);
         if (!clean[i]) {
@@ -929,6 +720,86 @@ done:
     return rc;
 }
 
+/* The dump's model work, run on the scheduler thread between decode steps:
+ * prefill, then copy the cache view into an owned fp32 cache. */
+typedef struct {
+    const gen_req *g;
+    int nq, include_local;
+    kvs_session *ses;
+    kvs_layer *layers;
+    int *layer_map;
+    int n_mapped;
+    kvs_dense_cache *dc;
+} dump_job;
+
+static int dump_run(kvs_server *s, void *user, srv_error *e) {
+    dump_job *dj = user;
+    const gen_req *g = dj->g;
+    kvs_layer *layers = dj->layers;
+    int *layer_map = dj->layer_map;
+    kvs_dense_cache *dcp = dj->dc;
+    kvs_err err = {0};
+    kvs_session_opts so;
+    memset(&so, 0, sizeof so);
+    so.n_ctx = s->cfg.n_ctx;
+    so.n_threads = s->cfg.threads;
+    so.record_queries = dj->nq;
+    so.cache_type = s->cfg.cache_type;
+    if (kvs_session_new(s->model, &so, &dj->ses, &err) != KVS_OK) {
+        srv_fail(e, 500, "", "cannot create a session: %s", err.msg);
+        return -1;
+    }
+    double t0 = kvs_now_ms();
+    if (kvs_session_prefill(dj->ses, g->prompt, g->n_prompt, NULL, NULL, &err) != KVS_OK) {
+        srv_fail_kvs(e, &err, "prompt");
+        return -1;
+    }
+    srv_note_prefill(s, g->n_prompt, kvs_now_ms() - t0);
+    kvs_cache_view cv;
+    if (kvs_session_cache_view(dj->ses, dj->include_local, &cv, layers, layer_map, &dj->n_mapped, &err) != KVS_OK) {
+        srv_fail_kvs(e, &err, "include_local");
+        return -1;
+    }
+    /* copy the view into an owned fp32 cache: [Hkv][N][d] per layer */
+    dcp->n_layers = cv.n_layers;
+    dcp->n_tokens = g->n_prompt;
+    dcp->layers = calloc((size_t)cv.n_layers, sizeof *dcp->layers);
+    if (!dcp->layers) {
+        srv_fail(e, 500, "", "out of memory");
+        return -1;
+    }
+    for (int l = 0; l < cv.n_layers; l++) {
+        const kvs_layer *in = &cv.layers[l];
+        kvs_dense_layer *o = &dcp->layers[l];
+        const int H = in->k.n_heads, N = in->k.n_tokens, d = in->k.head_dim;
+        o->n_tokens = N;
+        o->n_kv_heads = H;
+        o->head_dim = d;
+        o->k = malloc((size_t)H * N * d * sizeof *o->k);
+        o->v = malloc((size_t)H * N * d * sizeof *o->v);
+        if (!o->k || !o->v) {
+            srv_fail(e, 500, "", "out of memory for layer %d", l);
+            return -1;
+        }
+        for (int h = 0; h < H; h++) {
+            kvs_view_rows_f32(&in->k, h, 0, N, o->k + (size_t)h * N * d);
+            kvs_view_rows_f32(&in->v, h, 0, N, o->v + (size_t)h * N * d);
+        }
+        if (in->q.data) {
+            const int Hq = in->q.n_heads, Nq = in->q.n_tokens;
+            o->n_q_heads = Hq;
+            o->n_queries = Nq;
+            o->q = malloc((size_t)Hq * Nq * d * sizeof *o->q); /* [Hq][Nq][d] */
+            if (!o->q) {
+                srv_fail(e, 500, "", "out of memory for layer %d queries", l);
+                return -1;
+            }
+            for (int h = 0; h < Hq; h++) kvs_view_rows_f32(&in->q, h, 0, Nq, o->q + (size_t)h * Nq * d);
+        }
+    }
+    return 0;
+}
+
 void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs) {
     srv_error e = {0};
     kvs_err err = {0};
@@ -942,7 +813,7 @@ void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_resp
     memset(&dc, 0, sizeof dc);
     char dir[] = "/tmp/kvsieve-dump-XXXXXX";
     char path[sizeof dir + 32] = "";
-    int have_dir = 0, have_slot = 0;
+    int have_dir = 0;
     char *body = NULL;
     size_t body_n = 0;
     cJSON *root = srv_parse_body(rq, &e);
@@ -978,64 +849,17 @@ void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_resp
         srv_fail(&e, 500, "", "out of memory");
         goto fail;
     }
-    srv_slot_acquire(s);
-    have_slot = 1;
-    kvs_session_opts so = {s->cfg.n_ctx, s->cfg.threads, (int)nq, KVS_CACHE_F16};
-    if (kvs_session_new(s->model, &so, &ses, &err) != KVS_OK) {
-        srv_fail(&e, 500, "", "cannot create a session: %s", err.msg);
-        goto fail;
-    }
-    double t0 = kvs_now_ms();
-    if (kvs_session_prefill(ses, g.prompt, g.n_prompt, NULL, NULL, &err) != KVS_OK) {
-        srv_fail_kvs(&e, &err, "prompt");
-        goto fail;
-    }
-    srv_note_prefill(s, g.n_prompt, kvs_now_ms() - t0);
-    kvs_cache_view cv;
-    int n_mapped = 0;
-    if (kvs_session_cache_view(ses, include_local, &cv, layers, layer_map, &n_mapped, &err) != KVS_OK) {
-        srv_fail_kvs(&e, &err, "include_local");
-        goto fail;
-    }
-    /* copy the view into an owned fp32 cache: [Hkv][N][d] per layer */
-    dc.n_layers = cv.n_layers;
-    dc.n_tokens = g.n_prompt;
-    dc.layers = calloc((size_t)cv.n_layers, sizeof *dc.layers);
-    if (!dc.layers) {
-        srv_fail(&e, 500, "", "out of memory");
-        goto fail;
-    }
-    for (int l = 0; l < cv.n_layers; l++) {
-        const kvs_layer *in = &cv.layers[l];
-        kvs_dense_layer *o = &dc.layers[l];
-        const int H = in->k.n_heads, N = in->k.n_tokens, d = in->k.head_dim;
-        o->n_tokens = N;
-        o->n_kv_heads = H;
-        o->head_dim = d;
-        o->k = malloc((size_t)H * N * d * sizeof *o->k);
-        o->v = malloc((size_t)H * N * d * sizeof *o->v);
-        if (!o->k || !o->v) {
-            srv_fail(&e, 500, "", "out of memory for layer %d", l);
-            goto fail;
+    dump_job dj = {&g, (int)nq, include_local, NULL, layers, layer_map, 0, &dc};
+    int rc = srv_sched_exclusive(s, dump_run, &dj, rq->fd, &e);
+    ses = dj.ses;
+    int n_mapped = dj.n_mapped;
+    if (rc) {
+        if (e.status == 0) {
+            rs->status = 0;
+            goto cleanup;
         }
-        for (int h = 0; h < H; h++) {
-            kvs_view_rows_f32(&in->k, h, 0, N, o->k + (size_t)h * N * d);
-            kvs_view_rows_f32(&in->v, h, 0, N, o->v + (size_t)h * N * d);
-        }
-        if (in->q.data) {
-            const int Hq = in->q.n_heads, Nq = in->q.n_tokens;
-            o->n_q_heads = Hq;
-            o->n_queries = Nq;
-            o->q = malloc((size_t)Hq * Nq * d * sizeof *o->q); /* [Hq][Nq][d] */
-            if (!o->q) {
-                srv_fail(&e, 500, "", "out of memory for layer %d queries", l);
-                goto fail;
-            }
-            for (int h = 0; h < Hq; h++) kvs_view_rows_f32(&in->q, h, 0, Nq, o->q + (size_t)h * Nq * d);
-        }
+        goto fail;
     }
-    srv_slot_release(s);
-    have_slot = 0;
     char map_text[KVS_MAX_LAYERS * 5 + 2] = "";
     size_t mo = 0;
     for (int l = 0; l < n_mapped && mo + 6 < sizeof map_text; l++)
@@ -1066,7 +890,6 @@ void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_resp
 fail:
     srv_error_response(rs, &e);
 cleanup:
-    if (have_slot) srv_slot_release(s);
     if (path[0]) unlink(path);
     if (have_dir) rmdir(dir);
     kvs_dense_cache_free(&dc);

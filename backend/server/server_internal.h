@@ -1,9 +1,10 @@
 /*
  * server_internal.h -- what server.c and server_gen.c share (private).
  *
- * What it is: the server struct (slots, drain state, metrics under one
- * mutex), request errors that name a JSON field, JSON response helpers and
- * the typed JSON getters used to validate request bodies.
+ * What it is: the server struct (slots, queue, drain state, metrics under one
+ * mutex), the parsed generation request and its per-variant output, the
+ * scheduler's entry points, request errors that name a JSON field, JSON
+ * response helpers and the typed JSON getters used to validate request bodies.
  * What it is not: a public API; nothing outside backend/server includes it.
  */
 #ifndef KVS_SERVER_INTERNAL_H
@@ -13,6 +14,9 @@
 #include "kvs_server.h"
 
 #include <cjson/cJSON.h>
+#include "kvs_sampling.h"
+#include "kvsieve_methods.h"
+
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
@@ -33,15 +37,31 @@ enum {
 
 #define SRV_HIST_BUCKETS 13 /* compress_ms upper bounds, +Inf last */
 
+enum { SRV_CANCEL_DISCONNECT = 1, SRV_CANCEL_SHUTDOWN = 2, SRV_CANCEL_REASONS = 3 };
+
 typedef struct {
     uint64_t requests[EP_COUNT];
     uint64_t errors_4xx[EP_COUNT], errors_5xx[EP_COUNT];
     uint64_t prompt_tokens, predicted_tokens, prefills, compressions, rejected_draining;
+    uint64_t rejected_queue_full;               /* 503 + Retry-After: the queue was full */
+    uint64_t cancelled[SRV_CANCEL_REASONS];     /* by reason (index 0 unused) */
+    uint64_t batch_steps, batch_seq_steps;      /* decode steps; sum of their batch sizes */
     double prompt_ms, predicted_ms;
     uint64_t compress_bucket[SRV_HIST_BUCKETS]; /* per bucket (not cumulative) */
     uint64_t compress_count;
     double compress_sum_ms;
 } srv_metrics;
+
+/* A request error: HTTP status, the JSON field concerned ("" if none). */
+typedef struct {
+    int status;
+    int retry_after; /* > 0: sent as Retry-After (seconds) */
+    char field[192];
+    char msg[768];
+} srv_error;
+
+typedef struct srv_job srv_job;
+typedef struct srv_sched srv_sched;
 
 struct kvs_server {
     kvs_model *model;
@@ -51,23 +71,101 @@ struct kvs_server {
     char alias[128];
     kvs_http *http;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv; /* broadcast on every change of the fields below */
     int slots_free;
     int in_flight;  /* requests inside the handler */
-    int waiting;    /* requests waiting for a slot */
-    int processing; /* requests holding a slot */
+    int waiting;    /* requests in the queue */
+    int processing; /* requests admitted by the scheduler (holding a slot) */
     int draining;
+    int cancel_all; /* the drain timed out: everything left is cancelled */
+    int live_seqs;  /* sequences in the decode batch */
+    srv_job *q_head, *q_tail; /* FIFO of queued jobs (under mu) */
+    srv_sched *sched;         /* the scheduler thread's state (sched.c) */
+    int32_t *eog;             /* [n_eog] end-of-generation token ids (ignore_eos masks them) */
+    int n_eog;
     uint64_t next_id;
     srv_metrics m;
     time_t started_unix;
 };
 
-/* A request error: HTTP status, the JSON field concerned ("" if none). */
+/* ---- generation requests (parsed in server_gen.c, run in sched.c) ---------- */
+
 typedef struct {
-    int status;
-    char field[192];
-    char msg[768];
-} srv_error;
+    char name[64];            /* label echoed back ("" if none) */
+    char field[64];           /* "kv_compression" or "kv_compression.variants[i]" */
+    const kvs_method *method; /* NULL: no compression */
+    kvs_params params;
+    kvs_budget budget;
+    int compress_local;
+    int32_t *suffix; /* [n_suffix] malloc'd: appended after the compression (query-agnostic) */
+    int n_suffix;
+} variant_req;
+
+typedef struct {
+    int start, end; /* byte offsets [start, end) into the prompt string */
+    int n_tokens;   /* prompt tokens whose bytes overlap it */
+    uint8_t *in;    /* [n_prompt] 1 for those tokens, malloc'd */
+} kv_span;
+
+typedef struct {
+    int32_t *prompt; /* [n_prompt] malloc'd */
+    int n_prompt;
+    const char *prompt_field; /* "prompt" or "messages" */
+    kvs_sampling_params sp;
+    int n_predict;  /* as asked; -1: until a stop or the context is full */
+    int limit;      /* tokens generated at most: n_predict, or --n-predict-max when none was asked */
+    int ignore_eos; /* end-of-generation tokens are never sampled */
+    kvs_stop stop;
+    int n_variants; /* 0: no kv_compression */
+    int several;    /* the request used a list of variants */
+    variant_req *variants;
+    kv_span *spans; /* [n_spans] kv_spans */
+    int n_spans;
+} gen_req;
+
+typedef struct {
+    char *text; /* [cap] */
+    size_t len, cap;
+    int32_t *toks; /* [cap_toks] */
+    int n_toks, cap_toks;
+    const char *stop_type; /* "eos", "word", "limit" */
+    char stopping_word[128];
+    double predicted_ms; /* wall time of the decode steps this variant took part in */
+    kvs_kv_stats stats;
+    double compress_ms;
+    double copy_ms;   /* copying the prefill cache for this variant (not part of compress_ms) */
+    double suffix_ms; /* running the variant's suffix after the compression */
+    double *span_kept; /* [n_spans][n_layers] share of each span's tokens kept, or NULL */
+} gen_out;
+
+/* ---- the scheduler (sched.c) ------------------------------------------------ */
+
+/* Start / stop the scheduler thread (stop: after every job has completed). */
+kvs_status srv_sched_start(kvs_server *s, kvs_err *err);
+void srv_sched_stop(kvs_server *s);
+/* Run a generation request through the batch: queue it (503 with Retry-After
+ * when the queue is full, 503 when shutting down), wait for it while
+ * watching the client socket fd (< 0: not watched); a client that hangs up
+ * cancels the request. Returns 0 and fills outs[n_outs] / *prompt_ms, or -1
+ * with e set; e->status == 0 with -1 means the client is gone (no response). */
+int srv_sched_generate(kvs_server *s, const gen_req *g, gen_out *outs, int n_outs, double *prompt_ms, int fd,
+                       srv_error *e);
+/* Run fn(s, user, e) on the scheduler thread between decode steps, after
+ * waiting in the same queue (the /kv/dump prefill). Same return convention. */
+typedef int (*srv_exclusive_fn)(kvs_server *s, void *user, srv_error *e);
+int srv_sched_exclusive(kvs_server *s, srv_exclusive_fn fn, void *user, int fd, srv_error *e);
+/* The drain timed out: cancel every queued and running job (reason shutdown). */
+void srv_sched_cancel_all(kvs_server *s);
+
+/* Per-variant generation state shared by the scheduler and the span code. */
+void gen_out_free(gen_out *o);
+/* kv_spans (spans.c): parse the field against the prompt text and its tokens;
+ * span_kept of a variant from the plan its compression applied (NULL plan:
+ * nothing compressed, every share 1). */
+int srv_parse_spans(const kvs_server *s, const cJSON *root, const char *text, gen_req *g, srv_error *e);
+void srv_spans_free(gen_req *g);
+int srv_span_kept(const kvs_server *s, const gen_req *g, const kvs_plan *plan, const int *layer_map, gen_out *o);
+
 
 int srv_fail(srv_error *e, int status, const char *field, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -103,7 +201,8 @@ char *srv_utf8_clean(const char *text, size_t len);
 /* 1 if text[0..len) is valid UTF-8. */
 int srv_utf8_valid(const char *text, size_t len);
 
-/* Slots: wait for a free one (counts as waiting meanwhile); release it. */
+/* Reserve a slot outside the scheduler (tests hold slots to make requests
+ * queue); release it. */
 void srv_slot_acquire(kvs_server *s);
 void srv_slot_release(kvs_server *s);
 /* Metrics updates (take the mutex). */

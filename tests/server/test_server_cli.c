@@ -5,7 +5,9 @@
  * --slots), usage errors (exit 2), a missing model file (exit 1, message
  * names the file), /health over HTTP, and SIGTERM while a request is in
  * flight: the request completes with 200 and the process exits 0 after
- * printing that it drained. argv[1] is the kvsieve binary.
+ * printing that it drained; SIGTERM under load (more work than
+ * --drain-timeout 1 allows): exit 0 within 1 + 30 s, every client answered
+ * 200 or 503. argv[1] is the kvsieve binary.
  * Not covered: the HTTP API in depth (test_server_http.c).
  */
 #include "kvs_backend.h"
@@ -113,6 +115,23 @@ static void *job_run(void *p) {
     return NULL;
 }
 
+/* A long request: 32 variants x 240 tokens that EOS cannot end. */
+static const char LOAD_REQ[] = "{\"prompt\": \"the cat is\", \"n_predict\": 240, \"ignore_eos\": true, "
+                               "\"kv_compression\": ["
+#define F4 "{\"method\": \"full\"}, {\"method\": \"full\"}, {\"method\": \"full\"}, {\"method\": \"full\"}, "
+                               F4 F4 F4 F4 F4 F4 F4
+                               "{\"method\": \"full\"}, {\"method\": \"full\"}, {\"method\": \"full\"}, {\"method\": \"full\"}]}";
+
+typedef struct {
+    long status;
+} load_t;
+
+static void *load_run(void *p) {
+    load_t *j = p;
+    j->status = http("/completion", LOAD_REQ);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s PATH/TO/kvsieve\n", argv[0]);
@@ -138,6 +157,15 @@ int main(int argc, char **argv) {
     close(fd);
     CHECK_EQ_INT(wait_exit(pid), 2);
     CHECK_MSG(strstr(buf, "--port"), "stderr: %s", buf);
+
+    /* an unknown cache type: exit 2 naming the flag */
+    len = 0;
+    char *a0[] = {bin, "serve", "--cache-type", "f8", "--model", model, NULL};
+    pid = spawn(a0, &fd);
+    read_until(fd, NULL, buf, sizeof buf, &len);
+    close(fd);
+    CHECK_EQ_INT(wait_exit(pid), 2);
+    CHECK_MSG(strstr(buf, "--cache-type") && strstr(buf, "f8"), "stderr: %s", buf);
 
     /* missing model: exit 1 naming it */
     len = 0;
@@ -176,6 +204,50 @@ int main(int argc, char **argv) {
     close(fd);
     CHECK_EQ_INT(wait_exit(pid), 0);
     CHECK_MSG(strstr(buf, "SIGTERM received, draining") && strstr(buf, "stopped"), "stderr: %s", buf);
+
+    /* SIGTERM under load: more work than the drain timeout allows; the
+     * process exits 0 within the timeout plus a generous margin, and every
+     * client gets an answer (200 if it finished, 503 if it was cancelled) */
+    len = 0;
+    char *a4[] = {bin, "serve", "--model", model, "--port", "0", "--ctx", "256", "--slots", "2", "--threads", "1",
+                  "--drain-timeout", "1", "--n-predict-max", "250", NULL};
+    pid = spawn(a4, &fd);
+    at = read_until(fd, "listening on http://127.0.0.1:", buf, sizeof buf, &len);
+    CHECK_MSG(at, "no 'listening' line; stderr: %s", buf);
+    if (at) {
+        g_port = atoi(at + strlen("listening on http://127.0.0.1:"));
+        enum { LJ = 12 };
+        load_t lj[LJ];
+        pthread_t lth[LJ];
+        for (int i = 0; i < LJ; i++) {
+            lj[i].status = -1;
+            pthread_create(&lth[i], NULL, load_run, &lj[i]);
+        }
+        for (int i = 0; i < 5000 && completions_seen() < LJ; i++) nanosleep(&(struct timespec){0, 1000000}, NULL);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        kill(pid, SIGTERM);
+        int n200 = 0, n503 = 0;
+        for (int i = 0; i < LJ; i++) {
+            pthread_join(lth[i], NULL);
+            n200 += lj[i].status == 200;
+            n503 += lj[i].status == 503;
+            CHECK_MSG(lj[i].status == 200 || lj[i].status == 503, "client %d under SIGTERM got %ld", i, lj[i].status);
+        }
+        read_until(fd, "stopped", buf, sizeof buf, &len);
+        read_until(fd, NULL, buf, sizeof buf, &len);
+        int rc = wait_exit(pid);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        CHECK_EQ_INT(rc, 0);
+        /* a shutdown deadline is a functional bound, not a speed test: 1 s + 30 s */
+        CHECK_MSG(secs < 31.0, "SIGTERM under load: exit after %.1f s (drain timeout 1 s)", secs);
+        printf("SIGTERM under load: exit 0 after %.2f s; %d answers 200, %d cancelled (503)\n", secs, n200, n503);
+    } else {
+        kill(pid, SIGKILL);
+        wait_exit(pid);
+    }
+    close(fd);
 
     unlink(model);
     rmdir(dir);

@@ -1,0 +1,773 @@
+/*
+ * sched.c -- the scheduler: continuous batching of every live sequence.
+ *
+ * What it is: one thread that owns the model's compute. Handler threads
+ * queue jobs (a generation request, or an exclusive task such as the
+ * /kv/dump prefill) and wait for them while poll()ing their client socket;
+ * the scheduler loops: admit queued jobs in arrival order while a slot and
+ * room in the batch are free (prefill; per variant copy + compress; the
+ * suffix as one kvs_session_extend chunk; the first token sampled), drop
+ * cancelled jobs, then decode one step of every live sequence -- each
+ * variant of each running request -- with one kvs_batch_decode call, sample
+ * each row, apply the stop rules, and complete the jobs whose sequences have
+ * all stopped. A sequence's result does not depend on its batch neighbours
+ * (kvs_batch_decode is bit-identical per session to kvs_session_decode).
+ * What it is not: request parsing or JSON (server_gen.c), HTTP (http.c).
+ *
+ * Timing per variant: predicted_ms = its first sampling after admission plus
+ * the wall time of every step it took part in (decode of the whole batch and
+ * the sampling of all rows); compress_ms, copy_ms, suffix_ms as before.
+ * The step loop allocates nothing (the output text and token arrays grow
+ * geometrically, as before).
+ */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include "server_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+enum { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+
+typedef struct {
+    kvs_session *ses;
+    kvs_sampler smp;
+    int smp_ok;
+    gen_out *o;
+    int32_t pending; /* token to decode in the next step */
+    int live;
+    int stepped, res; /* took part in the current step; what seq_advance said */
+} srv_seq;
+
+struct srv_job {
+    /* a generation request, or an exclusive task (fn != NULL) */
+    const gen_req *g;
+    gen_out *outs;
+    int n_outs;
+    double prompt_ms;
+    srv_exclusive_fn fn;
+    void *user;
+    srv_error e;       /* failure (status != 0) */
+    int rc;            /* 0 ok, -1 failed or cancelled */
+    int state;         /* JOB_* (under s->mu) */
+    atomic_int cancel; /* 0, or the SRV_CANCEL_* reason asked for */
+    int efd;           /* eventfd: written once when the job is done */
+    srv_seq *seqs;     /* [n_outs] */
+    int n_live;
+    srv_job *next;     /* queue link (under s->mu) */
+};
+
+struct srv_sched {
+    pthread_t th;
+    int started, stop;
+    kvs_batch *batch;
+    int cap;              /* sequences per step at most (cfg.batch) */
+    srv_job **run;        /* [slots] running jobs (written by the scheduler thread under s->mu) */
+    int n_run;
+    kvs_session **ss;     /* [cap] step arrays */
+    int32_t *toks;        /* [cap] */
+    float *logits;        /* [cap][n_vocab] */
+    float *scratch;       /* [n_vocab] admission logits */
+    srv_job *admitting;   /* the job being admitted (under s->mu) */
+};
+
+/* ---- per-sequence generation ------------------------------------------------- */
+
+static int out_reserve(gen_out *o, size_t extra) {
+    if (o->len + extra + 1 <= o->cap) return 0;
+    size_t cap = o->cap ? o->cap : 256;
+    while (cap < o->len + extra + 1) cap *= 2;
+    char *nb = realloc(o->text, cap);
+    if (!nb) return -1;
+    o->text = nb;
+    o->cap = cap;
+    return 0;
+}
+
+static int out_push_token(gen_out *o, int32_t t) {
+    if (o->n_toks == o->cap_toks) {
+        int cap = o->cap_toks ? 2 * o->cap_toks : 64;
+        int32_t *nt = realloc(o->toks, (size_t)cap * sizeof *nt);
+        if (!nt) return -1;
+        o->toks = nt;
+        o->cap_toks = cap;
+    }
+    o->toks[o->n_toks++] = t;
+    return 0;
+}
+
+/* Sample the next token from logits (overwritten where ignore_eos masks) and
+ * apply the stop rules. Returns 1 when the token must be decoded (q->pending),
+ * 0 when the sequence stopped (o->stop_type), -1 on error. */
+static int seq_advance(kvs_server *s, const gen_req *g, srv_seq *q, float *logits, kvs_err *err) {
+    gen_out *o = q->o;
+    if (o->n_toks >= g->limit) {
+        o->stop_type = "limit";
+        return 0;
+    }
+    if (g->ignore_eos)
+        for (int i = 0; i < s->n_eog; i++) logits[s->eog[i]] = -INFINITY;
+    int32_t tok;
+    if (kvs_sampler_sample(&q->smp, logits, &tok, err) != KVS_OK) return -1;
+    if ((!g->ignore_eos && kvs_token_is_eog(s->model, tok)) || kvs_stop_is_token(&g->stop, tok)) {
+        o->stop_type = "eos";
+        return 0;
+    }
+    if (out_push_token(o, tok)) {
+        kvs_errorf(err, KVS_ERR_NOMEM, "generate: no memory for the output tokens");
+        return -1;
+    }
+    size_t old = o->len;
+    int k = kvs_token_to_piece(s->model, tok, 0, o->text + o->len, (int)(o->cap - o->len - 1));
+    if (k > (int)(o->cap - o->len - 1)) {
+        if (out_reserve(o, (size_t)k)) {
+            kvs_errorf(err, KVS_ERR_NOMEM, "generate: no memory for the output text");
+            return -1;
+        }
+        k = kvs_token_to_piece(s->model, tok, 0, o->text + o->len, (int)(o->cap - o->len - 1));
+    }
+    if (k > 0) o->len += (size_t)k;
+    o->text[o->len] = '\0';
+    if (out_reserve(o, 64)) {
+        kvs_errorf(err, KVS_ERR_NOMEM, "generate: no memory for the output text");
+        return -1;
+    }
+    size_t cut;
+    int w = kvs_stop_find_string(&g->stop, o->text, old, o->len, &cut);
+    if (w >= 0) {
+        o->len = cut;
+        o->text[cut] = '\0';
+        o->stop_type = "word";
+        snprintf(o->stopping_word, sizeof o->stopping_word, "%s", g->stop.strings[w]);
+        return 0;
+    }
+    if (kvs_session_n_past(q->ses) >= kvs_session_n_ctx(q->ses)) {
+        o->stop_type = "limit"; /* the context is full */
+        return 0;
+    }
+    /* the last token is not decoded when the next check would stop anyway */
+    if (o->n_toks >= g->limit) {
+        o->stop_type = "limit";
+        return 0;
+    }
+    q->pending = tok;
+    return 1;
+}
+
+static void seq_end(kvs_server *s, srv_job *j, srv_seq *q) {
+    if (!q->live) return;
+    q->live = 0;
+    j->n_live--;
+    kvs_session_free(q->ses);
+    q->ses = NULL;
+    if (q->smp_ok) kvs_sampler_free(&q->smp);
+    q->smp_ok = 0;
+    pthread_mutex_lock(&s->mu);
+    s->live_seqs--;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- job completion ---------------------------------------------------------- */
+
+static void job_signal(srv_job *j) {
+    uint64_t one = 1;
+    while (write(j->efd, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+}
+
+/* The job leaves the scheduler: free its sequences, count it, wake its handler. */
+static void job_finish(kvs_server *s, srv_job *j, int rc) {
+    for (int i = 0; j->seqs && i < j->n_outs; i++) seq_end(s, j, &j->seqs[i]);
+    free(j->seqs);
+    j->seqs = NULL;
+    j->rc = rc;
+    pthread_mutex_lock(&s->mu);
+    srv_sched *sc = s->sched;
+    for (int i = 0; i < sc->n_run; i++)
+        if (sc->run[i] == j) {
+            sc->run[i] = sc->run[--sc->n_run];
+            break;
+        }
+    if (j->state == JOB_RUNNING) {
+        s->processing--;
+        s->slots_free++;
+    }
+    if (sc->admitting == j) sc->admitting = NULL; /* the handler may free j once signalled */
+    j->state = JOB_DONE;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    job_signal(j);
+}
+
+static void note_cancel(kvs_server *s, int reason) {
+    pthread_mutex_lock(&s->mu);
+    s->m.cancelled[reason]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void job_cancelled(kvs_server *s, srv_job *j, int reason) {
+    if (reason == SRV_CANCEL_SHUTDOWN) srv_fail(&j->e, 503, "", "request cancelled: the server is shutting down");
+    else j->e.status = 0; /* the client is gone: no response */
+    job_finish(s, j, -1);
+    note_cancel(s, reason); /* counted once the request has left the batch */
+}
+
+/* ---- admission ------------------------------------------------------------------ */
+
+/* Queries to record at prefill: the most any variant's method needs (-1 = all). */
+static int queries_to_record(const gen_req *g) {
+    int rq = 0;
+    for (int i = 0; i < g->n_variants; i++) {
+        const variant_req *v = &g->variants[i];
+        if (!v->method) continue;
+        int need = kvs_method_queries_needed(v->method, &v->params, g->n_prompt);
+        if (need >= g->n_prompt) return -1;
+        if (need > rq) rq = need;
+    }
+    return rq;
+}
+
+/* kvs_session_compress's steps (view, compress, apply, trim the sliding-window
+ * layers) through the public API, so the plan is at hand for span_kept. The
+ * server test checks that asking for kv_spans changes neither the output nor
+ * the kv statistics. */
+static kvs_status compress_with_plan(kvs_server *s, kvs_session *ses, const kvs_compress_opts *co, const gen_req *g,
+                                     gen_out *o, kvs_err *err) {
+    const double t0 = kvs_now_ms();
+    const int D = s->info->head_dim;
+    kvs_layer *layers = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
+    int map[KVS_MAX_LAYERS], nm = 0;
+    kvs_plan plan;
+    memset(&plan, 0, sizeof plan);
+    kvs_status st;
+    if (!layers) return kvs_errorf(err, KVS_ERR_NOMEM, "compress: out of memory");
+    kvs_cache_view cv;
+    if ((st = kvs_session_cache_view(ses, co->compress_local, &cv, layers, map, &nm, err))) goto cleanup;
+    int want = kvs_method_queries_needed(co->method, &co->params, g->n_prompt);
+    for (int i = 0; i < nm; i++) {
+        kvs_layer *L = &layers[i];
+        if (want > 0) {
+            if (!L->q.data || L->q.n_tokens < want) {
+                st = kvs_errorf(err, KVS_ERR_INVALID, "compress: method %s needs %d recorded queries, %d recorded",
+                                co->method->name, want, L->q.data ? L->q.n_tokens : 0);
+                goto cleanup;
+            }
+            L->q.data = (const float *)L->q.data + (size_t)(L->q.n_tokens - want) * D;
+            L->q.n_tokens = want;
+        } else {
+            L->q = (kvs_view){NULL, KVS_F32, KVS_HOST, s->info->n_heads, 0, D, 0, D};
+        }
+    }
+    /* plans do not depend on the thread count (design.md), so 1 stands in for "the session's" */
+    if ((st = kvs_compress(co->method, &co->params, &cv, &co->budget, co->threads > 0 ? co->threads : 1, &plan, err)))
+        goto cleanup;
+    if ((st = kvs_session_apply_plan(ses, &plan, map, &o->stats, err))) goto cleanup;
+    /* as kvs_session_compress: sliding-window layers keep their window, and
+     * the "after" statistics are what the session holds now */
+    if ((st = kvs_session_trim_local(ses, err))) goto cleanup;
+    {
+        kvs_kv_stats now;
+        kvs_session_kv_stats(ses, &now);
+        memcpy(o->stats.tokens_after, now.tokens_after, sizeof now.tokens_after);
+        memcpy(o->stats.bytes_after, now.bytes_after, sizeof now.bytes_after);
+        o->stats.bytes_after_local = now.bytes_after_local;
+        o->stats.bytes_after_global = now.bytes_after_global;
+        o->stats.bytes_after_total = now.bytes_after_total;
+    }
+    o->stats.compress_ms = kvs_now_ms() - t0;
+    if (srv_span_kept(s, g, &plan, map, o)) st = kvs_errorf(err, KVS_ERR_NOMEM, "span_kept: out of memory");
+cleanup:
+    kvs_plan_free(&plan);
+    free(layers);
+    return st;
+}
+
+static int job_cancel_asked(srv_job *j) { return atomic_load(&j->cancel); }
+
+/* Prefill, per variant copy + compress + suffix + first sample; the job joins
+ * the batch (or completes when every variant stopped at once). */
+static void admit(kvs_server *s, srv_job *j) {
+    srv_sched *sc = s->sched;
+    const gen_req *g = j->g;
+    kvs_err err = {0};
+    kvs_session *pre = NULL;
+    const size_t V = (size_t)s->info->n_vocab;
+    float *logits0 = malloc(V * sizeof *logits0);
+    j->seqs = calloc((size_t)j->n_outs, sizeof *j->seqs);
+    if (!logits0 || !j->seqs) {
+        srv_fail(&j->e, 500, "", "out of memory");
+        goto fail;
+    }
+    kvs_session_opts so;
+    memset(&so, 0, sizeof so);
+    so.n_ctx = s->cfg.n_ctx;
+    so.n_threads = s->cfg.threads;
+    so.record_queries = queries_to_record(g);
+    so.cache_type = s->cfg.cache_type;
+    if (kvs_session_new(s->model, &so, &pre, &err) != KVS_OK) {
+        srv_fail(&j->e, 500, "", "cannot create a session: %s", err.msg);
+        goto fail;
+    }
+    double t0 = kvs_now_ms();
+    if (kvs_session_prefill(pre, g->prompt, g->n_prompt, NULL, logits0, &err) != KVS_OK) {
+        srv_fail_kvs(&j->e, &err, g->prompt_field);
+        goto fail;
+    }
+    j->prompt_ms = kvs_now_ms() - t0;
+    srv_note_prefill(s, g->n_prompt, j->prompt_ms);
+    for (int i = 0; i < j->n_outs; i++) {
+        int reason = job_cancel_asked(j);
+        if (reason) {
+            kvs_session_free(pre);
+            free(logits0);
+            job_cancelled(s, j, reason);
+            return;
+        }
+        const variant_req *v = g->n_variants ? &g->variants[i] : NULL;
+        srv_seq *q = &j->seqs[i];
+        gen_out *o = &j->outs[i];
+        q->o = o;
+        if (j->n_outs > 1) {
+            double tc = kvs_now_ms();
+            if (kvs_session_new(s->model, &so, &q->ses, &err) != KVS_OK ||
+                kvs_session_copy(q->ses, pre, &err) != KVS_OK) {
+                srv_fail(&j->e, 500, "", "variant %d: cannot copy the prefill cache: %s", i, err.msg);
+                kvs_session_free(q->ses);
+                q->ses = NULL;
+                goto fail;
+            }
+            o->copy_ms = kvs_now_ms() - tc;
+        } else {
+            q->ses = pre;
+            pre = NULL;
+        }
+        q->live = 1;
+        j->n_live++;
+        pthread_mutex_lock(&s->mu);
+        s->live_seqs++;
+        pthread_mutex_unlock(&s->mu);
+        if (v && v->method && strcmp(v->method->name, "full") != 0) {
+            kvs_compress_opts co;
+            memset(&co, 0, sizeof co);
+            co.method = v->method;
+            co.params = v->params;
+            co.budget = v->budget;
+            co.compress_local = v->compress_local;
+            co.threads = s->cfg.threads;
+            kvs_status st = g->n_spans ? compress_with_plan(s, q->ses, &co, g, o, &err)
+                                       : kvs_session_compress(q->ses, &co, &o->stats, &err);
+            if (st != KVS_OK) {
+                srv_fail_kvs(&j->e, &err, v->field);
+                goto fail;
+            }
+            o->compress_ms = o->stats.compress_ms;
+            srv_note_compress(s, o->compress_ms);
+        } else {
+            if (v && v->method) { /* full: timed like the other methods (nothing changes) */
+                kvs_compress_opts co;
+                memset(&co, 0, sizeof co);
+                co.method = v->method;
+                if (kvs_session_compress(q->ses, &co, &o->stats, &err) != KVS_OK) {
+                    srv_fail_kvs(&j->e, &err, v->field);
+                    goto fail;
+                }
+                o->compress_ms = o->stats.compress_ms;
+                srv_note_compress(s, o->compress_ms);
+            } else { /* no kv_compression: nothing compressed, the local layers keep their window */
+                if (kvs_session_trim_local(q->ses, &err) != KVS_OK) {
+                    srv_fail(&j->e, 500, "", "trimming the sliding-window layers failed: %s", err.msg);
+                    goto fail;
+                }
+                kvs_session_kv_stats(q->ses, &o->stats);
+            }
+            if (srv_span_kept(s, g, NULL, NULL, o)) {
+                srv_fail(&j->e, 500, "", "out of memory");
+                goto fail;
+            }
+        }
+        memcpy(sc->scratch, logits0, V * sizeof *logits0);
+        if (v && v->n_suffix > 0) {
+            /* query-agnostic: the suffix (the question) runs as one chunk on
+             * the compressed cache; generation starts from its last logits */
+            double ts = kvs_now_ms();
+            if (kvs_session_extend(q->ses, v->suffix, v->n_suffix, sc->scratch, &err) != KVS_OK) {
+                srv_fail(&j->e, 500, "", "variant %d: running the suffix failed: %s", i, err.msg);
+                goto fail;
+            }
+            o->suffix_ms = kvs_now_ms() - ts;
+        }
+        if (kvs_sampler_init(&q->smp, &g->sp, s->info->n_vocab, &err) != KVS_OK) {
+            srv_fail(&j->e, 500, "", "variant %d: %s", i, err.msg);
+            goto fail;
+        }
+        q->smp_ok = 1;
+        if (out_reserve(o, 256)) {
+            srv_fail(&j->e, 500, "", "out of memory for the output text");
+            goto fail;
+        }
+        o->text[0] = '\0';
+        double tg = kvs_now_ms();
+        int r = seq_advance(s, g, q, sc->scratch, &err);
+        o->predicted_ms += kvs_now_ms() - tg;
+        if (r < 0) {
+            srv_fail(&j->e, 500, "", "variant %d: generation failed: %s", i, err.msg);
+            goto fail;
+        }
+        if (r == 0) {
+            srv_note_predict(s, o->n_toks, o->predicted_ms);
+            seq_end(s, j, q);
+        }
+    }
+    kvs_session_free(pre);
+    free(logits0);
+    if (j->n_live == 0) {
+        job_finish(s, j, 0);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    sc->run[sc->n_run++] = j;
+    pthread_mutex_unlock(&s->mu);
+    return;
+fail:
+    kvs_session_free(pre);
+    free(logits0);
+    job_finish(s, j, -1);
+}
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+static void step(kvs_server *s) {
+    srv_sched *sc = s->sched;
+    const size_t V = (size_t)s->info->n_vocab;
+    int n = 0;
+    for (int r = 0; r < sc->n_run; r++) {
+        srv_job *j = sc->run[r];
+        for (int i = 0; i < j->n_outs; i++) {
+            srv_seq *q = &j->seqs[i];
+            q->stepped = q->live;
+            if (!q->live) continue;
+            sc->ss[n] = q->ses;
+            sc->toks[n] = q->pending;
+            n++;
+        }
+    }
+    if (n == 0) return;
+    kvs_err err = {0};
+    const double t0 = kvs_now_ms();
+    kvs_status st = kvs_batch_decode(sc->batch, sc->ss, sc->toks, n, sc->logits, &err);
+    pthread_mutex_lock(&s->mu);
+    s->m.batch_steps++;
+    s->m.batch_seq_steps += (uint64_t)n;
+    pthread_mutex_unlock(&s->mu);
+    if (st != KVS_OK) { /* an engine failure: every request of the step fails */
+        while (sc->n_run > 0) {
+            srv_job *j = sc->run[sc->n_run - 1];
+            srv_fail(&j->e, 500, "", "decode step failed: %s", err.msg);
+            job_finish(s, j, -1);
+        }
+        return;
+    }
+    /* sample every row in the order the batch was built */
+    int k = 0;
+    for (int r = 0; r < sc->n_run; r++) {
+        srv_job *j = sc->run[r];
+        for (int i = 0; i < j->n_outs; i++) {
+            srv_seq *q = &j->seqs[i];
+            if (!q->stepped) continue;
+            float *row = sc->logits + (size_t)k++ * V;
+            if (j->e.status) continue; /* an earlier variant of this job failed */
+            q->res = seq_advance(s, j->g, q, row, &err);
+            if (q->res < 0) srv_fail(&j->e, 500, "", "variant %d: generation failed: %s", i, err.msg);
+        }
+    }
+    const double dt = kvs_now_ms() - t0;
+    /* stopped sequences leave the batch; finished or failed jobs complete
+     * (backwards: job_finish moves the last running job into the hole) */
+    for (int r = sc->n_run - 1; r >= 0; r--) {
+        srv_job *j = sc->run[r];
+        if (j->e.status) {
+            job_finish(s, j, -1);
+            continue;
+        }
+        for (int i = 0; i < j->n_outs; i++) {
+            srv_seq *q = &j->seqs[i];
+            if (!q->stepped) continue;
+            q->o->predicted_ms += dt;
+            if (q->res == 0) {
+                srv_note_predict(s, q->o->n_toks, q->o->predicted_ms);
+                seq_end(s, j, q);
+            }
+        }
+        if (j->n_live == 0) job_finish(s, j, 0);
+    }
+}
+
+/* ---- the scheduler thread ---------------------------------------------------------- */
+
+/* The queue head may start now: a slot is free and its variants fit the batch. */
+static int admissible(const kvs_server *s) {
+    const srv_job *h = s->q_head;
+    if (!h || s->slots_free <= 0 || s->cancel_all) return 0;
+    return h->fn || s->live_seqs + h->n_outs <= s->sched->cap;
+}
+
+static void *sched_main(void *arg) {
+    kvs_server *s = arg;
+    srv_sched *sc = s->sched;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!admissible(s) && s->live_seqs == 0 && !(sc->stop && !s->q_head))
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (admissible(s)) {
+            srv_job *j = s->q_head;
+            s->q_head = j->next;
+            if (!s->q_head) s->q_tail = NULL;
+            j->next = NULL;
+            s->waiting--;
+            s->processing++;
+            s->slots_free--;
+            j->state = JOB_RUNNING;
+            sc->admitting = j;
+            pthread_mutex_unlock(&s->mu);
+            if (j->fn) {
+                int rc = j->fn(s, j->user, &j->e);
+                job_finish(s, j, rc);
+            } else {
+                admit(s, j);
+            }
+            pthread_mutex_lock(&s->mu);
+            sc->admitting = NULL;
+            continue; /* admit all that can start before the next step */
+        }
+        if (s->live_seqs == 0) {
+            if (sc->stop && !s->q_head) break;
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        /* cancelled requests leave before the step (so within one step of the ask) */
+        for (int r = sc->n_run - 1; r >= 0; r--) {
+            srv_job *j = sc->run[r];
+            int reason = job_cancel_asked(j);
+            if (reason) job_cancelled(s, j, reason);
+        }
+        step(s);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+kvs_status srv_sched_start(kvs_server *s, kvs_err *err) {
+    srv_sched *sc = calloc(1, sizeof *sc);
+    if (!sc) return kvs_errorf(err, KVS_ERR_NOMEM, "scheduler: out of memory");
+    const size_t V = (size_t)s->info->n_vocab;
+    sc->cap = s->cfg.batch;
+    sc->run = calloc((size_t)s->cfg.slots, sizeof *sc->run);
+    sc->ss = calloc((size_t)sc->cap, sizeof *sc->ss);
+    sc->toks = calloc((size_t)sc->cap, sizeof *sc->toks);
+    sc->logits = malloc((size_t)sc->cap * V * sizeof *sc->logits);
+    sc->scratch = malloc(V * sizeof *sc->scratch);
+    s->eog = malloc(V * sizeof *s->eog);
+    s->sched = sc;
+    if (!sc->run || !sc->ss || !sc->toks || !sc->logits || !sc->scratch || !s->eog) {
+        srv_sched_stop(s);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "scheduler: out of memory for a batch of %d sequences (%zu logits each)",
+                          sc->cap, V);
+    }
+    s->n_eog = 0;
+    for (int t = 0; t < (int)V; t++)
+        if (kvs_token_is_eog(s->model, t)) s->eog[s->n_eog++] = t;
+    kvs_status st = kvs_batch_new(s->model, sc->cap, s->cfg.threads, &sc->batch, err);
+    if (st != KVS_OK) {
+        srv_sched_stop(s);
+        return st;
+    }
+    if (pthread_create(&sc->th, NULL, sched_main, s) != 0) {
+        srv_sched_stop(s);
+        return kvs_errorf(err, KVS_ERR_INTERNAL, "scheduler: cannot start its thread");
+    }
+    sc->started = 1;
+    return KVS_OK;
+}
+
+void srv_sched_stop(kvs_server *s) {
+    srv_sched *sc = s->sched;
+    if (!sc) return;
+    if (sc->started) {
+        pthread_mutex_lock(&s->mu);
+        sc->stop = 1;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(sc->th, NULL);
+    }
+    kvs_batch_free(sc->batch);
+    free(sc->run);
+    free(sc->ss);
+    free(sc->toks);
+    free(sc->logits);
+    free(sc->scratch);
+    free(sc);
+    free(s->eog);
+    s->eog = NULL;
+    s->sched = NULL;
+}
+
+void srv_sched_cancel_all(kvs_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->cancel_all = 1;
+    while (s->q_head) {
+        srv_job *j = s->q_head;
+        s->q_head = j->next;
+        j->next = NULL;
+        s->waiting--;
+        j->state = JOB_DONE;
+        j->rc = -1;
+        srv_fail(&j->e, 503, "", "request cancelled: the server is shutting down");
+        s->m.cancelled[SRV_CANCEL_SHUTDOWN]++;
+        job_signal(j);
+    }
+    s->q_tail = NULL;
+    srv_sched *sc = s->sched;
+    for (int r = 0; r < sc->n_run; r++) atomic_store(&sc->run[r]->cancel, SRV_CANCEL_SHUTDOWN);
+    if (sc->admitting) atomic_store(&sc->admitting->cancel, SRV_CANCEL_SHUTDOWN);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- handler side: queue, wait, watch the client ----------------------------------- */
+
+static srv_job *job_new(void) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->efd = eventfd(0, EFD_CLOEXEC);
+    if (j->efd < 0) {
+        free(j);
+        return NULL;
+    }
+    atomic_init(&j->cancel, 0);
+    return j;
+}
+
+static void job_free(srv_job *j) {
+    if (!j) return;
+    close(j->efd);
+    free(j);
+}
+
+static int job_submit(kvs_server *s, srv_job *j, srv_error *e) {
+    pthread_mutex_lock(&s->mu);
+    if (s->cancel_all) {
+        s->m.rejected_draining++;
+        pthread_mutex_unlock(&s->mu);
+        return srv_fail(e, 503, "", "server is shutting down");
+    }
+    /* the queue holds the requests that wait beyond the free slots */
+    if (s->waiting >= s->cfg.queue + (s->slots_free > 0 ? s->slots_free : 0)) {
+        s->m.rejected_queue_full++;
+        pthread_mutex_unlock(&s->mu);
+        srv_fail(e, 503, "", "the queue is full (%d requests waiting); retry later", s->cfg.queue);
+        e->retry_after = 1;
+        return -1;
+    }
+    j->state = JOB_QUEUED;
+    if (s->q_tail) s->q_tail->next = j;
+    else s->q_head = j;
+    s->q_tail = j;
+    s->waiting++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* The client hung up: a queued job leaves the queue at once (returns 1); a
+ * running one is flagged for the scheduler (returns 0: keep waiting). */
+static int job_abandon(kvs_server *s, srv_job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (j->state == JOB_QUEUED) {
+        srv_job **pp = &s->q_head, *prev = NULL;
+        while (*pp && *pp != j) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+        if (*pp) *pp = j->next;
+        if (s->q_tail == j) s->q_tail = prev;
+        j->next = NULL;
+        s->waiting--;
+        j->state = JOB_DONE;
+        j->rc = -1;
+        j->e.status = 0;
+        s->m.cancelled[SRV_CANCEL_DISCONNECT]++;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        return 1;
+    }
+    if (j->state == JOB_RUNNING) atomic_store(&j->cancel, SRV_CANCEL_DISCONNECT);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* Wait for the job while watching the client socket for a hang-up. */
+static void job_wait(kvs_server *s, srv_job *j, int fd) {
+    struct pollfd p[2] = {{j->efd, POLLIN, 0}, {fd, POLLRDHUP, 0}};
+    int watch = fd >= 0;
+    for (;;) {
+        int r = poll(p, watch ? 2 : 1, -1);
+        if (r < 0) {
+            if (errno != EINTR) watch = 0; /* keep waiting for the job alone */
+            continue;
+        }
+        if (p[0].revents & POLLIN) break;
+        if (watch && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) {
+            watch = 0;
+            if (job_abandon(s, j)) return;
+        }
+    }
+    pthread_mutex_lock(&s->mu); /* pairs with the scheduler's writes to the job */
+    pthread_mutex_unlock(&s->mu);
+}
+
+int srv_sched_generate(kvs_server *s, const gen_req *g, gen_out *outs, int n_outs, double *prompt_ms, int fd,
+                       srv_error *e) {
+    if (n_outs > s->sched->cap)
+        return srv_fail(e, 400, "kv_compression", "kv_compression: %d variants, but the server decodes at most %d "
+                        "sequences together (--batch)", n_outs, s->sched->cap);
+    srv_job *j = job_new();
+    if (!j) return srv_fail(e, 500, "", "out of memory (or descriptors) for a job");
+    j->g = g;
+    j->outs = outs;
+    j->n_outs = n_outs;
+    if (job_submit(s, j, e)) {
+        job_free(j);
+        return -1;
+    }
+    job_wait(s, j, fd);
+    int rc = j->rc;
+    if (rc) *e = j->e;
+    *prompt_ms = j->prompt_ms;
+    job_free(j);
+    return rc;
+}
+
+int srv_sched_exclusive(kvs_server *s, srv_exclusive_fn fn, void *user, int fd, srv_error *e) {
+    srv_job *j = job_new();
+    if (!j) return srv_fail(e, 500, "", "out of memory (or descriptors) for a job");
+    j->fn = fn;
+    j->user = user;
+    if (job_submit(s, j, e)) {
+        job_free(j);
+        return -1;
+    }
+    job_wait(s, j, fd);
+    int rc = j->rc;
+    if (rc) *e = j->e;
+    job_free(j);
+    return rc;
+}

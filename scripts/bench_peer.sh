@@ -17,6 +17,11 @@
 # so that load from other processes falls on both alike; the table shows the
 # median over rounds. The load average is printed before and after: on a
 # shared machine the ratios are the trustworthy part, not the absolute numbers.
+# Waiting threads: kvsieve's pool sleeps on a condition variable between jobs;
+# llama.cpp's OpenMP threads spin by default, which on an oversubscribed machine
+# collapses its decode (measured here at load 13 on 2 cores: 1.1 tok/s spinning
+# against 12.6 with OMP_WAIT_POLICY=passive, Gemma 3 270M). So the peer runs
+# with OMP_WAIT_POLICY=passive unless --peer-spin (for a machine to itself).
 # What it is not: no accuracy comparison and no timed test; it prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +32,7 @@ SRC="$PEER/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
 BENCH="$PEER/build/bin/llama-bench"
 KVS=${KVSIEVE:-$ROOT/build/kvsieve}
 PY=${PYTHON:-python3}
-ROUNDS=3 THREADS=2 GEN=64
+ROUNDS=3 THREADS=2 GEN=64 PEER_WAIT=passive
 models=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,7 +40,8 @@ while [ $# -gt 0 ]; do
   --threads) THREADS=$2; shift 2 ;;
   --gen) GEN=$2; shift 2 ;;
   --build-only) BUILD_ONLY=1; shift ;;
-  -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --peer-spin) PEER_WAIT=active; shift ;;
+  -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "bench_peer: unknown option $1" >&2; exit 2 ;;
   *) models+=("$1"); shift ;;
   esac
@@ -94,7 +100,7 @@ if "$KVS" bench --help 2>&1 | grep -q -- --cache-type; then
 else
   KVS_CACHE=() KVS_CACHE_NAME="f32 (this kvsieve has no --cache-type)"
 fi
-echo "kvsieve KV cache: $KVS_CACHE_NAME; llama.cpp KV cache: f16"
+echo "kvsieve KV cache: $KVS_CACHE_NAME; llama.cpp KV cache: f16; llama.cpp OMP_WAIT_POLICY=$PEER_WAIT"
 
 # kvsieve: one run gives prefill at L and decode after L tokens.
 run_kvs() { # model len round
@@ -104,9 +110,10 @@ run_kvs() { # model len round
 }
 # llama-bench: pp L, and tg GEN at depth L (decode after an L-token prompt).
 run_peer() { # model len round
-  "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" -ctk f16 -ctv f16 -r 1 -o csv -p "$2" -n 0 \
+  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" -ctk f16 -ctv f16 -r 1 -o csv -p "$2" -n 0 \
     >"$OUT/pp-$1-$2-$3.csv" 2>"$OUT/pp-$1-$2-$3.err" || { cat "$OUT/pp-$1-$2-$3.err" >&2; return 1; }
-  "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" -ctk f16 -ctv f16 -r 1 -o csv -p 0 -n "$GEN" -d "$2" \
+  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" -ctk f16 -ctv f16 -r 1 -o csv -p 0 -n "$GEN" \
+    -d "$2" \
     >"$OUT/tg-$1-$2-$3.csv" 2>"$OUT/tg-$1-$2-$3.err" || { cat "$OUT/tg-$1-$2-$3.err" >&2; return 1; }
   "$PY" - "$OUT/pp-$1-$2-$3.csv" "$OUT/tg-$1-$2-$3.csv" <<'EOF'
 import csv, sys
@@ -126,10 +133,10 @@ for r in $(seq 1 "$ROUNDS"); do
   done
   echo "bench_peer: round $r of $ROUNDS done, load average $(load)" >&2
 done
-"$PY" - "$OUT/results" "$THREADS" "$GEN" "$KVS_CACHE_NAME" <<'EOF'
+"$PY" - "$OUT/results" "$THREADS" "$GEN" "$KVS_CACHE_NAME" "$PEER_WAIT" <<'EOF'
 import statistics as st, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-threads, gen, kvs_cache = sys.argv[2], sys.argv[3], sys.argv[4]
+threads, gen, kvs_cache, wait = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 data = {}
 for m, L, r, who, pf, dc in rows:
     data.setdefault((m, int(L), who), []).append((float(pf), float(dc)))
@@ -146,7 +153,7 @@ for m in models:
         print(f"| {m} | {L} | {kp:.1f} | {pp:.1f} | {kp / pp:.2f}x | {kd:.2f} | {pd:.2f} | {kd / pd:.2f}x |")
 print()
 print(f"medians of {n_rounds} interleaved rounds; {threads} threads; KV cache: kvsieve {kvs_cache}, "
-      f"llama.cpp f16 (llama-bench -ctk f16 -ctv f16, flash attention auto); decode = {gen} greedy tokens after the prompt "
+      f"llama.cpp f16 (llama-bench -ctk f16 -ctv f16, flash attention auto, OMP_WAIT_POLICY={wait}); decode = {gen} greedy tokens after the prompt "
       f"(llama-bench tg{gen} @ d512 / d2048). Ratio = kvsieve / llama.cpp (>1: kvsieve faster).")
 print("per round (prefill, decode):")
 for (m, L, who), v in sorted(data.items()):

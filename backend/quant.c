@@ -6,6 +6,8 @@
  *   Q8_0  32 values: f16 d, int8 q[32]                 x = d*q
  *   Q5_0  32 values: f16 d, u8 qh[4], u8 qs[16]        x = d*((nib | hbit<<4) - 16)
  *         element j < 16: low nibble of qs[j], element j+16: high nibble; hbit = bit j of qh
+ *   Q4_1  32 values: f16 d, f16 m, u8 qs[16]           x = d*nib + m
+ *         element j < 16: low nibble of qs[j], element j+16: high nibble
  *   Q4_K  256 values: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
  *         8 sub-blocks of 32 with 6-bit scale sc and min m: x = d*sc*q - dmin*m;
  *         sub-blocks 2i and 2i+1 share qs[32i..32i+32) (low / high nibbles)
@@ -34,7 +36,7 @@ typedef struct {
 
 static const type_info TYPES[] = {
     {KVS_GGML_F32, "F32", 1, 4, 1},       {KVS_GGML_F16, "F16", 1, 2, 1},
-    {KVS_GGML_Q4_0, "Q4_0", 32, 18, 0},   {KVS_GGML_Q4_1, "Q4_1", 32, 20, 0},
+    {KVS_GGML_Q4_0, "Q4_0", 32, 18, 0},   {KVS_GGML_Q4_1, "Q4_1", 32, 20, 1},
     {KVS_GGML_Q5_0, "Q5_0", 32, 22, 1},   {KVS_GGML_Q5_1, "Q5_1", 32, 24, 0},
     {KVS_GGML_Q8_0, "Q8_0", 32, 34, 1},   {KVS_GGML_Q8_1, "Q8_1", 32, 36, 0},
     {KVS_GGML_Q2_K, "Q2_K", 256, 84, 0},  {KVS_GGML_Q3_K, "Q3_K", 256, 110, 0},
@@ -116,6 +118,15 @@ static void deq_q5_0(const uint8_t *b, float *y) {
     }
 }
 
+static void deq_q4_1(const uint8_t *b, float *y) {
+    float d = h2f(b), m = h2f(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)(qs[j] & 0xF) + m;
+        y[j + 16] = d * (float)(qs[j] >> 4) + m;
+    }
+}
+
 static void deq_q4_k(const uint8_t *b, float *y) {
     float d = h2f(b), dmin = h2f(b + 2);
     const uint8_t *sc = b + 4, *qs = b + 16;
@@ -175,6 +186,7 @@ kvs_status kvs_dequant_row(int type, const void *src, float *dst, int64_t n, kvs
             float *y = dst + b * t->blck;
             if (type == KVS_GGML_Q8_0) deq_q8_0(blk, y);
             else if (type == KVS_GGML_Q5_0) deq_q5_0(blk, y);
+            else if (type == KVS_GGML_Q4_1) deq_q4_1(blk, y);
             else if (type == KVS_GGML_Q4_K) deq_q4_k(blk, y);
             else deq_q6_k(blk, y);
         }
@@ -213,6 +225,24 @@ static void quant_q5_0(const float *x, uint8_t *b) {
         qh |= (uint32_t)(q1 >> 4) << (j + 16);
     }
     memcpy(b + 2, &qh, 4);
+}
+
+/* min / max per block; d and m are rounded to f16 before the nibbles are
+ * chosen, so the nibbles fit the scale the reader will see. */
+static void quant_q4_1(const float *x, uint8_t *b) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < 32; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+    }
+    f2h(b, (hi - lo) / 15.0f);
+    f2h(b + 2, lo);
+    float d = h2f(b), m = h2f(b + 2), id = d > 0 ? 1.0f / d : 0.0f;
+    uint8_t *qs = b + 4;
+    for (int j = 0; j < 16; j++) {
+        int q0 = clampi(iround((x[j] - m) * id), 0, 15), q1 = clampi(iround((x[j + 16] - m) * id), 0, 15);
+        qs[j] = (uint8_t)(q0 | (q1 << 4));
+    }
 }
 
 static void quant_q4_k(const float *x, uint8_t *b) {
@@ -311,6 +341,7 @@ kvs_status kvs_quant_row(int type, const float *src, void *dst, int64_t n, kvs_e
             const float *x = src + b * t->blck;
             if (type == KVS_GGML_Q8_0) quant_q8_0(x, blk);
             else if (type == KVS_GGML_Q5_0) quant_q5_0(x, blk);
+            else if (type == KVS_GGML_Q4_1) quant_q4_1(x, blk);
             else if (type == KVS_GGML_Q4_K) quant_q4_k(x, blk);
             else quant_q6_k(x, blk);
         }
@@ -369,6 +400,19 @@ static float dot_q5_0_scalar(const uint8_t *row, const kvs_q8a_block *x, int64_t
             s += q0 * x[b].q[j] + q1 * x[b].q[j + 16];
         }
         acc += h2f(blk) * x[b].d * (float)s;
+    }
+    return acc;
+}
+
+/* sum (d q + m) xd xq = d xd sum(q xq) + m xd sum(xq) */
+static float dot_q4_1_scalar(const uint8_t *row, const kvs_q8a_block *x, int64_t nb) {
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * 20;
+        const uint8_t *qs = blk + 4;
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += (qs[j] & 0xF) * x[b].q[j] + (qs[j] >> 4) * x[b].q[j + 16];
+        acc += h2f(blk) * x[b].d * (float)s + h2f(blk + 2) * x[b].d * (float)(x[b].sum16[0] + x[b].sum16[1]);
     }
     return acc;
 }
@@ -475,6 +519,24 @@ static float dot_q5_0_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t n
     return hsum8(acc);
 }
 
+/* Nibbles are unsigned, so maddubs takes them as its unsigned operand
+ * directly; the offset m enters through the activations' block sums. */
+static float dot_q4_1_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float offs = 0;
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * 20;
+        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 4));
+        __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, _mm256_loadu_si256((const __m256i *)x[b].q)), ones);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(blk) * x[b].d), acc);
+        offs += h2f(blk + 2) * x[b].d * (float)(x[b].sum16[0] + x[b].sum16[1]);
+    }
+    return hsum8(acc) + offs;
+}
+
 static float dot_q4_k_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t nsb) {
     __m256 acc = _mm256_setzero_ps();
     float mins = 0;
@@ -546,6 +608,7 @@ float kvs_dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t n) 
     switch (type) {
     case KVS_GGML_Q8_0: return dot_q8_0_avx2(r, x, n / 32);
     case KVS_GGML_Q5_0: return dot_q5_0_avx2(r, x, n / 32);
+    case KVS_GGML_Q4_1: return dot_q4_1_avx2(r, x, n / 32);
     case KVS_GGML_Q4_K: return dot_q4_k_avx2(r, x, n / 256);
     case KVS_GGML_Q6_K: return dot_q6_k_avx2(r, x, n / 256);
     default: break;
@@ -554,6 +617,7 @@ float kvs_dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t n) 
     switch (type) {
     case KVS_GGML_Q8_0: return dot_q8_0_scalar(r, x, n / 32);
     case KVS_GGML_Q5_0: return dot_q5_0_scalar(r, x, n / 32);
+    case KVS_GGML_Q4_1: return dot_q4_1_scalar(r, x, n / 32);
     case KVS_GGML_Q4_K: return dot_q4_k_scalar(r, x, n / 256);
     case KVS_GGML_Q6_K: return dot_q6_k_scalar(r, x, n / 256);
     default: break;
@@ -570,6 +634,7 @@ float kvs_dot_q8a_scalar(int type, const void *row, const kvs_q8a_block *x, int6
     switch (type) {
     case KVS_GGML_Q8_0: return dot_q8_0_scalar(r, x, n / 32);
     case KVS_GGML_Q5_0: return dot_q5_0_scalar(r, x, n / 32);
+    case KVS_GGML_Q4_1: return dot_q4_1_scalar(r, x, n / 32);
     case KVS_GGML_Q4_K: return dot_q4_k_scalar(r, x, n / 256);
     case KVS_GGML_Q6_K: return dot_q6_k_scalar(r, x, n / 256);
     default: break;

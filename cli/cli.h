@@ -29,10 +29,11 @@ int kvs_cmd_devices(int argc, char **argv);
 /* eval/ (issue: runner): cmd_run.c, cmd_report.c */
 int kvs_cmd_run(int argc, char **argv);
 int kvs_cmd_report(int argc, char **argv);
-/* backend/: cmd_serve.c, cmd_generate.c, cmd_bench.c */
+/* backend/: cmd_serve.c, cmd_generate.c, cmd_bench.c, cmd_models.c */
 int kvs_cmd_serve(int argc, char **argv);
 int kvs_cmd_generate(int argc, char **argv);
 int kvs_cmd_bench(int argc, char **argv);
+int kvs_cmd_models(int argc, char **argv); /* cmd_models.c: the model registry */
 
 /* Shared argument helpers (cli/args.c). Each prints a clear message naming
  * the flag and returns non-zero on bad input. */

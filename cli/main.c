@@ -21,6 +21,7 @@ static const kvs_cli_command commands[] = {
 #ifdef KVS_HAVE_BACKEND
     {"generate", kvs_cmd_generate, "one-shot generation with a GGUF model (optionally compressed)"},
     {"bench", kvs_cmd_bench, "prefill and decode tokens/s of a model"},
+    {"models", kvs_cmd_models, "the models --model NAME takes, and which are installed"},
 #endif
 #ifdef KVS_HAVE_SERVER
     {"serve", kvs_cmd_serve, "serve a GGUF model over HTTP with KV-compression hooks"},

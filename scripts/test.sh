@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install_model.sh >/dev/null   # the default model, for the tests labelled "model"
+bash scripts/install_model.sh qwen2.5-0.5b >/dev/null   # the other registry models: their own
+bash scripts/install_model.sh smollm2-135m >/dev/null   # backend_model_NAME tests
 JOBS=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVSIEVE_WERROR=ON >/dev/null
 cmake --build build -j"$JOBS"

@@ -1,9 +1,10 @@
 /*
  * test_backend_forward.c -- the forward pass of tiny random-weight models
- * (gemma3, llama, qwen2; F32 / F16 / BF16 and the default model's quantised
- * mix) against the float64 reference forward of tiny_model.c: batched prefill
- * logits, token-by-token decode logits, sliding-window masking, thread-count
- * independence, external embeddings; load errors naming what is wrong.
+ * (gemma3, llama, qwen2; F32 / F16 / BF16, the default model's quantised mix
+ * and SmolLM2's Q4_1) against the float64 reference forward of tiny_model.c:
+ * batched prefill logits, token-by-token decode logits, sliding-window
+ * masking, thread-count independence, external embeddings; load errors naming
+ * what is wrong.
  *
  * Tolerances (max |ours - ref| / max(1, max |ref|)): fp32-type weights 2e-3
  * (fp32 arithmetic on the same dequantised weights); quantised weights: prefill
@@ -240,6 +241,11 @@ int main(void) {
     check_model(&q, "gemma3_quant8", 1);
     tiny_spec l = tiny_default("llama");
     check_model(&l, "llama_f32", 0);
+    /* SmolLM2-135M's mix: Q4_1 matrices, Q8_0 embeddings (n_ff 96 = 3 blocks of 32) */
+    l.type_attn = l.type_ffn = l.type_down = KVS_GGML_Q4_1;
+    l.type_embd = KVS_GGML_Q8_0;
+    check_model(&l, "llama_q4_1", 1);
+    l = tiny_default("llama");
     l.rope_linear = 2.0f;
     l.rope_freqs = 1;
     check_model(&l, "llama_rope_scaled", 0);

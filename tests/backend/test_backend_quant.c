@@ -38,6 +38,18 @@ static void golden(void) {
     CHECK_NEAR(y[0], (19 - 16) * 0.25, 0);
     CHECK_NEAR(y[16], (15 - 16) * 0.25, 0);
     CHECK_NEAR(y[1], (0 - 16) * 0.25, 0);
+    /* Q4_1: x = d * nibble + m; element 0 low nibble of qs[0], element 16 its high nibble */
+    uint8_t q41[20] = {0};
+    put_h(q41, 0.5f);
+    put_h(q41 + 2, -3.0f);
+    q41[4] = (uint8_t)(6 | (15 << 4));
+    q41[4 + 15] = (uint8_t)(1 << 4); /* element 31 */
+    CHECK_OK(kvs_dequant_row(KVS_GGML_Q4_1, q41, y, 32, &err), &err);
+    CHECK_NEAR(y[0], 0.5 * 6 - 3.0, 0);
+    CHECK_NEAR(y[16], 0.5 * 15 - 3.0, 0);
+    CHECK_NEAR(y[1], -3.0, 0);
+    CHECK_NEAR(y[15], -3.0, 0);
+    CHECK_NEAR(y[31], 0.5 - 3.0, 0);
     /* Q4_K: sub-block 0 scale 2 min 3; sub-block 5 scale 33 min 17 (6-bit packing) */
     uint8_t q4[144] = {0};
     put_h(q4, 1.0f);
@@ -80,6 +92,10 @@ static void golden(void) {
 static void sizes(void) {
     CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q8_0), 34);
     CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q5_0), 22);
+    CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q4_1), 20);
+    CHECK_EQ_INT(kvs_ggml_row_size(KVS_GGML_Q4_1, 576), 360);
+    CHECK(kvs_ggml_type_supported(KVS_GGML_Q4_1));
+    CHECK(!kvs_ggml_type_supported(KVS_GGML_Q4_0));
     CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q4_K), 144);
     CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q6_K), 210);
     CHECK_EQ_INT(kvs_ggml_row_size(KVS_GGML_Q4_K, 512), 288);
@@ -103,6 +119,7 @@ static double bound(int type) {
     case KVS_GGML_BF16: return 8e-3;
     case KVS_GGML_Q8_0: return 1.0 / 127 * 0.51 + 1e-3;
     case KVS_GGML_Q5_0: return 1.0 / 16 + 2e-3; /* the far extreme clamps to 15: error up to d */
+    case KVS_GGML_Q4_1: return 1.0 / 15 + 3e-3; /* d/2 with d = range/15 <= 2 amax/15, plus f16 rounding */
     case KVS_GGML_Q4_K: return 0.2;
     case KVS_GGML_Q6_K: return 0.05;
     }
@@ -111,7 +128,7 @@ static double bound(int type) {
 
 static void round_trips_and_dots(void) {
     static const int types[] = {KVS_GGML_F32, KVS_GGML_F16, KVS_GGML_BF16, KVS_GGML_Q8_0,
-                                KVS_GGML_Q5_0, KVS_GGML_Q4_K, KVS_GGML_Q6_K};
+                                KVS_GGML_Q5_0, KVS_GGML_Q4_1, KVS_GGML_Q4_K, KVS_GGML_Q6_K};
     uint64_t rng = 42;
     kvs_err err = {0};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {

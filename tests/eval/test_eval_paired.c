@@ -186,6 +186,6 @@ int main(void) {
         test_heatmap(s);
         kvs_store_close(s);
     }
-    if (!getenv("KVS_KEEP")) eval_rmdir(dir); else printf("kept %s\n", dir);
+    eval_rmdir(dir);
     return kvs_test_finish("test_eval_paired");
 }

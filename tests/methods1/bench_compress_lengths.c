@@ -9,8 +9,10 @@
  * (its DCT plans come from methods/dct.c's plan cache, so the first call at a
  * new length pays FFTW's planning once) and the median and minimum of R
  * warm runs of each method, interleaved, through kvs_compress (create,
- * observe, select: what a server request pays), and the DCT route and FFT
- * length FlashCache used.
+ * observe, select: what a server request pays), the DCT route and FFT
+ * length FlashCache used, and FlashCache's transform of one (layer, K, head)
+ * block (kvs_dct_lowpass_sqres, one thread, median) on that route and on the
+ * direct FFTW route every N took before the routes existed.
  * Usage: bench_compress_lengths [threads=2] [reps=7] [N ...]
  */
 #include "dct.h"
@@ -52,7 +54,8 @@ int main(int argc, char **argv) {
     printf("gemma3-270m shape, fp16 K/V, ratio 0.2, %d thread(s), %d warm runs per method\n",
            threads, reps);
     printf("| N | route | FFT length | flashcache first ms | flashcache ms median [min] | "
-           "snapkv ms median [min] | flashcache / snapkv |\n|---:|---|---:|---:|---:|---:|---:|\n");
+           "snapkv ms median [min] | flashcache / snapkv | block ms: route [direct] |\n"
+           "|---:|---|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < nN; i++) {
         const int N = argc > 3 ? atoi(argv[3 + i]) : def[i];
         kvs_synth_config cfg;
@@ -100,10 +103,30 @@ int main(int argc, char **argv) {
             fprintf(stderr, "%s\n", e.msg);
             return 1;
         }
-        printf("| %d | %s | %d | %.1f | %.1f [%.1f] | %.1f [%.1f] | %.2f |\n", N,
+        double blk[2];
+        for (int r = 0; r < 2; r++) { /* 0: the plan's route, 1: direct */
+            kvs_dct_plan *bp = NULL;
+            if (kvs_dct_plan_create_opts(N, dc.layers[0].head_dim, omega,
+                                         r ? KVS_DCT_DIRECT : KVS_DCT_AUTO, &bp, &e)) {
+                fprintf(stderr, "%s\n", e.msg);
+                return 1;
+            }
+            float *acc = malloc(sizeof(float) * (size_t)N);
+            double lo, *tb = malloc(sizeof(double) * reps);
+            for (int q = 0; q < reps; q++) {
+                const double t0 = kvs_now_ms();
+                kvs_dct_lowpass_sqres(bp, &layers[0].k, 0, omega, &lo, acc, &e);
+                tb[q] = kvs_now_ms() - t0;
+            }
+            qsort(tb, (size_t)reps, sizeof *tb, cmp_d);
+            blk[r] = tb[reps / 2];
+            free(acc), free(tb);
+            kvs_dct_plan_destroy(bp);
+        }
+        printf("| %d | %s | %d | %.1f | %.1f [%.1f] | %.1f [%.1f] | %.2f | %.2f [%.2f] |\n", N,
                kvs_dct_plan_route(dp) == KVS_DCT_DIRECT ? "direct" : "bluestein",
                kvs_dct_plan_fft_size(dp, 1), first, tf[reps / 2], tf[0], ts[reps / 2], ts[0],
-               tf[reps / 2] / ts[reps / 2]);
+               tf[reps / 2] / ts[reps / 2], blk[0], blk[1]);
         fflush(stdout);
         kvs_dct_plan_destroy(dp);
         free(tf), free(ts);

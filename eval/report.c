@@ -970,7 +970,7 @@ static void write_paired(const dataset *d, int e, int b, const layout_t *t, int 
     if (md) {
         fprintf(f, "\nΔ = method − vs, the mean over the samples both were run on (paired by "
                    "sample id); 95%% paired percentile-bootstrap CI (%d resamples of the samples, the "
-                   "same resample for both; seed %llu). ",
+                   "same resample for both; seed %llu; per comparison, not adjusted). ",
                 B, (unsigned long long)seed);
         fprintf(f, "p: two-sided exact McNemar test on the discordant pairs (b: only the method "
                    "right, c: only vs right) for 0/1 scores, a paired sign-flip permutation test "
@@ -990,7 +990,8 @@ static void write_paired(const dataset *d, int e, int b, const layout_t *t, int 
                     100 * PAIRED_POWER, PAIRED_ALPHA, rs, n_min, tms);
     } else {
         fprintf(f, "\\bottomrule\n\\end{tabular}\n\\par\\footnotesize $\\Delta$: paired mean "
-                   "difference, 95\\%% paired bootstrap CI (%d resamples, seed %llu); $p$: %s; "
+                   "difference, 95\\%% paired bootstrap CI (%d resamples, seed %llu; not adjusted); "
+                   "$p$: %s; "
                    "$^*$: significant at %.2g after Holm--Bonferroni over %d comparisons; MDE at "
                    "%.0f\\%% power, $\\alpha = %.2g$ two-sided, normal approximation: %s. Table: "
                    "MDE %s at %s, $n = %d$.\n\\end{table}\n\n",

@@ -51,8 +51,15 @@ int main(int argc, char **argv) {
     static const int def[] = {1021, 1024, 1031, 1536, 2003, 2048, 4099, 4096};
     int nN = argc > 3 ? argc - 3 : (int)(sizeof def / sizeof def[0]);
     if (threads < 1 || reps < 1) return 2;
-    printf("gemma3-270m shape, fp16 K/V, ratio 0.2, %d thread(s), %d warm runs per method\n",
-           threads, reps);
+    double load = -1;
+    FILE *la = fopen("/proc/loadavg", "r");
+    if (la) {
+        if (fscanf(la, "%lf", &load) != 1) load = -1;
+        fclose(la);
+    }
+    printf("gemma3-270m shape, fp16 K/V, ratio 0.2, %d thread(s), %d warm runs per method; "
+           "1-minute load average before: %.2f\n",
+           threads, reps, load);
     printf("| N | route | FFT length | flashcache first ms | flashcache ms median [min] | "
            "snapkv ms median [min] | flashcache / snapkv | block ms: route [direct] |\n"
            "|---:|---|---:|---:|---:|---:|---:|---:|\n");

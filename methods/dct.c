@@ -365,44 +365,52 @@ static kvs_status band_init(kvs_dct_plan *p, int K, band *b, kvs_err *err) {
     return KVS_OK;
 }
 
-static inline void cmul(fftwf_complex x, const float yr, const float yi) {
-    const float r = x[0] * yr - x[1] * yi, i = x[0] * yi + x[1] * yr;
-    x[0] = r;
-    x[1] = i;
-}
-
 /* Forward: m columns of v ([m][N], real) to their half spectra V ([m][h]),
  * V[c][k] = sum_n v[c][n] e^{-2 pi i n k / N} for k < min(K, h) (band b);
  * entries k >= K are left as they are. Two columns per convolution. */
 static void chirp_r2c(const kvs_dct_plan *p, const band *b, int m, const float *v,
                       fftwf_complex *V) {
     const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h;
-    fftwf_complex *a = p->a, *f = p->b;
-    const fftwf_complex *w = p->w, *wf = b->wf;
+    float *restrict A = (float *)p->a; /* [M] complex, interleaved */
+    float *restrict F = (float *)p->b;
+    const float *restrict W = (const float *)p->w, *restrict Wf = (const float *)b->wf;
     for (int c = 0; c < m; c += 2) {
-        const float *x0 = v + (int64_t)c * N, *x1 = c + 1 < m ? x0 + N : NULL; /* [N] */
-        for (int n = 0; n < N; n++) {
-            a[n][0] = x0[n];
-            a[n][1] = x1 ? x1[n] : 0.0f;
-            cmul(a[n], w[n][0], w[n][1]);
+        const float *restrict x0 = v + (int64_t)c * N; /* [N] */
+        if (c + 1 < m) {
+            const float *restrict x1 = x0 + N;
+            for (int n = 0; n < N; n++) { /* (x0 + i x1) w_n */
+                A[2 * n] = x0[n] * W[2 * n] - x1[n] * W[2 * n + 1];
+                A[2 * n + 1] = x0[n] * W[2 * n + 1] + x1[n] * W[2 * n];
+            }
+        } else {
+            for (int n = 0; n < N; n++) {
+                A[2 * n] = x0[n] * W[2 * n] - 0.0f * W[2 * n + 1];
+                A[2 * n + 1] = x0[n] * W[2 * n + 1] + 0.0f * W[2 * n];
+            }
         }
-        memset(a + N, 0, sizeof(fftwf_complex) * (size_t)(M - N));
-        fftwf_execute_dft(b->fft->fwd, a, f);
-        for (int j = 0; j < M; j++) cmul(f[j], wf[j][0], wf[j][1]);
-        fftwf_execute_dft(b->fft->bwd, f, a);
+        memset(A + 2 * N, 0, sizeof(float) * 2 * (size_t)(M - N));
+        fftwf_execute_dft(b->fft->fwd, p->a, p->b);
+        for (int j = 0; j < M; j++) { /* times the kernel's spectrum */
+            const float fr = F[2 * j], fi = F[2 * j + 1];
+            F[2 * j] = fr * Wf[2 * j] - fi * Wf[2 * j + 1];
+            F[2 * j + 1] = fr * Wf[2 * j + 1] + fi * Wf[2 * j];
+        }
+        fftwf_execute_dft(b->fft->bwd, p->b, p->a);
         /* Z[k] = w_k c[k] at k mod M; split the two columns */
-        fftwf_complex *V0 = V + (int64_t)c * h, *V1 = x1 ? V0 + h : NULL; /* [h] */
+        fftwf_complex *V0 = V + (int64_t)c * h, *V1 = c + 1 < m ? V0 + h : NULL; /* [h] */
         for (int k = 0; k < K; k++) {
-            fftwf_complex zp = {a[k][0], a[k][1]};
-            fftwf_complex zn = {a[k ? M - k : 0][0], a[k ? M - k : 0][1]};
-            cmul(zp, w[k][0], w[k][1]);
-            cmul(zn, w[k][0], w[k][1]); /* w_{-k} = w_k */
+            const int kn = k ? M - k : 0;
+            const float wr = W[2 * k], wi = W[2 * k + 1]; /* w_{-k} = w_k */
+            const float pr = A[2 * k] * wr - A[2 * k + 1] * wi;
+            const float pi = A[2 * k] * wi + A[2 * k + 1] * wr;
+            const float nr = A[2 * kn] * wr - A[2 * kn + 1] * wi;
+            const float ni = A[2 * kn] * wi + A[2 * kn + 1] * wr;
             /* V0 = (Zp + conj Zn) / 2, V1 = (Zp - conj Zn) / (2i) */
-            V0[k][0] = 0.5f * (zp[0] + zn[0]);
-            V0[k][1] = 0.5f * (zp[1] - zn[1]);
+            V0[k][0] = 0.5f * (pr + nr);
+            V0[k][1] = 0.5f * (pi - ni);
             if (V1) {
-                V1[k][0] = 0.5f * (zp[1] + zn[1]);
-                V1[k][1] = -0.5f * (zp[0] - zn[0]);
+                V1[k][0] = 0.5f * (pi + ni);
+                V1[k][1] = -0.5f * (pr - nr);
             }
         }
     }
@@ -414,37 +422,45 @@ static void chirp_r2c(const kvs_dct_plan *p, const band *b, int m, const float *
 static void chirp_c2r(const kvs_dct_plan *p, const band *b, int m, const fftwf_complex *V,
                       float *out) {
     const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h;
-    fftwf_complex *a = p->a, *f = p->b;
-    const fftwf_complex *w = p->w, *wi = b->wf + M; /* the mirrored kernel */
+    float *restrict A = (float *)p->a, *restrict F = (float *)p->b;
+    const float *restrict W = (const float *)p->w;
+    const float *restrict Wi = (const float *)(b->wf + M); /* the mirrored kernel */
     for (int c = 0; c < m; c += 2) {
         const fftwf_complex *V0 = V + (int64_t)c * h, *V1 = c + 1 < m ? V0 + h : NULL; /* [h] */
         /* input conj(Z[k]) w_k at k mod M, k in (-K, K): Z[k] = V0[k] + i V1[k],
-         * Z[-k] = conj V0[k] + i conj V1[k] */
-        memset(a, 0, sizeof(fftwf_complex) * (size_t)M);
+         * Z[-k] = conj V0[k] + i conj V1[k]; zero between the two ends */
+        memset(A + 2 * K, 0, sizeof(float) * 2 * (size_t)(M - 2 * K + 1));
         for (int k = 0; k < K; k++) {
             const int nyq = !(N & 1) && 2 * k == N; /* V[N/2]: once, real parts */
-            float r0 = V0[k][0], i0 = k && !nyq ? V0[k][1] : 0.0f;
-            float r1 = V1 ? V1[k][0] : 0.0f, i1 = V1 && k && !nyq ? V1[k][1] : 0.0f;
+            const float r0 = V0[k][0], i0 = k && !nyq ? V0[k][1] : 0.0f;
+            const float r1 = V1 ? V1[k][0] : 0.0f, i1 = V1 && k && !nyq ? V1[k][1] : 0.0f;
+            const float wr = W[2 * k], wi = W[2 * k + 1];
             /* Z[k] = (r0 - i1) + i (i0 + r1); Z[-k] = (r0 + i1) + i (r1 - i0) */
-            fftwf_complex zp = {r0 - i1, -(i0 + r1)}; /* conj Z[k] */
-            cmul(zp, w[k][0], w[k][1]);
-            a[k][0] = zp[0];
-            a[k][1] = zp[1];
-            if (k && !nyq) {
-                fftwf_complex zn = {r0 + i1, -(r1 - i0)}; /* conj Z[-k] */
-                cmul(zn, w[k][0], w[k][1]);
-                a[M - k][0] = zn[0];
-                a[M - k][1] = zn[1];
+            const float zr = r0 - i1, zi = -(i0 + r1); /* conj Z[k] */
+            A[2 * k] = zr * wr - zi * wi;
+            A[2 * k + 1] = zr * wi + zi * wr;
+            if (k) {
+                const float yr = r0 + i1, yi = -(r1 - i0); /* conj Z[-k] */
+                A[2 * (M - k)] = nyq ? 0.0f : yr * wr - yi * wi;
+                A[2 * (M - k) + 1] = nyq ? 0.0f : yr * wi + yi * wr;
             }
         }
-        fftwf_execute_dft(b->fft->fwd, a, f);
-        for (int q = 0; q < M; q++) cmul(f[q], wi[q][0], wi[q][1]); /* FFT(b[-j]) = wf[-q] */
-        fftwf_execute_dft(b->fft->bwd, f, a);
-        float *o0 = out + (int64_t)c * N, *o1 = V1 ? o0 + N : NULL; /* [N] */
-        for (int n = 0; n < N; n++) { /* z = conj(w_n c_n) = v0 + i v1 */
-            cmul(a[n], w[n][0], w[n][1]);
-            o0[n] = a[n][0];
-            if (o1) o1[n] = -a[n][1];
+        fftwf_execute_dft(b->fft->fwd, p->a, p->b);
+        for (int q = 0; q < M; q++) { /* FFT(b[-j]) = wf[-q] */
+            const float fr = F[2 * q], fi = F[2 * q + 1];
+            F[2 * q] = fr * Wi[2 * q] - fi * Wi[2 * q + 1];
+            F[2 * q + 1] = fr * Wi[2 * q + 1] + fi * Wi[2 * q];
+        }
+        fftwf_execute_dft(b->fft->bwd, p->b, p->a);
+        float *restrict o0 = out + (int64_t)c * N; /* [N]; z = conj(w_n c_n) = v0 + i v1 */
+        if (V1) {
+            float *restrict o1 = o0 + N;
+            for (int n = 0; n < N; n++) {
+                o0[n] = A[2 * n] * W[2 * n] - A[2 * n + 1] * W[2 * n + 1];
+                o1[n] = -(A[2 * n] * W[2 * n + 1] + A[2 * n + 1] * W[2 * n]);
+            }
+        } else {
+            for (int n = 0; n < N; n++) o0[n] = A[2 * n] * W[2 * n] - A[2 * n + 1] * W[2 * n + 1];
         }
     }
 }

@@ -15,9 +15,12 @@ static void report_usage(FILE *f) {
             "                      [--format md|latex|csv|json] [--out FILE] [--plot FILE.svg|.png]\n"
             "                      [--bootstrap B] [--seed S]\n"
             "  tables: method x metric per budget, mean [95%% bootstrap CI], delta vs full, best\n"
-            "  marked; latency tables (N x method, median [p10, p90]) when latency rows exist.\n"
+            "  marked; task tables add paired differences (vs full, vs the best other variant:\n"
+            "  paired bootstrap CI, exact McNemar p, Holm-Bonferroni marks, detectable difference);\n"
+            "  latency tables (N x method, median [p10, p90]) when latency rows exist.\n"
             "  --plot  score vs budget (and overhead vs N, log-log, when latency rows exist) via\n"
-            "          gnuplot\n");
+            "          gnuplot; needle experiments also get FILE-heatmap.svg (depth x length per\n"
+            "          variant)\n");
 }
 
 int kvs_cmd_report(int argc, char **argv) {

@@ -339,6 +339,36 @@ void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, doub
 void kvs_bootstrap_ci_weighted(const double *x, const double *w, int n, int resamples,
                                uint64_t seed, double *mean, double *lo, double *hi);
 
+/* ---- Paired statistics (stats.c; the report's method comparisons) --------- */
+
+/* Exact two-sided McNemar test on b and c discordant pairs: Binomial(b + c,
+ * 1/2), p = min(1, 2 P[X <= min(b, c)]); 1 when b + c = 0, NaN for b or c
+ * < 0. E.g. b = 7, c = 1: 2 * 9 / 256 = 0.0703125. */
+double kvs_mcnemar_exact_p(int64_t b, int64_t c);
+/* Two-sided paired sign-flip permutation test of mean(d) = 0 (Monte Carlo,
+ * resamples random sign patterns, deterministic in seed): (1 + #{|sum s_i
+ * d_i| >= |sum d_i|}) / (1 + resamples); 1 when every d is 0. */
+double kvs_signflip_p(const double *d, int n, int resamples, uint64_t seed);
+/* Holm-Bonferroni step-down adjusted p-values of the non-NaN p[0..n) (m of
+ * them): sorted ascending, adj_(i) = max_{j <= i} min(1, (m - j) p_(j))
+ * (0-based j); NaN stays NaN. A test is significant at level a after the
+ * correction when adj <= a. */
+void kvs_holm_adjust(const double *p, int n, double *adj);
+/* Mean of x - y over n pairs and its percentile-bootstrap 95% CI, resampling
+ * pairs (the same resample for both methods): kvs_bootstrap_ci of the
+ * differences. */
+void kvs_paired_bootstrap_ci(const double *x, const double *y, int n, int resamples, uint64_t seed,
+                             double *mean, double *lo, double *hi);
+/* z_{1 - alpha/2} + z_{power} (1.959964 + 0.841621 = 2.801585 for 0.05, 0.8). */
+double kvs_power_z(double alpha, double power);
+/* Smallest difference a two-sided level-alpha test detects with the given
+ * power, normal approximation (formulas in stats.c):
+ *   paired 0/1 outcomes, discordance rate p_disc: z sqrt(p_disc / n);
+ *   paired means, sd of the differences:        z sd_diff / sqrt(n).
+ * NaN when not defined (n too small, p_disc or sd_diff 0). */
+double kvs_mde_paired_binary(int n, double p_disc, double alpha, double power);
+double kvs_mde_paired_mean(int n, double sd_diff, double alpha, double power);
+
 #ifdef __cplusplus
 }
 #endif

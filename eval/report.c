@@ -127,8 +127,17 @@ typedef struct {
     double *x; /* [n] values */
     double *w; /* [n] weights, or NULL (all 1): decode_tok_s is weighted by each
                 * request's decode time, so its mean is total tokens / total time */
+    int *sid;  /* [n] sample of each value (index into dataset.samples) */
     double mean, lo, hi;
 } group;
+
+/* Sample ids (cells.sample_id), interned through an open-addressing hash:
+ * the paired comparisons match cells of two variants by sample. */
+typedef struct {
+    names v;
+    int *slot; /* [cap] index into v, -1 empty */
+    int cap;
+} sample_tab;
 
 typedef struct {
     double ratio;
@@ -143,6 +152,7 @@ typedef struct {
     int n_budgets, cap_budgets;
     group *g;
     int n_groups, cap_groups;
+    sample_tab samples;
 } dataset;
 
 static void dataset_free(dataset *d) {
@@ -157,8 +167,47 @@ static void dataset_free(dataset *d) {
     for (int i = 0; i < d->n_groups; i++) {
         free(d->g[i].x);
         free(d->g[i].w);
+        free(d->g[i].sid);
     }
     free(d->g);
+    names_free(&d->samples.v);
+    free(d->samples.slot);
+}
+
+/* Index of sample id s (added if new); -1 when out of memory. */
+static int sample_index(sample_tab *t, const char *s) {
+    if (t->v.n * 2 >= t->cap) { /* keep the load under 1/2: rehash into twice the slots */
+        int cap = t->cap ? 2 * t->cap : 1024;
+        int *ns = malloc(sizeof *ns * (size_t)cap);
+        if (!ns) return -1;
+        for (int i = 0; i < cap; i++) ns[i] = -1;
+        for (int i = 0; i < t->v.n; i++) {
+            uint64_t h = fnv1a(t->v.v[i], 0xcbf29ce484222325ULL);
+            int k = (int)(h & (uint64_t)(cap - 1));
+            while (ns[k] >= 0) k = (k + 1) & (cap - 1);
+            ns[k] = i;
+        }
+        free(t->slot);
+        t->slot = ns;
+        t->cap = cap;
+    }
+    uint64_t h = fnv1a(s, 0xcbf29ce484222325ULL);
+    int k = (int)(h & (uint64_t)(t->cap - 1));
+    while (t->slot[k] >= 0) {
+        if (strcmp(t->v.v[t->slot[k]], s) == 0) return t->slot[k];
+        k = (k + 1) & (t->cap - 1);
+    }
+    if (t->v.n == t->v.cap) {
+        int cap = t->v.cap ? 2 * t->v.cap : 64;
+        char **nv = realloc(t->v.v, sizeof *nv * (size_t)cap);
+        if (!nv) return -1;
+        t->v.v = nv, t->v.cap = cap;
+    }
+    char *c = strdup(s);
+    if (!c) return -1;
+    t->v.v[t->v.n] = c;
+    t->slot[k] = t->v.n;
+    return t->v.n++;
 }
 
 static int budget_index(dataset *d, double ratio, int64_t tokens) {
@@ -207,7 +256,7 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_
     sqlite3_stmt *st = NULL;
     const char *sql =
         "SELECT c.experiment, c.kind, c.label, c.method, c.budget_ratio, c.budget_tokens, s.metric,"
-        " s.value, r.decode_ms FROM cells c JOIN results r ON r.cell_key = c.key"
+        " s.value, r.decode_ms, c.sample_id FROM cells c JOIN results r ON r.cell_key = c.key"
         " JOIN scores s ON s.cell_key = c.key"
         " WHERE (?1 IS NULL OR c.experiment = ?1) AND (?2 <= 0 OR r.run_id = ?2)"
         " AND s.value IS NOT NULL"
@@ -232,7 +281,9 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_
         int mth = intern(&d->methods, method ? method : "");
         int m = intern(&d->metrics, metric ? metric : "");
         int b = budget_index(d, ratio, tokens);
-        if (e < 0 || k < 0 || l < 0 || mth < 0 || m < 0 || b < 0) {
+        const char *sample = (const char *)sqlite3_column_text(st, 9);
+        int si = sample_index(&d->samples, sample ? sample : "");
+        if (e < 0 || k < 0 || l < 0 || mth < 0 || m < 0 || b < 0 || si < 0) {
             rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
             goto cleanup;
         }
@@ -292,6 +343,12 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_
                 goto cleanup;
             }
             cur->x = nx;
+            int *ni = realloc(cur->sid, sizeof *ni * (size_t)cap);
+            if (!ni) {
+                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                goto cleanup;
+            }
+            cur->sid = ni;
             if (weighted || cur->w) {
                 double *nw = realloc(cur->w, sizeof *nw * (size_t)cap);
                 if (!nw) {
@@ -304,6 +361,7 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_
         }
         assert(!cur->w == !weighted); /* one metric per group */
         if (cur->w) cur->w[cur->n] = wv;
+        cur->sid[cur->n] = si;
         cur->x[cur->n++] = value;
     }
     if (r != SQLITE_DONE) rc = sql_fail(db, err, "reading scores");
@@ -668,6 +726,368 @@ static void json_num(FILE *f, double v) {
         fprintf(f, "%.12g", v);
 }
 
+/* ---- paired comparisons ---------------------------------------------------------- */
+
+/* One row of a table's paired comparisons: variant l against o (full, or the
+ * best other compressed variant of the same setting at this budget) on the
+ * table's primary metric, over the samples both have. */
+typedef struct {
+    int l, o, vs_full;
+    int test;      /* index of the distinct test (l vs o and o vs l are one) */
+    int n, binary; /* pairs; 1 when every paired value is 0 or 1 */
+    int64_t b, c;  /* binary: pairs with only l right (b), only o right (c) */
+    double delta, lo, hi, p, padj, mde, sd;
+} cmp_row;
+
+enum { PAIRED_RESAMPLES_MIN = 1000 };
+#define PAIRED_ALPHA 0.05
+#define PAIRED_POWER 0.8
+
+/* The best compressed variant other than l with l's bracketed tag at budget
+ * b on metric m (higher or lower by direction); -1 when none or unranked. */
+static int best_other(const dataset *d, int e, int b, const layout_t *t, int m, int l) {
+    const int dir = direction(d->metrics.v[m]);
+    const char *tag = strrchr(d->labels.v[l], '[');
+    int best = -1;
+    double bv = NAN;
+    if (dir == 0) return -1;
+    for (int i = 0; i < t->n_labels; i++) {
+        const int o = t->labels[i];
+        if (o == l || is_full(d, o)) continue;
+        const char *ot = strrchr(d->labels.v[o], '[');
+        if (tag ? !(ot && !strcmp(tag, ot)) : ot != NULL) continue;
+        const int gi = find_group(d, e, b, o, m);
+        if (gi < 0 || isnan(d->g[gi].mean)) continue;
+        const double v = d->g[gi].mean;
+        if (best < 0 || (dir < 0 ? v < bv : v > bv)) best = o, bv = v;
+    }
+    return best;
+}
+
+/* Pairs of groups ga (x) and gb (y) by sample: x[i], y[i], i < returned n.
+ * pos is scratch [samples] filled with -1 and left so. */
+static int pair_up(const dataset *d, const group *ga, const group *gb, int *pos, double *x,
+                   double *y) {
+    int n = 0;
+    for (int i = gb->n - 1; i >= 0; i--) pos[gb->sid[i]] = i; /* first occurrence wins */
+    for (int i = 0; i < ga->n; i++) {
+        const int j = pos[ga->sid[i]];
+        if (j < 0) continue;
+        x[n] = ga->x[i];
+        y[n] = gb->x[j];
+        n++;
+    }
+    for (int i = 0; i < gb->n; i++) pos[gb->sid[i]] = -1;
+    (void)d;
+    return n;
+}
+
+static uint64_t pair_seed(const dataset *d, int e, int b, int l, int o, uint64_t seed) {
+    const char *a = d->labels.v[l], *c = d->labels.v[o];
+    if (strcmp(a, c) > 0) { /* one seed per unordered pair: mirrored rows agree */
+        const char *t = a;
+        a = c, c = t;
+    }
+    char bt[64];
+    snprintf(bt, sizeof bt, "|paired|%.17g|%lld|", d->budgets[b].ratio,
+             (long long)d->budgets[b].tokens);
+    uint64_t h = fnv1a(d->exps.v[e], 0xcbf29ce484222325ULL);
+    h = fnv1a(bt, h);
+    h = fnv1a(a, h);
+    h = fnv1a("|", h);
+    h = fnv1a(c, h);
+    return seed ^ h;
+}
+
+/* The comparisons of one table (experiment e, budget b, metric m): every
+ * compressed variant vs its `full` and vs the best other one; p-values
+ * Holm-adjusted across the table's distinct tests. *rows is malloc'd
+ * (caller frees); returns the count, -1 out of memory. */
+static int paired_rows(const dataset *d, int e, int b, const layout_t *t, int m, int B,
+                       uint64_t seed, cmp_row **rows) {
+    *rows = NULL;
+    int n_rows = 0, cap = 2 * t->n_labels + 1, n_tests = 0, maxn = 1;
+    cmp_row *r = calloc((size_t)cap, sizeof *r);
+    int *pos = malloc(sizeof(int) * (size_t)(d->samples.v.n + 1));
+    for (int i = 0; i < d->n_groups; i++) maxn = d->g[i].n > maxn ? d->g[i].n : maxn;
+    double *x = malloc(sizeof(double) * (size_t)maxn), *y = malloc(sizeof(double) * (size_t)maxn);
+    double *dd = malloc(sizeof(double) * (size_t)maxn);
+    double *tp = calloc((size_t)cap, sizeof(double)), *ta = calloc((size_t)cap, sizeof(double));
+    if (!r || !pos || !x || !y || !dd || !tp || !ta) {
+        free(r), free(pos), free(x), free(y), free(dd), free(tp), free(ta);
+        return -1;
+    }
+    for (int i = 0; i <= d->samples.v.n; i++) pos[i] = -1;
+    for (int i = 0; i < t->n_labels; i++) {
+        const int l = t->labels[i];
+        if (is_full(d, l) || find_group(d, e, b, l, m) < 0) continue;
+        const int others[2] = {full_for(d, t->labels, t->n_labels, l),
+                               best_other(d, e, b, t, m, l)};
+        for (int k = 0; k < 2; k++) {
+            const int o = others[k];
+            if (o < 0) continue;
+            const int ga = find_group(d, e, b, l, m), gb = cell_group(d, e, b, o, m);
+            if (gb < 0) continue;
+            cmp_row *c = &r[n_rows];
+            memset(c, 0, sizeof *c);
+            c->l = l, c->o = o, c->vs_full = k == 0;
+            c->n = pair_up(d, &d->g[ga], &d->g[gb], pos, x, y);
+            if (c->n == 0) continue;
+            c->binary = 1;
+            double sd = 0, mean = 0;
+            for (int j = 0; j < c->n; j++) {
+                c->binary &= (x[j] == 0 || x[j] == 1) && (y[j] == 0 || y[j] == 1);
+                dd[j] = x[j] - y[j];
+                mean += dd[j];
+            }
+            mean /= c->n;
+            for (int j = 0; j < c->n; j++) sd += (dd[j] - mean) * (dd[j] - mean);
+            c->sd = c->n > 1 ? sqrt(sd / (c->n - 1)) : NAN;
+            const uint64_t ps = pair_seed(d, e, b, l, o, seed);
+            kvs_paired_bootstrap_ci(x, y, c->n, B, ps, &c->delta, &c->lo, &c->hi);
+            if (c->binary) {
+                for (int j = 0; j < c->n; j++) c->b += x[j] > y[j], c->c += x[j] < y[j];
+                c->p = kvs_mcnemar_exact_p(c->b, c->c);
+                c->mde = kvs_mde_paired_binary(c->n, (double)(c->b + c->c) / c->n, PAIRED_ALPHA,
+                                               PAIRED_POWER);
+            } else {
+                c->p = kvs_signflip_p(dd, c->n, B > PAIRED_RESAMPLES_MIN ? B : PAIRED_RESAMPLES_MIN,
+                                      ps ^ 0x5bd1e995ULL);
+                c->mde = kvs_mde_paired_mean(c->n, c->sd, PAIRED_ALPHA, PAIRED_POWER);
+            }
+            /* one test per unordered pair */
+            c->test = -1;
+            for (int q = 0; q < n_rows && c->test < 0; q++)
+                if (r[q].l == o && r[q].o == l) c->test = r[q].test;
+            if (c->test < 0) {
+                c->test = n_tests;
+                tp[n_tests++] = c->p;
+            }
+            n_rows++;
+        }
+    }
+    kvs_holm_adjust(tp, n_tests, ta);
+    for (int i = 0; i < n_rows; i++) r[i].padj = ta[r[i].test];
+    free(pos), free(x), free(y), free(dd), free(tp), free(ta);
+    *rows = r;
+    return n_rows;
+}
+
+static int n_tests_of(const cmp_row *r, int n) {
+    int t = 0;
+    for (int i = 0; i < n; i++) t = r[i].test + 1 > t ? r[i].test + 1 : t;
+    return t;
+}
+
+/* The table's own detectable difference: at its mean discordance rate
+ * (binary) or mean sd of the differences (otherwise), and its fewest pairs. */
+static double table_mde(const cmp_row *r, int n, int *binary, double *rate, int *n_min) {
+    double s = 0;
+    int k = 0, bin = 1;
+    *n_min = 0;
+    for (int i = 0; i < n; i++) bin &= r[i].binary;
+    for (int i = 0; i < n; i++) {
+        if (*n_min == 0 || r[i].n < *n_min) *n_min = r[i].n;
+        const double v = bin ? (double)(r[i].b + r[i].c) / r[i].n : r[i].sd;
+        if (!isnan(v)) s += v, k++;
+    }
+    *binary = bin;
+    *rate = k ? s / k : NAN;
+    return bin ? kvs_mde_paired_binary(*n_min, *rate, PAIRED_ALPHA, PAIRED_POWER)
+               : kvs_mde_paired_mean(*n_min, *rate, PAIRED_ALPHA, PAIRED_POWER);
+}
+
+static void fmt_p(double p, char *out, size_t n) {
+    if (isnan(p))
+        snprintf(out, n, "-");
+    else if (p < 1e-4)
+        snprintf(out, n, "%.1e", p);
+    else
+        snprintf(out, n, "%.4f", p);
+}
+
+/* Markdown / LaTeX: the comparisons of one budget's table, under it. */
+static void write_paired(const dataset *d, int e, int b, const layout_t *t, int m, FILE *f,
+                         kvs_report_format fmt, int B, uint64_t seed) {
+    cmp_row *r = NULL;
+    const int n = paired_rows(d, e, b, t, m, B, seed, &r);
+    if (n <= 0) {
+        free(r);
+        return;
+    }
+    const int md = fmt == KVS_REPORT_MD;
+    const char *pm = d->metrics.v[m];
+    if (md) {
+        fprintf(f, "Paired differences in %s (budget ", pm);
+        char bt[64];
+        budget_title(&d->budgets[b], bt, sizeof bt);
+        fprintf(f, "%s):\n\n| method | vs | pairs | Δ [95%% CI] | b / c | p | p Holm | MDE |\n"
+                   "|---|---|---:|---:|---:|---:|---:|---:|\n", bt);
+    } else {
+        fprintf(f, "\\begin{table}[t]\n\\centering\n\\caption{");
+        tex_escape(f, d->exps.v[e]);
+        char bt[64];
+        budget_title(&d->budgets[b], bt, sizeof bt);
+        fprintf(f, ", budget %s: paired differences in ", bt);
+        tex_escape(f, pm);
+        fprintf(f, "}\n\\begin{tabular}{llrrrrrr}\n\\toprule\nmethod & vs & pairs & $\\Delta$ "
+                   "[95\\%% CI] & $b/c$ & $p$ & $p_{\\mathrm{Holm}}$ & MDE \\\\\n\\midrule\n");
+    }
+    for (int i = 0; i < n; i++) {
+        const cmp_row *c = &r[i];
+        char a[32], lo[32], hi[32], p[32], pa[32], mde[32], bc[48];
+        snprintf(a, sizeof a, "%+.4g", c->delta);
+        snprintf(lo, sizeof lo, "%+.4g", c->lo);
+        snprintf(hi, sizeof hi, "%+.4g", c->hi);
+        fmt_p(c->p, p, sizeof p);
+        fmt_p(c->padj, pa, sizeof pa);
+        fmt_num(c->mde, mde, sizeof mde);
+        if (c->binary)
+            snprintf(bc, sizeof bc, "%lld / %lld", (long long)c->b, (long long)c->c);
+        else
+            snprintf(bc, sizeof bc, "-");
+        const int sig = !isnan(c->padj) && c->padj <= PAIRED_ALPHA;
+        char vs[200];
+        snprintf(vs, sizeof vs, "%s%s", c->vs_full ? "" : "best other: ", d->labels.v[c->o]);
+        if (md) {
+            fprintf(f, "| %s | %s | %d | %s [%s, %s]%s | %s | %s | %s%s | %s |\n", d->labels.v[c->l],
+                    vs, c->n, a, lo, hi, sig ? " *" : "", bc, p, pa, sig ? " *" : "", mde);
+        } else {
+            tex_escape(f, d->labels.v[c->l]);
+            fprintf(f, " & ");
+            tex_escape(f, vs);
+            fprintf(f, " & %d & %s [%s, %s]%s & %s & %s & %s & %s \\\\\n", c->n, a, lo, hi,
+                    sig ? "$^*$" : "", bc, p, pa, mde);
+        }
+    }
+    int bin, n_min;
+    double rate;
+    const double tm = table_mde(r, n, &bin, &rate, &n_min);
+    char tms[32], rs[32];
+    fmt_num(tm, tms, sizeof tms);
+    fmt_num(rate, rs, sizeof rs);
+    const int K = n_tests_of(r, n);
+    if (md) {
+        fprintf(f, "\nΔ = method − vs, the mean over the samples both were run on (paired by "
+                   "sample id); 95%% paired percentile-bootstrap CI (%d resamples of the samples, the "
+                   "same resample for both; seed %llu; per comparison, not adjusted). ",
+                B, (unsigned long long)seed);
+        fprintf(f, "p: two-sided exact McNemar test on the discordant pairs (b: only the method "
+                   "right, c: only vs right) for 0/1 scores, a paired sign-flip permutation test "
+                   "otherwise. *: significant at %.2g after Holm–Bonferroni across this table's %d "
+                   "distinct comparisons (p Holm is the adjusted p). ",
+                PAIRED_ALPHA, K);
+        if (bin)
+            fprintf(f, "MDE: the smallest difference detectable with %.0f%% power by a two-sided "
+                       "test at α = %.2g, normal approximation to McNemar's test, (z₀.₉₇₅ + z₀.₈) "
+                       "√(p_d / n) with p_d = (b + c) / n the observed discordance rate. This "
+                       "table at its mean p_d = %s and n = %d: **MDE = %s**.\n\n",
+                    100 * PAIRED_POWER, PAIRED_ALPHA, rs, n_min, tms);
+        else
+            fprintf(f, "MDE: the smallest difference detectable with %.0f%% power by a two-sided "
+                       "test at α = %.2g, normal approximation, (z₀.₉₇₅ + z₀.₈) sd(Δ) / √n. This "
+                       "table at its mean sd(Δ) = %s and n = %d: **MDE = %s**.\n\n",
+                    100 * PAIRED_POWER, PAIRED_ALPHA, rs, n_min, tms);
+    } else {
+        fprintf(f, "\\bottomrule\n\\end{tabular}\n\\par\\footnotesize $\\Delta$: paired mean "
+                   "difference, 95\\%% paired bootstrap CI (%d resamples, seed %llu; not adjusted); "
+                   "$p$: %s; "
+                   "$^*$: significant at %.2g after Holm--Bonferroni over %d comparisons; MDE at "
+                   "%.0f\\%% power, $\\alpha = %.2g$ two-sided, normal approximation: %s. Table: "
+                   "MDE %s at %s, $n = %d$.\n\\end{table}\n\n",
+                B, (unsigned long long)seed,
+                bin ? "exact McNemar" : "paired sign-flip permutation test", PAIRED_ALPHA, K,
+                100 * PAIRED_POWER, PAIRED_ALPHA,
+                bin ? "$(z_{0.975} + z_{0.8})\\sqrt{p_d / n}$, $p_d = (b + c)/n$"
+                    : "$(z_{0.975} + z_{0.8})\\,\\mathrm{sd}(\\Delta)/\\sqrt{n}$",
+                tms, bin ? "mean $p_d$" : "mean sd", n_min);
+        (void)rs;
+    }
+    free(r);
+}
+
+/* CSV (a block of its own) and JSON ("paired": [...]): every comparison of
+ * every task table. Returns the rows written. */
+static int write_paired_long(const dataset *d, FILE *f, kvs_report_format fmt, int B,
+                             uint64_t seed) {
+    int written = 0;
+    for (int e = 0; e < d->exps.n; e++) {
+        if (strcmp(d->kinds.v[d->exp_kind[e]], "task")) continue;
+        layout_t t;
+        if (layout(d, e, &t, NULL)) return written;
+        const int m = t.n_metrics ? t.metrics[0] : -1;
+        for (int bi = 0; bi < t.n_budgets && m >= 0; bi++) {
+            const int b = t.budgets[bi];
+            cmp_row *r = NULL;
+            const int n = paired_rows(d, e, b, &t, m, B, seed, &r);
+            int bin = 0, n_min = 0;
+            double rate = NAN, tm = n > 0 ? table_mde(r, n, &bin, &rate, &n_min) : NAN;
+            for (int i = 0; i < n; i++) {
+                const cmp_row *c = &r[i];
+                const bkey *bk = &d->budgets[b];
+                if (fmt == KVS_REPORT_CSV) {
+                    if (written == 0)
+                        fprintf(f, "\nexperiment,budget_ratio,budget_tokens,metric,variant,vs,"
+                                   "vs_kind,pairs,binary,delta,ci_lo,ci_hi,b,c,p,p_holm,"
+                                   "significant,mde,table_mde\n");
+                    csv_field(f, d->exps.v[e]);
+                    fprintf(f, ",%.12g,%lld,", bk->ratio, (long long)bk->tokens);
+                    csv_field(f, d->metrics.v[m]);
+                    fputc(',', f);
+                    csv_field(f, d->labels.v[c->l]);
+                    fputc(',', f);
+                    csv_field(f, d->labels.v[c->o]);
+                    fprintf(f, ",%s,%d,%d,%.12g,%.12g,%.12g,", c->vs_full ? "full" : "best_other",
+                            c->n, c->binary, c->delta, c->lo, c->hi);
+                    if (c->binary)
+                        fprintf(f, "%lld,%lld,", (long long)c->b, (long long)c->c);
+                    else
+                        fprintf(f, ",,");
+                    fprintf(f, "%.12g,%.12g,%d,", c->p, c->padj, c->padj <= PAIRED_ALPHA);
+                    if (!isnan(c->mde)) fprintf(f, "%.12g", c->mde);
+                    fputc(',', f);
+                    if (!isnan(tm)) fprintf(f, "%.12g", tm);
+                    fputc('\n', f);
+                } else {
+                    fprintf(f, "%s\n  {\"experiment\": ", written ? "," : "");
+                    json_str(f, d->exps.v[e]);
+                    fprintf(f, ", \"budget_ratio\": ");
+                    json_num(f, bk->ratio);
+                    fprintf(f, ", \"budget_tokens\": %lld, \"metric\": ", (long long)bk->tokens);
+                    json_str(f, d->metrics.v[m]);
+                    fprintf(f, ", \"variant\": ");
+                    json_str(f, d->labels.v[c->l]);
+                    fprintf(f, ", \"vs\": ");
+                    json_str(f, d->labels.v[c->o]);
+                    fprintf(f, ", \"vs_kind\": \"%s\", \"pairs\": %d, \"binary\": %s, \"delta\": ",
+                            c->vs_full ? "full" : "best_other", c->n, c->binary ? "true" : "false");
+                    json_num(f, c->delta);
+                    fprintf(f, ", \"ci_lo\": ");
+                    json_num(f, c->lo);
+                    fprintf(f, ", \"ci_hi\": ");
+                    json_num(f, c->hi);
+                    if (c->binary)
+                        fprintf(f, ", \"b\": %lld, \"c\": %lld", (long long)c->b, (long long)c->c);
+                    fprintf(f, ", \"p\": ");
+                    json_num(f, c->p);
+                    fprintf(f, ", \"p_holm\": ");
+                    json_num(f, c->padj);
+                    fprintf(f, ", \"significant\": %s, \"mde\": ",
+                            c->padj <= PAIRED_ALPHA ? "true" : "false");
+                    json_num(f, c->mde);
+                    fprintf(f, ", \"table_mde\": ");
+                    json_num(f, tm);
+                    fputc('}', f);
+                }
+                written++;
+            }
+            free(r);
+        }
+        layout_free(&t);
+    }
+    return written;
+}
+
 /* Long format: one row per (experiment, budget, variant, metric). */
 static void write_long(const dataset *d, FILE *f, kvs_report_format fmt, int *first) {
     for (int e = 0; e < d->exps.n; e++) {
@@ -1022,6 +1442,7 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
                    "ci_hi,delta_vs_full,best,primary\n");
         int first = 1;
         write_long(&d, f, KVS_REPORT_CSV, &first);
+        write_paired_long(&d, f, KVS_REPORT_CSV, B, seed);
     } else if (o->format == KVS_REPORT_JSON) {
         fprintf(f, "{\"bootstrap\": %d, \"seed\": %llu, \"rows\": [", B, (unsigned long long)seed);
         int first = 1;
@@ -1045,6 +1466,18 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
             fputc('}', f);
         }
         fprintf(f, "\n]"); /* the object closes after the engine key */
+        /* "paired" only when a task table has comparisons */
+        char *pj = NULL;
+        size_t pn = 0;
+        FILE *ms = open_memstream(&pj, &pn);
+        if (!ms) {
+            rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+            goto cleanup;
+        }
+        const int np = write_paired_long(&d, ms, KVS_REPORT_JSON, B, seed);
+        fclose(ms);
+        if (np > 0) fprintf(f, ", \"paired\": [%s\n]", pj);
+        free(pj);
     } else {
         int md = o->format == KVS_REPORT_MD;
         fprintf(f, md ? "# kvsieve report\n\n" : "%% kvsieve report (needs \\usepackage{booktabs})\n\n");
@@ -1063,8 +1496,12 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
                 goto cleanup;
             }
             int primary = t.n_metrics ? t.metrics[0] : -1;
-            for (int bi = 0; bi < t.n_budgets && primary >= 0; bi++)
+            const int task = !strcmp(d.kinds.v[d.exp_kind[e]], "task");
+            for (int bi = 0; bi < t.n_budgets && primary >= 0; bi++) {
                 write_table(&d, e, t.budgets[bi], &t, primary, f, o->format);
+                /* task tables: every variant saw the same samples */
+                if (task) write_paired(&d, e, t.budgets[bi], &t, primary, f, o->format, B, seed);
+            }
             layout_free(&t);
         }
         if (d.n_groups > 0) {
@@ -1164,6 +1601,183 @@ static void terminal_line(FILE *g, int png, const char *out) {
     fprintf(g, "\nset grid\nset key outside right\n");
 }
 
+/* ---- needle heatmaps ------------------------------------------------------------- */
+
+/* Needle samples are keyed "L<length>-D<depth>-S<index>" (datasets/needle.c:
+ * the configured prompt length and needle depth of the grid); 1 when s is. */
+static int needle_key(const char *s, double *len, double *depth) {
+    long long L;
+    int k, used = 0;
+    if (sscanf(s, "L%lld-D%lf-S%d%n", &L, depth, &k, &used) != 3 || s[used] != '\0') return 0;
+    *len = (double)L;
+    return 1;
+}
+
+static int find_value(const double *v, int n, double x) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == x) return i;
+    return -1;
+}
+
+static void sort_values(double *v, int n) { qsort(v, (size_t)n, sizeof *v, cmp_double); }
+
+/* The first experiment (of those reported) whose every sample of the
+ * primary metric is a needle key: -1 when none. */
+static int needle_experiment(const dataset *d, int *primary) {
+    for (int e = 0; e < d->exps.n; e++) {
+        layout_t t;
+        if (layout(d, e, &t, NULL)) return -1;
+        const int m = t.n_metrics ? t.metrics[0] : -1;
+        layout_free(&t);
+        if (m < 0) continue;
+        int any = 0, all = 1;
+        for (int i = 0; i < d->n_groups && all; i++) {
+            const group *g = &d->g[i];
+            if (g->exp != e || g->metric != m) continue;
+            for (int j = 0; j < g->n && all; j++) {
+                double L, D;
+                all = needle_key(d->samples.v.v[g->sid[j]], &L, &D);
+                any = 1;
+            }
+        }
+        if (any && all) {
+            *primary = m;
+            return e;
+        }
+    }
+    return -1;
+}
+
+/* One panel per variant and budget (`full` once): the mean score per
+ * (length, depth) cell, colour-coded, depth 0 at the top, the value printed
+ * in the cell. Written to `target` through gnuplot's multiplot. */
+static kvs_status plot_heatmap(const dataset *d, int e, int m, int png, const char *data,
+                               const char *script, const char *logf, const char *target,
+                               kvs_err *err) {
+    kvs_status rc = KVS_OK;
+    layout_t t;
+    if ((rc = layout(d, e, &t, err))) return rc;
+    int cap = 0, nL = 0, nD = 0;
+    for (int i = 0; i < d->n_groups; i++)
+        if (d->g[i].exp == e && d->g[i].metric == m) cap += d->g[i].n;
+    double *lens = malloc(sizeof(double) * (size_t)(cap + 1));
+    double *deps = malloc(sizeof(double) * (size_t)(cap + 1));
+    int *panel_g = malloc(sizeof(int) * (size_t)(t.n_labels * (t.n_budgets + 1) + 1));
+    FILE *df = NULL, *g = NULL;
+    double *sum = NULL, *cnt = NULL;
+    if (!lens || !deps || !panel_g) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "plot: out of memory");
+        goto done;
+    }
+    double vmin = INFINITY, vmax = -INFINITY;
+    for (int i = 0; i < d->n_groups; i++) {
+        const group *gr = &d->g[i];
+        if (gr->exp != e || gr->metric != m) continue;
+        for (int j = 0; j < gr->n; j++) {
+            double L, D;
+            needle_key(d->samples.v.v[gr->sid[j]], &L, &D);
+            if (find_value(lens, nL, L) < 0) lens[nL++] = L;
+            if (find_value(deps, nD, D) < 0) deps[nD++] = D;
+            vmin = fmin(vmin, gr->x[j]);
+            vmax = fmax(vmax, gr->x[j]);
+        }
+    }
+    sort_values(lens, nL);
+    sort_values(deps, nD);
+    /* panels: labels in table order, full once, others per budget */
+    int np = 0;
+    for (int i = 0; i < t.n_labels; i++) {
+        const int l = t.labels[i];
+        for (int bi = 0; bi < t.n_budgets; bi++) {
+            const int gi = is_full(d, l) ? cell_group(d, e, t.budgets[bi], l, m)
+                                         : find_group(d, e, t.budgets[bi], l, m);
+            if (gi < 0) continue;
+            panel_g[np++] = gi;
+            if (is_full(d, l)) break;
+        }
+    }
+    if (np == 0 || nL == 0 || nD == 0) {
+        rc = kvs_errorf(err, KVS_ERR_NOTFOUND, "--plot: no needle cells to plot");
+        goto done;
+    }
+    sum = calloc((size_t)nL * (size_t)nD, sizeof *sum);
+    cnt = calloc((size_t)nL * (size_t)nD, sizeof *cnt);
+    df = fopen(data, "w");
+    g = fopen(script, "w");
+    if (!sum || !cnt || !df || !g) {
+        rc = kvs_errorf(err, KVS_ERR_IO, "plot: cannot write the heatmap's files");
+        goto done;
+    }
+    for (int k = 0; k < np; k++) {
+        const group *gr = &d->g[panel_g[k]];
+        memset(sum, 0, sizeof *sum * (size_t)nL * (size_t)nD);
+        memset(cnt, 0, sizeof *cnt * (size_t)nL * (size_t)nD);
+        for (int j = 0; j < gr->n; j++) {
+            double L, D;
+            needle_key(d->samples.v.v[gr->sid[j]], &L, &D);
+            const int c = find_value(deps, nD, D) * nL + find_value(lens, nL, L);
+            sum[c] += gr->x[j];
+            cnt[c] += 1;
+        }
+        for (int y = 0; y < nD; y++) {
+            for (int x = 0; x < nL; x++) {
+                const int c = y * nL + x;
+                if (cnt[c] > 0)
+                    fprintf(df, "%d %d %.17g\n", x, y, sum[c] / cnt[c]);
+                else
+                    fprintf(df, "%d %d NaN\n", x, y);
+            }
+            fputc('\n', df);
+        }
+        fprintf(df, "\n");
+    }
+    const int cols = np < 3 ? np : (np <= 4 ? 2 : 3), rows = (np + cols - 1) / cols;
+    fprintf(g, "set terminal %s size %d,%d\nset output ", png ? "png" : "svg", 380 * cols,
+            300 * rows + 40);
+    gp_str(g, target);
+    char title[300];
+    snprintf(title, sizeof title, "%s: %s by needle depth and prompt length (mean per cell)",
+             d->exps.v[e], d->metrics.v[m]);
+    fprintf(g, "\nset datafile missing 'NaN'\nset multiplot layout %d,%d title ", rows, cols);
+    gp_str(g, title);
+    fprintf(g, " noenhanced\nset palette defined (0 '#d73027', 0.5 '#fee08b', 1 '#1a9850')\n");
+    if (vmin >= 0 && vmax <= 1)
+        fprintf(g, "set cbrange [0:1]\n");
+    fprintf(g, "set xrange [-0.5:%g]\nset yrange [%g:-0.5]\nset xlabel 'prompt length (tokens)'\n"
+               "set ylabel 'needle depth'\nset xtics (",
+            nL - 0.5, nD - 0.5);
+    for (int x = 0; x < nL; x++) fprintf(g, "%s'%.0f' %d", x ? ", " : "", lens[x], x);
+    fprintf(g, ")\nset ytics (");
+    for (int y = 0; y < nD; y++) fprintf(g, "%s'%g' %d", y ? ", " : "", deps[y], y);
+    fprintf(g, ")\nunset key\nset tics scale 0\n");
+    for (int k = 0; k < np; k++) {
+        const group *gr = &d->g[panel_g[k]];
+        char pt[300], bt[64];
+        budget_title(&d->budgets[gr->budget], bt, sizeof bt);
+        if (is_full(d, gr->label))
+            snprintf(pt, sizeof pt, "%s", d->labels.v[gr->label]);
+        else
+            snprintf(pt, sizeof pt, "%s @ %s", d->labels.v[gr->label], bt);
+        fprintf(g, "set title ");
+        gp_str(g, pt);
+        fprintf(g, " noenhanced\nplot ");
+        gp_str(g, data);
+        fprintf(g, " index %d using 1:2:3 with image, '' index %d using 1:2:(sprintf('%%.2f', "
+                   "$3)) with labels\n", k, k);
+    }
+    fprintf(g, "unset multiplot\n");
+    fclose(df);
+    fclose(g);
+    df = g = NULL;
+    rc = run_gnuplot(script, logf, target, err);
+done:
+    if (df) fclose(df);
+    if (g) fclose(g);
+    free(lens), free(deps), free(panel_g), free(sum), free(cnt);
+    layout_free(&t);
+    return rc;
+}
+
 kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *path, kvs_err *err) {
     kvs_status rc = KVS_OK;
     size_t pl = strlen(path);
@@ -1179,7 +1793,7 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
     lat_row *lat = NULL;
     int n_lat = 0;
     char dir[] = "/tmp/kvsieve-plot-XXXXXX";
-    char data[64], script[64], logf[64], out2[1100];
+    char data[64], script[64], logf[64], out2[1100], out3[1100];
     int have_dir = 0, files = 0;
     if ((rc = gather(kvs_store_db(s), o, &d, err))) goto cleanup;
     if ((rc = gather_latency(kvs_store_db(s), o, &lat, &n_lat, err))) goto cleanup;
@@ -1300,6 +1914,15 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
         fclose(df);
         fclose(g);
         if ((rc = run_gnuplot(script, logf, target, err))) goto cleanup;
+    }
+    int hm_metric = -1;
+    const int hm_exp = d.n_groups > 0 ? needle_experiment(&d, &hm_metric) : -1;
+    if (hm_exp >= 0) {
+        /* needle experiments: the depth x length heatmap per variant */
+        snprintf(out3, sizeof out3, "%.*s-heatmap%s", (int)(pl - 4), path, path + pl - 4);
+        files = 1;
+        if ((rc = plot_heatmap(&d, hm_exp, hm_metric, png, data, script, logf, out3, err)))
+            goto cleanup;
     }
 cleanup:
     if (have_dir) {

@@ -17,6 +17,31 @@
  * plans column group by column group, fused with the low-pass, the energy
  * and the residual, without the un-permutation: the residual is summed in
  * permuted order and un-permuted once per head ([N], not [d][N]).
+ * Routes (kvs_dct_route_for): the N-point real FFT above is FFTW's own
+ * (fast when N = 2^a 3^b 5^c; "direct") or, for any other N, where FFTW falls
+ * back to Rader's algorithm and is 10-20x slower, Bluestein's: the N-point
+ * DFT as a chirp convolution through an FFT of a smooth length M.
+ *   w_j = exp(-i pi j^2 / N) (j^2 taken mod 2N, in double), so
+ *   e^{-2 pi i n k / N} = w_n w_k conj(w_{k-n}) and, for k in (-K, K),
+ *   Z[k] = w_k sum_n (z_n w_n) conj(w_{k-n}): a linear convolution whose
+ *   lags k - n span N + 2K - 2 values, so a cyclic one of length
+ *   M >= N + 2K - 2 (M = 2^a, 3 2^a or 5 2^a) is exact.
+ * Two real columns ride in one complex sequence z = v0 + i v1 and are split
+ * with V0[k] = (Z[k] + conj Z[-k]) / 2, V1[k] = (Z[k] - conj Z[-k]) / (2i);
+ * the inverse runs the same convolution on conj(Z) (kernel mirrored:
+ * Wi[j] = Wf[-j]), z = conj(w_n c_n). The full spectrum needs K = N/2 + 1,
+ * M >= 2N - 1; FlashCache's low-pass needs only k < omega, so a plan made
+ * with omega (kvs_dct_plan_create_opts) uses K = min(omega, N/2 + 1) there:
+ * M ~ 1.4 N at gamma 0.2. Results agree with the direct route to float
+ * rounding (tests); the direct route is bit for bit what it always was.
+ * Plan cache: FFTW plans are made once per process and size (direct: per
+ * (N, d); Bluestein: per M) in a list guarded by one mutex, executed only
+ * through the new-array interface (thread-safe), and never freed: FFTW's
+ * planner is process-global state anyway (not re-entrant, with its own
+ * wisdom and twiddle caches), so this is the one justified piece of
+ * process-wide state; a kvs_dct_plan only holds its scratch and pointers
+ * into the cache. Memory: one entry per distinct (N, d) on the direct route
+ * (FFTW twiddles, O(N)) and per M on Bluestein's.
  * Speed: the permutation, twiddle and transpose loops are memory-bound
  * streams; GCC's -O2 cost model leaves them scalar, so this file asks GCC for
  * -O3 (loop vectorisation). Results do not depend on it: no reassociation.
@@ -35,32 +60,76 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- the plan cache (process-wide; see the top) ------------------------------ */
+
+/* Direct route, one (N, d): FFTW's plans for all d columns and for the column
+ * groups of kvs_dct_lowpass_sqres (g, ng as in the plan). */
+typedef struct direct_entry {
+    struct direct_entry *next;
+    int n, d, g, ng;
+    fftwf_plan r2c, c2r;         /* all d columns: v -> V, V -> v */
+    fftwf_plan gr2c[2], gc2r[2]; /* groups: 0 full, 1 narrower last (NULL: not used) */
+} direct_entry;
+
+/* Bluestein route, one M: in-place complex FFTs of one sequence. */
+typedef struct chirp_entry {
+    struct chirp_entry *next;
+    int m;
+    fftwf_plan fwd, bwd;
+} chirp_entry;
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static direct_entry *direct_cache;
+static chirp_entry *chirp_cache;
+
+/* A Bluestein band: outputs k in (-K, K) through FFTs of length m. */
+typedef struct {
+    int K, m;
+    const chirp_entry *fft;
+    fftwf_complex *wf; /* [2][m] FFT of the forward kernel, times 1/m, then
+                          of the mirrored one (wf[m + q] = wf[-q]) */
+} band;
+
 struct kvs_dct_plan {
     int n, d, h;         /* h = N/2 + 1 complex outputs per column */
+    kvs_dct_route route;
     float *v;            /* [d][N] permuted columns (r2c input / c2r output) */
     fftwf_complex *V;    /* [d][h] spectra */
     float *t;            /* [d][N] row-major path: transposed block */
     float *cs, *sn;      /* [h] cos, sin of pi k / (2N) */
     float *col, *acc_p;  /* [N] each: one column's coefficients, squared residual
                             (kvs_dct_lowpass_sqres) */
-    fftwf_plan r2c, c2r; /* all d columns: v -> V, V -> v */
-    /* kvs_dct_lowpass_sqres works on groups of g columns (the last one has
-     * d - (ng - 1) g) so that a group's spectrum and base stay in L2:
-     * gr2c[i] / gc2r[i] (i = 0 full group, 1 last group; NULL when the same
-     * plan serves) transform group columns of v into Vg and Vg into tg. Only
-     * used where FFTW planned each column exactly as in r2c / c2r (see
-     * same_columns); otherwise g = d and Vg = V, tg = t. */
+    /* Direct route: the cached plans (not owned). kvs_dct_lowpass_sqres
+     * works on groups of g columns (the last one has d - (ng - 1) g) so that
+     * a group's spectrum and base stay in L2; only where FFTW planned each
+     * column exactly as for all d (see same_columns); otherwise g = d and
+     * Vg = V, tg = t. Bluestein: g = d. */
+    const direct_entry *de;
     int g, ng;
     fftwf_complex *Vg;   /* [g][h] a group's spectra */
     float *tg;           /* [g][N] its low-pass bases (permuted) */
     float *rows;         /* [DCT_CHUNK][d] fp16 / bf16 rows converted to fp32 */
-    fftwf_plan gr2c[2], gc2r[2];
+    /* Bluestein route: the full band (K = h) for the plain transforms and the
+     * low-pass band (K = min(omega, h), or the full one) of
+     * kvs_dct_lowpass_sqres; one sequence of scratch and the chirp. */
+    band full, low;
+    int omega;           /* the plan's low-pass cut-off, 0: any */
+    fftwf_complex *w;    /* [N + max K] chirp w_j, j >= 0 */
+    fftwf_complex *a, *b; /* [max m] each: convolution scratch (FFT in, out) */
 };
 
 /* Bytes of one column group's working set (its columns of v, spectrum and
  * base: about 12 g N) that kvs_dct_lowpass_sqres aims to keep in L2. */
 enum { DCT_GROUP_BYTES = 512 << 10 };
 enum { DCT_CHUNK = 32 }; /* tokens per read of a view (L1-sized) */
+
+kvs_dct_route kvs_dct_route_for(int N) {
+    int n = N;
+    while (n > 1 && n % 2 == 0) n /= 2;
+    while (n > 1 && n % 3 == 0) n /= 3;
+    while (n > 1 && n % 5 == 0) n /= 5;
+    return n <= 1 ? KVS_DCT_DIRECT : KVS_DCT_BLUESTEIN;
+}
 
 /* Does plan a (howmany = na columns) compute every column exactly as plan b
  * (howmany = nb)? True when FFTW's printed plans are equal once the count
@@ -99,71 +168,329 @@ static int same_columns(fftwf_plan a, int na, fftwf_plan b, int nb) {
     return same;
 }
 
-/* Chooses the column group of kvs_dct_lowpass_sqres and plans it (the
- * last group, if narrower, with the first group's buffers). A group starts
- * at v + c0 N with c0 a multiple of g; FFTW's new-array execute needs it as
- * aligned as v, so g N floats are made a multiple of 64 bytes. */
-static kvs_status plan_groups(kvs_dct_plan *p, kvs_err *err) {
-    const int N = p->n, d = p->d, h = p->h;
+static void direct_entry_free(direct_entry *e) {
+    if (!e) return;
+    if (e->r2c) fftwf_destroy_plan(e->r2c);
+    if (e->c2r) fftwf_destroy_plan(e->c2r);
+    for (int i = 0; i < 2; i++) {
+        if (e->gr2c[i]) fftwf_destroy_plan(e->gr2c[i]);
+        if (e->gc2r[i]) fftwf_destroy_plan(e->gc2r[i]);
+    }
+    free(e);
+}
+
+/* Plans the direct route for (N, d), on scratch arrays allocated like a
+ * plan's (fftwf_malloc: the same alignment, which is all the new-array
+ * execute functions require). Chooses the column group: a group starts at
+ * v + c0 N with c0 a multiple of g, so g N floats are made a multiple of 64
+ * bytes. Called with cache_mu held. */
+static kvs_status direct_plan(int N, int d, direct_entry **out, kvs_err *err) {
+    kvs_status st = KVS_OK;
+    const int h = N / 2 + 1;
+    const size_t nd = (size_t)N * (size_t)d;
+    direct_entry *e = calloc(1, sizeof *e);
+    float *v = fftwf_malloc(sizeof(float) * nd), *t = fftwf_malloc(sizeof(float) * nd);
+    fftwf_complex *V = fftwf_malloc(sizeof(fftwf_complex) * (size_t)h * (size_t)d);
+    if (!e || !v || !t || !V) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
+        goto done;
+    }
+    e->n = N;
+    e->d = d;
+    int n[1] = {N};
+    /* PRESERVE_INPUT is r2c's default anyway; kvs_dct_lowpass_sqres relies on
+     * it (v still holds x after the forward FFT). */
+    e->r2c = fftwf_plan_many_dft_r2c(1, n, d, v, NULL, 1, N, V, NULL, 1, h,
+                                     FFTW_ESTIMATE | FFTW_PRESERVE_INPUT);
+    e->c2r = fftwf_plan_many_dft_c2r(1, n, d, V, NULL, 1, h, v, NULL, 1, N, FFTW_ESTIMATE);
+    if (!e->r2c || !e->c2r) {
+        st = kvs_errorf(err, KVS_ERR_INTERNAL, "dct: FFTW could not plan N=%d d=%d", N, d);
+        goto done;
+    }
     int g = (int)(DCT_GROUP_BYTES / (12 * (int64_t)N));
     g = g < 8 ? 8 : g - g % 8;
     if ((int64_t)g * N % 16) g = (g + 15) / 16 * 16;
-    int n[1] = {N};
-    p->rows = malloc(sizeof(float) * DCT_CHUNK * (size_t)d);
-    if (!p->rows)
-        return kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
+    e->g = d;
+    e->ng = 1;
     if (g < d) {
         const int ng = (d + g - 1) / g, last = d - (ng - 1) * g;
-        p->Vg = fftwf_malloc(sizeof(fftwf_complex) * (size_t)h * (size_t)g);
-        p->tg = fftwf_malloc(sizeof(float) * (size_t)N * (size_t)g);
-        if (!p->Vg || !p->tg)
-            return kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
         int ok = 1;
         for (int i = 0; i < (last == g ? 1 : 2) && ok; i++) {
             const int m = i ? last : g;
-            p->gr2c[i] = fftwf_plan_many_dft_r2c(1, n, m, p->v, NULL, 1, N, p->Vg, NULL, 1, h,
+            e->gr2c[i] = fftwf_plan_many_dft_r2c(1, n, m, v, NULL, 1, N, V, NULL, 1, h,
                                                  FFTW_ESTIMATE | FFTW_PRESERVE_INPUT);
-            p->gc2r[i] = fftwf_plan_many_dft_c2r(1, n, m, p->Vg, NULL, 1, h, p->tg, NULL, 1, N,
+            e->gc2r[i] = fftwf_plan_many_dft_c2r(1, n, m, V, NULL, 1, h, t, NULL, 1, N,
                                                  FFTW_ESTIMATE);
-            if (!p->gr2c[i] || !p->gc2r[i])
-                return kvs_errorf(err, KVS_ERR_INTERNAL,
-                                  "dct: FFTW could not plan %d columns of N=%d", m, N);
-            ok = same_columns(p->gr2c[i], m, p->r2c, d) && same_columns(p->gc2r[i], m, p->c2r, d);
+            if (!e->gr2c[i] || !e->gc2r[i]) {
+                st = kvs_errorf(err, KVS_ERR_INTERNAL,
+                                "dct: FFTW could not plan %d columns of N=%d", m, N);
+                goto done;
+            }
+            ok = same_columns(e->gr2c[i], m, e->r2c, d) && same_columns(e->gc2r[i], m, e->c2r, d);
         }
         if (ok) {
-            p->g = g;
-            p->ng = ng;
-            return KVS_OK;
+            e->g = g;
+            e->ng = ng;
+        } else { /* FFTW planned a group differently: one group */
+            for (int i = 0; i < 2; i++) {
+                if (e->gr2c[i]) fftwf_destroy_plan(e->gr2c[i]);
+                if (e->gc2r[i]) fftwf_destroy_plan(e->gc2r[i]);
+                e->gr2c[i] = e->gc2r[i] = NULL;
+            }
         }
-        for (int i = 0; i < 2; i++) { /* FFTW planned a group differently: one group */
-            if (p->gr2c[i]) fftwf_destroy_plan(p->gr2c[i]);
-            if (p->gc2r[i]) fftwf_destroy_plan(p->gc2r[i]);
-            p->gr2c[i] = p->gc2r[i] = NULL;
-        }
-        fftwf_free(p->Vg);
-        fftwf_free(p->tg);
     }
-    p->g = d;
-    p->ng = 1;
-    p->Vg = p->V;
-    p->tg = p->t;
+    *out = e;
+    e = NULL;
+done:
+    direct_entry_free(e);
+    fftwf_free(v);
+    fftwf_free(t);
+    fftwf_free(V);
+    return st;
+}
+
+static kvs_status chirp_plan(int m, chirp_entry **out, kvs_err *err) {
+    chirp_entry *e = calloc(1, sizeof *e);
+    fftwf_complex *a = fftwf_malloc(sizeof(fftwf_complex) * (size_t)m);
+    fftwf_complex *b = fftwf_malloc(sizeof(fftwf_complex) * (size_t)m);
+    kvs_status st = KVS_OK;
+    if (!e || !a || !b) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning an FFT of %d", m);
+    } else {
+        /* out of place (a -> b, b -> a): FFTW's in-place plans of these
+         * sizes add a copy */
+        e->m = m;
+        e->fwd = fftwf_plan_dft_1d(m, a, b, FFTW_FORWARD, FFTW_ESTIMATE);
+        e->bwd = fftwf_plan_dft_1d(m, b, a, FFTW_BACKWARD, FFTW_ESTIMATE);
+        if (!e->fwd || !e->bwd)
+            st = kvs_errorf(err, KVS_ERR_INTERNAL, "dct: FFTW could not plan an FFT of %d", m);
+    }
+    if (st && e) {
+        if (e->fwd) fftwf_destroy_plan(e->fwd);
+        if (e->bwd) fftwf_destroy_plan(e->bwd);
+        free(e);
+        e = NULL;
+    }
+    fftwf_free(a);
+    fftwf_free(b);
+    *out = e;
+    return st;
+}
+
+/* The cached entry for (N, d) / for m, planned on first use. */
+static kvs_status cache_get(int N, int d, int m, const direct_entry **de, const chirp_entry **ce,
+                            kvs_err *err) {
+    /* FFTW's planner is not re-entrant and other code in the process may
+     * plan too: make it thread-safe once (fftw3f_threads), and serialise
+     * this cache's planning with its own mutex. */
+    static pthread_once_t planner_once = PTHREAD_ONCE_INIT;
+    pthread_once(&planner_once, fftwf_make_planner_thread_safe);
+    kvs_status st = KVS_OK;
+    pthread_mutex_lock(&cache_mu);
+    if (de) {
+        direct_entry *e = direct_cache;
+        while (e && !(e->n == N && e->d == d)) e = e->next;
+        if (!e && !(st = direct_plan(N, d, &e, err))) {
+            e->next = direct_cache;
+            direct_cache = e;
+        }
+        *de = e;
+    } else {
+        chirp_entry *e = chirp_cache;
+        while (e && e->m != m) e = e->next;
+        if (!e && !(st = chirp_plan(m, &e, err))) {
+            e->next = chirp_cache;
+            chirp_cache = e;
+        }
+        *ce = e;
+    }
+    pthread_mutex_unlock(&cache_mu);
+    return st;
+}
+
+int kvs_dct_plan_cache_entries(void) {
+    int n = 0;
+    pthread_mutex_lock(&cache_mu);
+    for (const direct_entry *e = direct_cache; e; e = e->next) n++;
+    for (const chirp_entry *e = chirp_cache; e; e = e->next) n++;
+    pthread_mutex_unlock(&cache_mu);
+    return n;
+}
+
+/* ---- Bluestein's chirp convolution ------------------------------------------ */
+
+/* The smallest 2^a, 3 2^a or 5 2^a >= need (FFTW's fastest complex sizes),
+ * except that 768 and 1536 give way to 1024 and 2048: FFTW's ESTIMATE plans
+ * for those two run slower than the next power of two (measured here, CPU
+ * time of a forward + backward pair: 768 3.2 us vs 1024 2.9; 1536 5.2-7.0 us
+ * vs 2048 4.5-6.7; at 3072 and 6144 the 3 2^a plan wins again). Fixed per
+ * need, so the numbers never depend on a timing. */
+static int smooth_size(int need) {
+    int best = 0;
+    for (int f = 1; f <= 5; f += 2) { /* 1, 3, 5 */
+        int64_t m = f;
+        while (m < need) m *= 2;
+        if (m <= INT32_MAX && (best == 0 || m < best)) best = (int)m;
+    }
+    if (best == 768 || best == 1536) best = best / 3 * 4;
+    return best;
+}
+
+/* Band (-K, K) of plan p: its FFT length, cached FFTs and kernel spectrum
+ * wf = FFT_m(b) / m, b[j mod m] = conj(w_|j|) for lags j in
+ * [-(N-1)-(K-1), K-1], and its mirror. Uses p->w (long enough) and p->b
+ * (>= m). */
+static kvs_status band_init(kvs_dct_plan *p, int K, band *b, kvs_err *err) {
+    const int N = p->n;
+    b->K = K;
+    b->m = smooth_size(N + 2 * K - 2);
+    kvs_status st = cache_get(0, 0, b->m, NULL, &b->fft, err);
+    if (st) return st;
+    b->wf = fftwf_malloc(sizeof(fftwf_complex) * 2 * (size_t)b->m);
+    if (!b->wf) return kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d", N);
+    const int m = b->m, neg = N + K - 2; /* lags -neg .. K-1 */
+    memset(b->wf, 0, sizeof(fftwf_complex) * (size_t)m);
+    for (int j = 0; j < K; j++) {
+        b->wf[j][0] = p->w[j][0];
+        b->wf[j][1] = -p->w[j][1];
+    }
+    for (int j = 1; j <= neg; j++) {
+        b->wf[m - j][0] = p->w[j][0];
+        b->wf[m - j][1] = -p->w[j][1];
+    }
+    fftwf_execute_dft(b->fft->fwd, b->wf, p->b);
+    const float inv = (float)(1.0 / m);
+    for (int j = 0; j < m; j++) {
+        b->wf[j][0] = p->b[j][0] * inv;
+        b->wf[j][1] = p->b[j][1] * inv;
+    }
+    for (int q = 0; q < m; q++) {
+        b->wf[m + q][0] = b->wf[q ? m - q : 0][0];
+        b->wf[m + q][1] = b->wf[q ? m - q : 0][1];
+    }
     return KVS_OK;
 }
+
+/* Forward: m columns of v ([m][N], real) to their half spectra V ([m][h]),
+ * V[c][k] = sum_n v[c][n] e^{-2 pi i n k / N} for k < min(K, h) (band b);
+ * entries k >= K are left as they are. Two columns per convolution. */
+static void chirp_r2c(const kvs_dct_plan *p, const band *b, int m, const float *v,
+                      fftwf_complex *V) {
+    const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h;
+    float *restrict A = (float *)p->a; /* [M] complex, interleaved */
+    float *restrict F = (float *)p->b;
+    const float *restrict W = (const float *)p->w, *restrict Wf = (const float *)b->wf;
+    for (int c = 0; c < m; c += 2) {
+        const float *restrict x0 = v + (int64_t)c * N; /* [N] */
+        if (c + 1 < m) {
+            const float *restrict x1 = x0 + N;
+            for (int n = 0; n < N; n++) { /* (x0 + i x1) w_n */
+                A[2 * n] = x0[n] * W[2 * n] - x1[n] * W[2 * n + 1];
+                A[2 * n + 1] = x0[n] * W[2 * n + 1] + x1[n] * W[2 * n];
+            }
+        } else {
+            for (int n = 0; n < N; n++) {
+                A[2 * n] = x0[n] * W[2 * n] - 0.0f * W[2 * n + 1];
+                A[2 * n + 1] = x0[n] * W[2 * n + 1] + 0.0f * W[2 * n];
+            }
+        }
+        memset(A + 2 * N, 0, sizeof(float) * 2 * (size_t)(M - N));
+        fftwf_execute_dft(b->fft->fwd, p->a, p->b);
+        for (int j = 0; j < M; j++) { /* times the kernel's spectrum */
+            const float fr = F[2 * j], fi = F[2 * j + 1];
+            F[2 * j] = fr * Wf[2 * j] - fi * Wf[2 * j + 1];
+            F[2 * j + 1] = fr * Wf[2 * j + 1] + fi * Wf[2 * j];
+        }
+        fftwf_execute_dft(b->fft->bwd, p->b, p->a);
+        /* Z[k] = w_k c[k] at k mod M; split the two columns */
+        fftwf_complex *V0 = V + (int64_t)c * h, *V1 = c + 1 < m ? V0 + h : NULL; /* [h] */
+        for (int k = 0; k < K; k++) {
+            const int kn = k ? M - k : 0;
+            const float wr = W[2 * k], wi = W[2 * k + 1]; /* w_{-k} = w_k */
+            const float pr = A[2 * k] * wr - A[2 * k + 1] * wi;
+            const float pi = A[2 * k] * wi + A[2 * k + 1] * wr;
+            const float nr = A[2 * kn] * wr - A[2 * kn + 1] * wi;
+            const float ni = A[2 * kn] * wi + A[2 * kn + 1] * wr;
+            /* V0 = (Zp + conj Zn) / 2, V1 = (Zp - conj Zn) / (2i) */
+            V0[k][0] = 0.5f * (pr + nr);
+            V0[k][1] = 0.5f * (pi - ni);
+            if (V1) {
+                V1[k][0] = 0.5f * (pi + ni);
+                V1[k][1] = -0.5f * (pr - nr);
+            }
+        }
+    }
+}
+
+/* Inverse, as FFTW's c2r (unnormalised; the imaginary parts of V[0] and, N
+ * even, V[N/2] ignored): out[c][n] = sum_{k=0}^{N-1} V[c][k] e^{2 pi i k n / N}
+ * with V[N-k] = conj V[k], where V[c][k] = 0 for k >= min(K, h) (band b). */
+static void chirp_c2r(const kvs_dct_plan *p, const band *b, int m, const fftwf_complex *V,
+                      float *out) {
+    const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h;
+    float *restrict A = (float *)p->a, *restrict F = (float *)p->b;
+    const float *restrict W = (const float *)p->w;
+    const float *restrict Wi = (const float *)(b->wf + M); /* the mirrored kernel */
+    for (int c = 0; c < m; c += 2) {
+        const fftwf_complex *V0 = V + (int64_t)c * h, *V1 = c + 1 < m ? V0 + h : NULL; /* [h] */
+        /* input conj(Z[k]) w_k at k mod M, k in (-K, K): Z[k] = V0[k] + i V1[k],
+         * Z[-k] = conj V0[k] + i conj V1[k]; zero between the two ends */
+        memset(A + 2 * K, 0, sizeof(float) * 2 * (size_t)(M - 2 * K + 1));
+        for (int k = 0; k < K; k++) {
+            const int nyq = !(N & 1) && 2 * k == N; /* V[N/2]: once, real parts */
+            const float r0 = V0[k][0], i0 = k && !nyq ? V0[k][1] : 0.0f;
+            const float r1 = V1 ? V1[k][0] : 0.0f, i1 = V1 && k && !nyq ? V1[k][1] : 0.0f;
+            const float wr = W[2 * k], wi = W[2 * k + 1];
+            /* Z[k] = (r0 - i1) + i (i0 + r1); Z[-k] = (r0 + i1) + i (r1 - i0) */
+            const float zr = r0 - i1, zi = -(i0 + r1); /* conj Z[k] */
+            A[2 * k] = zr * wr - zi * wi;
+            A[2 * k + 1] = zr * wi + zi * wr;
+            if (k) {
+                const float yr = r0 + i1, yi = -(r1 - i0); /* conj Z[-k] */
+                A[2 * (M - k)] = nyq ? 0.0f : yr * wr - yi * wi;
+                A[2 * (M - k) + 1] = nyq ? 0.0f : yr * wi + yi * wr;
+            }
+        }
+        fftwf_execute_dft(b->fft->fwd, p->a, p->b);
+        for (int q = 0; q < M; q++) { /* FFT(b[-j]) = wf[-q] */
+            const float fr = F[2 * q], fi = F[2 * q + 1];
+            F[2 * q] = fr * Wi[2 * q] - fi * Wi[2 * q + 1];
+            F[2 * q + 1] = fr * Wi[2 * q + 1] + fi * Wi[2 * q];
+        }
+        fftwf_execute_dft(b->fft->bwd, p->b, p->a);
+        float *restrict o0 = out + (int64_t)c * N; /* [N]; z = conj(w_n c_n) = v0 + i v1 */
+        if (V1) {
+            float *restrict o1 = o0 + N;
+            for (int n = 0; n < N; n++) {
+                o0[n] = A[2 * n] * W[2 * n] - A[2 * n + 1] * W[2 * n + 1];
+                o1[n] = -(A[2 * n] * W[2 * n + 1] + A[2 * n + 1] * W[2 * n]);
+            }
+        } else {
+            for (int n = 0; n < N; n++) o0[n] = A[2 * n] * W[2 * n] - A[2 * n + 1] * W[2 * n + 1];
+        }
+    }
+}
+
+/* ---- plans ------------------------------------------------------------------ */
 
 int kvs_dct_plan_n(const kvs_dct_plan *p) { return p->n; }
 int kvs_dct_plan_d(const kvs_dct_plan *p) { return p->d; }
 int kvs_dct_plan_group(const kvs_dct_plan *p) { return p->g; }
+kvs_dct_route kvs_dct_plan_route(const kvs_dct_plan *p) { return p->route; }
+int kvs_dct_plan_fft_size(const kvs_dct_plan *p, int lowpass) {
+    if (p->route == KVS_DCT_DIRECT) return p->n;
+    return lowpass ? p->low.m : p->full.m;
+}
 
 void kvs_dct_plan_destroy(kvs_dct_plan *p) {
     if (!p) return;
-    if (p->r2c) fftwf_destroy_plan(p->r2c);
-    if (p->c2r) fftwf_destroy_plan(p->c2r);
-    for (int i = 0; i < 2; i++) {
-        if (p->gr2c[i]) fftwf_destroy_plan(p->gr2c[i]);
-        if (p->gc2r[i]) fftwf_destroy_plan(p->gc2r[i]);
-    }
     if (p->Vg != p->V) fftwf_free(p->Vg);
     if (p->tg != p->t) fftwf_free(p->tg);
+    if (p->low.wf != p->full.wf) fftwf_free(p->low.wf);
+    fftwf_free(p->full.wf);
+    fftwf_free(p->w);
+    fftwf_free(p->a);
+    fftwf_free(p->b);
     free(p->rows);
     fftwf_free(p->v);
     fftwf_free(p->V);
@@ -176,6 +503,11 @@ void kvs_dct_plan_destroy(kvs_dct_plan *p) {
 }
 
 kvs_status kvs_dct_plan_create(int N, int d, kvs_dct_plan **out, kvs_err *err) {
+    return kvs_dct_plan_create_opts(N, d, 0, KVS_DCT_AUTO, out, err);
+}
+
+kvs_status kvs_dct_plan_create_opts(int N, int d, int omega, kvs_dct_route route,
+                                    kvs_dct_plan **out, kvs_err *err) {
     kvs_status st = KVS_OK;
     kvs_dct_plan *p = NULL;
     if (!out) return kvs_errorf(err, KVS_ERR_INVALID, "dct: NULL output");
@@ -185,11 +517,19 @@ kvs_status kvs_dct_plan_create(int N, int d, kvs_dct_plan **out, kvs_err *err) {
     if ((int64_t)N * d > INT32_MAX / 2)
         return kvs_errorf(err, KVS_ERR_INVALID, "dct: plan shape N=%d d=%d exceeds 2^30 elements",
                           N, d);
+    if (N > (1 << 28))
+        return kvs_errorf(err, KVS_ERR_INVALID, "dct: N=%d exceeds 2^28", N);
+    if (omega < 0 || omega > N)
+        return kvs_errorf(err, KVS_ERR_INVALID, "dct: omega=%d outside [0, N=%d]", omega, N);
+    if (route != KVS_DCT_AUTO && route != KVS_DCT_DIRECT && route != KVS_DCT_BLUESTEIN)
+        return kvs_errorf(err, KVS_ERR_INVALID, "dct: unknown route %d", (int)route);
     p = calloc(1, sizeof *p);
     if (!p) return kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
     p->n = N;
     p->d = d;
     p->h = N / 2 + 1;
+    p->route = route == KVS_DCT_AUTO ? kvs_dct_route_for(N) : route;
+    p->omega = omega;
     const size_t nd = (size_t)N * (size_t)d;
     p->v = fftwf_malloc(sizeof(float) * nd);
     p->t = fftwf_malloc(sizeof(float) * nd);
@@ -198,7 +538,8 @@ kvs_status kvs_dct_plan_create(int N, int d, kvs_dct_plan **out, kvs_err *err) {
     p->sn = malloc(sizeof(float) * (size_t)p->h);
     p->col = malloc(sizeof(float) * (size_t)N);
     p->acc_p = malloc(sizeof(float) * (size_t)N);
-    if (!p->v || !p->t || !p->V || !p->cs || !p->sn || !p->col || !p->acc_p) {
+    p->rows = malloc(sizeof(float) * DCT_CHUNK * (size_t)d);
+    if (!p->v || !p->t || !p->V || !p->cs || !p->sn || !p->col || !p->acc_p || !p->rows) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
         goto cleanup;
     }
@@ -207,23 +548,47 @@ kvs_status kvs_dct_plan_create(int N, int d, kvs_dct_plan **out, kvs_err *err) {
         p->cs[k] = (float)cos(a);
         p->sn[k] = (float)sin(a);
     }
-    int n[1] = {N};
-    /* FFTW's planner is not re-entrant; the server and the runner may compress
-     * on several threads at once, so make it thread-safe once per process
-     * (fftw3f_threads; the only process-wide state kvsieve touches). */
-    static pthread_once_t planner_once = PTHREAD_ONCE_INIT;
-    pthread_once(&planner_once, fftwf_make_planner_thread_safe);
-    /* PRESERVE_INPUT is r2c's default anyway; kvs_dct_lowpass_sqres relies on
-     * it (v still holds x after the forward FFT). */
-    p->r2c = fftwf_plan_many_dft_r2c(1, n, d, p->v, NULL, 1, N, p->V, NULL, 1, p->h,
-                                     FFTW_ESTIMATE | FFTW_PRESERVE_INPUT);
-    p->c2r = fftwf_plan_many_dft_c2r(1, n, d, p->V, NULL, 1, p->h, p->v, NULL, 1, N,
-                                     FFTW_ESTIMATE);
-    if (!p->r2c || !p->c2r) {
-        st = kvs_errorf(err, KVS_ERR_INTERNAL, "dct: FFTW could not plan N=%d d=%d", N, d);
-        goto cleanup;
+    if (p->route == KVS_DCT_DIRECT) {
+        if ((st = cache_get(N, d, 0, &p->de, NULL, err))) goto cleanup;
+        p->g = p->de->g;
+        p->ng = p->de->ng;
+        if (p->ng > 1) {
+            p->Vg = fftwf_malloc(sizeof(fftwf_complex) * (size_t)p->h * (size_t)p->g);
+            p->tg = fftwf_malloc(sizeof(float) * (size_t)N * (size_t)p->g);
+            if (!p->Vg || !p->tg) {
+                st = kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
+                goto cleanup;
+            }
+        } else {
+            p->Vg = p->V;
+            p->tg = p->t;
+        }
+    } else {
+        p->g = d;
+        p->ng = 1;
+        p->Vg = p->V;
+        p->tg = p->t;
+        const int Kf = p->h, Kl = omega > 0 && omega < p->h ? omega : p->h;
+        const int mmax = smooth_size(N + 2 * Kf - 2);
+        p->w = fftwf_malloc(sizeof(fftwf_complex) * (size_t)(N + Kf));
+        p->a = fftwf_malloc(sizeof(fftwf_complex) * (size_t)mmax);
+        p->b = fftwf_malloc(sizeof(fftwf_complex) * (size_t)mmax);
+        if (!p->w || !p->a || !p->b) {
+            st = kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
+            goto cleanup;
+        }
+        for (int j = 0; j < N + Kf; j++) { /* w_j = exp(-i pi j^2 / N), j^2 mod 2N exact */
+            const int64_t q = (int64_t)j * j % (2 * (int64_t)N);
+            const double ang = 3.14159265358979323846 * (double)q / (double)N;
+            p->w[j][0] = (float)cos(ang);
+            p->w[j][1] = (float)-sin(ang);
+        }
+        if ((st = band_init(p, Kf, &p->full, err))) goto cleanup;
+        if (Kl == Kf)
+            p->low = p->full;
+        else if ((st = band_init(p, Kl, &p->low, err)))
+            goto cleanup;
     }
-    if ((st = plan_groups(p, err))) goto cleanup;
     *out = p;
     p = NULL;
 cleanup:
@@ -231,6 +596,26 @@ cleanup:
     return st;
 }
 
+/* v ([m][N]) -> V ([m][h]) and back for m columns of the plan: all d, or a
+ * column group (direct route: the group plans; m == g or the last group). */
+static void fwd_fft(const kvs_dct_plan *p, const band *b, int m, float *v, fftwf_complex *V) {
+    if (p->route == KVS_DCT_BLUESTEIN) {
+        chirp_r2c(p, b, m, v, V);
+        return;
+    }
+    const direct_entry *e = p->de;
+    fftwf_execute_dft_r2c(m == p->d ? e->r2c : e->gr2c[m == p->g ? 0 : 1], v, V);
+}
+
+/* V is destroyed (FFTW's c2r). */
+static void inv_fft(const kvs_dct_plan *p, const band *b, int m, fftwf_complex *V, float *out) {
+    if (p->route == KVS_DCT_BLUESTEIN) {
+        chirp_c2r(p, b, m, V, out);
+        return;
+    }
+    const direct_entry *e = p->de;
+    fftwf_execute_dft_c2r(m == p->d ? e->c2r : e->gc2r[m == p->g ? 0 : 1], V, out);
+}
 void kvs_transpose_f32(const float *in, int rows, int cols, float *out) {
     /* Tiles of T x T; the inner loop writes contiguous output. Reads walk a
      * tile's rows, which stay in L1 for the whole tile. */
@@ -256,7 +641,7 @@ kvs_status kvs_dct2_ortho_cols(kvs_dct_plan *p, const float *x, float *X, kvs_er
         for (int q = 0; q < ne; q++) vc[q] = xc[2 * q];
         for (int q = 0; q < no; q++) vc[N - 1 - q] = xc[2 * q + 1];
     }
-    fftwf_execute(p->r2c);
+    fwd_fft(p, &p->full, d, p->v, p->V);
     const float s0 = (float)sqrt(1.0 / N), s1 = (float)sqrt(2.0 / N);
     for (int c = 0; c < d; c++) {
         const fftwf_complex *Vc = p->V + (int64_t)c * h; /* [h] */
@@ -287,7 +672,7 @@ kvs_status kvs_dct3_ortho_cols(kvs_dct_plan *p, const float *X, float *x, kvs_er
             Vc[k][1] = sk * y1 - ck * y2;
         }
     }
-    fftwf_execute(p->c2r);
+    inv_fft(p, &p->full, d, p->V, p->v);
     for (int c = 0; c < d; c++) {
         const float *vc = p->v + (int64_t)c * N; /* [N] */
         float *xc = x + (int64_t)c * N;
@@ -380,6 +765,9 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
     const float b0 = (float)(1.0 / sqrt((double)N)), b1 = (float)(1.0 / sqrt(2.0 * N));
     const int kl = omega < h ? omega : h; /* k < kl: X[k] is kept */
     const int kh = N - omega + 1 > 1 ? N - omega + 1 : 1; /* k >= kh: X[N-k] is kept */
+    /* Bluestein: only V[k < kl] is read and written back, so the plan's
+     * low band serves when it covers kl (the full band otherwise). */
+    const band *bd = kl <= p->low.K ? &p->low : &p->full;
     float *X = p->col;   /* [N] one column's coefficients, entries m < omega valid */
     float *w = p->acc_p; /* [N] squared residual in permuted order */
     memset(w, 0, sizeof(float) * (size_t)N);
@@ -389,7 +777,7 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
         const int c0 = gi * p->g, m = d - c0 < p->g ? d - c0 : p->g; /* columns [c0, c0 + m) */
         float *vg = p->v + (int64_t)c0 * N; /* [m][N] */
         /* vg -> Vg; r2c preserves vg */
-        fftwf_execute_dft_r2c(p->ng == 1 ? p->r2c : p->gr2c[m == p->g ? 0 : 1], vg, p->Vg);
+        fwd_fft(p, bd, m, vg, p->Vg);
         for (int c = 0; c < m; c++) {
             fftwf_complex *Vc = p->Vg + (int64_t)c * h; /* [h] */
             X[0] = a0 * Vc[0][0];
@@ -416,7 +804,7 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
             }
         }
         /* base (permuted) -> tg; c2r destroys Vg, not vg */
-        fftwf_execute_dft_c2r(p->ng == 1 ? p->c2r : p->gc2r[m == p->g ? 0 : 1], p->Vg, p->tg);
+        inv_fft(p, bd, m, p->Vg, p->tg);
         for (int c = 0; c < m; c++) {
             const float *xc = vg + (int64_t)c * N, *bc = p->tg + (int64_t)c * N; /* [N] */
             for (int q = 0; q < N; q++) {

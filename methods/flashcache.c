@@ -167,7 +167,9 @@ static kvs_status fc_create(const kvs_params *p, const kvs_shape *s, void **stat
     }
     for (int i = 0; i < st->n_work; i++) {
         fc_work *w = &st->work[i];
-        rc = kvs_dct_plan_create(N, d, &w->plan, err); /* FFTW planning: here only */
+        /* plans come from dct.c's process-wide FFTW plan cache: planned once
+         * per length, not per request */
+        rc = kvs_dct_plan_create_opts(N, d, st->omega, KVS_DCT_AUTO, &w->plan, err);
         if (rc) {
             kvs_err_prefix(err, "flashcache");
             goto cleanup;

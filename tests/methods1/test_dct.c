@@ -5,6 +5,9 @@
  * (large N), plus round trip, Parseval, in-place use and the error paths;
  * and FlashCache's fused kvs_dct_lowpass_sqres, bit for bit against the
  * unfused transpose / DCT-II / zeroing / DCT-III / residual it replaces.
+ * Both routes (direct FFTW, Bluestein) at any length against a float64 DCT;
+ * Bluestein's fused low-pass against the direct one; the plan cache (plans
+ * made once per size) and plans used on several threads at once.
  */
 #include "dct.h"
 
@@ -12,6 +15,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #define KVS_PI 3.14159265358979323846
@@ -336,6 +340,207 @@ static void test_lowpass_errors(void) {
     kvs_dct_plan_destroy(p);
 }
 
+/* Float64 orthonormal DCT-II (inv 0) or DCT-III (inv 1) of column-major
+ * [d][N] data, exact cosines from a table of cos(pi j / (2N)), j mod 4N. */
+static void f64_dct_cols(const float *x, double *y, int N, int d, int inv) {
+    double *T = malloc(sizeof(double) * 4 * (size_t)N);
+    for (int j = 0; j < 4 * N; j++) T[j] = cos(KVS_PI * j / (2.0 * N));
+    for (int c = 0; c < d; c++) {
+        const float *xc = x + (size_t)c * N;
+        for (int o = 0; o < N; o++) {
+            double s = 0.0;
+            for (int i = 0; i < N; i++) {
+                const int m = inv ? i : o, n = inv ? o : i; /* frequency, token */
+                const double a = m == 0 ? sqrt(1.0 / N) : sqrt(2.0 / N);
+                s += a * xc[i] * T[(int)(((2 * (int64_t)n + 1) * m) % (4 * N))];
+            }
+            y[(size_t)c * N + o] = s;
+        }
+    }
+    free(T);
+}
+
+static double rel_err_cols(const float *a, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Any length, either route: DCT-II and DCT-III against the float64 DCT at
+ * prime (1021, 1031, 2003, 4099), smooth (1536, 2048) and tiny (1, 2, 3) N;
+ * AUTO takes the direct route exactly at 5-smooth N. */
+static void test_routes_any_length(void) {
+    const int Ns[] = {1, 2, 3, 7, 1021, 1031, 1536, 2003, 2048, 4099};
+    const kvs_dct_route routes[] = {KVS_DCT_AUTO, KVS_DCT_DIRECT, KVS_DCT_BLUESTEIN};
+    const int d = 3;
+    uint64_t rng = 5;
+    for (size_t a = 0; a < sizeof Ns / sizeof Ns[0]; a++) {
+        const int N = Ns[a];
+        const size_t nd = (size_t)N * d;
+        const int smooth = N != 7 && N != 1021 && N != 1031 && N != 2003 && N != 4099;
+        CHECK_MSG(kvs_dct_route_for(N) == (smooth ? KVS_DCT_DIRECT : KVS_DCT_BLUESTEIN),
+                  "N=%d: route %d", N, (int)kvs_dct_route_for(N));
+        float *x = malloc(sizeof(float) * nd), *X = malloc(sizeof(float) * nd);
+        float *y = malloc(sizeof(float) * nd);
+        double *ref = malloc(sizeof(double) * nd), *ref3 = malloc(sizeof(double) * nd);
+        for (size_t i = 0; i < nd; i++)
+            x[i] = (float)(kvs_rng_normal(&rng) + sin(0.01 * (double)(i % (size_t)N)));
+        f64_dct_cols(x, ref, N, d, 0);
+        f64_dct_cols(x, ref3, N, d, 1); /* DCT-III of x read as coefficients */
+        for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+            kvs_err e_ = {0}, *e = &e_;
+            kvs_dct_plan *p = NULL;
+            CHECK_OK(kvs_dct_plan_create_opts(N, d, N / 5, routes[r], &p, e), e);
+            if (!p) continue;
+            const kvs_dct_route got = kvs_dct_plan_route(p);
+            CHECK(got == (routes[r] == KVS_DCT_AUTO ? kvs_dct_route_for(N) : routes[r]));
+            CHECK_OK(kvs_dct2_ortho_cols(p, x, X, e), e);
+            double e2 = rel_err_cols(X, ref, nd);
+            CHECK_MSG(e2 < 1e-6, "N=%d route %d: DCT-II vs float64 rel err %.3g", N, (int)got, e2);
+            CHECK_OK(kvs_dct3_ortho_cols(p, x, y, e), e);
+            double e3 = rel_err_cols(y, ref3, nd);
+            CHECK_MSG(e3 < 1e-6, "N=%d route %d: DCT-III vs float64 rel err %.3g", N, (int)got, e3);
+            if (got == KVS_DCT_BLUESTEIN)
+                CHECK_MSG(kvs_dct_plan_fft_size(p, 0) >= 2 * N - 1 &&
+                              kvs_dct_plan_fft_size(p, 0) < 4 * N,
+                          "N=%d: Bluestein length %d", N, kvs_dct_plan_fft_size(p, 0));
+            kvs_dct_plan_destroy(p);
+        }
+        free(x), free(X), free(y), free(ref), free(ref3);
+    }
+}
+
+/* FlashCache's fused transform on the Bluestein route (with its shorter
+ * low-pass convolution) against the direct route at prime N: energies and
+ * per-token residuals agree to float rounding, fp16 input. */
+static void test_lowpass_routes(void) {
+    const int Ns[] = {1021, 2003, 1031};
+    const int d = 24, H = 1;
+    uint64_t rng = 77;
+    for (size_t a = 0; a < sizeof Ns / sizeof Ns[0]; a++) {
+        const int N = Ns[a];
+        const size_t ne = (size_t)H * N * d;
+        uint16_t *h16 = malloc(sizeof(uint16_t) * ne);
+        for (size_t i = 0; i < ne; i++) {
+            const size_t n = (i / (size_t)d) % (size_t)N;
+            float f = (float)(sin(0.01 * (double)n * (1 + i % 3)) + 0.3 * kvs_rng_normal(&rng));
+            if (i % 97 == 0) f *= 8.0f;
+            h16[i] = kvs_f32_to_f16(f);
+        }
+        kvs_view v = kvs_view_make(h16, KVS_F16, H, N, d);
+        const int omegas[] = {1, N / 5, N / 2, N / 2 + 1, N};
+        float *acc = malloc(sizeof(float) * N), *ref = malloc(sizeof(float) * N);
+        for (size_t oi = 0; oi < sizeof omegas / sizeof omegas[0]; oi++) {
+            const int om = omegas[oi];
+            kvs_err e_ = {0}, *e = &e_;
+            kvs_dct_plan *pb = NULL, *pd = NULL;
+            CHECK_OK(kvs_dct_plan_create_opts(N, d, N / 5, KVS_DCT_BLUESTEIN, &pb, e), e);
+            CHECK_OK(kvs_dct_plan_create_opts(N, d, 0, KVS_DCT_DIRECT, &pd, e), e);
+            if (!pb || !pd) {
+                kvs_dct_plan_destroy(pb), kvs_dct_plan_destroy(pd);
+                continue;
+            }
+            /* N = 2003: the band needs 2802 lags (3072), the full 4005 (4096); at
+             * 1021 / 1031 both end at 2048 (1536 gives way to it, see smooth_size) */
+            if (om == N / 5)
+                CHECK_MSG(N == 2003 ? kvs_dct_plan_fft_size(pb, 1) < kvs_dct_plan_fft_size(pb, 0)
+                                    : kvs_dct_plan_fft_size(pb, 1) <= kvs_dct_plan_fft_size(pb, 0),
+                          "N=%d: the low-pass band is longer (%d vs %d)", N,
+                          kvs_dct_plan_fft_size(pb, 1), kvs_dct_plan_fft_size(pb, 0));
+            double lo = 0, lo_ref = 0, mx = 0, diff = 0, tot = 0;
+            CHECK_OK(kvs_dct_lowpass_sqres(pb, &v, 0, om, &lo, acc, e), e);
+            CHECK_OK(kvs_dct_lowpass_sqres(pd, &v, 0, om, &lo_ref, ref, e), e);
+            for (int n = 0; n < N; n++) {
+                mx = fmax(mx, fabs((double)acc[n] - ref[n]));
+                tot += ref[n];
+            }
+            diff = fabs(lo - lo_ref);
+            CHECK_MSG(diff <= 1e-5 * (lo_ref + tot), "N=%d omega %d: lo %.9g vs %.9g", N, om, lo,
+                      lo_ref);
+            CHECK_MSG(mx <= 1e-5 * (lo_ref + tot) / N * 50 + 1e-6 * (lo_ref + tot) / N,
+                      "N=%d omega %d: residual differs by %.3g (mean %.3g)", N, om, mx, tot / N);
+            kvs_dct_plan_destroy(pb);
+            kvs_dct_plan_destroy(pd);
+        }
+        free(h16), free(acc), free(ref);
+    }
+}
+
+/* Plans are made once per process and size: a second plan of the same
+ * (N, d) (direct) or N (Bluestein) adds no cache entry. */
+static void test_plan_cache(void) {
+    kvs_err e_ = {0}, *e = &e_;
+    const int sizes[][3] = {{1000, 5, 200}, {1009, 5, 202}, {1009, 7, 202}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        kvs_dct_plan *p = NULL, *q = NULL;
+        CHECK_OK(kvs_dct_plan_create_opts(sizes[i][0], sizes[i][1], sizes[i][2], KVS_DCT_AUTO, &p,
+                                          e), e);
+        const int after_first = kvs_dct_plan_cache_entries();
+        CHECK_OK(kvs_dct_plan_create_opts(sizes[i][0], sizes[i][1], sizes[i][2], KVS_DCT_AUTO, &q,
+                                          e), e);
+        CHECK_MSG(kvs_dct_plan_cache_entries() == after_first,
+                  "N=%d d=%d: a second plan added cache entries (%d -> %d)", sizes[i][0],
+                  sizes[i][1], after_first, kvs_dct_plan_cache_entries());
+        kvs_dct_plan_destroy(p);
+        kvs_dct_plan_destroy(q);
+    }
+}
+
+/* Plans created, used and destroyed on several threads at once (the cache's
+ * mutex): every thread's transform equals the one made on the main thread. */
+typedef struct {
+    int N;
+    const float *x;
+    const float *want;
+    int ok;
+} thr_job;
+
+static void *thr_main(void *arg) {
+    thr_job *j = arg;
+    j->ok = 1;
+    for (int r = 0; r < 4; r++) {
+        kvs_err e = {0};
+        kvs_dct_plan *p = NULL;
+        float *X = malloc(sizeof(float) * 2 * (size_t)j->N);
+        if (kvs_dct_plan_create(j->N, 2, &p, &e) || kvs_dct2_ortho_cols(p, j->x, X, &e) ||
+            memcmp(X, j->want, sizeof(float) * 2 * (size_t)j->N))
+            j->ok = 0;
+        kvs_dct_plan_destroy(p);
+        free(X);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    enum { T = 4 };
+    const int Ns[T] = {997, 1009, 1200, 1013};
+    thr_job jobs[T];
+    float *xs[T], *ws[T];
+    uint64_t rng = 3;
+    for (int t = 0; t < T; t++) {
+        const int N = Ns[t];
+        xs[t] = malloc(sizeof(float) * 2 * N);
+        ws[t] = malloc(sizeof(float) * 2 * N);
+        for (int i = 0; i < 2 * N; i++) xs[t][i] = (float)kvs_rng_normal(&rng);
+        kvs_err e_ = {0}, *e = &e_;
+        kvs_dct_plan *p = NULL;
+        CHECK_OK(kvs_dct_plan_create(N, 2, &p, e), e);
+        if (p) CHECK_OK(kvs_dct2_ortho_cols(p, xs[t], ws[t], e), e);
+        kvs_dct_plan_destroy(p);
+        jobs[t] = (thr_job){N, xs[t], ws[t], 0};
+    }
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) CHECK(pthread_create(&th[t], NULL, thr_main, &jobs[t]) == 0);
+    for (int t = 0; t < T; t++) {
+        pthread_join(th[t], NULL);
+        CHECK_MSG(jobs[t].ok, "thread %d (N=%d): plan or transform differs", t, Ns[t]);
+        free(xs[t]), free(ws[t]);
+    }
+}
+
 int main(void) {
     test_hand();
     test_against_naive();
@@ -343,5 +548,9 @@ int main(void) {
     test_cols_and_fftw();
     test_lowpass_sqres();
     test_lowpass_errors();
+    test_routes_any_length();
+    test_lowpass_routes();
+    test_plan_cache();
+    test_threads();
     return kvs_test_finish("test_dct");
 }

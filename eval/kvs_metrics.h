@@ -3,7 +3,8 @@
  * answers of a sample (task evaluation).
  *
  * What it is: pure functions over strings. Each metric returns a value in
- * [0,1], the maximum over the answers (0 when n_answers is 0), or NAN when
+ * [0,1], the maximum over the answers unless said otherwise (0 when
+ * n_answers is 0), or NAN when
  * memory for its scratch could not be allocated.
  *   exact_match  normalised prediction == normalised answer
  *   contains     normalised answer occurs inside the normalised prediction

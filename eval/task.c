@@ -14,7 +14,15 @@
  *
  * Scores stored per cell: each configured metric, and for the report's
  * head-to-head columns prefill_ms, compress_ms, decode_tok_s and kv_kept_mb
- * (KV bytes after compression, MiB). Images: the backends spoken here take
+ * (KV bytes after compression, MiB). RULER samples: metric "ruler" is each
+ * sample's own metric, stored again under the task's name, plus
+ * prompt_tokens (the generator's count). Samples with answer spans send
+ * kv_spans; a variant's span_kept becomes answer_kept_l<L> (per layer, mean
+ * over spans) and answer_kept (mean over layers).
+ * ruler{} is generated after the backend is up: its lengths are counted by
+ * the backend's /tokenize. Its cells generate each task's own tokens
+ * (n_predict caps them) without stop strings ("stop=none" in the key); the
+ * other datasets stop at a newline. Images: the backends spoken here take
  * text only, so a dataset with image samples is refused before anything
  * starts.
  */

@@ -483,6 +483,38 @@ int main(int argc, char **argv) {
     CHECK(dd && !strcmp(dd->version, "ruler-1+data:none"));
     kvs_dataset_free(dd);
 
+    /* kv_spans offsets: the context's place in a rendered prompt, and the
+     * needle generator's span of the value */
+    {
+        const int64_t nl[1] = {2000};
+        const double nd[1] = {0.5};
+        kvs_needle_opts no = {nl, 1, nd, 1, 2, 3, NULL, NULL, 0};
+        kvs_dataset *nds = NULL;
+        CHECK_OK(kvs_needle_generate(&no, kvs_sha256_hex, &nds, &err), &err);
+        const char *tn[] = {"needle", "qa", "milebench", "ruler"};
+        for (int i = 0; nds && i < nds->n_samples; i++) {
+            const kvs_sample *sm = &nds->samples[i];
+            CHECK_EQ_INT(sm->n_spans, 1);
+            CHECK(!strncmp(sm->context + sm->spans[0].start, sm->needle.value,
+                           (size_t)(sm->spans[0].end - sm->spans[0].start)));
+            CHECK_EQ_INT(sm->spans[0].end - sm->spans[0].start, strlen(sm->needle.value));
+            for (int k = 0; k < 4; k++) {
+                const kvs_prompt_template *pt = NULL;
+                CHECK_OK(kvs_prompt_template_get(tn[k], &pt, &err), &err);
+                char *cp = NULL, *ap = NULL;
+                CHECK_OK(kvs_prompt_render(pt, sm, KVS_PROMPT_QUERY_AGNOSTIC, &cp, &ap, &err), &err);
+                int64_t off = kvs_prompt_context_offset(pt, sm);
+                CHECK(cp && off >= 0 && !strncmp(cp + off, sm->context, strlen(sm->context)));
+                CHECK(cp && !strncmp(cp + off + sm->spans[0].start, sm->needle.value, strlen(sm->needle.value)));
+                free(cp);
+                free(ap);
+            }
+        }
+        kvs_dataset_free(nds);
+        kvs_prompt_template nocontext = {"x", "1", "just text", "{question}"};
+        CHECK_EQ_INT(kvs_prompt_context_offset(&nocontext, NULL), -1);
+    }
+
     /* the essays for niah{ haystack = "paul_graham" } */
     char *ess = NULL;
     size_t el = 0;

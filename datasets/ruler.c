@@ -1157,10 +1157,8 @@ kvs_status kvs_ruler_generate(const kvs_ruler_opts *o, kvs_ds_hash_fn hash, kvs_
                 built ib = {0};
                 int64_t itk = 0;
                 st = fit(&g, build_vt_icl, 500 - 30, 1, 1 << 20, 20, &ib, &itk, err);
-                if (!st) {
-                    kvs_ds_buf_add(&ib.ctx, ib.q.p ? ib.q.p : "", ib.q.n, err);
-                    st = kvs_ds_buf_add(&ib.ctx, "\n\n", 2, err);
-                }
+                if (!st) st = kvs_ds_buf_add(&ib.ctx, ib.q.p ? ib.q.p : "", ib.q.n, err);
+                if (!st) st = kvs_ds_buf_add(&ib.ctx, "\n\n", 2, err);
                 if (!st && !(g.icl = kvs_ds_buf_take(&ib.ctx, err))) st = KVS_ERR_NOMEM;
                 built_free(&ib);
                 if (st) goto cleanup;

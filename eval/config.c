@@ -1409,6 +1409,12 @@ static kvs_status parse_task_fields(const vctx *v, int t, kvs_experiment *e) {
         if (kvs_prompt_template_get(e->prompt_template, &pt, &e2))
             return ferr(v, e->line, "template", KVS_ERR_INVALID, "%s", e2.msg);
     }
+    lua_getfield(v->L, t, "kv_spans");
+    int ks_type = lua_type(v->L, -1);
+    e->no_kv_spans = ks_type == LUA_TBOOLEAN && !lua_toboolean(v->L, -1);
+    lua_pop(v->L, 1);
+    if (ks_type != LUA_TNIL && ks_type != LUA_TBOOLEAN)
+        return ferr(v, e->line, "kv_spans", KVS_ERR_INVALID, "expected true or false");
     int64_t x;
     int dflt = !strcmp(e->dataset, "niah") ? 24 : !strcmp(e->dataset, "ruler") ? 0 : 64;
     if ((rc = get_int(v, t, e->line, "n_predict", "n_predict", 1, 1 << 16, dflt, &x))) return rc;
@@ -1688,7 +1694,8 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     static const char *const keys[] = {"name",    "kind",    "description", "dataset", "methods",
                                        "budgets", "params",  "threads",     "backend", "model",
                                        "metrics", "repeats", "warmup",      "device",  "dtype",
-                                       "max_tokens", "mode", "template", "n_predict", "setting", NULL};
+                                       "max_tokens", "mode", "template", "n_predict", "setting",
+                                       "kv_spans", NULL};
     if ((rc = check_keys(v, t, e->line, "", keys))) return rc;
     if ((rc = get_string(v, t, e->line, "name", "name", e->name, sizeof e->name, 1))) return rc;
     for (const char *p = e->name; *p; p++)
@@ -1767,7 +1774,7 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
 
     /* kind-specific fields; the others must be absent */
     static const char *const task_only[] = {"backend", "model",    "metrics",   "mode",
-                                            "template", "n_predict", "setting", NULL};
+                                            "template", "n_predict", "setting", "kv_spans", NULL};
     static const char *const overhead_only[] = {"repeats", "warmup", "device", "dtype",
                                                 "max_tokens", NULL};
     const char *const *forbid[2] = {e->kind == KVS_KIND_TASK ? NULL : task_only,

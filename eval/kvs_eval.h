@@ -148,6 +148,9 @@ typedef struct {
     char haystack[16];
     int n_ds_modes;
     int ds_modes[2];
+    /* kv_spans = false: do not send the answers' byte ranges (no
+     * answer_kept scores); default true for samples that have them */
+    int no_kv_spans;
 
     int threads;
 } kvs_experiment;

@@ -682,7 +682,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     x.s = s, x.e = e, x.o = o, x.d = d, x.run_id = run_id, x.cells = cells, x.units = units;
     x.metric_fns = fns, x.model_name = model_name, x.model_hash = model_hash;
     x.tmpl_name = tmpl_name, x.tmpl_hash = tmpl_hash;
-    x.sent_spans = co.api == KVS_API_KVSIEVE;
+    x.sent_spans = co.api == KVS_API_KVSIEVE && !e->no_kv_spans;
     x.t0 = kvs_now_ms(), x.total = n - n_done;
     int window = n_urls * co.per_url;
     static const char *const stops[] = {"\n"}; /* answers are one line; part of the cell key */

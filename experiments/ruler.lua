@@ -17,14 +17,18 @@
 --                                                    over machines (backend.url = { ... } or shards)
 --   kvsieve report --experiment ruler
 --
--- The slice (about 10 minutes on 2 CPU cores of a quiet machine; see the
--- README): niah_single_1, 20 samples, full / random / snapkv / flashcache at
--- 0.25, query-agnostic, answers cut at 12 tokens (a 7-digit needle is 8):
+-- The slice: niah_single_1, 12 samples, full / random / snapkv / flashcache at
+-- 0.25, query-agnostic, answers cut at 12 tokens (a 7-digit needle and its
+-- full stop take 8 of Qwen's tokens):
 --   kvsieve run experiments/ruler.lua -D name=ruler-slice \
---     -D 'dataset.tasks={"niah_single_1"}' -D dataset.n=20 \
+--     -D 'dataset.tasks={"niah_single_1"}' -D dataset.n=12 \
 --     -D 'methods={"full","random","snapkv","flashcache"}' -D 'budgets={0.25}' \
 --     -D setting=query_agnostic -D n_predict=12
---
+-- Its time is the 12 prefills of about 3,960 tokens: measured at 70 CPU
+-- seconds each for qwen2.5-0.5b on this machine's cores (400 s wall while
+-- six other jobs shared the two cores), so about 40 s each, 10 minutes in
+-- all, on two idle cores; the compressions (FlashCache about 2.4 s) and the
+-- 4 x 12 decoded tokens add under a minute.
 -- Scores per cell: `ruler` (RULER's metric of the sample's task:
 -- string_match_all for niah, vt, cwe, fwe; string_match_part for qa; the
 -- report's mean over a table is RULER's average over the tasks, weighted by

@@ -77,6 +77,20 @@ static void test_config(void) {
         CHECK_EQ_INT(cfg.experiments[0].n_predict, 16);
         kvs_config_free(&cfg);
     }
+    CHECK_FAILS(load("experiment { name = 'r', kind = 'task', backend = { url = 'http://127.0.0.1:1' },\n"
+                     "  dataset = ruler { lengths = 4096 }, kv_spans = 'yes',\n"
+                     "  methods = 'full', budgets = 0.5, metrics = 'ruler' }\n",
+                     &cfg, &err),
+                KVS_ERR_INVALID, &err, "kv_spans");
+    CHECK_OK(load("experiment { name = 'r', kind = 'task', backend = { url = 'http://127.0.0.1:1' },\n"
+                  "  dataset = ruler { lengths = 4096 }, kv_spans = false,\n"
+                  "  methods = 'full', budgets = 0.5, metrics = 'ruler' }\n",
+                  &cfg, &err),
+             &err);
+    if (!err.code) {
+        CHECK_EQ_INT(cfg.experiments[0].no_kv_spans, 1);
+        kvs_config_free(&cfg);
+    }
     /* niah{ haystack, setting } */
     CHECK_OK(load("experiment { name = 'n', kind = 'task', backend = { url = 'http://127.0.0.1:1' },\n"
                   "  dataset = niah { lengths = 512, depths = 0.5, haystack = 'paul_graham', setting = 'query_agnostic' },\n"

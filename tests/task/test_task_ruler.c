@@ -32,6 +32,7 @@ static int64_t q_int(sqlite3 *db, const char *sql) {
 
 static kvs_status load(const char *text, kvs_config *cfg, kvs_err *err) {
     char p[256];
+    kvs_err_clear(err); /* the `if (!err.code)` after each load reads this call's outcome */
     eval_write(dir, "c.lua", text, p, sizeof p);
     return kvs_config_load(p, NULL, 0, cfg, err);
 }

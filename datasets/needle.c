@@ -351,7 +351,15 @@ kvs_status kvs_needle_generate(const kvs_needle_opts *o, kvs_ds_hash_fn hash, kv
                 sm->needle.depth = D;
                 sm->needle.offset = offset;
                 sm->needle.length = L;
-                if (!sm->id || !sm->context || !sm->question || !sm->answers || !sm->answers[0] ||
+                /* the answer's bytes inside the needle sentence, for kv_spans */
+                const char *vp = strstr(nd.sentence, nd.value);
+                sm->spans = malloc(sizeof *sm->spans);
+                if (sm->spans && vp) {
+                    sm->spans[0].start = offset + (int64_t)(vp - nd.sentence);
+                    sm->spans[0].end = sm->spans[0].start + (int64_t)strlen(nd.value);
+                    sm->n_spans = 1;
+                }
+                if (!sm->spans || !sm->id || !sm->context || !sm->question || !sm->answers || !sm->answers[0] ||
                     !sm->needle.kind || !sm->needle.value) {
                     st = kvs_errorf(err, KVS_ERR_NOMEM, "needle: out of memory for sample %s", id);
                     goto cleanup;

@@ -23,6 +23,7 @@ static const kvs_prompt_template builtin[] = {
     {"choice", "1", "Read the following document.\n\n{context}\n\n",
      "Question: {question}\n{choices}Answer with the letter of the correct option.\nAnswer:"},
     {"milebench", "1", "{context}\n\n", "{question}\n{choices}Answer:"},
+    {"ruler", "1", "{context}", "{question}"},
 };
 enum { N_BUILTIN = (int)(sizeof builtin / sizeof builtin[0]) };
 
@@ -53,7 +54,7 @@ kvs_status kvs_prompt_template_get(const char *name, const kvs_prompt_template *
     }
     return kvs_errorf(err, KVS_ERR_NOTFOUND,
                       "unknown prompt template '%s' (did you mean '%s'?); templates: needle, qa, "
-                      "choice, milebench",
+                      "choice, milebench, ruler",
                       name ? name : "(null)", kvs_ds_closest(name ? name : "", names, N_BUILTIN));
 }
 
@@ -139,4 +140,31 @@ cleanup:
     kvs_ds_buf_free(&a);
     kvs_ds_buf_free(&q);
     return st;
+}
+
+int64_t kvs_prompt_context_offset(const kvs_prompt_template *t, const kvs_sample *s) {
+    if (!t || !t->context_part) return -1;
+    const char *at = NULL;
+    for (const char *p = t->context_part; *p; p++) {
+        if (p[0] == '{' && p[1] == '{') {
+            p++;
+            continue;
+        }
+        if (!strncmp(p, "{context}", 9)) {
+            at = p;
+            break;
+        }
+    }
+    if (!at) return -1;
+    size_t n = (size_t)(at - t->context_part);
+    char *head = malloc(n + 1);
+    if (!head) return -1;
+    memcpy(head, t->context_part, n);
+    head[n] = '\0';
+    kvs_ds_buf b = {0};
+    kvs_err e = {0};
+    int64_t off = render_part(t, head, "context_part", s, &b, &e) ? -1 : (int64_t)b.n;
+    kvs_ds_buf_free(&b);
+    free(head);
+    return off;
 }

@@ -104,6 +104,9 @@ void kvs_dataset_free(kvs_dataset *d) {
         free_strv(s->images, s->n_images);
         free(s->needle.kind);
         free(s->needle.value);
+        free(s->spans);
+        free(s->task);
+        free(s->metric);
     }
     free(d->samples);
     free(d);
@@ -152,6 +155,18 @@ kvs_status kvs_dataset_canonical(const kvs_dataset *d, char **out, size_t *len, 
             st = kvs_ds_buf_addf(&b, err, "needle=%s|%s|%.6f|%lld|%lld\n", s->needle.kind,
                                  s->needle.value, s->needle.depth, (long long)s->needle.offset,
                                  (long long)s->needle.length);
+        /* generated samples without a needle record (RULER): task, metric,
+         * tokens to generate, measured tokens and the answer spans (a
+         * needle's span follows from needle.offset and the context) */
+        if (!st && s->task)
+            st = kvs_ds_buf_addf(&b, err, "task=%s|%s|%d|%lld\n", s->task, s->metric ? s->metric : "",
+                                 s->max_tokens, (long long)s->n_tokens);
+        if (!st && !s->has_needle && s->n_spans > 0) {
+            st = kvs_ds_buf_addf(&b, err, "spans#=%d\n", s->n_spans);
+            for (int k = 0; !st && k < s->n_spans; k++)
+                st = kvs_ds_buf_addf(&b, err, "span=%lld|%lld\n", (long long)s->spans[k].start,
+                                     (long long)s->spans[k].end);
+        }
     }
     if (st) goto cleanup;
     *len = b.n;

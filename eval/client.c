@@ -25,6 +25,7 @@ typedef struct job {
     char *body; /* request JSON */
     void *tag;
     int n_variants;
+    int n_spans; /* kv_spans sent */
     int attempts;
     int pref_url; /* URL of the next try */
     int url;      /* URL of the running / last try */
@@ -138,7 +139,10 @@ int kvs_client_pending(const kvs_client *c) { return c->n_jobs; }
 
 void kvs_client_result_free(kvs_client_result *r) {
     if (!r) return;
-    for (int i = 0; i < r->n_outputs; i++) free(r->outputs[i].content);
+    for (int i = 0; i < r->n_outputs; i++) {
+        free(r->outputs[i].content);
+        free(r->outputs[i].span_kept);
+    }
     free(r->outputs);
     r->outputs = NULL;
     r->n_outputs = 0;
@@ -159,6 +163,24 @@ static kvs_status build_body(const kvs_client *c, const kvs_client_request *r, c
     if (r->n_stop > 0) {
         cJSON *st = cJSON_AddArrayToObject(root, "stop");
         for (int i = 0; i < r->n_stop; i++) cJSON_AddItemToArray(st, cJSON_CreateString(r->stop[i]));
+    }
+    if (r->n_spans > 64) {
+        rc = kvs_errorf(err, KVS_ERR_INVALID, "client: %d kv_spans; the server takes at most 64", r->n_spans);
+        goto done;
+    }
+    if (c->o.api == KVS_API_KVSIEVE && r->n_spans > 0) {
+        cJSON *sp = cJSON_AddArrayToObject(root, "kv_spans");
+        for (int i = 0; i < r->n_spans; i++) {
+            if (r->spans[2 * i] < 0 || r->spans[2 * i + 1] < r->spans[2 * i]) {
+                rc = kvs_errorf(err, KVS_ERR_INVALID, "client: kv_spans[%d] = [%lld, %lld) is not a range", i,
+                                (long long)r->spans[2 * i], (long long)r->spans[2 * i + 1]);
+                goto done;
+            }
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddItemToArray(sp, o);
+            cJSON_AddNumberToObject(o, "start", (double)r->spans[2 * i]);
+            cJSON_AddNumberToObject(o, "end", (double)r->spans[2 * i + 1]);
+        }
     }
     if (c->o.api == KVS_API_KVSIEVE) {
         cJSON *kc = cJSON_AddObjectToObject(root, "kv_compression");
@@ -225,6 +247,7 @@ kvs_status kvs_client_submit(kvs_client *c, const kvs_client_request *r, void *t
     }
     j->tag = tag;
     j->n_variants = r->n_variants;
+    j->n_spans = c->o.api == KVS_API_KVSIEVE ? r->n_spans : 0;
     j->t_submit = kvs_now_ms();
     /* new requests go to the least loaded URL, counting queued ones */
     int best = 0, best_n = -1;
@@ -360,6 +383,35 @@ static int set_content(kvs_client_output *o, const cJSON *s) {
     return o->content ? 0 : -1;
 }
 
+/* kv.span_kept: n_spans arrays of one number in [0, 1] per layer, all as
+ * long. 0 ok, -1 malformed, -2 out of memory. */
+static int parse_span_kept(const cJSON *sk, int n_spans, kvs_client_output *o) {
+    if (!cJSON_IsArray(sk) || cJSON_GetArraySize(sk) != n_spans) return -1;
+    int L = cJSON_GetArraySize(cJSON_GetArrayItem(sk, 0));
+    if (L < 1) return -1;
+    o->span_kept = malloc(sizeof *o->span_kept * (size_t)n_spans * (size_t)L);
+    if (!o->span_kept) return -2;
+    const cJSON *row;
+    int s = 0;
+    cJSON_ArrayForEach(row, sk) {
+        if (!cJSON_IsArray(row) || cJSON_GetArraySize(row) != L) goto bad;
+        const cJSON *x;
+        int l = 0;
+        cJSON_ArrayForEach(x, row) {
+            if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0.0 && x->valuedouble <= 1.0)) goto bad;
+            o->span_kept[(size_t)s * (size_t)L + (size_t)l++] = x->valuedouble;
+        }
+        s++;
+    }
+    o->span_n = n_spans;
+    o->span_layers = L;
+    return 0;
+bad:
+    free(o->span_kept);
+    o->span_kept = NULL;
+    return -1;
+}
+
 /* Parse a 2xx answer into r->outputs; on failure fill r->error. */
 static void parse_answer(const kvs_client *c, const job *j, kvs_client_result *r) {
     const char *url = c->urls[j->url];
@@ -434,6 +486,18 @@ static void parse_answer(const kvs_client *c, const job *j, kvs_client_result *r
             o->tokens_after = (int64_t)num_or(kv, "tokens_after", -1);
             const cJSON *note = cJSON_GetObjectItemCaseSensitive(kv, "note");
             if (cJSON_IsString(note)) snprintf(o->note, sizeof o->note, "%s", note->valuestring);
+            const cJSON *sk = cJSON_GetObjectItemCaseSensitive(kv, "span_kept");
+            if (j->n_spans > 0 && sk && !cJSON_IsNull(sk)) {
+                int bad = parse_span_kept(sk, j->n_spans, o);
+                if (bad == -2) goto nomem;
+                if (bad) {
+                    r->status = KVS_ERR_FORMAT;
+                    snprintf(r->error, sizeof r->error,
+                             "%s: variants[%d].kv.span_kept is not %d arrays of one share in [0, 1] "
+                             "per layer (one per kv_spans entry, every array as long)", url, i, j->n_spans);
+                    goto done;
+                }
+            }
         }
     }
 done:
@@ -629,5 +693,70 @@ kvs_status kvs_http_get(const char *url, const char *path, double timeout_s, lon
     }
     free(j.resp);
     curl_easy_cleanup(e);
+    return rc;
+}
+
+kvs_status kvs_http_count_tokens(const char *url, const char *text, size_t n, double timeout_s,
+                                 int64_t *n_tokens, kvs_err *err) {
+    *n_tokens = -1;
+    char *body = NULL;
+    {
+        /* {"content": text, "add_special": true}: the count of a prompt */
+        char *t = malloc(n + 1);
+        if (!t) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        memcpy(t, text, n);
+        t[n] = '\0';
+        cJSON *root = cJSON_CreateObject();
+        if (root) {
+            cJSON_AddStringToObject(root, "content", t);
+            cJSON_AddBoolToObject(root, "add_special", 1);
+            body = cJSON_PrintUnformatted(root);
+            cJSON_Delete(root);
+        }
+        free(t);
+        if (!body) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    }
+    job j;
+    memset(&j, 0, sizeof j);
+    char full[1200];
+    snprintf(full, sizeof full, "%s/tokenize", url);
+    CURL *e = curl_easy_init();
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    kvs_status rc = KVS_OK;
+    if (!e || !h) {
+        rc = kvs_errorf(err, KVS_ERR_INTERNAL, "curl_easy_init failed");
+        goto done;
+    }
+    curl_easy_setopt(e, CURLOPT_URL, full);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &j);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, j.errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
+    CURLcode cc = curl_easy_perform(e);
+    if (cc != CURLE_OK) {
+        rc = kvs_errorf(err, KVS_ERR_IO, "POST %s: %s", full, j.errbuf[0] ? j.errbuf : curl_easy_strerror(cc));
+        goto done;
+    }
+    long status = 0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    cJSON *root = cJSON_ParseWithLength(j.resp ? j.resp : "", j.resp_len);
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    if (status != 200 || !cJSON_IsArray(toks)) {
+        char msg[400];
+        answer_error(&j, msg, sizeof msg);
+        rc = kvs_errorf(err, status >= 400 && status < 500 ? KVS_ERR_INVALID : KVS_ERR_FORMAT,
+                        "POST %s: HTTP %ld without a tokens array: %s", full, status, msg);
+    } else {
+        *n_tokens = cJSON_GetArraySize(toks);
+    }
+    cJSON_Delete(root);
+done:
+    curl_slist_free_all(h);
+    if (e) curl_easy_cleanup(e);
+    free(j.resp);
+    free(body);
     return rc;
 }

@@ -3,8 +3,8 @@
  * the helpers a config may call, and validation into kvs_experiment.
  *
  * What it is: the Lua side only collects tables (experiment{...},
- * synthetic{...}, niah{...}, jsonl{...}, longbench{...}, milebench{...},
- * shape{...}, backend{...}); all checking happens
+ * synthetic{...}, niah{...}, ruler{...}, jsonl{...}, longbench{...},
+ * milebench{...}, shape{...}, backend{...}); all checking happens
  * afterwards in plain C, so every error is a kvs_err naming file:line and
  * the field. A field's line is found by scanning the config text for the
  * key from the line of the call that holds it.
@@ -181,8 +181,8 @@ static void open_sandbox(lua_State *L, const char *dir) {
     lua_setfield(L, LUA_REGISTRYINDEX, REG_LIST);
     lua_pushcfunction(L, l_experiment);
     lua_setglobal(L, "experiment");
-    static const char *const helpers[] = {"synthetic", "niah",      "shape",    "backend",
-                                           "jsonl",     "longbench", "milebench"};
+    static const char *const helpers[] = {"synthetic", "niah",      "shape",     "backend",
+                                           "jsonl",     "longbench", "milebench", "ruler"};
     for (size_t i = 0; i < sizeof helpers / sizeof helpers[0]; i++) {
         lua_pushstring(L, helpers[i]);
         lua_pushcclosure(L, l_helper, 1);
@@ -686,13 +686,205 @@ static kvs_status parse_synthetic(const vctx *v, int t, kvs_experiment *e) {
     return KVS_OK;
 }
 
+static kvs_status get_choice_list(const vctx *v, int t, int base_line, const char *key,
+                                  const char *const *choices, int dflt, int *idx, int max, int *n);
+
+/* data (a folder, relative to the config's) and setting of niah{} / ruler{} */
+static kvs_status parse_ds_common(const vctx *v, int t, int line, kvs_experiment *e) {
+    kvs_status rc;
+    char data[1024];
+    if ((rc = get_string(v, t, line, "data", "dataset.data", data, sizeof data, 0))) return rc;
+    if (data[0] == '/' || !data[0]) {
+        snprintf(e->dataset_data, sizeof e->dataset_data, "%s", data);
+    } else {
+        const char *slash = strrchr(v->path, '/');
+        int dl = slash ? (int)(slash - v->path) : 1;
+        int w = snprintf(e->dataset_data, sizeof e->dataset_data, "%.*s/%s", dl,
+                         slash ? v->path : ".", data);
+        if (w < 0 || (size_t)w >= sizeof e->dataset_data)
+            return ferr(v, line, "dataset.data", KVS_ERR_INVALID, "path too long");
+    }
+    static const char *const modes[] = {"query_aware", "query_agnostic", NULL};
+    lua_getfield(v->L, t, "setting");
+    int has = !lua_isnil(v->L, -1);
+    lua_pop(v->L, 1);
+    e->n_ds_modes = 0;
+    if (has && (rc = get_choice_list(v, t, line, "setting", modes, 0, e->ds_modes, 2, &e->n_ds_modes))) {
+        kvs_err_prefix(v->err, "dataset");
+        return rc;
+    }
+    return KVS_OK;
+}
+
+/* One RULER argument of a task table (tasks[i].key), when given. */
+static kvs_status ruler_int(const vctx *v, int t, int line, const char *field, const char *key,
+                            int lo, int hi, int *out) {
+    char name[96];
+    snprintf(name, sizeof name, "%s.%s", field, key);
+    int64_t x;
+    kvs_status rc = get_int(v, t, line, key, name, lo, hi, *out, &x);
+    if (!rc) *out = (int)x;
+    return rc;
+}
+
+static kvs_status ruler_str(const vctx *v, int t, int line, const char *field, const char *key,
+                            char *out, size_t n) {
+    char name[96], buf[64];
+    snprintf(name, sizeof name, "%s.%s", field, key);
+    kvs_status rc = get_string(v, t, line, key, name, buf, sizeof buf, 0);
+    if (!rc && buf[0]) {
+        if (strlen(buf) >= n) return ferr(v, line, name, KVS_ERR_INVALID, "'%s' is too long", buf);
+        snprintf(out, n, "%s", buf);
+    }
+    return rc;
+}
+
+/* tasks[i] as a table: { name = "my_niah", task = "niah", type_haystack =
+ * "needle", ... } (task: the kind; without it, name must be a standard
+ * task, whose arguments the other keys change). */
+static kvs_status parse_ruler_task(const vctx *v, int t, int line, const char *field,
+                                   kvs_ruler_task *out) {
+    kvs_status rc;
+    static const char *const keys[] = {"name",          "task",          "type_haystack", "type_needle_k",
+                                       "type_needle_v", "num_needle_k",  "num_needle_v",  "num_needle_q",
+                                       "num_chains",    "num_hops",      "freq_cw",       "freq_ucw",
+                                       "num_cw",        "alpha",         "coded_wordlen", "vocab_size",
+                                       "dataset",       "tokens_to_generate", NULL};
+    char prefix[80];
+    snprintf(prefix, sizeof prefix, "%s.", field);
+    if ((rc = check_keys(v, t, line, prefix, keys))) return rc;
+    char name[48], kind[32], fname[96];
+    snprintf(fname, sizeof fname, "%s.name", field);
+    if ((rc = get_string(v, t, line, "name", fname, name, sizeof name, 1))) return rc;
+    snprintf(fname, sizeof fname, "%s.task", field);
+    if ((rc = get_string(v, t, line, "task", fname, kind, sizeof kind, 0))) return rc;
+    kvs_err e2 = {0};
+    if (kind[0] ? kvs_ruler_task_defaults(kind, out, &e2) : kvs_ruler_task_get(name, out, &e2))
+        return ferr(v, line, kind[0] ? fname : field, KVS_ERR_INVALID, "%s%s", e2.msg,
+                    kind[0] ? "" : " (or give task = the kind, for a task of your own)");
+    for (const char *p = name; *p; p++)
+        if (!(isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.'))
+            return ferr(v, line, field, KVS_ERR_INVALID, "name '%s': use letters, digits, '_', '-', '.'", name);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    if ((rc = ruler_str(v, t, line, field, "type_haystack", out->type_haystack, sizeof out->type_haystack)) ||
+        (rc = ruler_str(v, t, line, field, "type_needle_k", out->type_needle_k, sizeof out->type_needle_k)) ||
+        (rc = ruler_str(v, t, line, field, "type_needle_v", out->type_needle_v, sizeof out->type_needle_v)) ||
+        (rc = ruler_str(v, t, line, field, "dataset", out->dataset, sizeof out->dataset)) ||
+        (rc = ruler_int(v, t, line, field, "num_needle_k", 1, 100, &out->num_needle_k)) ||
+        (rc = ruler_int(v, t, line, field, "num_needle_v", 1, 100, &out->num_needle_v)) ||
+        (rc = ruler_int(v, t, line, field, "num_needle_q", 1, 100, &out->num_needle_q)) ||
+        (rc = ruler_int(v, t, line, field, "num_chains", 1, 100, &out->num_chains)) ||
+        (rc = ruler_int(v, t, line, field, "num_hops", 1, 100, &out->num_hops)) ||
+        (rc = ruler_int(v, t, line, field, "freq_cw", 1, 1000, &out->freq_cw)) ||
+        (rc = ruler_int(v, t, line, field, "freq_ucw", 1, 1000, &out->freq_ucw)) ||
+        (rc = ruler_int(v, t, line, field, "num_cw", 1, 100, &out->num_cw)) ||
+        (rc = ruler_int(v, t, line, field, "coded_wordlen", 2, 32, &out->coded_wordlen)) ||
+        (rc = ruler_int(v, t, line, field, "vocab_size", 0, 1000000, &out->vocab_size)) ||
+        (rc = ruler_int(v, t, line, field, "tokens_to_generate", 0, 65536, &out->tokens_to_generate)))
+        return rc;
+    char an[96];
+    snprintf(an, sizeof an, "%s.alpha", field);
+    if ((rc = get_double(v, t, line, "alpha", an, 1.000001, 10.0, out->alpha, &out->alpha))) return rc;
+    if (kvs_ruler_task_check(out, &e2)) return ferr(v, line, field, KVS_ERR_INVALID, "%s", e2.msg);
+    return KVS_OK;
+}
+
+/* ruler{ tasks, lengths, n, seed, data, setting } */
+static kvs_status parse_ruler(const vctx *v, int t, kvs_experiment *e) {
+    lua_State *L = v->L;
+    kvs_status rc;
+    int line = table_line(L, t, e->line);
+    static const char *const keys[] = {"tasks", "lengths", "n", "seed", "data", "setting", NULL};
+    if ((rc = check_keys(v, t, line, "dataset.", keys))) return rc;
+    snprintf(e->dataset, sizeof e->dataset, "ruler");
+    int64_t *tmp = NULL;
+    int n = 0;
+    if ((rc = get_ints(v, t, line, "lengths", "dataset.lengths", 256, 1 << 22, 1, 0, &tmp, &n))) return rc;
+    e->lengths = malloc(sizeof *e->lengths * (size_t)n);
+    if (!e->lengths) {
+        free(tmp);
+        return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) e->lengths[i] = (int)tmp[i];
+    e->n_lengths = n;
+    free(tmp);
+    int64_t x;
+    if ((rc = get_int(v, t, line, "n", "dataset.n", 1, 100000, 1, &x))) return rc;
+    e->per_cell = (int)x;
+    if ((rc = get_int(v, t, line, "seed", "dataset.seed", 0, INT64_MAX, 42, &x))) return rc;
+    e->seeds = malloc(sizeof *e->seeds);
+    if (!e->seeds) return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+    e->seeds[0] = x;
+    e->n_seeds = 1;
+    if ((rc = parse_ds_common(v, t, line, e))) return rc;
+    /* tasks: names or tables; default every standard task */
+    lua_getfield(L, t, "tasks");
+    int idx = lua_gettop(L);
+    const char *const *std = kvs_ruler_task_names();
+    if (lua_isnil(L, idx)) {
+        lua_pop(L, 1);
+        int ns = 0;
+        while (std[ns]) ns++;
+        e->ruler_tasks = calloc((size_t)ns, sizeof *e->ruler_tasks);
+        if (!e->ruler_tasks) return kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < ns; i++) kvs_ruler_task_get(std[i], &e->ruler_tasks[i], NULL);
+        e->n_ruler_tasks = ns;
+        return KVS_OK;
+    }
+    int is_list;
+    n = list_len(L, idx, &is_list);
+    if (is_list && (rc = check_sequence(v, idx, line, "dataset.tasks"))) goto done;
+    if (n < 1) {
+        rc = ferr(v, line, "dataset.tasks", KVS_ERR_INVALID, "empty list");
+        goto done;
+    }
+    e->ruler_tasks = calloc((size_t)n, sizeof *e->ruler_tasks);
+    if (!e->ruler_tasks) {
+        rc = kvs_errorf(v->err, KVS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 1; i <= n && !rc; i++) {
+        char name[64];
+        elem_name(name, sizeof name, "dataset.tasks", is_list, i);
+        list_get(L, idx, is_list, i);
+        kvs_ruler_task *rt = &e->ruler_tasks[i - 1];
+        if (lua_type(L, -1) == LUA_TSTRING) {
+            kvs_err e2 = {0};
+            if (kvs_ruler_task_get(lua_tostring(L, -1), rt, &e2))
+                rc = ferr(v, line, name, KVS_ERR_INVALID, "%s", e2.msg);
+        } else if (lua_type(L, -1) == LUA_TTABLE) {
+            rc = parse_ruler_task(v, lua_gettop(L), line, name, rt);
+        } else {
+            rc = ferr(v, line, name, KVS_ERR_INVALID,
+                      "expected a task name or a table { name = ..., task = ..., ... }, got a %s",
+                      type_name(L, -1));
+        }
+        lua_pop(L, 1);
+        for (int j = 0; !rc && j < i - 1; j++)
+            if (!strcmp(e->ruler_tasks[j].name, rt->name))
+                rc = ferr(v, line, name, KVS_ERR_INVALID, "task '%s' given twice", rt->name);
+        if (!rc) e->n_ruler_tasks = i;
+    }
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
 static kvs_status parse_niah(const vctx *v, int t, kvs_experiment *e) {
     lua_State *L = v->L;
     kvs_status rc;
     int line = table_line(L, t, e->line);
-    static const char *const keys[] = {"lengths", "depths", "per_cell", "seed", NULL};
+    static const char *const keys[] = {"lengths", "depths", "per_cell", "seed", "haystack",
+                                       "data",    "setting", NULL};
     if ((rc = check_keys(v, t, line, "dataset.", keys))) return rc;
     snprintf(e->dataset, sizeof e->dataset, "niah");
+    static const char *const hays[] = {"default", "paul_graham", NULL};
+    char hay[32];
+    int which = 0;
+    if ((rc = get_string(v, t, line, "haystack", "dataset.haystack", hay, sizeof hay, 0))) return rc;
+    if (hay[0] && (rc = check_choice(v, line, "dataset.haystack", hay, hays, &which))) return rc;
+    snprintf(e->haystack, sizeof e->haystack, "%s", which == 1 ? "paul_graham" : "");
+    if ((rc = parse_ds_common(v, t, line, e))) return rc;
     int64_t *tmp = NULL;
     int n = 0;
     if ((rc = get_ints(v, t, line, "lengths", "dataset.lengths", 64, 1 << 20, 1, 0, &tmp, &n)))
@@ -1191,7 +1383,23 @@ static kvs_status get_choice_list(const vctx *v, int t, int base_line, const cha
 static kvs_status parse_task_fields(const vctx *v, int t, kvs_experiment *e) {
     kvs_status rc;
     static const char *const modes[] = {"query_aware", "query_agnostic", NULL};
-    if ((rc = get_choice_list(v, t, e->line, "mode", modes, 0, e->modes, 2, &e->n_modes))) return rc;
+    /* mode, or its name `setting` (at the experiment or in the dataset) */
+    lua_getfield(v->L, t, "mode");
+    int has_mode = !lua_isnil(v->L, -1);
+    lua_pop(v->L, 1);
+    lua_getfield(v->L, t, "setting");
+    int has_setting = !lua_isnil(v->L, -1);
+    lua_pop(v->L, 1);
+    if (has_mode + has_setting + (e->n_ds_modes > 0) > 1)
+        return ferr(v, e->line, has_setting ? "setting" : "mode", KVS_ERR_INVALID,
+                    "give the setting once: mode, setting and dataset.setting are the same field");
+    if (e->n_ds_modes > 0) {
+        e->n_modes = e->n_ds_modes;
+        memcpy(e->modes, e->ds_modes, sizeof e->modes);
+    } else if ((rc = get_choice_list(v, t, e->line, has_setting ? "setting" : "mode", modes, 0, e->modes,
+                                     2, &e->n_modes))) {
+        return rc;
+    }
     if ((rc = get_string(v, t, e->line, "template", "template", e->prompt_template,
                          sizeof e->prompt_template, 0)))
         return rc;
@@ -1201,8 +1409,14 @@ static kvs_status parse_task_fields(const vctx *v, int t, kvs_experiment *e) {
         if (kvs_prompt_template_get(e->prompt_template, &pt, &e2))
             return ferr(v, e->line, "template", KVS_ERR_INVALID, "%s", e2.msg);
     }
+    lua_getfield(v->L, t, "kv_spans");
+    int ks_type = lua_type(v->L, -1);
+    e->no_kv_spans = ks_type == LUA_TBOOLEAN && !lua_toboolean(v->L, -1);
+    lua_pop(v->L, 1);
+    if (ks_type != LUA_TNIL && ks_type != LUA_TBOOLEAN)
+        return ferr(v, e->line, "kv_spans", KVS_ERR_INVALID, "expected true or false");
     int64_t x;
-    int dflt = !strcmp(e->dataset, "niah") ? 24 : 64;
+    int dflt = !strcmp(e->dataset, "niah") ? 24 : !strcmp(e->dataset, "ruler") ? 0 : 64;
     if ((rc = get_int(v, t, e->line, "n_predict", "n_predict", 1, 1 << 16, dflt, &x))) return rc;
     e->n_predict = (int)x;
     if (e->backend_openai)
@@ -1480,7 +1694,8 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     static const char *const keys[] = {"name",    "kind",    "description", "dataset", "methods",
                                        "budgets", "params",  "threads",     "backend", "model",
                                        "metrics", "repeats", "warmup",      "device",  "dtype",
-                                       "max_tokens", "mode", "template", "n_predict", NULL};
+                                       "max_tokens", "mode", "template", "n_predict", "setting",
+                                       "kv_spans", NULL};
     if ((rc = check_keys(v, t, e->line, "", keys))) return rc;
     if ((rc = get_string(v, t, e->line, "name", "name", e->name, sizeof e->name, 1))) return rc;
     for (const char *p = e->name; *p; p++)
@@ -1522,9 +1737,15 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
                       helper);
         else
             rc = parse_file_dataset(v, d, helper, e);
+    } else if (helper && !strcmp(helper, "ruler")) {
+        if (e->kind != KVS_KIND_TASK)
+            rc = ferr(v, e->line, "dataset", KVS_ERR_INVALID,
+                      "kind '%s' needs synthetic{...} caches; ruler{...} is for kind 'task'", kind);
+        else
+            rc = parse_ruler(v, d, e);
     } else if (!helper || (strcmp(helper, "synthetic") != 0 && strcmp(helper, "niah") != 0)) {
         rc = ferr(v, e->line, "dataset", KVS_ERR_INVALID,
-                  "expected synthetic{...} or niah{...}, got a %s", type_name(L, d));
+                  "expected synthetic{...}, niah{...} or ruler{...}, got a %s", type_name(L, d));
     } else if (strcmp(helper, "synthetic") == 0) {
         if (e->kind == KVS_KIND_TASK)
             rc = ferr(v, e->line, "dataset", KVS_ERR_INVALID,
@@ -1553,7 +1774,7 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
 
     /* kind-specific fields; the others must be absent */
     static const char *const task_only[] = {"backend", "model",    "metrics",   "mode",
-                                            "template", "n_predict", NULL};
+                                            "template", "n_predict", "setting", "kv_spans", NULL};
     static const char *const overhead_only[] = {"repeats", "warmup", "device", "dtype",
                                                 "max_tokens", NULL};
     const char *const *forbid[2] = {e->kind == KVS_KIND_TASK ? NULL : task_only,
@@ -1643,6 +1864,7 @@ static void free_experiment(kvs_experiment *e) {
     free(e->lengths);
     free(e->seeds);
     free(e->depths);
+    free(e->ruler_tasks);
     free(e->variants);
     free(e->budgets);
     free(e->metrics);

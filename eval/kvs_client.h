@@ -14,8 +14,11 @@
  * no streaming.
  *
  * Protocol: POST {url}/v1/completions {prompt, max_tokens, temperature: 0,
- * stop, kv_compression: {variants: [{method, ratio | tokens, params, name,
- * suffix?}]}}; the answer's `variants[i]` give content, timings and `kv`.
+ * stop, kv_spans?, kv_compression: {variants: [{method, ratio | tokens,
+ * params, name, suffix?}]}}; the answer's `variants[i]` give content,
+ * timings and `kv` (with span_kept when kv_spans was sent; a malformed
+ * span_kept, wrong in shape or outside [0, 1], is an error; a server that
+ * leaves it out, one that predates kv_spans, gives outputs without it).
  * api = KVS_API_OPENAI sends no kv_compression (a plain OpenAI server does
  * not know it): only method `full` can be evaluated there, and requests with
  * another method are refused before sending. A server that ignores
@@ -67,6 +70,12 @@ typedef struct {
     int n_stop;
     int n_variants; /* >= 1 */
     const kvs_client_variant *variants;
+    /* kv_spans: [n_spans][2] byte offsets [start, end) into `prompt` (where
+     * the answer sits); sent as [{start, end}], and each variant's
+     * kv.span_kept comes back in span_kept. n_spans <= 64 (the server's
+     * limit); 0: none sent. */
+    const int64_t *spans;
+    int n_spans;
 } kvs_client_request;
 
 typedef struct {
@@ -81,6 +90,11 @@ typedef struct {
     int64_t tokens_before, tokens_after; /* summed over layers; -1 unknown */
     char stop_type[16];
     char note[256];
+    /* kv.span_kept when the request sent kv_spans and the server answered
+     * it: [span_n][span_layers], per span and model layer the share (0..1) of
+     * the span's tokens the plan kept; NULL (and 0, 0) otherwise. */
+    double *span_kept;
+    int span_n, span_layers;
 } kvs_client_output;
 
 typedef struct {
@@ -122,6 +136,13 @@ int kvs_client_pending(const kvs_client *c);
  * may be NULL). Connection errors are KVS_ERR_IO. */
 kvs_status kvs_http_get(const char *url, const char *path, double timeout_s, long *status,
                         char **body, kvs_err *err);
+
+/* Blocking POST {url}/tokenize {"content": text[0..n), "add_special": true}:
+ * *n_tokens = the length of the answer's "tokens" (the prompt's token count,
+ * BOS included when the model adds one). A 4xx is KVS_ERR_INVALID with the
+ * server's message; no answer is KVS_ERR_IO. */
+kvs_status kvs_http_count_tokens(const char *url, const char *text, size_t n, double timeout_s,
+                                 int64_t *n_tokens, kvs_err *err);
 
 /* ---- the embedded backend (eval/embedded.c) ------------------------------------- */
 

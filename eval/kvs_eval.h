@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kvs_datasets.h"
 #include "kvsieve.h"
 #include "kvsieve_methods.h"
 
@@ -70,8 +71,9 @@ typedef struct {
     kvs_exp_kind kind;
     int line; /* line of the experiment{...} call */
 
-    /* dataset: "synthetic" (fidelity, overhead); task: "niah" (generated) or a
-     * file dataset "jsonl", "longbench", "milebench" (dataset_path) */
+    /* dataset: "synthetic" (fidelity, overhead); task: "niah" or "ruler"
+     * (generated) or a file dataset "jsonl", "longbench", "milebench"
+     * (dataset_path) */
     char dataset[16];
     int n_shapes;
     kvs_eval_shape *shapes; /* [n_shapes] */
@@ -132,6 +134,23 @@ typedef struct {
     int backend_openai;        /* backend.api = "openai": plain OpenAI server, `full` only */
     int backend_threads, backend_ctx; /* embedded: serve --threads / --ctx (0: its default) */
     int in_flight;             /* requests in flight per backend URL */
+    /* ruler{ tasks, lengths, n, seed, data, setting }: the tasks with their
+     * arguments (lengths, seeds[0] and per_cell = n hold the rest);
+     * dataset_data: the RULER data folder ("" = kvs_ruler_find_data's
+     * lookup). niah{ haystack }: "" (kvsieve's own prose) or "paul_graham"
+     * (the essays of the RULER data). A dataset's `setting` (one or both of
+     * query_aware, query_agnostic) fills modes when the experiment gives no
+     * mode/setting of its own. n_predict 0 (ruler's default): each sample's
+     * own tokens to generate. */
+    int n_ruler_tasks;
+    kvs_ruler_task *ruler_tasks; /* [n_ruler_tasks] */
+    char dataset_data[1024];
+    char haystack[16];
+    int n_ds_modes;
+    int ds_modes[2];
+    /* kv_spans = false: do not send the answers' byte ranges (no
+     * answer_kept scores); default true for samples that have them */
+    int no_kv_spans;
 
     int threads;
 } kvs_experiment;

@@ -3,7 +3,8 @@
  * answers of a sample (task evaluation).
  *
  * What it is: pure functions over strings. Each metric returns a value in
- * [0,1], the maximum over the answers (0 when n_answers is 0), or NAN when
+ * [0,1], the maximum over the answers unless said otherwise (0 when
+ * n_answers is 0), or NAN when
  * memory for its scratch could not be allocated.
  *   exact_match  normalised prediction == normalised answer
  *   contains     normalised answer occurs inside the normalised prediction
@@ -15,6 +16,16 @@
  *   needle       the needle's value appears in the prediction; a value made
  *                only of digits is compared against the digit runs of the
  *                prediction ("48,213" and "48 213" do not count, "48213" does)
+ *   string_match_all   RULER's (NIAH, VT, CWE, FWE): the share of the answers
+ *                that occur in the prediction, case-insensitive substring
+ *                match, no normalisation (0 when there is no answer)
+ *   string_match_part  RULER's (QA): 1 when any answer occurs in the
+ *                prediction (same match), else 0
+ *   ruler        the sample's own RULER metric (kvs_sample.metric, one of the
+ *                two above); the task runner resolves it per sample, and
+ *                called directly it is string_match_all
+ * RULER lower-cases with Python's str.lower (Unicode); here only ASCII
+ * letters are folded, so a non-ASCII answer must match in case.
  * Normalisation (SQuAD): lowercase (ASCII), drop ASCII punctuation, drop the
  * articles a/an/the, collapse whitespace. Words are whitespace-separated, so
  * text in scripts written without spaces counts one word per run.
@@ -46,6 +57,11 @@ double kvs_metric_rouge_l(const char *prediction, const char *const *answers, in
 double kvs_metric_needle(const char *prediction, const char *const *answers, int n_answers,
                          const char *const *choices, int n_choices);
 
+double kvs_metric_string_match_all(const char *prediction, const char *const *answers, int n_answers,
+                                   const char *const *choices, int n_choices);
+double kvs_metric_string_match_part(const char *prediction, const char *const *answers, int n_answers,
+                                    const char *const *choices, int n_choices);
+
 /* SQuAD normalisation into a new string (caller frees); NULL when out of memory. */
 char *kvs_metric_normalize(const char *s);
 
@@ -55,7 +71,8 @@ char *kvs_metric_normalize(const char *s);
  * choice text inside the prediction. */
 char kvs_metric_extract_choice(const char *prediction, const char *const *choices, int n_choices);
 
-/* Metric by name: "exact_match", "contains", "choice", "rouge_l", "needle".
+/* Metric by name: "exact_match", "contains", "choice", "rouge_l", "needle",
+ * "string_match_all", "string_match_part", "ruler".
  * KVS_ERR_NOTFOUND with "did you mean" and the list otherwise. */
 kvs_status kvs_metric_lookup(const char *name, kvs_metric_fn *fn, kvs_err *err);
 /* NULL-terminated list of the names. */

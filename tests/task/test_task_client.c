@@ -5,7 +5,9 @@
  * server's message surfaced verbatim), a timeout, connection refused
  * (retried, then an error), an answer without `variants` (error, never a
  * silent `full`), the OpenAI api refusing non-full methods, keep-alive
- * (many requests over few connections) and cells spread over two servers.
+ * (many requests over few connections), cells spread over two servers,
+ * kv_spans sent and span_kept parsed (a malformed span_kept is an error, an
+ * absent one leaves the output without it) and POST /tokenize counts.
  */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -19,7 +21,7 @@
 #include "kvs_client.h"
 #include "test_util.h"
 
-typedef enum { FAKE_OK, FAKE_400, FAKE_SLOW, FAKE_NO_VARIANTS } fake_mode;
+typedef enum { FAKE_OK, FAKE_400, FAKE_SLOW, FAKE_NO_VARIANTS, FAKE_BAD_SPANS, FAKE_NO_SPANS } fake_mode;
 
 typedef struct {
     struct MHD_Daemon *d;
@@ -72,8 +74,9 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
 }
 
 /* A kvsieve-shaped answer echoing the request's variants. */
-static char *answer_for(const char *req, int with_variants) {
+static char *answer_for(const char *req, int with_variants, fake_mode mode) {
     cJSON *in = cJSON_Parse(req);
+    const cJSON *spans = cJSON_GetObjectItem(in, "kv_spans");
     const cJSON *vs = cJSON_GetObjectItem(cJSON_GetObjectItem(in, "kv_compression"), "variants");
     cJSON *out = cJSON_CreateObject();
     cJSON *choices = cJSON_AddArrayToObject(out, "choices");
@@ -107,6 +110,17 @@ static char *answer_for(const char *req, int with_variants) {
             cJSON_AddNumberToObject(kv, "tokens_before", 200);
             cJSON_AddNumberToObject(kv, "tokens_after", 50);
             cJSON_AddStringToObject(kv, "note", "fake");
+            if (cJSON_IsArray(spans) && mode != FAKE_NO_SPANS) {
+                /* 3 layers: span k of variant i keeps (k + 1) / 4, 1, i / 4 */
+                cJSON *sk = cJSON_AddArrayToObject(kv, "span_kept");
+                for (int k = 0; k < cJSON_GetArraySize(spans); k++) {
+                    cJSON *row = cJSON_CreateArray();
+                    cJSON_AddItemToArray(row, cJSON_CreateNumber((k + 1) / 4.0));
+                    cJSON_AddItemToArray(row, cJSON_CreateNumber(mode == FAKE_BAD_SPANS ? 1.5 : 1.0));
+                    cJSON_AddItemToArray(row, cJSON_CreateNumber(i / 4.0));
+                    cJSON_AddItemToArray(sk, row);
+                }
+            }
             cJSON_AddItemToArray(arr, o);
             i++;
         }
@@ -137,6 +151,25 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    if (!strcmp(method, "POST") && !strcmp(url, "/tokenize")) {
+        /* one token per 4 bytes, plus BOS when add_special */
+        cJSON *in = cJSON_Parse(b->buf ? b->buf : "");
+        const cJSON *ct = cJSON_GetObjectItem(in, "content");
+        if (!cJSON_IsString(ct)) {
+            cJSON_Delete(in);
+            return reply(c, 400, "{\"error\":{\"message\":\"content is required\",\"field\":\"content\"}}");
+        }
+        size_t n = (strlen(ct->valuestring) + 3) / 4 + (cJSON_IsTrue(cJSON_GetObjectItem(in, "add_special")) ? 1 : 0);
+        cJSON *out = cJSON_CreateObject();
+        cJSON *tk = cJSON_AddArrayToObject(out, "tokens");
+        for (size_t k = 0; k < n; k++) cJSON_AddItemToArray(tk, cJSON_CreateNumber((double)k));
+        char *a = cJSON_PrintUnformatted(out);
+        enum MHD_Result r = reply(c, 200, a);
+        free(a);
+        cJSON_Delete(out);
+        cJSON_Delete(in);
+        return r;
+    }
     if (strcmp(method, "POST") != 0 || strcmp(url, "/v1/completions") != 0)
         return reply(c, 404, "{\"error\":{\"message\":\"not found\"}}");
     pthread_mutex_lock(&f->mu);
@@ -155,7 +188,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         struct timespec ts = {1, 500000000L};
         nanosleep(&ts, NULL);
     }
-    char *a = answer_for(b->buf ? b->buf : "{}", mode != FAKE_NO_VARIANTS);
+    char *a = answer_for(b->buf ? b->buf : "{}", mode != FAKE_NO_VARIANTS, mode);
     enum MHD_Result r = reply(c, 200, a);
     free(a);
     return r;
@@ -207,6 +240,8 @@ typedef struct {
     char content[64][4][64];
     double compress_ms[64][4], prompt_ms[64][4];
     int64_t bytes_after[64][4], predicted_n[64][4], prompt_n[64][4];
+    int span_n[64][4], span_layers[64][4];
+    double span_kept[64][4][8];
 } collected;
 
 static void on_result(void *ctx, void *tag, const kvs_client_result *r) {
@@ -225,6 +260,10 @@ static void on_result(void *ctx, void *tag, const kvs_client_result *r) {
         c->bytes_after[i][k] = r->outputs[k].bytes_after;
         c->predicted_n[i][k] = r->outputs[k].predicted_n;
         c->prompt_n[i][k] = r->outputs[k].prompt_n;
+        c->span_n[i][k] = r->outputs[k].span_n;
+        c->span_layers[i][k] = r->outputs[k].span_layers;
+        for (int j = 0; j < r->outputs[k].span_n * r->outputs[k].span_layers && j < 8; j++)
+            c->span_kept[i][k][j] = r->outputs[k].span_kept[j];
     }
 }
 
@@ -503,8 +542,71 @@ static void test_protocol_errors(void) {
     free(c);
 }
 
+/* kv_spans in the body, span_kept [span][layer] back; malformed: an error;
+ * absent: outputs without it. */
+static void test_spans(void) {
+    fake f;
+    CHECK(fake_start(&f) == 0);
+    const char *urls[] = {f.url};
+    kvs_client *cl = client_for(urls, 1, 10, 1);
+    collected *c = calloc(1, sizeof *c);
+    kvs_err err = {0};
+    kvs_client_request r = make_req(2, NULL);
+    const int64_t sp[4] = {15, 18, 0, 3};
+    r.spans = sp;
+    r.n_spans = 2;
+    CHECK_OK(kvs_client_submit(cl, &r, (void *)(intptr_t)0, &err), &err);
+    run_all(cl, c, 5000);
+    CHECK_EQ_INT(c->status[0], KVS_OK);
+    cJSON *b = cJSON_Parse(f.last_body);
+    const cJSON *ks = cJSON_GetObjectItem(b, "kv_spans");
+    CHECK_EQ_INT(cJSON_GetArraySize(ks), 2);
+    CHECK_NEAR(cJSON_GetObjectItem(cJSON_GetArrayItem(ks, 0), "start")->valuedouble, 15, 0);
+    CHECK_NEAR(cJSON_GetObjectItem(cJSON_GetArrayItem(ks, 0), "end")->valuedouble, 18, 0);
+    CHECK_NEAR(cJSON_GetObjectItem(cJSON_GetArrayItem(ks, 1), "end")->valuedouble, 3, 0);
+    cJSON_Delete(b);
+    CHECK_EQ_INT(c->span_n[0][1], 2);
+    CHECK_EQ_INT(c->span_layers[0][1], 3);
+    CHECK_NEAR(c->span_kept[0][1][0], 0.25, 0);  /* span 0, layer 0 */
+    CHECK_NEAR(c->span_kept[0][1][2], 0.25, 0);  /* span 0, layer 2: variant 1 -> 1/4 */
+    CHECK_NEAR(c->span_kept[0][1][3], 0.5, 0);   /* span 1, layer 0 */
+    CHECK_NEAR(c->span_kept[0][0][5], 0.0, 0);   /* variant 0, span 1, layer 2 */
+    /* malformed (a share of 1.5) */
+    f.mode = FAKE_BAD_SPANS;
+    CHECK_OK(kvs_client_submit(cl, &r, (void *)(intptr_t)1, &err), &err);
+    run_all(cl, c, 5000);
+    CHECK_EQ_INT(c->status[1], KVS_ERR_FORMAT);
+    CHECK(strstr(c->error[1], "span_kept") != NULL);
+    /* a server that predates kv_spans */
+    f.mode = FAKE_NO_SPANS;
+    CHECK_OK(kvs_client_submit(cl, &r, (void *)(intptr_t)2, &err), &err);
+    run_all(cl, c, 5000);
+    CHECK_EQ_INT(c->status[2], KVS_OK);
+    CHECK_EQ_INT(c->span_n[2][0], 0);
+    /* bad ranges and too many spans are refused before sending */
+    const int64_t bad[2] = {10, 5};
+    r.spans = bad;
+    r.n_spans = 1;
+    CHECK_FAILS(kvs_client_submit(cl, &r, NULL, &err), KVS_ERR_INVALID, &err, "kv_spans[0]");
+    r.n_spans = 65;
+    CHECK_FAILS(kvs_client_submit(cl, &r, NULL, &err), KVS_ERR_INVALID, &err, "at most 64");
+    /* POST /tokenize */
+    int64_t nt = 0;
+    CHECK_OK(kvs_http_count_tokens(f.url, "abcdefghij", 10, 5, &nt, &err), &err);
+    CHECK_EQ_INT(nt, 3 + 1);
+    CHECK_OK(kvs_http_count_tokens(f.url, "abcdefghij", 4, 5, &nt, &err), &err); /* first 4 bytes */
+    CHECK_EQ_INT(nt, 1 + 1);
+    char dead[64];
+    snprintf(dead, sizeof dead, "http://127.0.0.1:%d", dead_port());
+    CHECK_FAILS(kvs_http_count_tokens(dead, "x", 1, 2, &nt, &err), KVS_ERR_IO, &err, "tokenize");
+    kvs_client_free(cl);
+    fake_stop(&f);
+    free(c);
+}
+
 int main(void) {
     double t0 = kvs_now_ms();
+    test_spans();
     test_success_and_body();
     test_retry_5xx();
     test_4xx_not_retried();

@@ -14,7 +14,7 @@
  * no streaming.
  *
  * Protocol: POST {url}/v1/completions {prompt, max_tokens, temperature: 0,
- * stop, kv_compression: {variants: [{method, ratio | tokens, params, name,
+ * stop, ignore_eos (only when set), kv_compression: {variants: [{method, ratio | tokens, params, name,
  * suffix?}]}}; the answer's `variants[i]` give content, timings and `kv`.
  * api = KVS_API_OPENAI sends no kv_compression (a plain OpenAI server does
  * not know it): only method `full` can be evaluated there, and requests with
@@ -63,6 +63,8 @@ typedef struct {
     const char *prompt;      /* text sent as prompt (the compressed part) */
     const char *suffix;      /* NULL, or text decoded after compression (query-agnostic) */
     int max_tokens;          /* tokens to generate */
+    int ignore_eos;          /* 1: send "ignore_eos": true (llama-server's field: only
+                              * max_tokens ends generation); 0: the field is not sent */
     const char *const *stop; /* [n_stop] stop strings */
     int n_stop;
     int n_variants; /* >= 1 */

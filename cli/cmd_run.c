@@ -182,6 +182,11 @@ int kvs_cmd_run(int argc, char **argv) {
         ro.format = KVS_REPORT_MD;
         fflush(stderr);
         if (kvs_report_write(st, &ro, stdout, &err)) {
+            if (err.code == KVS_ERR_NOTFOUND && shard_n > 1) { /* a shard may hold no cells */
+                fprintf(stderr, "kvsieve run: shard %s holds no results of '%s' yet\n", shard_arg,
+                        ro.experiment);
+                continue;
+            }
             fprintf(stderr, "kvsieve run: report: %s\n", err.msg);
             goto cleanup;
         }

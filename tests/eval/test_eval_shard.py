@@ -7,7 +7,8 @@ driven like a user would, with no model:
    grid; their merge holds exactly the single run's cells with the same
    values (every column and score but the timings) and its report rows have
    the same n and means; every shard run is kept (shard, merged_from);
-   merging again changes nothing.
+   merging again changes nothing; scripts/slurm/kvsieve-array.sbatch run
+   as three array tasks (Slurm's variables set by hand) does the same.
 2. conflicts: a hand-made copy with one changed score and KV size: the merge
    exits 1, lists both values and writes nothing; --keep first / last keep
    the one asked for; an input at another schema version, a missing file
@@ -156,6 +157,24 @@ check("0 results copied, %d identical duplicates" % N_CELLS in p.stderr and " 0 
       "the single run's results are duplicates of the shards': " + p.stderr)
 check(rows("merged.db") == single, "still the single run's rows")
 check(q("merged.db", "SELECT count(*) FROM runs") == [(4,)], "the single run's provenance is kept too")
+
+# the Slurm array script, its tasks run here one after another with Slurm's variables
+SBATCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "slurm",
+                      "kvsieve-array.sbatch")
+for i in range(3):
+    env = dict(os.environ, SLURM_ARRAY_TASK_ID=str(i), SLURM_ARRAY_TASK_MIN="0",
+               SLURM_ARRAY_TASK_MAX="2", SLURM_ARRAY_JOB_ID="77", SLURM_SUBMIT_DIR=TMP,
+               SLURM_CPUS_PER_TASK="1", KVSIEVE_CONFIG="fid.lua", KVSIEVE_BIN=BIN)
+    p = subprocess.run(["bash", SBATCH], env=env, capture_output=True, text=True)
+    check(p.returncode == 0, "slurm task %d: exit %d: %s" % (i, p.returncode, p.stderr[-2000:]))
+    check(set(rows("results/shards/77/shard-%d-of-3.db" % i)) == keys[i],
+          "slurm task %d ran shard %d/3" % (i, i))
+p = run("merge", "slurm.db", *["results/shards/77/shard-%d-of-3.db" % i for i in range(3)])
+check(rows("slurm.db") == single, "the merge of the Slurm tasks' databases equals the single run")
+env = dict(os.environ, SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_TASK_MIN="1", SLURM_ARRAY_TASK_MAX="2",
+           SLURM_SUBMIT_DIR=TMP, KVSIEVE_CONFIG="fid.lua", KVSIEVE_BIN=BIN)
+p = subprocess.run(["bash", SBATCH], env=env, capture_output=True, text=True)
+check(p.returncode == 2 and "0-(N-1)" in p.stderr, "an array that does not start at 0 is refused")
 
 # ---- 2. conflicts ------------------------------------------------------------------------
 

@@ -356,6 +356,7 @@ typedef struct {
     int max_cells;                   /* > 0: stop after this many new cells (tests) */
     const char *kvsieve_bin;         /* task, embedded backend: the kvsieve binary to start as
                                       * `kvsieve serve` (NULL: embedded backends are refused) */
+    const char *only_experiment;     /* non-NULL: run only the experiment of this name */
     int shard_index, shard_count;    /* shard_count > 1: only the cells of shard shard_index
                                       * (0-based, kvs_shard_of); the others are not in the grid
                                       * of this run (not run, not counted) */
@@ -390,6 +391,27 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *out, k
  * experiments, overhead vs N on log-log axes when latency rows exist.
  * Format from the extension (.svg or .png). */
 kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *path, kvs_err *err);
+
+/* The decode-speed study (eval/report_decode.c, experiments/decode.lua): for
+ * the task cells decoded to a fixed length (ignore_eos), per experiment,
+ * model, prompt-length class (tokens rounded to a power of two) and budget:
+ * decode tokens/s, the speed-up against `full` on the same prompts (mean and
+ * bootstrap CI of the per-prompt ratio) and the speed-up predicted from the
+ * bytes a decode step reads, (W + KV_full) / (W + KV_kept), W =
+ * cells.model_bytes, KV = results.kv_bytes_after. Markdown or LaTeX tables,
+ * or for JSON a `, "decode": [...]` member to write inside the report's
+ * object (before its closing brace); nothing for CSV or when there are no
+ * such cells. *n_rows (may be NULL) gets the table rows written. report.c
+ * calls it after its other tables. */
+kvs_status kvs_report_decode(kvs_store *s, const kvs_report_opts *o, FILE *out, int *n_rows,
+                             kvs_err *err);
+/* Its plot: speed-up measured (with CI) and predicted vs kept ratio, a pair of
+ * lines per length class, one file per experiment: PATH less its extension,
+ * "-EXPERIMENT", the extension (.svg or .png). *n_files (may be NULL) gets
+ * how many were written (0: no such cells). Needs gnuplot when there is
+ * something to plot. */
+kvs_status kvs_report_decode_plot(kvs_store *s, const kvs_report_opts *o, const char *path,
+                                  int *n_files, kvs_err *err);
 
 /* Mean and percentile-bootstrap 95% CI of x[0..n), deterministic in seed. */
 void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,

@@ -461,7 +461,21 @@ cleanup:
 kvs_status kvs_run_config(kvs_store *s, const kvs_config *cfg, const kvs_run_opts *opts,
                           kvs_run_summary *sum, kvs_err *err) {
     memset(sum, 0, sizeof *sum);
+    int found = 0;
+    for (int i = 0; i < cfg->n_experiments; i++)
+        found |= !opts->only_experiment || !strcmp(cfg->experiments[i].name, opts->only_experiment);
+    if (!found) {
+        char names[512] = "";
+        for (int i = 0; i < cfg->n_experiments; i++) {
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, "%s'%s'", i ? ", " : "", cfg->experiments[i].name);
+        }
+        return kvs_errorf(err, KVS_ERR_NOTFOUND, "%s: no experiment '%s' (it has %s)", cfg->path,
+                          opts->only_experiment, names);
+    }
     for (int i = 0; i < cfg->n_experiments; i++) {
+        if (opts->only_experiment && strcmp(cfg->experiments[i].name, opts->only_experiment) != 0)
+            continue;
         kvs_status rc = run_experiment(s, cfg, &cfg->experiments[i], opts, sum, err);
         if (rc) return rc;
         if (sum->interrupted) break;

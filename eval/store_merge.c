@@ -521,6 +521,14 @@ static kvs_status classify(merge_ctx *m, vals_stmts *vout) {
                   : !strcmp(a.s, b.s) ? ACT_SAME
                   : m->keep == KVS_MERGE_KEEP_LAST ? ACT_REPLACE
                                                     : ACT_KEEP_OLD;
+        if (act == ACT_KEEP_OLD && m->keep == KVS_MERGE_REFUSE) {
+            /* pass 1 found no conflict: OUT changed since (another writer) */
+            rc = kvs_errorf(m->err, KVS_ERR_INVALID,
+                            "merge %s into %s: cell %s now differs from %s's (was it written "
+                            "during the merge?); this input is not merged",
+                            m->in_path, m->out_path, key, m->out_path);
+            goto done;
+        }
         if (act == ACT_NEW) m->sum->cells_copied++;
         if (act == ACT_SAME) m->sum->cells_same++;
         if (act == ACT_REPLACE) m->sum->replaced++;

@@ -6,7 +6,7 @@ driven like a user would, with no model:
    at once into their own databases; the shards are disjoint and cover the
    grid; their merge holds exactly the single run's cells with the same
    values (every column and score but the timings) and its report rows have
-   the same n and means; every shard run is kept (shard, merged_from);
+   the same n, means and CIs; every shard run is kept (shard, merged_from);
    merging again changes nothing; scripts/slurm/kvsieve-array.sbatch run
    as three array tasks (Slurm's variables set by hand) does the same.
 2. conflicts: a hand-made copy with one changed score and KV size: the merge
@@ -84,16 +84,20 @@ def report_means(db):
     p = run("report", "--db", db, "--format", "json")
     d = json.loads(p.stdout) if p.returncode == 0 else {"rows": []}
     return {(r["experiment"], r["variant"], r.get("budget_ratio"), r.get("budget_tokens"),
-             r["metric"]): (r["n"], r["mean"]) for r in d["rows"] if not timing(r["metric"])}
+             r["metric"]): (r["n"], r["mean"], r["ci_lo"], r["ci_hi"]) for r in d["rows"]
+            if not timing(r["metric"])}
+
+
+def close(x, y):
+    return x == y or (x is not None and y is not None and abs(x - y) <= 1e-12 * max(1.0, abs(x)))
 
 
 def same_means(a, b, what):
     check(a.keys() == b.keys(), what + ": the same report rows")
     for k in a:
         if k in b:
-            (na, ma), (nb, mb) = a[k], b[k]
-            check(na == nb and (ma == mb or abs(ma - mb) <= 1e-12 * max(1.0, abs(ma))),
-                  "%s: %s: n/mean %s vs %s" % (what, k, a[k], b[k]))
+            check(a[k][0] == b[k][0] and all(close(x, y) for x, y in zip(a[k][1:], b[k][1:])),
+                  "%s: %s: n, mean, CI %s vs %s" % (what, k, a[k], b[k]))
 
 
 # ---- 1. fidelity: shards, merge == single run -------------------------------------------

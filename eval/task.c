@@ -16,10 +16,10 @@
  * head-to-head columns prefill_ms, compress_ms, decode_tok_s and kv_kept_mb
  * (KV bytes after compression, MiB). The cell row records the model file's
  * size (cells.model_bytes: what a decode step reads besides the KV, for the
- * decode-speed study of report_decode.c).
- * Under --shard I/N only the request units of shard I run (kvs_shard_of). Images: the backends spoken here take
- * text only, so a dataset with image samples is refused before anything
- * starts.
+ * decode-speed study of report_decode.c). Under --shard I/N only the
+ * request units of shard I run (kvs_shard_of). Images: the backends spoken
+ * here take text only, so a dataset with image samples is refused before
+ * anything starts.
  */
 #include "kvs_task.h"
 
@@ -360,7 +360,6 @@ static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
             sc[i][ns++] = (kvs_score){"decode_tok_s", 1e3 * (double)out->predicted_n / out->predicted_ms};
         if (out->bytes_after >= 0)
             sc[i][ns++] = (kvs_score){"kv_kept_mb", (double)out->bytes_after / (1024.0 * 1024.0)};
-
         snprintf(notes[i], sizeof notes[i], "mode=%s template=%s stop=%s%s%.200s",
                  kvs_prompt_mode_name((kvs_prompt_mode)e->modes[c->mode]), x->tmpl_name,
                  out->stop_type, out->note[0] ? " " : "", out->note);

@@ -4,7 +4,8 @@
 -- and Gemma 3 270M (5 of 6 layers are sliding-window layers that keep their 512-token window:
 -- only the global layers shrink, so the gain is smaller), each answer exactly n_predict tokens
 -- (ignore_eos), each variant decoded alone (variants_per_request = 1: a batched decode would
--- time all variants together), one slot (no request shares the engine with another).
+-- time all variants together) and one request at a time (in_flight = 1: a server that batches
+-- concurrent requests would time them together too).
 --
 --   kvsieve run experiments/decode.lua                                  -- both models: hours
 --   kvsieve run experiments/decode.lua --experiment decode-qwen2.5-0.5b  -- one model
@@ -33,7 +34,7 @@ local function study(model)
     name      = "decode-" .. model,
     kind      = "task",
     description = "decode tokens/s vs kept ratio and prompt length, " .. model,
-    backend   = { embedded = true, model = model, ctx = 32768 },
+    backend   = { embedded = true, model = model, ctx = 32768, in_flight = 1 },
     dataset   = niah { lengths = { 2048, 4096, 8192, 16384, 30000 }, depths = { 0.5 }, per_cell = 3,
                        seed = 5 },
     methods   = { "full", "flashcache" },

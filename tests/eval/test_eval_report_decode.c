@@ -85,6 +85,7 @@ static void test_config(const char *golden) {
         CHECK_EQ_INT(e->n_budgets, 6);
         CHECK_EQ_INT(e->n_variants, 2);
         CHECK_EQ_INT(e->backend_embedded, 1);
+        CHECK_EQ_INT(e->in_flight, 1);
     }
     CHECK(!strcmp(cfg.experiments[0].model, "qwen2.5-0.5b") &&
           !strcmp(cfg.experiments[1].model, "gemma3-270m"));

@@ -232,6 +232,11 @@ p = run("merge", "merged.db", "merged.db", ok=False)
 check(p.returncode == 1 and "output database itself" in p.stderr, "OUT as input is refused")
 p = run("merge", "x.db", ok=False)
 check(p.returncode == 2, "merge without inputs is a usage error")
+p = run("run", "fid.lua", "--db", "x.db", "--experiment", "nope", ok=False)
+check(p.returncode == 1 and "no experiment 'nope'" in p.stderr and "'shardfid'" in p.stderr,
+      "--experiment with an unknown name lists the file's experiments: " + p.stderr)
+p = run("run", "fid.lua", "--db", "single.db", "--experiment", "shardfid", "--dry-run")
+check("%d total, %d already done" % (N_CELLS, N_CELLS) in p.stdout, "--experiment NAME runs that one")
 p = run("run", "fid.lua", "--db", "x.db", "--shard", "3/3", ok=False)
 check(p.returncode == 2 and "--shard 3/3" in p.stderr, "--shard I/N needs I < N")
 

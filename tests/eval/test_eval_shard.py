@@ -8,7 +8,9 @@ driven like a user would, with no model:
    values (every column and score but the timings) and its report rows have
    the same n, means and CIs; every shard run is kept (shard, merged_from);
    merging again changes nothing; scripts/slurm/kvsieve-array.sbatch run
-   as three array tasks (Slurm's variables set by hand) does the same.
+   as three array tasks (Slurm's variables set by hand) does the same;
+   overhead shards' latency rows and a bench run's engine_bench row travel
+   with their runs, once.
 2. conflicts: a hand-made copy with one changed score and KV size: the merge
    exits 1, lists both values and writes nothing; --keep first / last keep
    the one asked for; an input at another schema version, a missing file
@@ -179,6 +181,49 @@ env = dict(os.environ, SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_TASK_MIN="1", SLURM_
            SLURM_SUBMIT_DIR=TMP, KVSIEVE_CONFIG="fid.lua", KVSIEVE_BIN=BIN)
 p = subprocess.run(["bash", SBATCH], env=env, capture_output=True, text=True)
 check(p.returncode == 2 and "0-(N-1)" in p.stderr, "an array that does not start at 0 is refused")
+
+# overhead cells carry latency rows: they travel with their results, once
+with open(os.path.join(TMP, "ovh.lua"), "w") as f:
+    f.write('experiment {\n'
+            '  name = "shardovh", kind = "overhead",\n'
+            '  dataset = synthetic { shape = "tiny", n_tokens = { 64, 128 }, seeds = { 1 } },\n'
+            '  methods = { "full", "random", "streamingllm" },\n'
+            '  budgets = 0.5, device = "cpu", dtype = "f32", threads = 1, repeats = 2, warmup = 0,\n'
+            '}\n')
+procs = [subprocess.Popen([BIN, "run", "ovh.lua", "--db", "o%d.db" % i, "--shard", "%d/3" % i,
+                           "--quiet"], cwd=TMP, stdout=subprocess.DEVNULL) for i in range(3)]
+for p in procs:
+    check(p.wait() == 0, "an overhead shard process failed")
+run("merge", "omerged.db", "o0.db", "o1.db", "o2.db")
+run("merge", "omerged.db", "o2.db", "o1.db")
+lat = sorted(sum((q("o%d.db" % i, "SELECT cell_key, method, n_tokens, median_ms FROM latency")
+                  for i in range(3)), []))
+check(len(lat) == 2 * 3 and sorted(q("omerged.db", "SELECT cell_key, method, n_tokens, median_ms "
+                                                   "FROM latency")) == lat,
+      "the merge holds each shard's latency rows once")
+check(q("omerged.db", "SELECT count(*) FROM latency l JOIN results r ON r.cell_key = l.cell_key "
+                      "WHERE l.run_id = r.run_id") == [(6,)], "latency rows point at their run")
+run("run", "ovh.lua", "--db", "osingle.db", "--quiet")
+p = run("merge", "omerged.db", "osingle.db")
+check("1 runs copied" in p.stderr and "6 identical duplicates" in p.stderr and
+      q("omerged.db", "SELECT count(*) FROM latency") == [(6,)],
+      "another run's measurements of the same cells are duplicates: its latency rows stay out")
+# engine_bench rows (a `kvsieve bench` run, written by hand here) travel with their run, once
+shutil.copy(os.path.join(TMP, "o0.db"), os.path.join(TMP, "bench.db"))
+h = sqlite3.connect(os.path.join(TMP, "bench.db"))
+h.execute("INSERT INTO runs(experiment, kind, config_text, config_hash, host, started_at, status, pid)"
+          " VALUES('bench', 'bench', '', 'x', 'h', '2001-01-01T00:00:00Z', 'done', 4)")
+rid = h.execute("SELECT max(id) FROM runs").fetchone()[0]
+h.execute("INSERT INTO engine_bench(run_id, model, model_sha256, device, prompt_len, gen_tokens,"
+          " threads, repetitions, prefill_tok_s, decode_tok_s, build_type, finished_at)"
+          " VALUES(?, 'm', 'abc', 'cpu', 512, 64, 2, 3, 100.5, 30.25, 'release', 'now')", (rid,))
+h.commit()
+h.close()
+run("merge", "omerged.db", "bench.db")
+run("merge", "omerged.db", "bench.db")
+check(q("omerged.db", "SELECT e.model, e.decode_tok_s, r.kind FROM engine_bench e JOIN runs r ON "
+                      "r.id = e.run_id") == [("m", 30.25, "bench")],
+      "the bench row is copied once, with its run")
 
 # ---- 2. conflicts ------------------------------------------------------------------------
 

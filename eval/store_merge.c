@@ -296,7 +296,9 @@ static kvs_status attach(merge_ctx *m, const char *path) {
     sqlite3_bind_text(st, 1, path, -1, SQLITE_STATIC);
     int r = sqlite3_step(st);
     sqlite3_finalize(st);
-    if (r != SQLITE_DONE) return sql_fail(m, "attaching the input");
+    if (r != SQLITE_DONE)
+        return sql_fail(m, "attaching the input (SQLite reads a WAL database through a -shm file "
+                           "next to it: its folder must be writable; copy it elsewhere if not)");
     /* a kvsieve database at this version? */
     int v = -1;
     if (sqlite3_prepare_v2(m->db, "SELECT version FROM " SRC ".schema_version", -1, &st, NULL) ==

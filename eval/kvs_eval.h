@@ -5,9 +5,10 @@
  * What it is: everything between "a Lua file describes an experiment" and
  * "a table in a paper": config loading (a sandboxed Lua 5.4 state per file),
  * grid expansion with exact cell keys (SHA-256 of the canonical cell
- * definition), the runner for the offline `fidelity` kind, the store
- * (schema, migrations, provenance) and reports (md / LaTeX / CSV / JSON,
- * gnuplot plots) computed by SQL over the store.
+ * definition) and their shard partition, the runner for the offline
+ * `fidelity` kind, the store (schema, migrations, provenance, the exact
+ * union of stores: merge) and reports (md / LaTeX / CSV / JSON, gnuplot
+ * plots, the decode-speed study) computed by SQL over the store.
  * What it is not: no compression logic (methods/), no file formats
  * (formats/), no model. Kind `task` (prompts from datasets/ sent over HTTP
  * to a backend, scored by metrics.c) is run by task.c with client.c and

@@ -29,6 +29,7 @@ int kvs_cmd_devices(int argc, char **argv);
 /* eval/ (issue: runner): cmd_run.c, cmd_report.c */
 int kvs_cmd_run(int argc, char **argv);
 int kvs_cmd_report(int argc, char **argv);
+int kvs_cmd_merge(int argc, char **argv); /* cmd_merge.c */
 /* backend/: cmd_serve.c, cmd_generate.c, cmd_bench.c, cmd_models.c */
 int kvs_cmd_serve(int argc, char **argv);
 int kvs_cmd_generate(int argc, char **argv);

@@ -29,13 +29,19 @@ static void on_sigint(int sig) {
 static void run_usage(FILE *f) {
     fprintf(f,
             "usage: kvsieve run FILE.lua [-D key=value ...] [--db PATH] [--dry-run]\n"
-            "                            [--threads N] [--limit N] [--quiet]\n"
+            "                            [--threads N] [--limit N] [--shard I/N]\n"
+            "                            [--experiment NAME] [--quiet]\n"
             "  -D key=value  override a field of every experiment{} in the file; the value is a\n"
             "                Lua expression (-D budgets={0.1,0.2}, -D dataset.n_tokens=512) or text\n"
             "  --db PATH     results database (default %s; the folder is created)\n"
             "  --dry-run     print the grid and how many cells are already done; run nothing\n"
             "  --threads N   worker threads per method (overrides the config's threads)\n"
             "  --limit N     stop after N new cells (resume later)\n"
+            "  --experiment NAME  run only the experiment{} of this name\n"
+            "  --shard I/N   run only shard I (0 .. N-1) of every experiment's grid: a fixed\n"
+            "                partition by cell key (task: by sample and mode, so one prefill\n"
+            "                still serves every variant); N processes with I = 0 .. N-1 cover\n"
+            "                the grid once. Union their databases with kvsieve merge\n"
             "  --quiet       no progress output\n",
             KVS_STORE_DEFAULT_PATH);
 }
@@ -44,7 +50,8 @@ int kvs_cmd_run(int argc, char **argv) {
     const char *file = NULL, *db = KVS_STORE_DEFAULT_PATH;
     const char **over = calloc((size_t)argc + 1, sizeof *over);
     int n_over = 0, dry = 0, quiet = 0, code = 1;
-    long threads = 0, limit = 0;
+    long threads = 0, limit = 0, shard_i = 0, shard_n = 0;
+    const char *shard_arg = NULL, *only = NULL;
     kvs_config cfg;
     memset(&cfg, 0, sizeof cfg);
     kvs_store *st = NULL;
@@ -77,6 +84,24 @@ int kvs_cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--limit")) {
             const char *v = kvs_arg_value(argc, argv, &i);
             if (!v || kvs_arg_int("--limit", v, 1, 1000000000L, &limit)) goto usage;
+        } else if (!strcmp(a, "--experiment")) {
+            if (!(only = kvs_arg_value(argc, argv, &i))) goto usage;
+        } else if (!strcmp(a, "--shard")) {
+            if (!(shard_arg = kvs_arg_value(argc, argv, &i))) goto usage;
+            char *slash = strchr(shard_arg, '/'), *end = NULL;
+            if (slash) {
+                shard_i = strtol(shard_arg, &end, 10);
+                if (end != slash || slash == shard_arg) slash = NULL;
+            }
+            if (slash) {
+                shard_n = strtol(slash + 1, &end, 10);
+                if (*end || end == slash + 1) slash = NULL;
+            }
+            if (!slash || shard_n < 1 || shard_n > 1000000 || shard_i < 0 || shard_i >= shard_n) {
+                fprintf(stderr, "kvsieve run: --shard %s: expected I/N with 0 <= I < N (e.g. "
+                        "--shard 0/4 ... --shard 3/4)\n", shard_arg);
+                goto usage;
+            }
         } else if (a[0] == '-') {
             fprintf(stderr, "kvsieve run: unknown option '%s'\n", a);
             goto usage;
@@ -106,13 +131,16 @@ int kvs_cmd_run(int argc, char **argv) {
         goto cleanup;
     }
     /* the command that resumes this run */
-    size_t hl = strlen(file) + strlen(db) + 64;
+    size_t hl = strlen(file) + strlen(db) + (shard_arg ? strlen(shard_arg) : 0) +
+                (only ? strlen(only) : 0) + 100;
     for (int i = 0; i < n_over; i++) hl += strlen(over[i]) + 8;
     hint = malloc(hl);
     if (!hint) goto cleanup;
     int w = snprintf(hint, hl, "kvsieve run %s", file);
     for (int i = 0; i < n_over; i++) w += snprintf(hint + w, hl - (size_t)w, " -D '%s'", over[i]);
-    snprintf(hint + w, hl - (size_t)w, " --db %s", db);
+    w += snprintf(hint + w, hl - (size_t)w, " --db %s", db);
+    if (shard_arg) w += snprintf(hint + w, hl - (size_t)w, " --shard %s", shard_arg);
+    if (only) snprintf(hint + w, hl - (size_t)w, " --experiment %s", only);
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -132,6 +160,9 @@ int kvs_cmd_run(int argc, char **argv) {
     o.resume_hint = hint;
     o.max_cells = (int)limit;
     o.kvsieve_bin = "/proc/self/exe"; /* the embedded backend is this binary's `serve` */
+    o.only_experiment = only;
+    o.shard_index = (int)shard_i;
+    o.shard_count = (int)shard_n;
     kvs_run_summary sum;
     kvs_status rc = kvs_run_config(st, &cfg, &o, &sum, &err);
     signal(SIGINT, SIG_DFL);
@@ -149,16 +180,27 @@ int kvs_cmd_run(int argc, char **argv) {
         fprintf(stderr, "%s: %d new cells, %d already done, %d total; report: kvsieve report --db %s\n",
                 sum.interrupted ? "interrupted" : "done", sum.n_done, sum.n_already, sum.n_cells, db);
     }
-    /* a task experiment's head-to-head table, at the end of a run that finished */
+    /* a task experiment's head-to-head table (and the decode-speed table of a fixed-length
+     * decode study), at the end of a run that finished */
     for (int i = 0; !dry && !sum.interrupted && i < cfg.n_experiments; i++) {
         if (cfg.experiments[i].kind != KVS_KIND_TASK) continue;
+        if (only && strcmp(cfg.experiments[i].name, only) != 0) continue;
         kvs_report_opts ro;
         memset(&ro, 0, sizeof ro);
         ro.experiment = cfg.experiments[i].name;
         ro.format = KVS_REPORT_MD;
         fflush(stderr);
         if (kvs_report_write(st, &ro, stdout, &err)) {
+            if (err.code == KVS_ERR_NOTFOUND && shard_n > 1) { /* a shard may hold no cells */
+                fprintf(stderr, "kvsieve run: shard %s holds no results of '%s' yet\n", shard_arg,
+                        ro.experiment);
+                continue;
+            }
             fprintf(stderr, "kvsieve run: report: %s\n", err.msg);
+            goto cleanup;
+        }
+        if (kvs_report_decode(st, &ro, stdout, NULL, &err)) { /* ignore_eos experiments */
+            fprintf(stderr, "kvsieve run: decode report: %s\n", err.msg);
             goto cleanup;
         }
         fflush(stdout);

@@ -17,6 +17,7 @@ static const kvs_cli_command commands[] = {
 #ifdef KVS_HAVE_EVAL
     {"run", kvs_cmd_run, "run a Lua experiment config into the results database"},
     {"report", kvs_cmd_report, "tables and plots from the results database"},
+    {"merge", kvs_cmd_merge, "union results databases (the shards of a distributed run)"},
 #endif
 #ifdef KVS_HAVE_BACKEND
     {"generate", kvs_cmd_generate, "one-shot generation with a GGUF model (optionally compressed)"},

@@ -160,6 +160,7 @@ static kvs_status build_body(const kvs_client *c, const kvs_client_request *r, c
     cJSON_AddStringToObject(root, "prompt", r->prompt);
     cJSON_AddNumberToObject(root, "max_tokens", r->max_tokens);
     cJSON_AddNumberToObject(root, "temperature", 0);
+    if (r->ignore_eos) cJSON_AddBoolToObject(root, "ignore_eos", 1);
     if (r->n_stop > 0) {
         cJSON *st = cJSON_AddArrayToObject(root, "stop");
         for (int i = 0; i < r->n_stop; i++) cJSON_AddItemToArray(st, cJSON_CreateString(r->stop[i]));

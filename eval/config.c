@@ -1379,7 +1379,7 @@ static kvs_status parse_file_dataset(const vctx *v, int t, const char *helper, k
 static kvs_status get_choice_list(const vctx *v, int t, int base_line, const char *key,
                                   const char *const *choices, int dflt, int *idx, int max, int *n);
 
-/* mode (a value or a list), template, n_predict. */
+/* mode (a value or a list), template, n_predict, ignore_eos, variants_per_request. */
 static kvs_status parse_task_fields(const vctx *v, int t, kvs_experiment *e) {
     kvs_status rc;
     static const char *const modes[] = {"query_aware", "query_agnostic", NULL};
@@ -1419,6 +1419,16 @@ static kvs_status parse_task_fields(const vctx *v, int t, kvs_experiment *e) {
     int dflt = !strcmp(e->dataset, "niah") ? 24 : !strcmp(e->dataset, "ruler") ? 0 : 64;
     if ((rc = get_int(v, t, e->line, "n_predict", "n_predict", 1, 1 << 16, dflt, &x))) return rc;
     e->n_predict = (int)x;
+    lua_getfield(v->L, t, "ignore_eos");
+    int has_ie = !lua_isnil(v->L, -1), ie_ok = lua_isboolean(v->L, -1);
+    e->ignore_eos = lua_toboolean(v->L, -1);
+    lua_pop(v->L, 1);
+    if (has_ie && !ie_ok)
+        return ferr(v, e->line, "ignore_eos", KVS_ERR_INVALID, "expected true or false");
+    if ((rc = get_int(v, t, e->line, "variants_per_request", "variants_per_request", 1, 64, 64,
+                      &x)))
+        return rc;
+    e->variants_per_request = (int)x;
     if (e->backend_openai)
         for (int i = 0; i < e->n_variants; i++)
             if (e->variants[i].method != &kvs_method_full)
@@ -1695,7 +1705,7 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
                                        "budgets", "params",  "threads",     "backend", "model",
                                        "metrics", "repeats", "warmup",      "device",  "dtype",
                                        "max_tokens", "mode", "template", "n_predict", "setting",
-                                       "kv_spans", NULL};
+                                       "kv_spans", "ignore_eos", "variants_per_request", NULL};
     if ((rc = check_keys(v, t, e->line, "", keys))) return rc;
     if ((rc = get_string(v, t, e->line, "name", "name", e->name, sizeof e->name, 1))) return rc;
     for (const char *p = e->name; *p; p++)
@@ -1773,8 +1783,9 @@ static kvs_status parse_experiment(const vctx *v, int t, kvs_experiment *e) {
     }
 
     /* kind-specific fields; the others must be absent */
-    static const char *const task_only[] = {"backend", "model",    "metrics",   "mode",
-                                            "template", "n_predict", "setting", "kv_spans", NULL};
+    static const char *const task_only[] = {"backend",    "model",      "metrics",   "mode",
+                                            "template",   "n_predict",  "setting",   "kv_spans",
+                                            "ignore_eos", "variants_per_request", NULL};
     static const char *const overhead_only[] = {"repeats", "warmup", "device", "dtype",
                                                 "max_tokens", NULL};
     const char *const *forbid[2] = {e->kind == KVS_KIND_TASK ? NULL : task_only,

@@ -8,12 +8,15 @@
  * (threads, progress) are not part of it -- except for kind overhead, where
  * the thread count, device, dtype, repetitions and input sets change the
  * measured time and so define the cell.
+ * The shard partition (kvs_shard_of) lives here too: it is a function of
+ * the same keys, so a shard is the same set of cells on every machine.
  * What it is not: no running, no storage.
  */
 #include "kvs_eval.h"
 #include "kvs_formats.h"
 #include "overhead.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +114,18 @@ static kvs_status expand_overhead(const kvs_experiment *e, kvs_cell **cells, int
     *cells = out;
     *n_cells = (int)k;
     return KVS_OK;
+}
+
+int kvs_shard_of(const char *partition_key, int n_shards) {
+    if (n_shards <= 1) return 0;
+    char hex[65];
+    kvs_sha256_hex(partition_key, strlen(partition_key), hex);
+    uint64_t h = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = hex[i];
+        h = h << 4 | (uint64_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+    }
+    return (int)(h % (uint64_t)n_shards);
 }
 
 kvs_status kvs_grid_expand(const kvs_experiment *e, kvs_cell **cells, int *n_cells, kvs_err *err) {

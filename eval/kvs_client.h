@@ -14,11 +14,12 @@
  * no streaming.
  *
  * Protocol: POST {url}/v1/completions {prompt, max_tokens, temperature: 0,
- * stop, kv_spans?, kv_compression: {variants: [{method, ratio | tokens,
- * params, name, suffix?}]}}; the answer's `variants[i]` give content,
- * timings and `kv` (with span_kept when kv_spans was sent; a malformed
- * span_kept, wrong in shape or outside [0, 1], is an error; a server that
- * leaves it out, one that predates kv_spans, gives outputs without it).
+ * stop, ignore_eos (only when set), kv_spans?, kv_compression: {variants:
+ * [{method, ratio | tokens, params, name, suffix?}]}}; the answer's
+ * `variants[i]` give content, timings and `kv` (with span_kept when kv_spans
+ * was sent; a malformed span_kept, wrong in shape or outside [0, 1], is an
+ * error; a server that leaves it out, one that predates kv_spans, gives
+ * outputs without it).
  * api = KVS_API_OPENAI sends no kv_compression (a plain OpenAI server does
  * not know it): only method `full` can be evaluated there, and requests with
  * another method are refused before sending. A server that ignores
@@ -66,6 +67,8 @@ typedef struct {
     const char *prompt;      /* text sent as prompt (the compressed part) */
     const char *suffix;      /* NULL, or text decoded after compression (query-agnostic) */
     int max_tokens;          /* tokens to generate */
+    int ignore_eos;          /* 1: send "ignore_eos": true (llama-server's field: only
+                              * max_tokens ends generation); 0: the field is not sent */
     const char *const *stop; /* [n_stop] stop strings */
     int n_stop;
     int n_variants; /* >= 1 */

@@ -5,9 +5,10 @@
  * What it is: everything between "a Lua file describes an experiment" and
  * "a table in a paper": config loading (a sandboxed Lua 5.4 state per file),
  * grid expansion with exact cell keys (SHA-256 of the canonical cell
- * definition), the runner for the offline `fidelity` kind, the store
- * (schema, migrations, provenance) and reports (md / LaTeX / CSV / JSON,
- * gnuplot plots) computed by SQL over the store.
+ * definition) and their shard partition, the runner for the offline
+ * `fidelity` kind, the store (schema, migrations, provenance, the exact
+ * union of stores: merge) and reports (md / LaTeX / CSV / JSON, gnuplot
+ * plots, the decode-speed study) computed by SQL over the store.
  * What it is not: no compression logic (methods/), no file formats
  * (formats/), no model. Kind `task` (prompts from datasets/ sent over HTTP
  * to a backend, scored by metrics.c) is run by task.c with client.c and
@@ -129,6 +130,13 @@ typedef struct {
     int n_modes;
     int modes[2];  /* kvs_prompt_mode values (datasets/kvs_datasets.h), in config order */
     int n_predict; /* tokens generated per variant */
+    int ignore_eos; /* 1: decode exactly n_predict tokens: end-of-generation tokens and the
+                     * newline stop do not end an answer (llama-server's ignore_eos, sent in
+                     * every request; part of the cell key: it changes the decoded length) */
+    int variants_per_request; /* at most this many variants share one request (1..64, default
+                               * 64); 1 decodes every variant alone, as a decode-speed study
+                               * needs (a batched decode times all variants together). Not in
+                               * the key: outputs do not depend on it */
     int n_backend_urls;
     char (*backend_urls)[256]; /* [n_backend_urls] */
     int backend_openai;        /* backend.api = "openai": plain OpenAI server, `full` only */
@@ -199,9 +207,18 @@ typedef struct {
  * are not the stored ones. Caller frees *cells. */
 kvs_status kvs_grid_expand(const kvs_experiment *e, kvs_cell **cells, int *n_cells, kvs_err *err);
 
+/* The shard (0 .. n_shards-1) of a partition key: the first 64 bits of
+ * SHA-256(partition_key), big-endian, mod n_shards (0 when n_shards <= 1).
+ * The partition key of a fidelity or overhead cell is its cell key; of a
+ * task cell, its request unit "task-unit\n<experiment>\n<mode>\n<sample id>"
+ * (every variant of one sample and mode in one shard: one prefill serves
+ * them all). So the partition depends only on what defines a cell: not on
+ * grid order, on which cells are done, or on the machine. */
+int kvs_shard_of(const char *partition_key, int n_shards);
+
 /* ---- The store ------------------------------------------------------------ */
 
-#define KVS_STORE_SCHEMA_VERSION 3
+#define KVS_STORE_SCHEMA_VERSION 4
 #define KVS_STORE_DEFAULT_PATH "results/kvsieve.db"
 
 typedef struct kvs_store kvs_store;
@@ -212,6 +229,7 @@ kvs_status kvs_store_open(const char *path, kvs_store **out, kvs_err *err);
 void kvs_store_close(kvs_store *s);
 int kvs_store_schema_version(kvs_store *s);
 struct sqlite3 *kvs_store_db(kvs_store *s);
+const char *kvs_store_path(const kvs_store *s); /* as given to kvs_store_open */
 
 typedef struct {
     const char *experiment, *kind;
@@ -226,6 +244,8 @@ typedef struct {
  * exists are marked 'abandoned' first. */
 kvs_status kvs_store_run_begin(kvs_store *s, const kvs_run_info *info, int64_t *run_id,
                                kvs_err *err);
+/* Record that run_id covers shard "I/N" of its grid (runs.shard, schema 4). */
+kvs_status kvs_store_run_shard(kvs_store *s, int64_t run_id, const char *shard, kvs_err *err);
 /* status: "done", "interrupted" or "failed". */
 kvs_status kvs_store_run_end(kvs_store *s, int64_t run_id, const char *status, int64_t n_done,
                              const char *error, kvs_err *err);
@@ -243,6 +263,7 @@ typedef struct {
     double budget_ratio;   /* 0 when a token budget */
     int64_t budget_tokens; /* 0 when a ratio */
     const char *prompt_hash;
+    int64_t model_bytes; /* the model file's size (cells.model_bytes, schema 4); 0: unknown */
 } kvs_cell_row;
 
 typedef struct {
@@ -302,6 +323,46 @@ kvs_status kvs_store_put_engine_bench(kvs_store *s, int64_t run_id, const kvs_en
 /* The CPU model name of this host ("unknown" when /proc/cpuinfo has none). */
 void kvs_store_host_cpu(char *out, size_t n);
 
+/* ---- Merging result databases (eval/store_merge.c) -------------------------- */
+
+/* What a merge does with a cell key whose results differ between databases. */
+typedef enum {
+    KVS_MERGE_REFUSE = 0,     /* list the conflicts, merge nothing, fail (the default) */
+    KVS_MERGE_KEEP_FIRST = 1, /* keep the result met first (OUT, then inputs in order) */
+    KVS_MERGE_KEEP_LAST = 2   /* keep the result met last (it replaces the earlier one) */
+} kvs_merge_keep;
+
+typedef struct {
+    int64_t runs_copied, runs_known;  /* runs rows copied / already in OUT (the same run) */
+    int64_t cells_copied, cells_same; /* results copied / identical duplicates left out */
+    int64_t conflicts, replaced;      /* keys whose results differ / replaced (KEEP_LAST) */
+    int64_t latency_copied, bench_copied;
+} kvs_merge_summary;
+
+/* Union the results databases inputs[0..n) into out (opened with
+ * kvs_store_open, so at the current schema version); every input must be a
+ * kvsieve database at the current schema version too (an older one is
+ * refused, naming its version: open it once with this kvsieve, e.g.
+ * `kvsieve report --db IN`, to migrate it) and is only read.
+ *   - runs: every runs row is copied with a new id and merged_from =
+ *     "INPUT#ID" (an input's own merged_from is kept: it names the origin);
+ *     a run already in out (same host, pid, started_at, experiment, kind and
+ *     config hash) is not copied again, so merging twice changes nothing.
+ *   - cells, results, scores: copied under the same cell keys, results
+ *     pointing at the new run ids. A key present in both is compared on
+ *     its values: cell definition, prediction, decode_tokens, KV bytes and
+ *     every score except timings (scores named *_ms or *_tok_s; the result
+ *     columns prefill_ms, compress_ms, decode_ms, note and finished_at).
+ *     Equal values: a duplicate, left out. Different values: a conflict,
+ *     listed on log with both values and where each came from; then keep
+ *     decides (REFUSE: nothing is written and KVS_ERR_INVALID is returned).
+ *   - latency and engine_bench rows: copied with their run (newly copied
+ *     runs only), except latency rows of a cell whose result was left out.
+ * The conflict check reads every input before anything is written; the
+ * writes are one transaction per input. log may be NULL. */
+kvs_status kvs_store_merge(kvs_store *out, const char *const *inputs, int n_inputs,
+                           kvs_merge_keep keep, FILE *log, kvs_merge_summary *sum, kvs_err *err);
+
 /* ---- Running -------------------------------------------------------------- */
 
 typedef struct {
@@ -315,6 +376,10 @@ typedef struct {
     int max_cells;                   /* > 0: stop after this many new cells (tests) */
     const char *kvsieve_bin;         /* task, embedded backend: the kvsieve binary to start as
                                       * `kvsieve serve` (NULL: embedded backends are refused) */
+    const char *only_experiment;     /* non-NULL: run only the experiment of this name */
+    int shard_index, shard_count;    /* shard_count > 1: only the cells of shard shard_index
+                                      * (0-based, kvs_shard_of); the others are not in the grid
+                                      * of this run (not run, not counted) */
 } kvs_run_opts;
 
 typedef struct {
@@ -346,6 +411,27 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *out, k
  * experiments, overhead vs N on log-log axes when latency rows exist.
  * Format from the extension (.svg or .png). */
 kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *path, kvs_err *err);
+
+/* The decode-speed study (eval/report_decode.c, experiments/decode.lua): for
+ * the task cells decoded to a fixed length (ignore_eos), per experiment,
+ * model, prompt-length class (tokens rounded to a power of two) and budget:
+ * decode tokens/s, the speed-up against `full` on the same prompts (mean and
+ * bootstrap CI of the per-prompt ratio) and the speed-up predicted from the
+ * bytes a decode step reads, (W + KV_full) / (W + KV_kept), W =
+ * cells.model_bytes, KV = results.kv_bytes_after. Markdown or LaTeX tables,
+ * or for JSON a `, "decode": [...]` member to write inside the report's
+ * object (before its closing brace); nothing for CSV or when there are no
+ * such cells. *n_rows (may be NULL) gets the table rows written. report.c
+ * calls it after its other tables. */
+kvs_status kvs_report_decode(kvs_store *s, const kvs_report_opts *o, FILE *out, int *n_rows,
+                             kvs_err *err);
+/* Its plot: speed-up measured (with CI) and predicted vs kept ratio, a pair of
+ * lines per length class, one file per experiment: PATH less its extension,
+ * "-EXPERIMENT", the extension (.svg or .png). *n_files (may be NULL) gets
+ * how many were written (0: no such cells). Needs gnuplot when there is
+ * something to plot. */
+kvs_status kvs_report_decode_plot(kvs_store *s, const kvs_report_opts *o, const char *path,
+                                  int *n_files, kvs_err *err);
 
 /* Mean and percentile-bootstrap 95% CI of x[0..n), deterministic in seed. */
 void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,

@@ -6,9 +6,10 @@
  * (`full` once per sample and mode). A cell's key is the SHA-256 of its
  * definition: experiment, model name and model hash, dataset name, version
  * and content hash, sample id, prompt template name and hash, mode,
- * n_predict and stop (per sample for ruler{}), method, every parameter
- * value, budget. One request per (sample,
- * mode) carries all its pending variants (one prefill, many compressions).
+ * n_predict and stop (per sample for ruler{}; ignore_eos when set), method,
+ * every parameter value, budget. One request per (sample, mode) carries its
+ * pending variants, up to variants_per_request (one prefill, many
+ * compressions).
  */
 #ifndef KVS_TASK_H
 #define KVS_TASK_H

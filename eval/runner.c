@@ -4,7 +4,8 @@
  *
  * What it is: the `fidelity` kind end to end (synthetic cache -> method ->
  * apply -> attention-output error of probe queries and planted-outlier
- * retention), the dry-run grid listing, progress and interruption; kind
+ * retention), the dry-run grid listing, the shard filter (--shard I/N:
+ * kvs_shard_of of each cell key), progress and interruption; kind
  * `overhead` cells are timed and stored by overhead.c.
  * What it is not: kind `task` (prompts over HTTP to a backend) is
  * eval/task.c, called from run_experiment; no HTTP here.
@@ -356,6 +357,12 @@ static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_
     }
 
     if ((rc = kvs_grid_expand(e, &cells, &n, err))) goto cleanup;
+    if (o->shard_count > 1) { /* keep this shard's cells, in grid order (instances stay adjacent) */
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (kvs_shard_of(cells[i].key, o->shard_count) == o->shard_index) cells[k++] = cells[i];
+        n = k;
+    }
     done = calloc((size_t)(n > 0 ? n : 1), 1);
     if (!done) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
@@ -370,6 +377,9 @@ static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_
     sum->n_cells += n;
     sum->n_already += n_done;
     if (o->dry_run) {
+        if (o->progress && o->shard_count > 1)
+            fprintf(o->progress, "shard %d/%d of experiment '%s' (the cells below):\n",
+                    o->shard_index, o->shard_count, e->name);
         if (o->progress) print_dry_run(o->progress, e, cells, n, done, n_done);
         goto cleanup;
     }
@@ -383,11 +393,15 @@ static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_
         goto cleanup;
     kvs_run_info info = {e->name, kvs_exp_kind_name(e->kind), cfg->path, cfg->text, cfg->hash,
                          cfg->overrides, cfg->dir, n};
+    char shard[32] = "";
+    if (o->shard_count > 1) snprintf(shard, sizeof shard, "%d/%d", o->shard_index, o->shard_count);
     if ((rc = kvs_store_run_begin(s, &info, &run_id, err))) goto cleanup;
+    if (shard[0] && (rc = kvs_store_run_shard(s, run_id, shard, err))) goto cleanup;
     sum->run_id = run_id;
     if (o->progress)
-        fprintf(o->progress, "experiment '%s': %d cells, %d already done, run %lld\n", e->name, n,
-                n_done, (long long)run_id);
+        fprintf(o->progress, "experiment '%s': %d cells%s%s, %d already done, run %lld\n", e->name,
+                n, shard[0] ? " in shard " : "", shard, n_done,
+                (long long)run_id);
     progress pr = {o, kvs_now_ms(), 0, n - n_done, 0, 0};
     int threads = o->threads_override > 0 ? o->threads_override : e->threads;
     int stopped = 0;
@@ -447,7 +461,21 @@ cleanup:
 kvs_status kvs_run_config(kvs_store *s, const kvs_config *cfg, const kvs_run_opts *opts,
                           kvs_run_summary *sum, kvs_err *err) {
     memset(sum, 0, sizeof *sum);
+    int found = 0;
+    for (int i = 0; i < cfg->n_experiments; i++)
+        found |= !opts->only_experiment || !strcmp(cfg->experiments[i].name, opts->only_experiment);
+    if (!found) {
+        char names[512] = "";
+        for (int i = 0; i < cfg->n_experiments; i++) {
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, "%s'%s'", i ? ", " : "", cfg->experiments[i].name);
+        }
+        return kvs_errorf(err, KVS_ERR_NOTFOUND, "%s: no experiment '%s' (it has %s)", cfg->path,
+                          opts->only_experiment, names);
+    }
     for (int i = 0; i < cfg->n_experiments; i++) {
+        if (opts->only_experiment && strcmp(cfg->experiments[i].name, opts->only_experiment) != 0)
+            continue;
         kvs_status rc = run_experiment(s, cfg, &cfg->experiments[i], opts, sum, err);
         if (rc) return rc;
         if (sum->interrupted) break;

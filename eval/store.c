@@ -6,7 +6,9 @@
  * a fresh database runs them all. WAL journal, busy_timeout, every write in
  * one BEGIN IMMEDIATE transaction, so a killed process loses at most what it
  * had not committed and concurrent writers queue instead of failing.
- * What it is not: no reports (report.c reads with plain SQL), no grid logic.
+ * What it is not: no reports (report.c reads with plain SQL), no grid logic;
+ * the union of databases (`kvsieve merge`) is store_merge.c, which writes
+ * through the same connection.
  */
 #include "kvs_eval.h"
 
@@ -83,6 +85,14 @@ static const char *const migrations[] = {
     " build_type TEXT NOT NULL, finished_at TEXT NOT NULL);"
     "CREATE INDEX engine_bench_run ON engine_bench(run_id);"
     "UPDATE schema_version SET version = 3;",
+    /* 3 -> 4: distributed runs: the shard a run covered ("I/N" of
+     * `kvsieve run --shard`), for a run copied by `kvsieve merge` the
+     * database and run id it came from ("PATH#ID"); a task cell's model file
+     * size (what a decode step reads besides the KV: the decode study). */
+    "ALTER TABLE runs ADD COLUMN shard TEXT;"
+    "ALTER TABLE runs ADD COLUMN merged_from TEXT;"
+    "ALTER TABLE cells ADD COLUMN model_bytes INTEGER;"
+    "UPDATE schema_version SET version = 4;",
 };
 _Static_assert(sizeof migrations / sizeof migrations[0] == KVS_STORE_SCHEMA_VERSION,
                "one migration per schema version");
@@ -209,8 +219,8 @@ kvs_status kvs_store_open(const char *path, kvs_store **out, kvs_err *err) {
     if ((rc = prepare(s, &s->ins_cell,
                       "INSERT OR IGNORE INTO cells(key, experiment, kind, definition, model, model_hash,"
                       " dataset, dataset_version, sample_id, shape, n_tokens, seed, method, label, params,"
-                      " budget_ratio, budget_tokens, prompt_hash)"
-                      " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      " budget_ratio, budget_tokens, prompt_hash, model_bytes)"
+                      " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                       err)) ||
         (rc = prepare(s, &s->ins_result,
                       "INSERT OR IGNORE INTO results(cell_key, run_id, prediction, prefill_ms,"
@@ -245,6 +255,7 @@ void kvs_store_close(kvs_store *s) {
 }
 
 int kvs_store_schema_version(kvs_store *s) { return s->version; }
+const char *kvs_store_path(const kvs_store *s) { return s->path; }
 struct sqlite3 *kvs_store_db(kvs_store *s) { return s->db; }
 
 /* ---- provenance ---------------------------------------------------------- */
@@ -395,6 +406,18 @@ kvs_status kvs_store_run_begin(kvs_store *s, const kvs_run_info *info, int64_t *
     return rc;
 }
 
+kvs_status kvs_store_run_shard(kvs_store *s, int64_t run_id, const char *shard, kvs_err *err) {
+    sqlite3_stmt *st = NULL;
+    kvs_status rc = KVS_OK;
+    if (sqlite3_prepare_v2(s->db, "UPDATE runs SET shard=? WHERE id=?", -1, &st, NULL) != SQLITE_OK)
+        return db_fail(s, err, "preparing run shard update");
+    sqlite3_bind_text(st, 1, shard, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, run_id);
+    if (sqlite3_step(st) != SQLITE_DONE) rc = db_fail(s, err, "recording the run's shard");
+    sqlite3_finalize(st);
+    return rc;
+}
+
 kvs_status kvs_store_run_end(kvs_store *s, int64_t run_id, const char *status, int64_t n_done,
                              const char *error, kvs_err *err) {
     char now[32];
@@ -459,6 +482,10 @@ kvs_status kvs_store_put(kvs_store *s, int64_t run_id, const kvs_cell_row *cells
         sqlite3_bind_double(st, 16, c->budget_ratio);
         sqlite3_bind_int64(st, 17, c->budget_tokens);
         bind_text_or_null(st, 18, c->prompt_hash);
+        if (c->model_bytes > 0)
+            sqlite3_bind_int64(st, 19, c->model_bytes);
+        else
+            sqlite3_bind_null(st, 19);
         if (step_reset(st) != SQLITE_DONE) {
             rc = db_fail(s, err, "inserting cell");
             goto rollback;

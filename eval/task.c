@@ -19,6 +19,10 @@
  * prompt_tokens (the generator's count). Samples with answer spans send
  * kv_spans; a variant's span_kept becomes answer_kept_l<L> (per layer, mean
  * over spans) and answer_kept (mean over layers).
+ * The cell row records the model file's
+ * size (cells.model_bytes: what a decode step reads besides the KV, for the
+ * decode-speed study of report_decode.c). Under --shard I/N only the
+ * request units of shard I run (kvs_shard_of).
  * ruler{} is generated after the backend is up: its lengths are counted by
  * the backend's /tokenize. Its cells generate each task's own tokens
  * (n_predict caps them) without stop strings ("stop=none" in the key); the
@@ -66,6 +70,7 @@ typedef struct {
     unit *units;
     kvs_metric_fn *metric_fns; /* [e->n_metrics] */
     const char *model_name, *model_hash, *tmpl_name, *tmpl_hash;
+    double model_bytes; /* the model file's size from /v1/models (meta.size); < 0 unknown */
     int n_new, n_flight_cells;
     int sent_spans; /* kv_spans are sent (kvsieve API) */
     kvs_status rc;
@@ -102,7 +107,9 @@ kvs_status kvs_sha256_file(const char *path, char out[65], kvs_err *err) {
 
 /* name and hash of the model a backend serves (GET /v1/models). */
 static kvs_status model_identity(const char *url, char *name, size_t name_n, char *hash,
-                                 size_t hash_n, char *ident, size_t ident_n, kvs_err *err) {
+                                 size_t hash_n, char *ident, size_t ident_n, double *file_bytes,
+                                 kvs_err *err) {
+    *file_bytes = -1;
     long status = 0;
     char *body = NULL;
     kvs_status rc = kvs_http_get(url, "/v1/models", 30, &status, &body, err);
@@ -137,6 +144,7 @@ static kvs_status model_identity(const char *url, char *name, size_t name_n, cha
     }
     snprintf(ident, ident_n, "%s size=%.0f", name,
              cJSON_IsNumber(size) ? size->valuedouble : -1.0);
+    if (cJSON_IsNumber(size) && size->valuedouble > 0) *file_bytes = size->valuedouble;
 done:
     cJSON_Delete(root);
     free(body);
@@ -153,7 +161,9 @@ static int sample_n_predict(const kvs_experiment *e, const kvs_sample *sm) {
 
 /* RULER generates without stop strings; the other datasets stop at a newline
  * (their answers are one line). Part of the cell key. */
-static int stops_at_newline(const kvs_experiment *e) { return strcmp(e->dataset, "ruler") != 0; }
+static int stops_at_newline(const kvs_experiment *e) {
+    return strcmp(e->dataset, "ruler") != 0 && !e->ignore_eos; /* ignore_eos: exactly n_predict tokens */
+}
 
 /* ---- the grid -------------------------------------------------------------- */
 
@@ -194,11 +204,12 @@ static kvs_status expand(const kvs_experiment *e, const kvs_dataset *d, const ch
                         x->def, sizeof x->def,
                         "kvsieve-cell 2\nexperiment=%s\nkind=task\nmodel=%s %s\n"
                         "dataset=%s version=%s sha256=%s\nsample=%s\ntemplate=%s sha256=%s\n"
-                        "mode=%s\nn_predict=%d stop=%s\nmethod=%s\nparams=%s\nbudget=%s\n",
+                        "mode=%s\nn_predict=%d stop=%s%s\nmethod=%s\nparams=%s\nbudget=%s\n",
                         e->name, model_name, model_hash, d->name, d->version, d->hash,
                         d->samples[si].id, tmpl, tmpl_hash,
                         kvs_prompt_mode_name((kvs_prompt_mode)e->modes[m]),
                         sample_n_predict(e, &d->samples[si]), stops_at_newline(e) ? "newline" : "none",
+                        e->ignore_eos ? " ignore_eos=1" : "",
                         var->method->name, var->params_json, bt);
                     if (len < 0 || (size_t)len >= sizeof x->def) {
                         free(c);
@@ -427,6 +438,7 @@ static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
         row->definition = c->def;
         row->model = x->model_name;
         row->model_hash = x->model_hash;
+        row->model_bytes = x->model_bytes > 0 ? (int64_t)x->model_bytes : 0;
         row->dataset = x->d->name;
         row->dataset_version = x->d->version;
         row->sample_id = sm->id;
@@ -586,12 +598,14 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
         for (int i = 0; i < e->n_backend_urls && i < 64; i++) urls[n_urls++] = e->backend_urls[i];
     }
     char model_name[256], model_hash[128], ident[300];
+    double file_bytes;
     if ((rc = model_identity(urls[0], model_name, sizeof model_name, model_hash, sizeof model_hash,
-                             ident, sizeof ident, err)))
+                             ident, sizeof ident, &file_bytes, err)))
         goto fail;
     for (int i = 1; i < n_urls; i++) {
         char n2[256], h2[128], id2[300];
-        if ((rc = model_identity(urls[i], n2, sizeof n2, h2, sizeof h2, id2, sizeof id2, err)))
+        double fb2;
+        if ((rc = model_identity(urls[i], n2, sizeof n2, h2, sizeof h2, id2, sizeof id2, &fb2, err)))
             goto fail;
         if (strcmp(ident, id2) != 0) {
             rc = kvs_errorf(err, KVS_ERR_INVALID,
@@ -619,6 +633,17 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
 
     /* grid and resume */
     if ((rc = expand(e, d, model_name, model_hash, tmpl_name, tmpl_hash, &cells, &n, err))) goto fail;
+    if (o->shard_count > 1) { /* this shard's request units, whole (kvs_shard_of) */
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            char unit_key[600];
+            snprintf(unit_key, sizeof unit_key, "task-unit\n%s\n%s\n%s", e->name,
+                     kvs_prompt_mode_name((kvs_prompt_mode)e->modes[cells[i].mode]),
+                     d->samples[cells[i].sample].id);
+            if (kvs_shard_of(unit_key, o->shard_count) == o->shard_index) cells[k++] = cells[i];
+        }
+        n = k;
+    }
     done = calloc((size_t)(n > 0 ? n : 1), 1);
     if (!done) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
@@ -653,7 +678,8 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
         unit *u = n_units ? &units[n_units - 1] : NULL;
-        if (!u || u->mode != cells[i].mode || u->sample != cells[i].sample || u->n == MAX_PER_REQUEST) {
+        if (!u || u->mode != cells[i].mode || u->sample != cells[i].sample ||
+            u->n == MAX_PER_REQUEST || u->n == e->variants_per_request) {
             u = &units[n_units++];
             u->mode = cells[i].mode;
             u->sample = cells[i].sample;
@@ -664,6 +690,11 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     kvs_run_info info = {e->name, "task", cfg->path, cfg->text, cfg->hash, cfg->overrides, cfg->dir, n};
     if ((rc = kvs_store_run_begin(s, &info, &run_id, err))) goto fail;
     run_open = 1;
+    if (o->shard_count > 1) {
+        char shard[32];
+        snprintf(shard, sizeof shard, "%d/%d", o->shard_index, o->shard_count);
+        if ((rc = kvs_store_run_shard(s, run_id, shard, err))) goto fail;
+    }
     sum->run_id = run_id;
     if (o->progress)
         fprintf(o->progress, "experiment '%s': %d cells, %d already done, run %lld, model %s, %d "
@@ -681,7 +712,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
 
     x.s = s, x.e = e, x.o = o, x.d = d, x.run_id = run_id, x.cells = cells, x.units = units;
     x.metric_fns = fns, x.model_name = model_name, x.model_hash = model_hash;
-    x.tmpl_name = tmpl_name, x.tmpl_hash = tmpl_hash;
+    x.tmpl_name = tmpl_name, x.tmpl_hash = tmpl_hash, x.model_bytes = file_bytes;
     x.sent_spans = co.api == KVS_API_KVSIEVE && !e->no_kv_spans;
     x.t0 = kvs_now_ms(), x.total = n - n_done;
     int window = n_urls * co.per_url;
@@ -720,7 +751,8 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
             rq.suffix = mode == KVS_PROMPT_QUERY_AGNOSTIC ? ap : NULL;
             rq.max_tokens = sample_n_predict(e, sm);
             rq.stop = stops_at_newline(e) ? stops : NULL;
-            rq.n_stop = stops_at_newline(e) ? 1 : 0;
+            rq.n_stop = stops_at_newline(e) ? 1 : 0; /* ignore_eos: exactly n_predict tokens */
+            rq.ignore_eos = e->ignore_eos;
             rq.n_variants = u->n;
             rq.variants = vs;
             /* kv_spans: where the answers sit in the prompt (the context's

@@ -108,9 +108,9 @@ static void test_migration(void) {
     kvs_err err = {0};
     CHECK_OK(kvs_store_open(db, &s, &err), &err);
     if (!s) return;
-    CHECK_EQ_INT(kvs_store_schema_version(s), 3);
+    CHECK_EQ_INT(kvs_store_schema_version(s), KVS_STORE_SCHEMA_VERSION);
     h = kvs_store_db(s);
-    CHECK_EQ_INT(q1(h, "SELECT version FROM schema_version"), 3);
+    CHECK_EQ_INT(q1(h, "SELECT version FROM schema_version"), KVS_STORE_SCHEMA_VERSION);
     /* old data kept */
     CHECK_EQ_INT(q1(h, "SELECT count(*) FROM scores WHERE cell_key='k1' AND value=0.25"), 1);
     CHECK_EQ_INT(q1(h, "SELECT count(*) FROM latency WHERE median_ms=1.25 AND run_id=1"), 1);

@@ -448,14 +448,15 @@ static kvs_status cache_view(kvs_abi_ctx *c, kvs_cache_view *view, kvs_shape *sh
                               c->views[0].k.device == KVS_CUDA ? "CUDA device" : "host",
                               c->layers[0].device_index);
     }
+    /* Before core's shape check, which reads N modality bytes. */
+    if (c->modality && c->n_modality != c->views[0].k.n_tokens)
+        return kvs_errorf(err, KVS_ERR_INVALID, "modality: length %lld, but the cache has N = %d tokens",
+                          (long long)c->n_modality, c->views[0].k.n_tokens);
     view->n_layers = c->n_layers;
     view->layers = c->views;
     view->modality = c->modality;
     kvs_status st = kvs_cache_check_shape(view, shape, err);
     if (st) return st;
-    if (c->modality && c->n_modality != shape->n_tokens)
-        return kvs_errorf(err, KVS_ERR_INVALID, "modality: length %lld, but the cache has N = %d tokens",
-                          (long long)c->n_modality, shape->n_tokens);
     *device = c->views[0].k.device == KVS_CUDA ? KVS_ABI_CUDA : KVS_ABI_HOST;
     *device_index = c->layers[0].device_index;
     return KVS_OK;

@@ -570,10 +570,22 @@ static kvs_status plan_needs_cache(const kvs_abi_ctx *c, const kvs_abi_plan *p, 
                           "plan of %s was made from an earlier cache (kvs_abi_cache_begin was called "
                           "since); compress again",
                           p->method);
-    for (int l = 0; l < c->n_layers; l++)
+    /* A layer set again since may have another shape: the plan's indices
+     * must stay inside the tensors read now. */
+    if (c->n_layers != p->plan.n_layers)
+        return kvs_errorf(err, KVS_ERR_INVALID, "plan of %s has %d layers, the cache %d", p->method,
+                          p->plan.n_layers, c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
         if (!c->layers[l].set)
             return kvs_errorf(err, KVS_ERR_INVALID,
                               "plan of %s: layer %d of its cache was unset since (set it again)", p->method, l);
+        const kvs_view *k = &c->views[l].k;
+        if (k->n_heads != p->plan.n_kv_heads || k->n_tokens != p->plan.n_tokens)
+            return kvs_errorf(err, KVS_ERR_INVALID,
+                              "plan of %s (Hkv = %d, N = %d) does not match layer %d of the cache now "
+                              "(Hkv = %d, N = %d)",
+                              p->method, p->plan.n_kv_heads, p->plan.n_tokens, l, k->n_heads, k->n_tokens);
+    }
     return KVS_OK;
 }
 

@@ -76,7 +76,9 @@
  * set again, or the context is freed. A plan owns its indices; it stays
  * readable after the cache changes, but kvs_abi_apply and
  * kvs_abi_plan_merge_map need the cache it was made from (checked: after a
- * kvs_abi_cache_begin they fail naming the plan). Plans must be freed
+ * kvs_abi_cache_begin, or when a layer set again has another shape, they
+ * fail naming the plan; a layer set again with other tensors of the same
+ * shape is read as it is now). Plans must be freed
  * (kvs_abi_plan_free) before or after their context, in any order.
  *
  * ---- A typical adapter ----------------------------------------------------
@@ -260,7 +262,7 @@ KVS_ABI_API kvs_abi_status kvs_abi_cache_begin(kvs_abi_ctx *ctx, int32_t n_layer
  * required, q may be NULL. Checks each tensor on its own and against the
  * layer's others (dtype, ndim, batch 1, shape, strides, device); the checks
  * across layers (equal N, Hkv, d, Nq; one device) and the NaN / Inf scan
- * happen at kvs_abi_compress. */
+ * happen at kvs_abi_compress. On error the layer is left unset. */
 KVS_ABI_API kvs_abi_status kvs_abi_cache_layer(kvs_abi_ctx *ctx, int32_t layer, const kvs_abi_tensor *k,
                                                const kvs_abi_tensor *v, const kvs_abi_tensor *q);
 /* The modality mask [N] (host U8, values 0..3), copied into the context;

@@ -70,7 +70,8 @@ def check_invariants(test, plan, L, N, per_layer, keeps_all):
 
 class TestLibrary(unittest.TestCase):
     def test_version_is_the_headers(self):
-        text = open(HEADER).read()
+        with open(HEADER) as f:
+            text = f.read()
         want = tuple(int(re.search(r"#define KVS_ABI_VERSION_%s (\d+)" % p, text).group(1))
                      for p in ("MAJOR", "MINOR", "PATCH"))
         self.assertEqual(kvsieve.abi_version(), want)

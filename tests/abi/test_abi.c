@@ -583,6 +583,14 @@ static void test_errors(void) {
     it.dtype = KVS_ABI_F32, it.data = ko, it.ndim = 2, it.shape[0] = H, it.shape[1] = B0, it.strides[0] = B0, it.strides[1] = 1;
     ABI_FAILS(ctx, kvs_abi_plan_indices(ctx, p, 0, &it), KVS_ABI_ERR_INVALID, "layer 0: indices out: dtype F32 (need I32, I64)");
     ABI_OK(ctx, kvs_abi_apply(ctx, p, 0, &kt, &vt));
+    /* A layer set again with a shorter N: the plan no longer fits it. */
+    kvs_abi_tensor ks = contig3(c.k[1], KVS_ABI_F32, H, N - 8, d), vs = contig3(c.v[1], KVS_ABI_F32, H, N - 8, d);
+    ABI_OK(ctx, kvs_abi_cache_layer(ctx, 1, &ks, &vs, NULL));
+    ABI_FAILS(ctx, kvs_abi_apply(ctx, p, 0, &kt, &vt), KVS_ABI_ERR_INVALID,
+              "does not match layer 1 of the cache now (Hkv = 2, N = 56)");
+    bad = ks, bad.dtype = KVS_ABI_I64;
+    ABI_FAILS(ctx, kvs_abi_cache_layer(ctx, 1, &bad, &vs, NULL), KVS_ABI_ERR_INVALID, "layer 1: k: dtype I64");
+    ABI_FAILS(ctx, kvs_abi_apply(ctx, p, 0, &kt, &vt), KVS_ABI_ERR_INVALID, "layer 1 of its cache was unset");
     ABI_OK(ctx, kvs_abi_cache_begin(ctx, 2));
     ABI_FAILS(ctx, kvs_abi_apply(ctx, p, 0, &kt, &vt), KVS_ABI_ERR_INVALID, "made from an earlier cache");
     /* The plan itself stays readable. */

@@ -23,6 +23,18 @@
 #ifdef KVSIEVE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #define ABI_CUDA_TEXT "yes"
+
+/* The calling thread's current device, restored after every call that
+ * switched it (a caller such as torch keeps its own notion of it). */
+static int dev_current(void) {
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess) d = -1;
+    return d;
+}
+
+static void dev_restore(int prev) {
+    if (prev >= 0) cudaSetDevice(prev);
+}
 #else
 #define ABI_CUDA_TEXT "no"
 #endif
@@ -249,7 +261,12 @@ void kvs_abi_ctx_free(kvs_abi_ctx *c) {
     free(c->modality);
     kvs_dense_cache_free(&c->scratch);
 #ifdef KVSIEVE_HAVE_CUDA
-    kvs_gpu_workspace_free(c->ws);
+    if (c->ws) { /* its stream and plans belong to its device */
+        const int prev = dev_current();
+        cudaSetDevice(c->ws_device);
+        kvs_gpu_workspace_free(c->ws);
+        dev_restore(prev);
+    }
 #endif
     free(c);
 }
@@ -487,8 +504,12 @@ static kvs_status ensure_ws(kvs_abi_ctx *c, const kvs_shape *s, int dev, kvs_err
         if (w->n_q_heads > m.n_q_heads) m.n_q_heads = w->n_q_heads;
         if (w->head_dim > m.head_dim) m.head_dim = w->head_dim;
     }
-    kvs_gpu_workspace_free(c->ws);
-    c->ws = NULL;
+    if (c->ws) {
+        cudaSetDevice(c->ws_device);
+        kvs_gpu_workspace_free(c->ws);
+        c->ws = NULL;
+        if ((st = set_device(dev, err))) return st;
+    }
     if ((st = kvs_gpu_workspace_init(&c->ws, &m, err))) return st;
     c->ws_shape = m;
     c->ws_device = dev;
@@ -522,8 +543,10 @@ kvs_abi_status kvs_abi_compress(kvs_abi_ctx *c, const kvs_abi_method_spec *spec,
         st = kvs_compress(m, &params, &view, &kb, c->threads, &p->plan, err);
     } else {
 #ifdef KVSIEVE_HAVE_CUDA
+        const int prev = dev_current();
         st = ensure_ws(c, &shape, dev_index, err);
         if (!st) st = kvs_gpu_compress(m->name, &params, &view, &kb, c->ws, &p->plan, err);
+        dev_restore(prev);
 #else
         st = kvs_errorf(err, KVS_ERR_UNSUPPORTED, "CUDA cache, but libkvsieve was built without CUDA");
 #endif
@@ -663,8 +686,10 @@ kvs_abi_status kvs_abi_plan_indices(kvs_abi_ctx *c, const kvs_abi_plan *p, int32
         if (i64) ((int64_t *)stage)[i] = idx[i];
         else ((int32_t *)stage)[i] = idx[i];
     }
+    const int prev = dev_current();
     st = set_device(dev_index, err);
     if (!st) st = kvs_gpu_memcpy_h2d(out->data, stage, n * es, err);
+    dev_restore(prev);
     free(stage);
     if (st) kvs_err_prefix(err, "%s", what);
     return st;
@@ -704,6 +729,7 @@ kvs_abi_status kvs_abi_plan_merge_map(kvs_abi_ctx *c, const kvs_abi_plan *p, int
         kvs_shape shape;
         kvs_cache_view view;
         int device = 0, dev_index = 0;
+        const int prev = dev_current();
         st = cache_view(c, &view, &shape, &device, &dev_index, err);
         if (!st) st = ensure_ws(c, &shape, dev_index, err);
         if (!st) st = kvs_gpu_malloc(&dk, sizeof(int32_t) * (size_t)B, err);
@@ -714,6 +740,7 @@ kvs_abi_status kvs_abi_plan_merge_map(kvs_abi_ctx *c, const kvs_abi_plan *p, int
         if (!st) st = kvs_gpu_memcpy_d2h(assign, da, sizeof(int32_t) * (size_t)N, err);
         kvs_gpu_free(dk);
         kvs_gpu_free(da);
+        dev_restore(prev);
 #else
         st = kvs_errorf(err, KVS_ERR_UNSUPPORTED, "CUDA cache, but libkvsieve was built without CUDA");
 #endif
@@ -804,10 +831,12 @@ kvs_abi_status kvs_abi_apply(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t laye
         kvs_shape shape;
         kvs_cache_view view;
         int device = 0, di = 0;
+        const int prev = dev_current();
         st = cache_view(c, &view, &shape, &device, &di, err);
         if (!st) st = ensure_ws(c, &shape, dev_index, err);
         if (!st) st = kvs_gpu_apply_layer(c->ws, ly, &p->plan, layer, k_out->data, v_out->data, err);
         if (!st) st = kvs_gpu_sync(c->ws, err);
+        dev_restore(prev);
         if (st) return st;
 #else
         return kvs_errorf(err, KVS_ERR_UNSUPPORTED, "CUDA cache, but libkvsieve was built without CUDA");

@@ -68,7 +68,10 @@
  * adapter can report them. A CUDA tensor that would need a copy is
  * refused (KVS_ABI_ERR_UNSUPPORTED, naming the stride; pass .contiguous()).
  * Every K, V, Q of one cache must be on the same device (host, or one CUDA
- * device index). Dimensions must fit in int32.
+ * device index). Dimensions must fit in int32. CUDA work runs on the
+ * tensors' device (the context keeps one workspace there, sized for the
+ * largest cache seen, and made again when a larger one comes); the calling
+ * thread's current CUDA device is restored before each call returns.
  *
  * ---- Lifetimes ------------------------------------------------------------
  * The context BORROWS the tensors given to kvs_abi_cache_layer: they must

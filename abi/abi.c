@@ -59,7 +59,9 @@ _Static_assert(KVS_ABI_MERGE_NONE == (int)KVS_MERGE_NONE &&
 enum {
     SPEC_1_0 = sizeof(kvs_abi_method_spec),
     BUDGET_1_0 = sizeof(kvs_abi_budget),
-    OPTS_1_0 = sizeof(kvs_abi_ctx_opts)
+    OPTS_1_0 = sizeof(kvs_abi_ctx_opts),
+    STATS_1_0 = sizeof(kvs_abi_stats),
+    INFO_1_0 = sizeof(kvs_abi_plan_info)
 };
 
 /* ---- library facts --------------------------------------------------------- */
@@ -289,8 +291,10 @@ kvs_abi_status kvs_abi_ctx_stats(kvs_abi_ctx *c, kvs_abi_stats *out) {
     uint32_t have;
     if (!out) return kvs_errorf(&c->err, KVS_ERR_INVALID, "kvs_abi_ctx_stats: out is NULL");
     memcpy(&have, out, sizeof have);
-    if (have < sizeof(uint32_t))
-        return kvs_errorf(&c->err, KVS_ERR_INVALID, "kvs_abi_ctx_stats: struct_size %u", (unsigned)have);
+    if (have < STATS_1_0)
+        return kvs_errorf(&c->err, KVS_ERR_INVALID,
+                          "kvs_abi_ctx_stats: struct_size %u is smaller than the ABI 1.0 struct (%zu)",
+                          (unsigned)have, (size_t)STATS_1_0);
     const size_t n = have < sizeof c->stats ? have : sizeof c->stats;
     memcpy((char *)out + sizeof have, (const char *)&c->stats + sizeof have, n - sizeof have);
     return KVS_ABI_OK;
@@ -619,10 +623,10 @@ kvs_abi_status kvs_abi_plan_get_info(kvs_abi_ctx *c, const kvs_abi_plan *p, kvs_
     if (!out) return kvs_errorf(&c->err, KVS_ERR_INVALID, "kvs_abi_plan_get_info: out is NULL");
     uint32_t have;
     memcpy(&have, out, sizeof have);
-    if (have < sizeof(kvs_abi_plan_info))
+    if (have < INFO_1_0)
         return kvs_errorf(&c->err, KVS_ERR_INVALID,
                           "kvs_abi_plan_get_info: struct_size %u is smaller than the ABI 1.0 struct (%zu)",
-                          (unsigned)have, sizeof(kvs_abi_plan_info));
+                          (unsigned)have, (size_t)INFO_1_0);
     kvs_abi_plan_info i;
     memset(&i, 0, sizeof i);
     i.struct_size = have;
@@ -636,7 +640,7 @@ kvs_abi_status kvs_abi_plan_get_info(kvs_abi_ctx *c, const kvs_abi_plan *p, kvs_
     snprintf(i.method, sizeof i.method, "%s", p->method);
     snprintf(i.merge_name, sizeof i.merge_name, "%s", kvs_merge_name(p->plan.merge));
     snprintf(i.note, sizeof i.note, "%s", p->plan.note);
-    memcpy(out, &i, sizeof i);
+    memcpy(out, &i, have < sizeof i ? have : sizeof i);
     return KVS_ABI_OK;
 }
 

@@ -25,9 +25,10 @@
  *   - input structs: the library reads min(struct_size, its own size) bytes;
  *     fields the caller's (older) struct lacks take their zero value, and
  *     every field added later is designed so that zero means "as before".
- *     A struct_size smaller than the 1.0 struct is KVS_ABI_ERR_INVALID.
  *   - output structs: the library writes min(struct_size, its own size)
  *     bytes and leaves struct_size as the caller set it.
+ *   A struct_size smaller than the 1.0 struct (input or output) is
+ *   KVS_ABI_ERR_INVALID naming the struct.
  *
  * ---- Errors ---------------------------------------------------------------
  * Every fallible call returns a kvs_abi_status (0 = KVS_ABI_OK; the codes

@@ -615,13 +615,19 @@ static void test_errors(void) {
     CHECK_EQ_INT(st.tensors_fed, 4);
     CHECK_EQ_INT(st.tensors_copied, 1);
     CHECK_EQ_INT(st.bytes_copied, (int64_t)N * d * 4);
-    /* An older, shorter stats struct gets only its fields. */
-    int64_t older[3] = {0, 0, -7}; /* struct_size, reserved, tensors_fed; then a canary */
-    const uint32_t older_size = 16;
-    memcpy(older, &older_size, sizeof older_size);
-    ABI_OK(ctx, kvs_abi_ctx_stats(ctx, (kvs_abi_stats *)(void *)older));
-    CHECK_EQ_INT(older[1], 4);
-    CHECK_EQ_INT(older[2], -7);
+    /* A struct smaller than the 1.0 one is refused, naming it; a larger one
+     * (a newer caller) gets the 1.0 fields and the rest untouched. */
+    kvs_abi_stats small_st = KVS_ABI_INIT(kvs_abi_stats);
+    small_st.struct_size = 16;
+    ABI_FAILS(ctx, kvs_abi_ctx_stats(ctx, &small_st), KVS_ABI_ERR_INVALID, "kvs_abi_ctx_stats: struct_size 16");
+    struct {
+        kvs_abi_stats s;
+        int64_t later;
+    } newer = {.s = {.struct_size = sizeof newer}, .later = -7};
+    ABI_OK(ctx, kvs_abi_ctx_stats(ctx, &newer.s));
+    CHECK_EQ_INT(newer.s.tensors_fed, 4);
+    CHECK_EQ_INT(newer.s.struct_size, sizeof newer);
+    CHECK_EQ_INT(newer.later, -7);
 
     kvs_abi_ctx_free(ctx);
     kvs_abi_ctx_free(other);

@@ -7,7 +7,9 @@
  * equal kvs_gpu_apply_layer and kvs_gpu_merge_assign; device outputs that
  * the ABI refuses say why. Device-vs-CPU parity itself is tests/kernels'.
  * Without a device (or CUDA) it checks the absence is reported the
- * documented way and returns 77 (skipped).
+ * documented way and returns 77 (skipped). It has never run on a device
+ * in the session that wrote it (no device was lent): its first device run
+ * is its first real test.
  */
 #include "kg_util.h"
 #include "kvsieve_abi.h"

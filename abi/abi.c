@@ -665,20 +665,22 @@ kvs_abi_status kvs_abi_plan_indices(kvs_abi_ctx *c, const kvs_abi_plan *p, int32
     const int32_t *idx = p->plan.layers[layer].idx; /* [H][B] */
     const int64_t dims[2] = {H, B};
     int64_t s[2];
-    int dev = out && out->struct_size >= sizeof(uint32_t) * 3 ? out->device : KVS_ABI_HOST;
-    int dev_index = dev == KVS_ABI_CUDA ? out->device_index : 0;
     char what[48];
     snprintf(what, sizeof what, "layer %d: indices out", (int)layer);
+    kvs_abi_tensor ot; /* host or CUDA: the output says which */
+    if ((st = abi_read_struct(out, sizeof ot, sizeof ot, &ot, what, err))) return st;
+    const int dev = ot.device == KVS_ABI_CUDA ? KVS_ABI_CUDA : KVS_ABI_HOST;
+    const int dev_index = dev == KVS_ABI_CUDA ? ot.device_index : 0;
     if ((st = abi_check_out(out, what, (1u << KVS_ABI_I32) | (1u << KVS_ABI_I64), dev, dev_index, 2, dims, s,
                             err)))
         return st;
-    const int i64 = out->dtype == KVS_ABI_I64;
+    const int i64 = ot.dtype == KVS_ABI_I64;
     if (dev == KVS_ABI_HOST) {
         for (int h = 0; h < H; h++)
             for (int b = 0; b < B; b++) {
                 const int64_t o = h * s[0] + b * s[1];
-                if (i64) ((int64_t *)out->data)[o] = idx[(size_t)h * B + b];
-                else ((int32_t *)out->data)[o] = idx[(size_t)h * B + b];
+                if (i64) ((int64_t *)ot.data)[o] = idx[(size_t)h * B + b];
+                else ((int32_t *)ot.data)[o] = idx[(size_t)h * B + b];
             }
         return KVS_ABI_OK;
     }
@@ -692,7 +694,7 @@ kvs_abi_status kvs_abi_plan_indices(kvs_abi_ctx *c, const kvs_abi_plan *p, int32
     }
     const int prev = dev_current();
     st = set_device(dev_index, err);
-    if (!st) st = kvs_gpu_memcpy_h2d(out->data, stage, n * es, err);
+    if (!st) st = kvs_gpu_memcpy_h2d(ot.data, stage, n * es, err);
     dev_restore(prev);
     free(stage);
     if (st) kvs_err_prefix(err, "%s", what);

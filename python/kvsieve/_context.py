@@ -99,7 +99,9 @@ class Context:
         """begin(len(layers)), then set_layer for each (k, v) or (k, v, q)."""
         self.begin(len(layers))
         for i, ly in enumerate(layers):
-            self.set_layer(i, *ly, dtype=dtype) if len(ly) == 3 else self.set_layer(i, ly[0], ly[1], dtype=dtype)
+            if len(ly) not in (2, 3):
+                raise ValueError("layer %d: give (k, v) or (k, v, q), not %d tensors" % (i, len(ly)))
+            self.set_layer(i, *ly, dtype=dtype)
         if modality is not None:
             self.set_modality(modality)
 

@@ -21,7 +21,8 @@
  * functions are only added, enum values only added, and structs only grow
  * at their end. Every struct that crosses the ABI starts with
  * `uint32_t struct_size`, which the caller sets to sizeof(the struct) as it
- * was compiled (KVS_ABI_INIT does it, zeroing the rest):
+ * was compiled (KVS_ABI_INIT does it in C, zeroing the rest; in C++
+ * value-initialise the struct and set struct_size):
  *   - input structs: the library reads min(struct_size, its own size) bytes;
  *     fields the caller's (older) struct lacks take their zero value, and
  *     every field added later is designed so that zero means "as before".
@@ -61,9 +62,10 @@
  * (transformers' cache tensors [B=1][Hkv][N][d] are passed as they are;
  * a [1][N][Hkv][d] layout is passed as its transposed view, no copy.)
  * K / V / Q are read in place whenever the channel (last) stride is 1 and
- * the head and token strides are non-negative and at least d (any order
- * of heads and tokens, any padding). Other host tensors (channel stride
- * != 1, zero or negative strides, e.g. an expand()ed or flipped view) are
+ * the head and token strides are at least d (any order of heads and
+ * tokens, any padding; the stride of a dimension of size 1 is ignored).
+ * Other host tensors (channel stride != 1, a head or token stride below d,
+ * zero or negative, e.g. an expand()ed or flipped view) are
  * copied once to a contiguous [H][N][d] buffer of the same dtype owned by
  * the context; kvs_abi_stats counts those copies and their bytes, so an
  * adapter can report them. A CUDA tensor that would need a copy is
@@ -82,7 +84,8 @@
  * kvs_abi_plan_merge_map need the cache it was made from (checked: after a
  * kvs_abi_cache_begin, or when a layer set again has another shape, they
  * fail naming the plan; a layer set again with other tensors of the same
- * shape is read as it is now). Plans must be freed
+ * shape is read as it is now). The modality mask is copied at
+ * kvs_abi_cache_modality. Plans must be freed
  * (kvs_abi_plan_free) before or after their context, in any order.
  *
  * ---- A typical adapter ----------------------------------------------------

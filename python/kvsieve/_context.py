@@ -29,6 +29,7 @@ class Context:
                                                  len(err)), err)
         self._h = handle
         self._keep = {}   # layer -> objects the library borrows
+        self._head_dims = {}  # layer -> d
         self._n_layers = 0
 
     # -- plumbing --------------------------------------------------------------
@@ -63,6 +64,7 @@ class Context:
     def begin(self, n_layers):
         """Start a new cache of n_layers layers (forgets the previous one)."""
         self._keep = {}
+        self._head_dims = {}
         self._n_layers = int(n_layers)
         self._check(self._lib.kvs_abi_cache_begin(self._handle(), self._n_layers))
 
@@ -78,6 +80,7 @@ class Context:
                                                   ctypes.byref(tv),
                                                   ctypes.byref(tq) if tq is not None else None))
         self._keep[layer] = (kk, kv, kq)
+        self._head_dims[layer] = int(tk.shape[tk.ndim - 1])
 
     def set_modality(self, modality):
         """The modality mask [N] (0 text, 1 image, 2 video, 3 audio): a list,
@@ -134,17 +137,12 @@ class Context:
         f32, 'H' holding f16 / bf16 bits), [Hkv][B_l][d] row-major."""
         info = plan.info()
         B, H = plan.budgets[layer], info["n_kv_heads"]
-        d = self._head_dim(layer)
+        d = self._head_dims[layer]
         code = "f" if _dtype(dtype) == _lib.F32 else "H"
         k = array.array(code, bytes(H * B * d * array.array(code).itemsize))
         v = array.array(code, bytes(H * B * d * array.array(code).itemsize))
         self.apply(plan, layer, Strided(k, (H, B, d), dtype), Strided(v, (H, B, d), dtype))
         return k, v
-
-    def _head_dim(self, layer):
-        k = self._keep[layer][0]
-        obj = k[0] if isinstance(k, tuple) else k
-        return int(obj.shape[-1])
 
     def stats(self):
         """Counters of the context: tensors fed / copied (bytes), calls, times."""

@@ -339,6 +339,9 @@ class TestDuckTyping(unittest.TestCase):
             a.set_cache(ref, modality)
             b.set_cache(torchy, FakeTorch(mask, (1, N), (N, 1), "torch.bool"))
             c.set_cache(numpyish, FakeNumpy(mask, (N,), "|u1"))
+            kc, _ = c.apply_lists(c.compress("snapkv", ratio=0.25), 1, "f16")  # d known from the descriptor
+            ka, _ = a.apply_lists(a.compress("snapkv", ratio=0.25), 1, "f16")
+            self.assertEqual(kc.tobytes(), ka.tobytes())
             for m in ("meda", "lookm", "snapkv"):
                 want = a.compress(m, ratio=0.25)
                 pb = b.compress(m, ratio=0.25)

@@ -797,6 +797,23 @@ static void write_rows(const float *src, int H, int B, int d, const kvs_abi_tens
         }
 }
 
+static int same_dtype(const kvs_view *v, const kvs_abi_tensor *o) {
+    return (v->dtype == KVS_F32 && o->dtype == KVS_ABI_F32) || (v->dtype == KVS_F16 && o->dtype == KVS_ABI_F16) ||
+           (v->dtype == KVS_BF16 && o->dtype == KVS_ABI_BF16);
+}
+
+/* Rows idx[h][b] of view v into o ([H][B][d], channel stride 1), same dtype. */
+static void copy_rows(const kvs_view *v, const int32_t *idx, int H, int B, const kvs_abi_tensor *o,
+                      const int64_t *s) {
+    const size_t es = kvs_dtype_size(v->dtype), row = es * (size_t)v->head_dim;
+    const unsigned char *src = v->data;
+    unsigned char *dst = o->data;
+    for (int h = 0; h < H; h++)
+        for (int b = 0; b < B; b++)
+            memcpy(dst + (h * s[0] + b * s[1]) * (int64_t)es,
+                   src + ((int64_t)h * v->s_head + (int64_t)idx[(size_t)h * B + b] * v->s_tok) * (int64_t)es, row);
+}
+
 kvs_abi_status kvs_abi_apply(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t layer, const kvs_abi_tensor *k_out,
                              const kvs_abi_tensor *v_out) {
     CTX_ENTER(c);
@@ -819,7 +836,15 @@ kvs_abi_status kvs_abi_apply(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t laye
     snprintf(what, sizeof what, "layer %d: v_out", (int)layer);
     if ((st = abi_check_out(v_out, what, allowed, dev, dev_index, 3, dims, sv, err))) return st;
     const double t0 = kvs_now_ms();
-    if (dev == KVS_ABI_HOST) {
+    const int plain = p->plan.merge == KVS_MERGE_NONE || B == p->plan.n_tokens;
+    if (dev == KVS_ABI_HOST && plain && same_dtype(&ly->k, k_out) && same_dtype(&ly->v, v_out) &&
+        (d == 1 || (sk[2] == 1 && sv[2] == 1))) {
+        /* A plain gather into the input dtype: row copies, the bits
+         * kvs_apply's fp32 round trip would give back anyway. */
+        const int32_t *idx = p->plan.layers[layer].idx;
+        copy_rows(&ly->k, idx, H, B, k_out, sk);
+        copy_rows(&ly->v, idx, H, B, v_out, sv);
+    } else if (dev == KVS_ABI_HOST) {
         /* One layer of the cache and of the plan: the same per-(layer, head)
          * units kvs_apply runs, into the context's reused fp32 scratch. */
         const kvs_cache_view one = {.n_layers = 1, .layers = (kvs_layer *)ly, .modality = NULL};

@@ -324,7 +324,8 @@ KVS_ABI_API kvs_abi_status kvs_abi_plan_json(kvs_abi_ctx *ctx, const kvs_abi_pla
  * (the result of kvsieve's kvs_apply, computed in fp32).
  *   host cache: outputs host, dtype F32, F16 or BF16 (usually the input's;
  *     values converted round-to-nearest-even; a plain gather in the input
- *     dtype is therefore exact), any strides (the outputs must not overlap).
+ *     dtype is therefore exact, and done as row copies when the output's
+ *     channel stride is 1), any strides (the outputs must not overlap).
  *   CUDA cache: outputs on the cache's CUDA device, F32, contiguous (the
  *     device kernels write fp32; cast with torch afterwards); synchronous.
  *     In a build without CUDA a CUDA cache cannot be fed (the error says

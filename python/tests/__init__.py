@@ -1,0 +1,1 @@
+# (a package, so that unittest discovery imports the tests as tests.*)

@@ -1528,6 +1528,7 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
         write_latency(lat, n_lat, f, o->format);
     }
     write_engine(eng, n_eng, f, o->format);
+    if ((rc = kvs_report_decode(s, o, f, NULL, err))) goto cleanup; /* eval/report_decode.c */
     if (o->format == KVS_REPORT_JSON) fprintf(f, "}\n");
     if (ferror(f)) rc = kvs_errorf(err, KVS_ERR_IO, "report: write failed");
 cleanup:
@@ -1924,6 +1925,7 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
         if ((rc = plot_heatmap(&d, hm_exp, hm_metric, png, data, script, logf, out3, err)))
             goto cleanup;
     }
+    if ((rc = kvs_report_decode_plot(s, o, path, NULL, err))) goto cleanup; /* F-<experiment>.svg */
 cleanup:
     if (have_dir) {
         if (files) {

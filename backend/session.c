@@ -219,7 +219,10 @@ static kvs_status kv_alloc(kv_layer *c, int Hkv, int D, int cap, size_t esz, kvs
     c->pos = malloc((size_t)Hkv * cap * sizeof(int32_t));
     c->cap = cap;
     c->len = 0;
-    if (!c->k || !c->v || !c->pos) return kvs_errorf(err, KVS_ERR_NOMEM, "KV cache: out of memory for %d positions", cap);
+    if (!c->k || !c->v || !c->pos) {
+        c->cap = 0; /* kvs_session_reset reallocates; prefill reports it */
+        return kvs_errorf(err, KVS_ERR_NOMEM, "KV cache: out of memory for %d positions", cap);
+    }
     return KVS_OK;
 }
 
@@ -1181,7 +1184,17 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
                           src->n_past);
     const kvs_model_info *MI = &src->m->info;
     const int D = MI->head_dim, Hkv = MI->n_kv_heads, Hq = MI->n_heads;
-    kvs_session_reset(dst);
+    /* forget dst's sequence without kvs_session_reset's reallocation: every
+     * layer gets the capacity it needs below */
+    for (int l = 0; l < MI->n_layers; l++) {
+        kv_layer *c = &dst->kv[l];
+        free(c->q);
+        c->q = NULL;
+        c->nq = 0;
+        c->len = 0;
+        c->compressed = c->bounded = 0;
+    }
+    dst->n_past = dst->n_prompt = 0;
     for (int l = 0; l < MI->n_layers; l++) {
         const kv_layer *a = &src->kv[l];
         kv_layer *c = &dst->kv[l];

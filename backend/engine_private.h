@@ -1,7 +1,7 @@
 /*
  * engine_private.h -- declarations shared by the engine's own files (model.c,
- * tokenizer.c, session.c, quant.c, pool.c). Not part of the public API; the
- * HTTP server and the CLI use kvs_backend.h only.
+ * tokenizer.c, session.c, forward.c, quant.c, simd.c, pool.c). Not part of
+ * the public API; the HTTP server and the CLI use kvs_backend.h only.
  */
 #ifndef KVS_ENGINE_PRIVATE_H
 #define KVS_ENGINE_PRIVATE_H

@@ -1,0 +1,815 @@
+/*
+ * forward.c -- the forward pass of sessions on the CPU: decode (one batched
+ * step over any number of sessions; kvs_session_decode is the batch of one),
+ * prefill and kvs_session_extend.
+ *
+ * Prefill runs the prompt (longer than KVS_SHORT_PROMPT tokens; shorter ones
+ * go token by token through the decode kernels) in chunks of up to KVS_UBATCH
+ * tokens: each weight matrix is dequantised once per chunk into a scratch
+ * buffer and multiplied with OpenBLAS sgemm; attention is tiled (KVS_QTILE
+ * queries x the keys they may see, never N x N) with sgemm for scores and
+ * outputs; the key/value rows of a tile are converted to fp32 into per-thread
+ * scratch allocated once per prefill. Only the last position's logits are
+ * computed. kvs_session_extend runs up to KVS_EXTEND_COLS tokens as one pass
+ * of the decode kernels (a column per token) and longer ones as the same
+ * chunks at n_past over a compressed cache (masks by each head's stored
+ * positions). Decode multiplies quantised weight rows with activations
+ * quantised to 8 bits (integer AVX2 dot products), rows split over the thread
+ * pool, every sequence of a batch against each row while it is in cache; it
+ * allocates nothing.
+ * What it is not: no cache management (session.c), no sampling (server), no
+ * method logic (methods/, core/).
+ */
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "session_internal.h"
+
+/* ---- small math ------------------------------------------------------------- */
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = kvs_sumsq(x, n);
+    float r = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+
+static void rope_apply(float *v, int D, const float *cs, const float *sn, int neox) {
+    int h = D / 2;
+    if (neox) {
+        for (int i = 0; i < h; i++) {
+            float a = v[i], b = v[i + h];
+            v[i] = a * cs[i] - b * sn[i];
+            v[i + h] = a * sn[i] + b * cs[i];
+        }
+    } else {
+        for (int i = 0; i < h; i++) {
+            float a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = a * cs[i] - b * sn[i];
+            v[2 * i + 1] = a * sn[i] + b * cs[i];
+        }
+    }
+}
+
+static void rope_table(const float *inv_freq, int half, int pos, float *cs, float *sn) {
+    for (int i = 0; i < half; i++) {
+        double a = (double)pos * inv_freq[i];
+        cs[i] = (float)cos(a);
+        sn[i] = (float)sin(a);
+    }
+}
+
+/* ---- decode: parallel matrix-vector products over a batch ---------------------- */
+
+/* Up to three matrices sharing the input; every sequence i of the batch:
+ * out_w[i * ostride_w + r] = W_w[r] . x_i (+ b_w[r]). */
+typedef struct {
+    const kvs_wmat *w[3];
+    float *out[3];
+    int ostride[3];
+    const float *bias[3];
+    int nw, n;
+    const float *xf; /* [n][xstride] fp32 activations (float weight types) */
+    int xstride;
+    const kvs_q8a_block *xq; /* [n][qstride] quantised activations */
+    int qstride;
+} mv_job;
+
+static void mv_run(void *arg, int ith, int nth) {
+    mv_job *j = arg;
+    int64_t total = 0;
+    for (int i = 0; i < j->nw; i++) total += j->w[i]->rows;
+    int64_t per = (total + nth - 1) / nth;
+    int64_t r0 = per * ith, r1 = r0 + per < total ? r0 + per : total;
+    int64_t base = 0;
+    for (int i = 0; i < j->nw; i++) {
+        const kvs_wmat *w = j->w[i];
+        int64_t a = r0 > base ? r0 - base : 0, b = r1 - base < w->rows ? r1 - base : w->rows;
+        const uint8_t *data = w->data;
+        int fl = w->type == KVS_GGML_F32 || w->type == KVS_GGML_F16 || w->type == KVS_GGML_BF16;
+        float *out = j->out[i];
+        const float *bias = j->bias[i];
+        const int os = j->ostride[i];
+        for (int64_t r = a; r < b; r++) {
+            const void *row = data + (size_t)r * w->row_bytes;
+            float br = bias ? bias[r] : 0.0f;
+            if (fl) {
+                for (int s = 0; s < j->n; s++)
+                    out[(size_t)s * os + r] = kvs_dot_f32(w->type, row, j->xf + (size_t)s * j->xstride, w->cols) + br;
+                continue;
+            }
+            /* each weight block unpacked once for every sequence (same result per column as alone) */
+            float y[64];
+            for (int s0 = 0; s0 < j->n; s0 += 64) {
+                int nc = j->n - s0 < 64 ? j->n - s0 : 64;
+                kvs_dot_q8a_cols(w->type, row, j->xq + (size_t)s0 * j->qstride, j->qstride, nc, w->cols, y);
+                for (int c = 0; c < nc; c++) out[(size_t)(s0 + c) * os + r] = y[c] + br;
+            }
+        }
+        base += w->rows;
+    }
+}
+
+/* out_w = W_w x (+ b_w) for the n sequences of db, x [n][xstride]. */
+static void matvec(kvs_pool *pool, dec_buf *db, int n, const float *x, int xstride, int nw, const kvs_wmat *w0,
+                   float *o0, int s0, const float *b0, const kvs_wmat *w1, float *o1, int s1, const float *b1,
+                   const kvs_wmat *w2, float *o2, int s2, const float *b2) {
+    mv_job j = {{w0, w1, w2}, {o0, o1, o2}, {s0, s1, s2}, {b0, b1, b2}, nw, n, x, xstride, db->xq, db->nqb};
+    for (int i = 0; i < n; i++) kvs_q8a_quantize(x + (size_t)i * xstride, db->xq + (size_t)i * db->nqb, w0->cols);
+    kvs_pool_run(pool, mv_run, &j);
+}
+
+/* ---- decode: attention over the ragged caches ------------------------------------ */
+
+typedef struct {
+    kvs_session *const *ss;
+    const dec_buf *db;
+    int l, n, window; /* window 0: global */
+    float *sbuf;      /* NULL: scores in each session's own buffer; else [threads][sstride] */
+    size_t sstride;
+} att_job;
+
+/* Jobs are (sequence, query head) pairs; query i sees rows [0, lim[i]) of its
+ * session's layer (those inside the window by position). */
+static void att_run(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    const kvs_model_info *MI = &j->ss[0]->m->info;
+    const int D = MI->head_dim, Hq = MI->n_heads, G = MI->n_heads / MI->n_kv_heads;
+    for (int job = ith; job < j->n * Hq; job += nth) {
+        int i = job / Hq, h = job % Hq, g = h / G;
+        const kvs_session *s = j->ss[i];
+        const kv_layer *c = &s->kv[j->l];
+        const int ct = s->ctype, pos = j->db->pos[i], len = j->db->lim[i];
+        const size_t rs = (size_t)D * s->esz;
+        const float *qh = j->db->q + ((size_t)i * Hq + h) * D;
+        const uint8_t *K = kvs_kv_row(s, c, c->k, g, 0), *V = kvs_kv_row(s, c, c->v, g, 0);
+        const int32_t *P = c->pos + (size_t)g * c->cap;
+        int j0 = 0;
+        if (j->window > 0) { /* positions ascending: first key inside the window */
+            int lo = 0, hi = len;
+            while (lo < hi) {
+                int mid = (lo + hi) / 2;
+                if (pos - P[mid] >= j->window) lo = mid + 1;
+                else hi = mid;
+            }
+            j0 = lo;
+        }
+        float *sc = j->sbuf ? j->sbuf + (size_t)ith * j->sstride : s->scores + (size_t)h * s->n_ctx;
+        float mx = -INFINITY;
+        for (int t = j0; t < len; t++) {
+            float v = kvs_dot_cache(ct, qh, K + (size_t)t * rs, D) * s->m->attn_scale;
+            sc[t] = v;
+            if (v > mx) mx = v;
+        }
+        double sum = kvs_vexp_sub(sc + j0, len - j0, mx);
+        float inv = (float)(1.0 / sum);
+        float *o = j->db->att + ((size_t)i * Hq + h) * D;
+        for (int d = 0; d < D; d++) o[d] = 0;
+        for (int t = j0; t < len; t++) kvs_axpy_cache(ct, o, sc[t] * inv, V + (size_t)t * rs, D);
+    }
+}
+
+static void head_norm(float *v, int nh, int D, const float *w, float eps) {
+    for (int h = 0; h < nh; h++) rmsnorm(v + (size_t)h * D, v + (size_t)h * D, w, D, eps);
+}
+
+/* One position per column through every layer: db->x [n][E] holds the input
+ * embeddings, db->pos [n] the positions. Column i belongs to session ss[i];
+ * a session may fill several consecutive columns (kvs_session_extend: its
+ * positions in order; column i then sees the rows of the columns before it,
+ * causal). sbuf: per-thread score rows for that case (NULL: the sessions'
+ * own). Sequence 0 of a short prefill of n_total tokens (rec = 1) records the
+ * queries of positions [n_total - nq, n_total). Every column's arithmetic is
+ * independent of n, of the other columns and of the thread count (per-row
+ * dot products, per-head attention), hence batch == alone bit for bit. */
+static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n, int rec, int n_total, float *sbuf,
+                     size_t sstride) {
+    kvs_model *m = ss[0]->m;
+    const kvs_model_info *MI = &m->info;
+    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
+    const int gemma = m->arch == KVS_ARCH_GEMMA3, half = D / 2, mv = db->maxv;
+    for (int i = 0; i < n; i++) {
+        float *cs = db->cs + (size_t)i * D, *sn = db->sn + (size_t)i * D;
+        rope_table(ss[i]->inv_freq_g, half, db->pos[i], cs, sn);
+        rope_table(ss[i]->inv_freq_l, half, db->pos[i], cs + half, sn + half);
+    }
+    for (int l = 0; l < MI->n_layers; l++) {
+        const kvs_layer_w *w = &m->layers[l];
+        for (int i = 0; i < n; i++) rmsnorm(db->xn + (size_t)i * mv, db->x + (size_t)i * E, w->attn_norm, E, m->norm_eps);
+        matvec(pool, db, n, db->xn, mv, 3, &w->wq, db->q, Hq * D, w->bq, &w->wk, db->k, Hkv * D, w->bk, &w->wv, db->v,
+               Hkv * D, w->bv);
+        for (int i = 0; i < n; i++) {
+            kvs_session *s = ss[i];
+            kv_layer *c = &s->kv[l];
+            float *q = db->q + (size_t)i * Hq * D, *k = db->k + (size_t)i * Hkv * D, *v = db->v + (size_t)i * Hkv * D;
+            const float *cs = db->cs + (size_t)i * D + (w->is_local ? half : 0);
+            const float *sn = db->sn + (size_t)i * D + (w->is_local ? half : 0);
+            int pos = db->pos[i];
+            if (w->q_norm) head_norm(q, Hq, D, w->q_norm, m->norm_eps);
+            if (w->k_norm) head_norm(k, Hkv, D, w->k_norm, m->norm_eps);
+            for (int h = 0; h < Hq; h++) rope_apply(q + (size_t)h * D, D, cs, sn, m->rope_neox);
+            for (int h = 0; h < Hkv; h++) rope_apply(k + (size_t)h * D, D, cs, sn, m->rope_neox);
+            if (rec && c->q && pos < n_total && pos >= n_total - c->nq)
+                for (int h = 0; h < Hq; h++)
+                    memcpy(c->q + ((size_t)h * c->nq + (pos - (n_total - c->nq))) * D, q + (size_t)h * D,
+                           (size_t)D * 4);
+            assert(c->len < c->cap);
+            for (int g = 0; g < Hkv; g++) {
+                kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, c->len), D);
+                kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, c->len), D);
+                c->pos[(size_t)g * c->cap + c->len] = pos;
+            }
+            c->len++;
+            db->lim[i] = c->len;
+        }
+        att_job aj = {ss, db, l, n, w->is_local ? MI->sliding_window : 0, sbuf, sstride};
+        kvs_pool_run(pool, att_run, &aj);
+        matvec(pool, db, n, db->att, Hq * D, 1, &w->wo, db->o, E, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
+        for (int i = 0; i < n; i++) {
+            float *o = db->o + (size_t)i * E, *x = db->x + (size_t)i * E;
+            if (gemma) rmsnorm(o, o, w->post_attn_norm, E, m->norm_eps);
+            for (int e = 0; e < E; e++) x[e] += o[e];
+            rmsnorm(db->xn + (size_t)i * mv, x, w->ffn_norm, E, m->norm_eps);
+        }
+        matvec(pool, db, n, db->xn, mv, 2, &w->gate, db->g, F, NULL, &w->up, db->u, F, NULL, NULL, NULL, 0, NULL);
+        for (int i = 0; i < n; i++) {
+            if (gemma) kvs_vgelu_mul(db->g + (size_t)i * F, db->u + (size_t)i * F, F);
+            else kvs_vsilu_mul(db->g + (size_t)i * F, db->u + (size_t)i * F, F);
+        }
+        matvec(pool, db, n, db->g, F, 1, &w->down, db->o, E, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
+        for (int i = 0; i < n; i++) {
+            float *o = db->o + (size_t)i * E, *x = db->x + (size_t)i * E;
+            if (gemma) rmsnorm(o, o, w->post_ffw_norm, E, m->norm_eps);
+            for (int e = 0; e < E; e++) x[e] += o[e];
+        }
+    }
+}
+
+/* logits [n][V] from the final hidden states x [n][xstride]. */
+static void dec_logits(kvs_model *m, kvs_pool *pool, dec_buf *db, int n, const float *x, int xstride, float *logits) {
+    const int E = m->info.n_embd, V = m->info.n_vocab;
+    for (int i = 0; i < n; i++) rmsnorm(db->xn + (size_t)i * db->maxv, x + (size_t)i * xstride, m->output_norm, E, m->norm_eps);
+    matvec(pool, db, n, db->xn, db->maxv, 1, &m->output, logits, V, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
+    float cap = m->info.final_softcap;
+    if (cap > 0)
+        for (size_t i = 0; i < (size_t)n * V; i++) logits[i] = cap * tanhf(logits[i] / cap);
+}
+
+/* logits [V] of one hidden state x [E] on the session's pool. */
+static void output_logits(kvs_session *s, const float *x, float *logits) {
+    dec_logits(s->m, s->pool, &s->db, 1, x, s->m->info.n_embd, logits);
+}
+
+static kvs_status embed_token(const kvs_model *m, int32_t tok, float *x, kvs_err *err) {
+    if (tok < 0 || tok >= m->info.n_vocab)
+        return kvs_errorf(err, KVS_ERR_INVALID, "token %d is out of range [0, %d)", tok, m->info.n_vocab);
+    const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tok * m->tok_embd.row_bytes;
+    kvs_status st = kvs_dequant_row(m->tok_embd.type, row, x, m->info.n_embd, err);
+    if (st) return st;
+    for (int i = 0; i < m->info.n_embd; i++) x[i] *= m->emb_scale;
+    return KVS_OK;
+}
+
+/* Can s take one more decoded token? (what) names the sequence in errors. */
+static kvs_status decode_check(const kvs_session *s, const char *what, kvs_err *err) {
+    if (s->n_past == 0) return kvs_errorf(err, KVS_ERR_INVALID, "decode%s: run a prefill first", what);
+    if (s->n_past >= s->n_ctx)
+        return kvs_errorf(err, KVS_ERR_INVALID, "decode%s: the context is full (%d positions)", what, s->n_ctx);
+    for (int l = 0; l < s->m->info.n_layers; l++)
+        if (kvs_kv_room(s, &s->kv[l], s->n_past, 1) < 1)
+            return kvs_errorf(err, KVS_ERR_INTERNAL, "decode%s: layer %d cache is full (%d rows)", what, l,
+                              s->kv[l].cap);
+    return KVS_OK;
+}
+
+/* Decode n checked sequences (embeddings already in db->x). */
+static void decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n, float *logits) {
+    for (int i = 0; i < n; i++) {
+        db->pos[i] = ss[i]->n_past;
+        kvs_kv_make_room(ss[i], ss[i]->n_past, 1);
+    }
+    dec_step(pool, db, ss, n, 0, 0, NULL, 0);
+    for (int i = 0; i < n; i++) {
+        ss[i]->modality[ss[i]->n_past] = KVS_MOD_TEXT;
+        ss[i]->n_past++;
+    }
+    if (logits) dec_logits(ss[0]->m, pool, db, n, db->x, ss[0]->m->info.n_embd, logits);
+}
+
+kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_err *err) {
+    kvs_status st = decode_check(s, "", err);
+    if (st) return st;
+    if ((st = embed_token(s->m, token, s->db.x, err))) return st;
+    decode_run(s->pool, &s->db, &s, 1, logits);
+    return KVS_OK;
+}
+
+kvs_status kvs_batch_new(kvs_model *m, int max_seqs, int n_threads, kvs_batch **out, kvs_err *err) {
+    *out = NULL;
+    if (max_seqs < 1) return kvs_errorf(err, KVS_ERR_INVALID, "batch: max_seqs %d must be >= 1", max_seqs);
+    kvs_batch *b = calloc(1, sizeof *b);
+    if (!b) return kvs_errorf(err, KVS_ERR_NOMEM, "batch: out of memory");
+    b->m = m;
+    b->max_seqs = max_seqs;
+    kvs_status st = kvs_pool_new(n_threads > 0 ? n_threads : m->n_threads, &b->pool, err);
+    if (!st) st = kvs_dec_buf_init(&b->db, &m->info, max_seqs, err);
+    if (st) {
+        kvs_batch_free(b);
+        return st;
+    }
+    *out = b;
+    return KVS_OK;
+}
+
+void kvs_batch_free(kvs_batch *b) {
+    if (!b) return;
+    kvs_pool_free(b->pool);
+    kvs_dec_buf_free(&b->db);
+    free(b);
+}
+
+kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t *tokens, int n, float *logits,
+                            kvs_err *err) {
+    if (n < 1 || n > b->max_seqs)
+        return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: %d sequences, expected 1 .. %d", n, b->max_seqs);
+    if (!ss || !tokens) return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: sessions or tokens is NULL");
+    const int V = b->m->info.n_vocab, E = b->m->info.n_embd;
+    for (int i = 0; i < n; i++) {
+        char what[48];
+        snprintf(what, sizeof what, " (batch index %d)", i);
+        if (!ss[i]) return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: session %d is NULL", i);
+        if (ss[i]->m != b->m)
+            return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: session %d belongs to another model", i);
+        for (int k = 0; k < i; k++)
+            if (ss[k] == ss[i])
+                return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: sessions %d and %d are the same", k, i);
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return kvs_errorf(err, KVS_ERR_INVALID, "batch decode: token %d of session %d is out of range [0, %d)",
+                              tokens[i], i, V);
+        kvs_status st = decode_check(ss[i], what, err);
+        if (st) return st;
+    }
+    for (int i = 0; i < n; i++) {
+        kvs_status st = embed_token(b->m, tokens[i], b->db.x + (size_t)i * E, err);
+        if (st) return st; /* tokens were checked: not reached */
+    }
+    decode_run(b->pool, &b->db, ss, n, logits);
+    return KVS_OK;
+}
+
+/* ---- prefill: batched ----------------------------------------------------------- */
+
+typedef struct {
+    int T;
+    float *X, *XN, *Q, *K, *V, *A, *G, *U, *O; /* [T][E] [T][max] [T][Hq*D] [T][Hkv*D] x2 [T][Hq*D] [T][F] x2 [T][E] */
+    float *W;                                   /* [max rows*cols] dequantised weight */
+    float *S;                                   /* [threads][QTILE][kmax] attention scores, one tile per thread */
+    float *KT, *VT;                             /* [threads][kmax][D] fp32 key/value tiles (f16/bf16 caches) */
+    int kmax;                                   /* most keys one query tile may see */
+    float *cs, *sn;                             /* [2][T][D/2] rope tables (global, local) */
+} pf_buf;
+
+typedef struct {
+    const kvs_wmat *w;
+    float *Wd;          /* [rows][cols] scratch */
+    const float *X;     /* [T][cols] */
+    float *OUT;         /* [T][rows] */
+    const float *bias;  /* [rows] or NULL */
+    int T;
+} mm_job;
+
+/* Each thread dequantises its block of weight rows and multiplies it:
+ * OUT[:, r0:r1] = X W[r0:r1]^T (+ bias). */
+static void mm_run(void *arg, int ith, int nth) {
+    mm_job *j = arg;
+    const kvs_wmat *w = j->w;
+    int64_t per = (w->rows + nth - 1) / nth;
+    per = (per + 15) / 16 * 16;
+    int64_t r0 = per * ith, r1 = r0 + per < w->rows ? r0 + per : w->rows;
+    if (r0 >= r1) return;
+    const float *W;
+    if (w->type == KVS_GGML_F32)
+        W = (const float *)w->data + (size_t)r0 * w->cols;
+    else {
+        for (int64_t r = r0; r < r1; r++) {
+            kvs_status st = kvs_dequant_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes,
+                                            j->Wd + (size_t)r * w->cols, w->cols, NULL);
+            assert(st == KVS_OK);
+            (void)st;
+        }
+        W = j->Wd + (size_t)r0 * w->cols;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, (int)(r1 - r0), (int)w->cols, 1.0f, j->X,
+                (int)w->cols, W, (int)w->cols, 0.0f, j->OUT + r0, (int)w->rows);
+    if (j->bias)
+        for (int t = 0; t < j->T; t++)
+            for (int64_t r = r0; r < r1; r++) j->OUT[(size_t)t * w->rows + r] += j->bias[r];
+}
+
+/* OUT [T][rows] = X [T][cols] W^T (+ bias) */
+static void matmul(kvs_session *s, pf_buf *b, const kvs_wmat *w, const float *X, float *OUT, const float *bias) {
+    mm_job j = {w, b->W, X, OUT, bias, b->T};
+    kvs_pool_run(s->pool, mm_run, &j);
+}
+
+typedef struct {
+    kvs_session *s;
+    pf_buf *b;
+    const kv_layer *c;
+    int p0, len0, window; /* position of the chunk's first token, cache rows before the chunk */
+} at_job;
+
+/* First row in [lo, hi) of P (ascending) with P[row] > p - window. */
+static int first_in_window(const int32_t *P, int lo, int hi, int p, int window) {
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (p - P[mid] >= window) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Attention of the chunk: jobs are (query head, query tile) pairs, tiles of
+ * KVS_QTILE queries against the cache rows they may see: rows [0, len0) hold
+ * earlier positions (maybe compressed: each KV head its own positions P),
+ * rows len0 + t the chunk's token t. Query t sees rows up to len0 + t
+ * (causal) with P > p - window (sliding window); scores in the thread's own
+ * [QTILE][kmax] buffer. On an uncompressed cache (P[r] = r, len0 = p0) this
+ * is plain causal attention. */
+static void at_run(void *arg, int ith, int nth) {
+    at_job *j = arg;
+    kvs_session *s = j->s;
+    pf_buf *b = j->b;
+    const kv_layer *c = j->c;
+    const kvs_model_info *MI = &s->m->info;
+    const int D = MI->head_dim, Hq = MI->n_heads, G = MI->n_heads / MI->n_kv_heads, T = b->T;
+    const int ntile = (T + KVS_QTILE - 1) / KVS_QTILE;
+    float *S = b->S + (size_t)ith * KVS_QTILE * b->kmax;
+    int conv_g = -1, conv_lo = 0, conv_hi = 0; /* rows of KV head conv_g already in the fp32 tiles */
+    for (int job = ith; job < Hq * ntile; job += nth) {
+        int h = job / ntile, t0 = (job % ntile) * KVS_QTILE, g = h / G;
+        const int32_t *P = c->pos + (size_t)g * c->cap;
+        int tq = T - t0 < KVS_QTILE ? T - t0 : KVS_QTILE;
+        int pf = j->p0 + t0, kmax = j->len0 + t0 + tq;
+        int kmin = j->window > 0 ? first_in_window(P, 0, kmax, pf, j->window) : 0;
+        int nk = kmax - kmin;
+        assert(nk <= b->kmax);
+        const float *Kc, *Vc; /* rows kmin.. of head g in fp32 */
+        if (s->ctype == KVS_CACHE_F32) {
+            Kc = (const float *)kvs_kv_row(s, c, c->k, g, kmin);
+            Vc = (const float *)kvs_kv_row(s, c, c->v, g, kmin);
+        } else {
+            float *KT = b->KT + (size_t)ith * b->kmax * D, *VT = b->VT + (size_t)ith * b->kmax * D;
+            /* heads of one group share the conversion when their jobs follow each other */
+            if (conv_g != g || conv_lo != kmin || conv_hi != kmax) {
+                kvs_cache_to_f32(s->ctype, kvs_kv_row(s, c, c->k, g, kmin), KT, nk * D);
+                kvs_cache_to_f32(s->ctype, kvs_kv_row(s, c, c->v, g, kmin), VT, nk * D);
+                conv_g = g;
+                conv_lo = kmin;
+                conv_hi = kmax;
+            }
+            Kc = KT;
+            Vc = VT;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, nk, D, s->m->attn_scale,
+                    b->Q + ((size_t)t0 * Hq + h) * D, Hq * D, Kc, D, 0.0f, S, nk);
+        int lo = kmin;
+        for (int i = 0; i < tq; i++) {
+            float *r = S + (size_t)i * nk;
+            int p = pf + i;
+            if (j->window > 0) lo = first_in_window(P, lo, j->len0 + t0 + i + 1, p, j->window);
+            int a = lo - kmin, e = j->len0 + t0 + i + 1 - kmin; /* valid keys [a, e) */
+            float mx = -INFINITY;
+            for (int t = a; t < e; t++) mx = r[t] > mx ? r[t] : mx;
+            double sum = kvs_vexp_sub(r + a, e - a, mx);
+            float inv = (float)(1.0 / sum);
+            for (int t = 0; t < a; t++) r[t] = 0;
+            for (int t = a; t < e; t++) r[t] *= inv;
+            for (int t = e; t < nk; t++) r[t] = 0;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, D, nk, 1.0f, S, nk, Vc, D, 0.0f,
+                    b->A + ((size_t)t0 * Hq + h) * D, Hq * D);
+    }
+}
+
+/* Per-token work between the matrix products, split over tokens. */
+enum { EW_ATTN_IN, EW_QK, EW_ATTN_OUT, EW_FFN_ACT, EW_FFN_OUT };
+
+typedef struct {
+    kvs_session *s;
+    pf_buf *b;
+    const kvs_layer_w *w;
+    kv_layer *c;
+    int stage, p0, len0, rec, n_total;
+} ew_job;
+
+static void ew_run(void *arg, int ith, int nth) {
+    ew_job *j = arg;
+    kvs_session *s = j->s;
+    kvs_model *m = s->m;
+    pf_buf *b = j->b;
+    const kvs_layer_w *w = j->w;
+    const kvs_model_info *MI = &m->info;
+    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff, T = b->T;
+    const int gemma = m->arch == KVS_ARCH_GEMMA3, half = D / 2;
+    int per = (T + nth - 1) / nth, t0 = per * ith, t1 = t0 + per < T ? t0 + per : T;
+    for (int t = t0; t < t1; t++) {
+        float *x = b->X + (size_t)t * E, *xn = b->XN + (size_t)t * E, *o = b->O + (size_t)t * E;
+        switch (j->stage) {
+        case EW_ATTN_IN: rmsnorm(xn, x, w->attn_norm, E, m->norm_eps); break;
+        case EW_QK: {
+            float *q = b->Q + (size_t)t * Hq * D, *k = b->K + (size_t)t * Hkv * D, *v = b->V + (size_t)t * Hkv * D;
+            if (w->q_norm) head_norm(q, Hq, D, w->q_norm, m->norm_eps);
+            if (w->k_norm) head_norm(k, Hkv, D, w->k_norm, m->norm_eps);
+            size_t tab = (w->is_local ? (size_t)T * half : 0) + (size_t)t * half;
+            for (int h = 0; h < Hq; h++) rope_apply(q + (size_t)h * D, D, b->cs + tab, b->sn + tab, m->rope_neox);
+            for (int h = 0; h < Hkv; h++) rope_apply(k + (size_t)h * D, D, b->cs + tab, b->sn + tab, m->rope_neox);
+            /* cache K, V of position p at row len0 + t */
+            kv_layer *c = j->c;
+            int p = j->p0 + t, row = j->len0 + t;
+            for (int g = 0; g < Hkv; g++) {
+                kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, row), D);
+                kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, row), D);
+                c->pos[(size_t)g * c->cap + row] = p;
+            }
+            int first = j->n_total - c->nq; /* record queries of positions [n_total - nq, n_total) */
+            if (j->rec && c->q && p >= first)
+                for (int h = 0; h < Hq; h++)
+                    memcpy(c->q + ((size_t)h * c->nq + (p - first)) * D, q + (size_t)h * D, (size_t)D * 4);
+            break;
+        }
+        case EW_ATTN_OUT:
+            if (gemma) rmsnorm(o, o, w->post_attn_norm, E, m->norm_eps);
+            for (int i = 0; i < E; i++) x[i] += o[i];
+            rmsnorm(xn, x, w->ffn_norm, E, m->norm_eps);
+            break;
+        case EW_FFN_ACT:
+            if (gemma) kvs_vgelu_mul(b->G + (size_t)t * F, b->U + (size_t)t * F, F);
+            else kvs_vsilu_mul(b->G + (size_t)t * F, b->U + (size_t)t * F, F);
+            break;
+        case EW_FFN_OUT:
+            if (gemma) rmsnorm(o, o, w->post_ffw_norm, E, m->norm_eps);
+            for (int i = 0; i < E; i++) x[i] += o[i];
+            break;
+        default: assert(0);
+        }
+    }
+}
+
+/* Run tokens at positions [p0, p0+T): b->X holds their input embeddings; each
+ * layer appends them after its current rows. rec: record queries (prompt of
+ * n_total tokens). */
+static void prefill_chunk(kvs_session *s, pf_buf *b, int p0, int rec, int n_total) {
+    kvs_model *m = s->m;
+    const kvs_model_info *MI = &m->info;
+    const int D = MI->head_dim, T = b->T, half = D / 2;
+    for (int t = 0; t < T; t++) {
+        rope_table(s->inv_freq_g, half, p0 + t, b->cs + (size_t)t * half, b->sn + (size_t)t * half);
+        rope_table(s->inv_freq_l, half, p0 + t, b->cs + (size_t)(T + t) * half, b->sn + (size_t)(T + t) * half);
+    }
+    for (int l = 0; l < MI->n_layers; l++) {
+        const kvs_layer_w *w = &m->layers[l];
+        kv_layer *c = &s->kv[l];
+        int len0 = c->len;
+        assert(len0 + T <= c->cap);
+        ew_job ej = {s, b, w, c, EW_ATTN_IN, p0, len0, rec, n_total};
+        kvs_pool_run(s->pool, ew_run, &ej);
+        matmul(s, b, &w->wq, b->XN, b->Q, w->bq);
+        matmul(s, b, &w->wk, b->XN, b->K, w->bk);
+        matmul(s, b, &w->wv, b->XN, b->V, w->bv);
+        ej.stage = EW_QK;
+        kvs_pool_run(s->pool, ew_run, &ej);
+        c->len = len0 + T;
+        at_job aj = {s, b, c, p0, len0, w->is_local ? MI->sliding_window : 0};
+        kvs_pool_run(s->pool, at_run, &aj);
+        matmul(s, b, &w->wo, b->A, b->O, NULL);
+        ej.stage = EW_ATTN_OUT;
+        kvs_pool_run(s->pool, ew_run, &ej);
+        matmul(s, b, &w->gate, b->XN, b->G, NULL);
+        matmul(s, b, &w->up, b->XN, b->U, NULL);
+        ej.stage = EW_FFN_ACT;
+        kvs_pool_run(s->pool, ew_run, &ej);
+        matmul(s, b, &w->down, b->G, b->O, NULL);
+        ej.stage = EW_FFN_OUT;
+        kvs_pool_run(s->pool, ew_run, &ej);
+    }
+}
+
+static void pf_free(pf_buf *b) {
+    free(b->X);
+    free(b->XN);
+    free(b->Q);
+    free(b->K);
+    free(b->V);
+    free(b->A);
+    free(b->G);
+    free(b->U);
+    free(b->O);
+    free(b->W);
+    free(b->S);
+    free(b->KT);
+    free(b->VT);
+    free(b->cs);
+    free(b->sn);
+}
+
+/* n tokens (or embeddings) at positions n_past.. through the batched kernels,
+ * in chunks of ubatch; rec: record queries of a prompt. logits: last position. */
+static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float *embd, int n, int rec, float *logits,
+                             kvs_err *err) {
+    kvs_model *m = s->m;
+    const kvs_model_info *MI = &m->info;
+    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
+    const int p_start = s->n_past;
+    int ub = n < s->ubatch ? n : s->ubatch;
+    size_t maxw = 0;
+    for (int l = 0; l < MI->n_layers; l++) {
+        const kvs_wmat *ws[] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv, &m->layers[l].wo,
+                                &m->layers[l].gate, &m->layers[l].up, &m->layers[l].down};
+        for (int i = 0; i < 7; i++)
+            if ((size_t)(ws[i]->rows * ws[i]->cols) > maxw) maxw = (size_t)(ws[i]->rows * ws[i]->cols);
+    }
+    int maxlen = 0; /* a query tile sees at most the longest layer's rows plus the new tokens */
+    for (int l = 0; l < MI->n_layers; l++) maxlen = s->kv[l].len > maxlen ? s->kv[l].len : maxlen;
+    int maxv = E > F ? E : F;
+    kvs_status st = KVS_OK;
+    pf_buf b = {0};
+    b.kmax = maxlen + n;
+    b.X = malloc((size_t)ub * E * 4);
+    b.XN = malloc((size_t)ub * maxv * 4);
+    b.Q = malloc((size_t)ub * Hq * D * 4);
+    b.K = malloc((size_t)ub * Hkv * D * 4);
+    b.V = malloc((size_t)ub * Hkv * D * 4);
+    b.A = malloc((size_t)ub * Hq * D * 4);
+    b.G = malloc((size_t)ub * F * 4);
+    b.U = malloc((size_t)ub * F * 4);
+    b.O = malloc((size_t)ub * E * 4);
+    b.W = malloc(maxw * 4);
+    b.S = malloc((size_t)s->n_threads * KVS_QTILE * b.kmax * 4);
+    if (s->ctype != KVS_CACHE_F32) {
+        b.KT = malloc((size_t)s->n_threads * b.kmax * D * 4);
+        b.VT = malloc((size_t)s->n_threads * b.kmax * D * 4);
+    }
+    b.cs = malloc((size_t)2 * ub * D / 2 * 4);
+    b.sn = malloc((size_t)2 * ub * D / 2 * 4);
+    if (!b.X || !b.XN || !b.Q || !b.K || !b.V || !b.A || !b.G || !b.U || !b.O || !b.W || !b.S || !b.cs || !b.sn ||
+        (s->ctype != KVS_CACHE_F32 && (!b.KT || !b.VT))) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "prefill: out of memory for a %d-token chunk", ub);
+        goto cleanup;
+    }
+    for (int p0 = 0; p0 < n; p0 += b.T) {
+        b.T = n - p0 < ub ? n - p0 : ub;
+        kvs_kv_make_room(s, p_start + p0, b.T);
+        for (int l = 0; l < MI->n_layers; l++)
+            if (s->kv[l].bounded && s->kv[l].cap - s->kv[l].len < b.T) b.T = s->kv[l].cap - s->kv[l].len;
+        for (int t = 0; t < b.T; t++) {
+            if (tokens) {
+                if ((st = embed_token(m, tokens[p0 + t], b.X + (size_t)t * E, err))) goto cleanup;
+            } else
+                memcpy(b.X + (size_t)t * E, embd + (size_t)(p0 + t) * E, (size_t)E * 4);
+        }
+        prefill_chunk(s, &b, p_start + p0, rec, n);
+        s->n_past = p_start + p0 + b.T;
+    }
+    if (logits) output_logits(s, b.X + (size_t)(b.T - 1) * E, logits);
+cleanup:
+    pf_free(&b);
+    return st;
+}
+
+/* tokens or embd (exactly one non-NULL) */
+static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *embd, int n, const uint8_t *modality,
+                          float *logits, kvs_err *err) {
+    kvs_model *m = s->m;
+    const kvs_model_info *MI = &m->info;
+    const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads;
+    if (s->n_past != 0) return kvs_errorf(err, KVS_ERR_INVALID, "prefill: the session is not empty (reset it first)");
+    if (n < 1) return kvs_errorf(err, KVS_ERR_INVALID, "prefill: empty prompt");
+    if (n > s->n_ctx)
+        return kvs_errorf(err, KVS_ERR_INVALID, "prefill: the prompt has %d tokens, more than the context of %d", n,
+                          s->n_ctx);
+    if (tokens)
+        for (int i = 0; i < n; i++)
+            if (tokens[i] < 0 || tokens[i] >= MI->n_vocab)
+                return kvs_errorf(err, KVS_ERR_INVALID, "prefill: token %d at index %d is out of range [0, %d)",
+                                  tokens[i], i, MI->n_vocab);
+    if (modality)
+        for (int i = 0; i < n; i++)
+            if (modality[i] > KVS_MOD_AUDIO)
+                return kvs_errorf(err, KVS_ERR_INVALID, "prefill: modality[%d] = %d is not a known modality", i,
+                                  modality[i]);
+    for (int l = 0; l < MI->n_layers; l++)
+        if (s->kv[l].cap < n)
+            return kvs_errorf(err, KVS_ERR_NOMEM, "prefill: layer %d cache could not be allocated", l);
+    kvs_status st = KVS_OK;
+    int nq = s->record_queries < 0 ? n : (s->record_queries < n ? s->record_queries : n);
+    for (int l = 0; l < MI->n_layers; l++) {
+        kv_layer *c = &s->kv[l];
+        free(c->q);
+        c->q = NULL;
+        c->nq = 0;
+        if (nq > 0) {
+            c->q = malloc((size_t)Hq * nq * D * sizeof(float));
+            if (!c->q) return kvs_errorf(err, KVS_ERR_NOMEM, "prefill: out of memory recording %d queries", nq);
+            c->nq = nq;
+        }
+    }
+    if (n <= KVS_SHORT_PROMPT) {
+        /* short prompts: token by token with the decode kernels (no weight dequantisation) */
+        for (int t = 0; t < n; t++) {
+            if (tokens) {
+                if ((st = embed_token(m, tokens[t], s->db.x, err))) goto fail;
+            } else
+                memcpy(s->db.x, embd + (size_t)t * E, (size_t)E * 4);
+            s->db.pos[0] = t;
+            dec_step(s->pool, &s->db, &s, 1, 1, n, NULL, 0);
+        }
+        if (logits) output_logits(s, s->db.x, logits);
+    } else {
+        if ((st = run_chunks(s, tokens, embd, n, 1, logits, err))) goto fail;
+    }
+    for (int i = 0; i < n; i++) s->modality[i] = modality ? modality[i] : KVS_MOD_TEXT;
+    s->n_past = n;
+    s->n_prompt = n;
+    return KVS_OK;
+fail:
+    kvs_session_reset(s);
+    return st;
+}
+
+kvs_status kvs_session_prefill(kvs_session *s, const int32_t *tokens, int n, const uint8_t *modality,
+                               float *logits, kvs_err *err) {
+    if (!tokens) return kvs_errorf(err, KVS_ERR_INVALID, "prefill: tokens is NULL");
+    return prefill(s, tokens, NULL, n, modality, logits, err);
+}
+
+kvs_status kvs_session_prefill_embd(kvs_session *s, const float *embd, int n, const uint8_t *modality,
+                                    float *logits, kvs_err *err) {
+    if (!embd) return kvs_errorf(err, KVS_ERR_INVALID, "prefill: embd is NULL");
+    for (size_t i = 0; i < (size_t)n * s->m->info.n_embd; i++)
+        if (!isfinite(embd[i]))
+            return kvs_errorf(err, KVS_ERR_NUMERIC, "prefill: embedding of position %zu is not finite",
+                              i / (size_t)s->m->info.n_embd);
+    return prefill(s, NULL, embd, n, modality, logits, err);
+}
+
+kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, float *logits, kvs_err *err) {
+    const kvs_model_info *MI = &s->m->info;
+    if (!tokens) return kvs_errorf(err, KVS_ERR_INVALID, "extend: tokens is NULL");
+    if (n < 1) return kvs_errorf(err, KVS_ERR_INVALID, "extend: %d tokens (need >= 1)", n);
+    if (s->n_past == 0) return kvs_errorf(err, KVS_ERR_INVALID, "extend: run a prefill first");
+    if (n > s->n_ctx - s->n_past)
+        return kvs_errorf(err, KVS_ERR_INVALID, "extend: %d tokens at position %d exceed the context of %d", n,
+                          s->n_past, s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= MI->n_vocab)
+            return kvs_errorf(err, KVS_ERR_INVALID, "extend: token %d at index %d is out of range [0, %d)", tokens[i],
+                              i, MI->n_vocab);
+    for (int l = 0; l < MI->n_layers; l++) {
+        const kv_layer *c = &s->kv[l];
+        int need = c->bounded && n > KVS_EXTEND_COLS ? KVS_EXTEND_COLS : n; /* bounded: chunks of what fits */
+        int r = kvs_kv_room(s, c, s->n_past, need);
+        if (r < need)
+            return kvs_errorf(err, KVS_ERR_INTERNAL, "extend: layer %d cache has room for %d rows, not %d", l, r, n);
+    }
+    const int p_start = s->n_past;
+    kvs_status st = KVS_OK;
+    if (n <= KVS_EXTEND_COLS) {
+        /* one pass of the decode kernels with a column per token: each
+         * column's arithmetic is that of kvs_session_decode, so the result is
+         * bit-identical to decoding the tokens one by one */
+        dec_buf db;
+        int maxlen = 0;
+        for (int l = 0; l < MI->n_layers; l++) maxlen = s->kv[l].len > maxlen ? s->kv[l].len : maxlen;
+        size_t sstride = (size_t)maxlen + n;
+        kvs_session **cols = malloc((size_t)n * sizeof *cols);
+        float *sbuf = malloc((size_t)kvs_pool_size(s->pool) * sstride * sizeof *sbuf);
+        if (!cols || !sbuf || (st = kvs_dec_buf_init(&db, MI, n, err))) {
+            free(cols);
+            free(sbuf);
+            return st ? st : kvs_errorf(err, KVS_ERR_NOMEM, "extend: out of memory for %d tokens", n);
+        }
+        kvs_kv_make_room(s, p_start, n);
+        for (int t = 0; t < n; t++) {
+            cols[t] = s;
+            db.pos[t] = p_start + t;
+            embed_token(s->m, tokens[t], db.x + (size_t)t * MI->n_embd, NULL); /* checked above */
+        }
+        dec_step(s->pool, &db, cols, n, 0, 0, sbuf, sstride);
+        if (logits) dec_logits(s->m, s->pool, &db, 1, db.x + (size_t)(n - 1) * MI->n_embd, MI->n_embd, logits);
+        for (int t = 0; t < n; t++) s->modality[p_start + t] = KVS_MOD_TEXT;
+        s->n_past = p_start + n;
+        kvs_dec_buf_free(&db);
+        free(cols);
+        free(sbuf);
+        return KVS_OK;
+    }
+    /* run_chunks fails only before writing anything (scratch allocation; the tokens were checked) */
+    if ((st = run_chunks(s, tokens, NULL, n, 0, logits, err))) return st;
+    for (int i = p_start; i < s->n_past; i++) s->modality[i] = KVS_MOD_TEXT;
+    return KVS_OK;
+}
+

@@ -1,0 +1,73 @@
+/*
+ * session_internal.h -- the session's data shared by session.c (the cache:
+ * lifecycle, copies, views, compression, sliding-window trim) and forward.c
+ * (the forward pass: decode, batches, prefill, extend). Not part of any API;
+ * nothing outside these two files includes it.
+ */
+#ifndef KVS_SESSION_INTERNAL_H
+#define KVS_SESSION_INTERNAL_H
+
+#include "engine_private.h"
+
+#define KVS_UBATCH 2048 /* default prefill chunk (tokens) */
+#define KVS_QTILE 128   /* prefill attention query tile */
+#define KVS_SHORT_PROMPT 8 /* prompts up to this length run through the decode kernels */
+#define KVS_EXTEND_COLS 64 /* extends up to this length run as one pass of the decode kernels */
+
+typedef struct {
+    uint8_t *k, *v; /* [Hkv][cap][D] elements of the cache type */
+    int32_t *pos;   /* [Hkv][cap] original positions, ascending per head */
+    int cap, len;
+    int compressed;
+    int bounded;    /* sliding-window layer trimmed to its window: cap <= window + slack, old rows dropped */
+    float *q;       /* [Hq][nq][D] recorded queries (post-RoPE, fp32), or NULL */
+    int nq;
+} kv_layer;
+
+/* Decode scratch for up to cap sequences (allocated once). */
+typedef struct {
+    int cap, maxv, nqb;
+    float *x, *xn, *q, *k, *v, *att, *g, *u, *o; /* [cap][E] [cap][maxv] [cap][Hq*D] [cap][Hkv*D] x2 [cap][Hq*D] [cap][F] x2 [cap][E] */
+    kvs_q8a_block *xq;                           /* [cap][nqb] */
+    float *cs, *sn;                              /* [cap][2][D/2] rope of each sequence's position (global, local) */
+    int *pos;                                    /* [cap] position each sequence writes */
+    int *lim;                                    /* [cap] rows its query sees (its own row + 1) */
+} dec_buf;
+
+struct kvs_session {
+    kvs_model *m;
+    int n_ctx, n_threads, record_queries, ubatch;
+    int ctype;          /* kvs_cache_type */
+    size_t esz;         /* bytes per cache element */
+    int n_past, n_prompt;
+    kv_layer *kv;       /* [L] */
+    uint8_t *modality;  /* [n_ctx] */
+    kvs_pool *pool;
+    float *inv_freq_g, *inv_freq_l; /* [D/2] */
+    dec_buf db;                     /* decode scratch of one sequence */
+    float *scores;                  /* [Hq][n_ctx] decode attention scores */
+};
+
+struct kvs_batch {
+    kvs_model *m;
+    int max_seqs;
+    kvs_pool *pool;
+    dec_buf db;
+};
+
+/* Row n of KV head g (K or V buffer of layer c). */
+static inline uint8_t *kvs_kv_row(const kvs_session *s, const kv_layer *c, uint8_t *base, int g, int n) {
+    return base + ((size_t)g * c->cap + (size_t)n) * s->m->info.head_dim * s->esz;
+}
+
+/* session.c */
+kvs_status kvs_dec_buf_init(dec_buf *b, const kvs_model_info *MI, int cap, kvs_err *err);
+void kvs_dec_buf_free(dec_buf *b);
+/* Make room for `need` rows at positions p, p+1, ... in every trimmed
+ * sliding-window layer (drops the rows no query can see any more). */
+void kvs_kv_make_room(kvs_session *s, int p, int need);
+/* Rows layer c can take from position p on (trimmed layers: after dropping);
+ * exact only when below need. */
+int kvs_kv_room(const kvs_session *s, const kv_layer *c, int p, int need);
+
+#endif

@@ -24,11 +24,14 @@
 --     -D 'dataset.tasks={"niah_single_1"}' -D dataset.n=12 \
 --     -D 'methods={"full","random","snapkv","flashcache"}' -D 'budgets={0.25}' \
 --     -D setting=query_agnostic -D n_predict=12
--- Its time is the 12 prefills of about 3,960 tokens: measured at 70 CPU
--- seconds each for qwen2.5-0.5b on this machine's cores (400 s wall while
--- six other jobs shared the two cores), so about 40 s each, 10 minutes in
--- all, on two idle cores; the compressions (FlashCache about 2.4 s) and the
--- 4 x 12 decoded tokens add under a minute.
+-- Measured here (git fa82a2f, the model file of qwen2.5-0.5b, run while six
+-- other jobs shared the two cores, load average 7-15): 48 cells in 40 min 47 s
+-- wall but 15 min 33 s of CPU (runner and backend together), so about 8-9
+-- minutes on two idle cores; the 12 prefills of ~3,960 tokens are nearly all
+-- of it (FlashCache's compression 2.8 s, SnapKV's 0.7 s, under that load).
+-- Scores (ruler = niah_single_1 here, query-agnostic, kept ratio 0.25):
+-- full 1.00 (12/12), flashcache 1.00 (12/12), snapkv 0.67 (8/12), random
+-- 0.00 (0/12).
 -- Scores per cell: `ruler` (RULER's metric of the sample's task:
 -- string_match_all for niah, vt, cwe, fwe; string_match_part for qa; the
 -- report's mean over a table is RULER's average over the tasks, weighted by

@@ -404,7 +404,8 @@ static int metric_rank(const char *m) {
     static const char *const pref[] = {
         "mean_rel_err", "max_rel_err", "retention",  "needle",      "contains",
         "exact_match",  "choice",      "exact",      "f1",          "rouge_l",
-        "accuracy",     "kept_ratio",  "kv_kept_mb", "compress_ms", "apply_ms",
+        "accuracy",     "ruler",       "string_match_all", "string_match_part",
+        "answer_kept",  "kept_ratio",  "kv_kept_mb", "compress_ms", "apply_ms",
         "prefill_ms",   "decode_tok_s"}; /* task: score, then the head-to-head columns */
     for (size_t i = 0; i < sizeof pref / sizeof pref[0]; i++)
         if (strcmp(m, pref[i]) == 0) return (int)i;
@@ -522,6 +523,9 @@ static kvs_status layout(const dataset *d, int e, layout_t *t, kvs_err *err) {
         const group *g = &d->g[i];
         if (g->exp != e) continue;
         if (!seen_l[g->label]) seen_l[g->label] = 1, t->labels[t->n_labels++] = g->label;
+        /* answer_kept_l<L>: one per model layer, too many for a column each; the
+         * long formats (CSV, JSON) carry them and answer_kept is their mean */
+        if (!strncmp(d->metrics.v[g->metric], "answer_kept_l", 13)) continue;
         if (!seen_m[g->metric]) seen_m[g->metric] = 1, t->metrics[t->n_metrics++] = g->metric;
     }
     sort_ints(t->labels, t->n_labels, d, cmp_label);

@@ -10,6 +10,7 @@
  * comes from the database.
  */
 #include "kvs_eval.h"
+#include "gnuplot.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -1514,7 +1515,12 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
             if (rate)
                 fprintf(f, md ? "decode_tok_s: total decoded tokens / total decode time over the "
                                 "requests (a mean of per-request rates would favour short answers); "
-                                "its CI resamples requests.\n"
+                                "its CI resamples requests. The variants of one request decode in one "
+                                "batch (kvsieve serve), so each variant's decode time is the wall time "
+                                "of the batched steps it took part in, shared with its neighbours: the "
+                                "column is a per-sequence rate, not the server's throughput, and it "
+                                "cannot separate methods; experiments/decode.lua measures decode speed "
+                                "per method (one variant per request).\n"
                               : "%% decode_tok_s: total tokens / total decode time\n");
             if (md)
                 fprintf(f, "Mean [95%% percentile-bootstrap CI, %d resamples, seed %llu]. **Bold**: "
@@ -1543,33 +1549,6 @@ cleanup:
 }
 
 /* ---- plots ---------------------------------------------------------------------------- */
-
-static int on_path(const char *name) {
-    const char *path = getenv("PATH");
-    char buf[1024];
-    while (path && *path) {
-        const char *end = strchr(path, ':');
-        size_t len = end ? (size_t)(end - path) : strlen(path);
-        if (len > 0 && len + strlen(name) + 2 < sizeof buf) {
-            memcpy(buf, path, len);
-            snprintf(buf + len, sizeof buf - len, "/%s", name);
-            if (access(buf, X_OK) == 0) return 1;
-        }
-        path += len;
-        if (*path == ':') path++;
-    }
-    return 0;
-}
-
-/* gnuplot-safe single-quoted string. */
-static void gp_str(FILE *f, const char *s) {
-    fputc('\'', f);
-    for (; *s; s++) {
-        if (*s == '\'') fputc('\'', f);
-        fputc(*s, f);
-    }
-    fputc('\'', f);
-}
 
 static kvs_status run_gnuplot(const char *script, const char *logf, const char *out, kvs_err *err) {
     pid_t pid = fork();
@@ -1602,7 +1581,7 @@ static kvs_status run_gnuplot(const char *script, const char *logf, const char *
 
 static void terminal_line(FILE *g, int png, const char *out) {
     fprintf(g, "set terminal %s size 900,560\nset output ", png ? "png" : "svg");
-    gp_str(g, out);
+    kvs_gp_quote(g, out);
     fprintf(g, "\nset grid\nset key outside right\n");
 }
 
@@ -1739,12 +1718,12 @@ static kvs_status plot_heatmap(const dataset *d, int e, int m, int png, const ch
     const int cols = np < 3 ? np : (np <= 4 ? 2 : 3), rows = (np + cols - 1) / cols;
     fprintf(g, "set terminal %s size %d,%d\nset output ", png ? "png" : "svg", 380 * cols,
             300 * rows + 40);
-    gp_str(g, target);
+    kvs_gp_quote(g, target);
     char title[300];
     snprintf(title, sizeof title, "%s: %s by needle depth and prompt length (mean per cell)",
              d->exps.v[e], d->metrics.v[m]);
     fprintf(g, "\nset datafile missing 'NaN'\nset multiplot layout %d,%d title ", rows, cols);
-    gp_str(g, title);
+    kvs_gp_quote(g, title);
     fprintf(g, " noenhanced\nset palette defined (0 '#d73027', 0.5 '#fee08b', 1 '#1a9850')\n");
     if (vmin >= 0 && vmax <= 1)
         fprintf(g, "set cbrange [0:1]\n");
@@ -1764,9 +1743,9 @@ static kvs_status plot_heatmap(const dataset *d, int e, int m, int png, const ch
         else
             snprintf(pt, sizeof pt, "%s @ %s", d->labels.v[gr->label], bt);
         fprintf(g, "set title ");
-        gp_str(g, pt);
+        kvs_gp_quote(g, pt);
         fprintf(g, " noenhanced\nplot ");
-        gp_str(g, data);
+        kvs_gp_quote(g, data);
         fprintf(g, " index %d using 1:2:3 with image, '' index %d using 1:2:(sprintf('%%.2f', "
                    "$3)) with labels\n", k, k);
     }
@@ -1790,7 +1769,7 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
     int svg = pl > 4 && strcmp(path + pl - 4, ".svg") == 0;
     if (!png && !svg)
         return kvs_errorf(err, KVS_ERR_INVALID, "--plot %s: the file must end in .svg or .png", path);
-    if (!on_path("gnuplot"))
+    if (!kvs_gp_on_path("gnuplot"))
         return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
                           "--plot: gnuplot is not installed (Debian: apt-get install gnuplot-nox)");
     dataset d;
@@ -1834,9 +1813,9 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
         char title[200];
         snprintf(title, sizeof title, "%s: %s vs budget (mean, 95%% CI)", d.exps.v[0],
                  d.metrics.v[primary]);
-        gp_str(g, title);
+        kvs_gp_quote(g, title);
         fprintf(g, " noenhanced\nset xlabel 'budget (kept ratio)'\nset ylabel ");
-        gp_str(g, d.metrics.v[primary]);
+        kvs_gp_quote(g, d.metrics.v[primary]);
         fprintf(g, " noenhanced\nplot ");
         int block = 0;
         for (int i = 0; i < t.n_labels; i++) {
@@ -1854,7 +1833,7 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
             fprintf(df, "\n\n");
             fprintf(g, "%s'%s' index %d using 1:2:3:4 with yerrorlines title ", block ? ", " : "",
                     data, block);
-            gp_str(g, d.labels.v[l]);
+            kvs_gp_quote(g, d.labels.v[l]);
             fprintf(g, " noenhanced");
             block++;
         }
@@ -1888,7 +1867,7 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
         snprintf(title, sizeof title, "compression overhead: %s, %s, %s", lat[0].shape,
                  lat[0].device, lat[0].dtype);
         fprintf(g, "set title ");
-        gp_str(g, title);
+        kvs_gp_quote(g, title);
         fprintf(g, " noenhanced\nset logscale xy\nset xlabel 'N (tokens)'\nset ylabel 'ms "
                    "(median, p10-p90)'\nplot ");
         int block = 0;
@@ -1911,7 +1890,7 @@ kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *p
             fprintf(df, "\n\n");
             fprintf(g, "%s'%s' index %d using 1:2:3:4 with yerrorlines title ", block ? ", " : "",
                     data, block);
-            gp_str(g, lat[i].label);
+            kvs_gp_quote(g, lat[i].label);
             fprintf(g, " noenhanced");
             block++;
         }

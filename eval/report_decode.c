@@ -21,6 +21,7 @@
  * (report.c), no statistics beyond the bootstrap CI of the speed-up.
  */
 #include "kvs_eval.h"
+#include "gnuplot.h"
 
 #include <errno.h>
 #include <math.h>
@@ -351,33 +352,6 @@ kvs_status kvs_report_decode(kvs_store *s, const kvs_report_opts *o, FILE *f, in
 
 /* ---- plot ------------------------------------------------------------------------------------ */
 
-static int on_path(const char *name) {
-    const char *path = getenv("PATH");
-    char buf[1024];
-    while (path && *path) {
-        const char *end = strchr(path, ':');
-        size_t len = end ? (size_t)(end - path) : strlen(path);
-        if (len > 0 && len + strlen(name) + 2 < sizeof buf) {
-            memcpy(buf, path, len);
-            snprintf(buf + len, sizeof buf - len, "/%s", name);
-            if (access(buf, X_OK) == 0) return 1;
-        }
-        path += len;
-        if (*path == ':') path++;
-    }
-    return 0;
-}
-
-/* gnuplot-safe single-quoted string. */
-static void gp_str(FILE *f, const char *s) {
-    fputc('\'', f);
-    for (; *s; s++) {
-        if (*s == '\'') fputc('\'', f);
-        fputc(*s, f);
-    }
-    fputc('\'', f);
-}
-
 /* One plot: speed-up (measured with CI, and predicted) vs kept ratio, a
  * pair of lines per length class, of the groups [a, b) (one experiment). */
 static kvs_status plot_one(const dgroup *g, int a, int b, const char *out, int png, kvs_err *err) {
@@ -385,11 +359,11 @@ static kvs_status plot_one(const dgroup *g, int a, int b, const char *out, int p
     FILE *p = popen("gnuplot 1>&2", "w");
     if (!p) return kvs_errorf(err, KVS_ERR_IO, "decode plot: cannot start gnuplot: %s", strerror(errno));
     fprintf(p, "set terminal %s size 900,560\nset output ", png ? "png" : "svg");
-    gp_str(p, out);
+    kvs_gp_quote(p, out);
     char title[300];
     snprintf(title, sizeof title, "decode speed-up vs kept ratio: %s (%s)", g[a].exp, g[a].model);
     fprintf(p, "\nset grid\nset key outside right\nset title ");
-    gp_str(p, title);
+    kvs_gp_quote(p, title);
     fprintf(p, " noenhanced\nset xlabel 'kept ratio'\nset ylabel 'decode speed-up vs full'\n"
                "set xrange [0:1.05]\n");
     int classes[64], nc = 0;
@@ -437,7 +411,7 @@ kvs_status kvs_report_decode_plot(kvs_store *s, const kvs_report_opts *o, const 
     int n = 0, ng = 0;
     kvs_status rc = gather(kvs_store_db(s), o, &rows, &n, err);
     if (!rc) rc = compute(rows, n, o, &g, &ng, err);
-    if (!rc && ng > 0 && !on_path("gnuplot"))
+    if (!rc && ng > 0 && !kvs_gp_on_path("gnuplot"))
         rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
                         "--plot: gnuplot is not installed (Debian: apt-get install gnuplot-nox)");
     for (int a = 0; !rc && a < ng;) {

@@ -72,6 +72,12 @@ typedef struct {
     const char *model_name, *model_hash, *tmpl_name, *tmpl_hash;
     double model_bytes; /* the model file's size from /v1/models (meta.size); < 0 unknown */
     int n_new, n_flight_cells;
+    /* where the time goes (server side, summed over answered requests): one
+     * prefill per request, compress per variant (run one after another), and
+     * decode as the longest variant of a request (its variants share batched
+     * steps) */
+    double t_prefill, t_compress, t_decode;
+    int n_requests;
     int sent_spans; /* kv_spans are sent (kvsieve API) */
     kvs_status rc;
     kvs_err err;
@@ -503,7 +509,17 @@ static void on_done(void *ctxp, void *tag, const kvs_client_result *r) {
     }
     x->rc = kvs_store_put(x->s, x->run_id, rows, res, u->n, &x->err);
     free(sc);
-    if (!x->rc) x->n_new += u->n;
+    if (!x->rc) {
+        double dec = 0;
+        for (int i = 0; i < u->n; i++) {
+            if (!isnan(res[i].compress_ms)) x->t_compress += res[i].compress_ms;
+            if (res[i].decode_ms > dec) dec = res[i].decode_ms;
+        }
+        if (u->n > 0 && !isnan(res[0].prefill_ms)) x->t_prefill += res[0].prefill_ms;
+        x->t_decode += dec;
+        x->n_requests++;
+        x->n_new += u->n;
+    }
     progress(x, 0);
 }
 
@@ -793,6 +809,15 @@ drain:
     }
     progress(&x, 1);
     if (o->progress && o->progress_tty) fputc('\n', o->progress);
+    if (o->progress && x.n_requests > 0) {
+        double wall = (kvs_now_ms() - x.t0) / 1e3;
+        fprintf(o->progress,
+                "experiment '%s': %d cells (%d requests) in %.1f s, %.2f cells/s; server time: "
+                "prefill %.1f s, compress %.1f s, decode %.1f s (per request the longest variant: "
+                "variants decode in one batch)\n",
+                e->name, x.n_new, x.n_requests, wall, wall > 0 ? x.n_new / wall : 0.0,
+                x.t_prefill / 1e3, x.t_compress / 1e3, x.t_decode / 1e3);
+    }
     sum->n_done += x.n_new;
     if (rc) {
         sum->n_failed++;

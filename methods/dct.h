@@ -83,6 +83,10 @@ kvs_dct_route kvs_dct_plan_route(const kvs_dct_plan *p); /* DIRECT or BLUESTEIN 
 /* The FFT length the plan runs: N (direct), or Bluestein's M for the plain
  * transforms (lowpass 0) or for kvs_dct_lowpass_sqres at the plan's omega. */
 int kvs_dct_plan_fft_size(const kvs_dct_plan *p, int lowpass);
+/* Bluestein: the blocks P its convolution splits the N tokens into (each
+ * through FFTs of that length: P + 1 per two columns and direction); 1 on
+ * the direct route. */
+int kvs_dct_plan_fft_blocks(const kvs_dct_plan *p, int lowpass);
 /* Entries in the process-wide FFTW plan cache (direct (N, d) sets plus
  * Bluestein lengths M): what the tests use to check plans are made once. */
 int kvs_dct_plan_cache_entries(void);

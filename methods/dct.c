@@ -31,9 +31,16 @@
  * the inverse runs the same convolution on conj(Z) (kernel mirrored:
  * Wi[j] = Wf[-j]), z = conj(w_n c_n). The full spectrum needs K = N/2 + 1,
  * M >= 2N - 1; FlashCache's low-pass needs only k < omega, so a plan made
- * with omega (kvs_dct_plan_create_opts) uses K = min(omega, N/2 + 1) there:
- * M ~ 1.4 N at gamma 0.2. Results agree with the direct route to float
- * rounding (tests); the direct route is bit for bit what it always was.
+ * with omega (kvs_dct_plan_create_opts) uses K = min(omega, N/2 + 1) there.
+ * Split (band_choose): the sum over n splits into P blocks of L = ceil(N/P)
+ * tokens, each a convolution of length M >= L + 2K - 2 with its own kernel
+ * (lags shifted by the block's first token); the blocks' spectra are summed
+ * before the one inverse FFT (forward), or one FFT feeds P inverse FFTs, one
+ * per block of output tokens (inverse). P + 1 FFTs of length M instead of
+ * two of the unsplit length: at gamma 0.2, N = 1021 runs 3 FFTs of 1024
+ * instead of 2 of 2048 (block CPU time -25..-30% here). Results agree
+ * with the direct route to float rounding (tests); the direct route is bit
+ * for bit what it always was.
  * Plan cache: FFTW plans are made once per process and size (direct: per
  * (N, d); Bluestein: per M) in a list guarded by one mutex, executed only
  * through the new-array interface (thread-safe), and never freed: FFTW's
@@ -54,9 +61,6 @@
 
 #include <assert.h>
 #include <fftw3.h>
-#if defined(__AVX2__) && defined(__F16C__)
-#include <immintrin.h>
-#endif
 #include <pthread.h>
 #include <math.h>
 #include <stdio.h>
@@ -792,80 +796,12 @@ static void load_chunk(float *vg, int N, int m, const float *rows, int64_t strid
     }
 }
 
-#if defined(__AVX2__) && defined(__F16C__)
-/* Eight channels c0 .. c0+7 of one row (fp32, fp16 or bf16) as fp32: the
- * same exact conversion kvs_view_rows_f32 does (F16C's vcvtph2ps; bf16 is
- * the top half of an fp32). */
-static inline __m256 row8(const kvs_view *x, int64_t off) {
-    if (x->dtype == KVS_F32) return _mm256_loadu_ps((const float *)x->data + off);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x->data + off));
-    if (x->dtype == KVS_F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-/* Tokens n0 .. n0+7 (n0 even) of channels c0 .. c0+7 of head `head` into v
- * in Makhoul's order: an 8 x 8 transpose in registers, then per channel the
- * four even tokens to slots n0/2 .. n0/2+3 and the four odd ones, reversed,
- * to N-1-n0/2-3 .. N-1-n0/2. Pure data movement: the same floats as
- * load_chunk writes. */
-static inline void tile8(const kvs_view *x, int64_t base, int n0, int c0, int N, float *v) {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; i++) r[i] = row8(x, base + (int64_t)(n0 + i) * x->s_tok + c0);
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4)
-        for (int j = 0; j < 2; j++) {
-            r[i + j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);
-            r[i + j + 2] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xEE);
-        }
-    /* r[0..3] hold channels {0,4}, {2,6}, {1,5}, {3,7} of tokens 0..3 (low
-     * lane) and 4..7 (high lane) of rows 0..3 / 4..7: combine the lanes. */
-    static const int ch[8] = {0, 2, 1, 3, 0, 2, 1, 3}; /* r index of channel j */
-    const __m256i sel = _mm256_setr_epi32(0, 2, 4, 6, 7, 5, 3, 1);
-    const int q0 = n0 / 2;
-    for (int j = 0; j < 8; j++) {
-        const int a = ch[j];
-        const __m256 lo = r[a], hi = r[a + 4];
-        /* channel j: tokens 0..3 from lo, 4..7 from hi, lane j / 4 */
-        const __m256 col = j < 4 ? _mm256_permute2f128_ps(lo, hi, 0x20)
-                                 : _mm256_permute2f128_ps(lo, hi, 0x31);
-        const __m256 eo = _mm256_permutevar8x32_ps(col, sel); /* t0 t2 t4 t6 t7 t5 t3 t1 */
-        float *vc = v + (int64_t)(c0 + j) * N;
-        _mm_storeu_ps(vc + q0, _mm256_castps256_ps128(eo));
-        _mm_storeu_ps(vc + N - 4 - q0, _mm256_extractf128_ps(eo, 1));
-    }
-}
-#endif
-
-/* Head `head` of x, all N tokens and d columns, into v ([d][N], permuted).
- * With AVX2 and F16C, 8 x 8 tiles are converted and transposed in registers
- * straight from the view, DCT_CHUNK tokens at a time so a chunk's rows stay
- * in L1 across the channel blocks (measured 2-3x faster than the two steps
- * below for d = 256); channels beyond a multiple of 8 and the last N mod 8
- * tokens take the portable path: DCT_CHUNK rows at a time copied
- * (converted) to fp32 by kvs_view_rows_f32, then transposed from L1 (rows:
- * [DCT_CHUNK][d]). Either path writes the same floats. */
+/* Head `head` of x, all N tokens and d columns, into v ([d][N], permuted):
+ * DCT_CHUNK rows at a time copied (converted) to fp32 by kvs_view_rows_f32,
+ * a sequential stream the prefetcher follows (transposing straight from the
+ * view measured slower), then transposed from L1 (rows: [DCT_CHUNK][d]). */
 static void load_head(const kvs_view *x, int head, int N, int d, float *v, float *rows) {
-    int nt = 0; /* tokens [0, nt) done by tiles */
-#if defined(__AVX2__) && defined(__F16C__)
-    const int d8 = d / 8 * 8;
-    if (d8 > 0) {
-        nt = N / 8 * 8;
-        const int64_t base = (int64_t)head * x->s_head;
-        for (int n0 = 0; n0 < nt; n0 += DCT_CHUNK) {
-            const int n1 = n0 + DCT_CHUNK < nt ? n0 + DCT_CHUNK : nt;
-            for (int c0 = 0; c0 < d8; c0 += 8)
-                for (int n = n0; n < n1; n += 8) tile8(x, base, n, c0, N, v);
-            if (d8 < d) { /* the last d mod 8 channels of these tokens */
-                kvs_view_rows_f32(x, head, n0, n1 - n0, rows);
-                load_chunk(v + (int64_t)d8 * N, N, d - d8, rows + d8, d, n0, n1 - n0);
-            }
-        }
-    }
-#endif
-    for (int n0 = nt; n0 < N; n0 += DCT_CHUNK) {
+    for (int n0 = 0; n0 < N; n0 += DCT_CHUNK) {
         const int cnt = N - n0 < DCT_CHUNK ? N - n0 : DCT_CHUNK;
         kvs_view_rows_f32(x, head, n0, cnt, rows);
         load_chunk(v, N, d, rows, d, n0, cnt);

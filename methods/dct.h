@@ -20,9 +20,10 @@
  * takes one of two routes (kvs_dct_route_for): FFTW's own batched r2c / c2r
  * when N = 2^a 3^b 5^c ("direct"; 3-6x faster than FFTW's REDFT10/REDFT01
  * r2r kinds batched with stride d, which have no SIMD codelets), else
- * Bluestein's chirp convolution through a complex FFT of length 2^a, 3 2^a
- * or 5 2^a, two real columns at a time, so a prime N costs about what a
- * smooth N does instead of FFTW's 10-20x slower Rader plans. The two routes
+ * Bluestein's chirp convolution through complex FFTs of length 2^a, 3 2^a
+ * or 5 2^a, two real columns at a time and the tokens in up to 4 blocks
+ * (shorter FFTs where the band is narrow), so a prime N costs 1.5-2.5x what
+ * a smooth N does instead of FFTW's 10-20x slower Rader plans. The two routes
  * agree to float rounding; the direct route is bit for bit the code before
  * the routes existed. The tests cross-check both against a float64 DCT and
  * FFTW's r2r kinds.

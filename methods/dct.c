@@ -39,8 +39,12 @@
  * per block of output tokens (inverse). P + 1 FFTs of length M instead of
  * two of the unsplit length: at gamma 0.2, N = 1021 runs 3 FFTs of 1024
  * instead of 2 of 2048 (block CPU time -25..-30% here). Results agree
- * with the direct route to float rounding (tests); the direct route is bit
- * for bit what it always was.
+ * with the direct route to float rounding (tests).
+ * Direct route, even N (half_route): the real FFT of v is a complex FFT of
+ * z[n] = v[2n] + i v[2n+1] (length N/2; the column is already laid out as
+ * those pairs) and an O(N) split into the half spectrum (fwd_fft); the
+ * inverse merges the half spectrum into N/2 complex values and runs the
+ * backward complex FFT straight into the output column (inv_fft).
  * Plan cache: FFTW plans are made once per process and size (direct: per
  * (N, d); Bluestein: per M) in a list guarded by one mutex, executed only
  * through the new-array interface (thread-safe), and never freed: FFTW's
@@ -76,6 +80,11 @@ typedef struct direct_entry {
     int n, d, g, ng;
     fftwf_plan r2c, c2r;         /* all d columns: v -> V, V -> v */
     fftwf_plan gr2c[2], gc2r[2]; /* groups: 0 full, 1 narrower last (NULL: not used) */
+    /* half_route(N): the "r2c" / "c2r" plans are complex FFTs of length N/2
+     * on the columns read as N/2 complex pairs (fwd_fft / inv_fft split and
+     * merge the half spectra), and tw [N/4 + 1] holds exp(-2 pi i k / N).
+     * NULL otherwise (FFTW's r2c / c2r). */
+    fftwf_complex *tw;
 } direct_entry;
 
 /* Bluestein route, one M: in-place complex FFTs of one sequence. */
@@ -102,6 +111,7 @@ typedef struct {
 
 struct kvs_dct_plan {
     int n, d, h;         /* h = N/2 + 1 complex outputs per column */
+    int hs;              /* column stride of V / Vg (spectrum_stride) */
     kvs_dct_route route;
     float *v;            /* [d][N] permuted columns (r2c input / c2r output) */
     fftwf_complex *V;    /* [d][h] spectra */
@@ -180,6 +190,7 @@ static int same_columns(fftwf_plan a, int na, fftwf_plan b, int nb) {
 
 static void direct_entry_free(direct_entry *e) {
     if (!e) return;
+    free(e->tw);
     if (e->r2c) fftwf_destroy_plan(e->r2c);
     if (e->c2r) fftwf_destroy_plan(e->c2r);
     for (int i = 0; i < 2; i++) {
@@ -189,6 +200,32 @@ static void direct_entry_free(direct_entry *e) {
     free(e);
 }
 
+/* Column stride of the spectra: h = N/2 + 1, rounded up to a multiple of 4
+ * complex (32 bytes) for even N on the direct route, so every column of the
+ * half-length complex FFT's output is as aligned as the first (FFTW's SIMD
+ * codelets for a batch need that: unaligned columns measured 2x slower). */
+static int half_route(int N);
+static int spectrum_stride(int N, kvs_dct_route route) {
+    const int h = N / 2 + 1;
+    return route == KVS_DCT_DIRECT && half_route(N) ? (h + 3) / 4 * 4 : h;
+}
+
+/* Does the direct route run N's real FFTs as complex FFTs of N/2? For even
+ * N: FFTW's ESTIMATE plans of a batched complex FFT of N/2 (plus our O(N)
+ * split) measured 5-25% faster per (layer, head) block than its r2c / c2r
+ * here (N = 640 .. 4096), except N/2 = 768, where FFTW's complex plan is
+ * slow (block +6%): that N keeps r2c / c2r. A fixed rule, never a timing. */
+static int half_route(int N) { return N % 2 == 0 && N / 2 != 768; }
+
+/* m complex FFTs of length nh[0], column c at in + c idist, out + c odist
+ * (out of place; the input is preserved: the forward reads v, which the
+ * residual needs again). */
+static fftwf_plan plan_half(int *nh, int m, fftwf_complex *in, int idist, fftwf_complex *out,
+                            int odist, int sign) {
+    return fftwf_plan_many_dft(1, nh, m, in, NULL, 1, idist, out, NULL, 1, odist, sign,
+                               FFTW_ESTIMATE | FFTW_PRESERVE_INPUT);
+}
+
 /* Plans the direct route for (N, d), on scratch arrays allocated like a
  * plan's (fftwf_malloc: the same alignment, which is all the new-array
  * execute functions require). Chooses the column group: a group starts at
@@ -196,11 +233,11 @@ static void direct_entry_free(direct_entry *e) {
  * bytes. Called with cache_mu held. */
 static kvs_status direct_plan(int N, int d, direct_entry **out, kvs_err *err) {
     kvs_status st = KVS_OK;
-    const int h = N / 2 + 1;
     const size_t nd = (size_t)N * (size_t)d;
     direct_entry *e = calloc(1, sizeof *e);
     float *v = fftwf_malloc(sizeof(float) * nd), *t = fftwf_malloc(sizeof(float) * nd);
-    fftwf_complex *V = fftwf_malloc(sizeof(fftwf_complex) * (size_t)h * (size_t)d);
+    const int hs = spectrum_stride(N, KVS_DCT_DIRECT);
+    fftwf_complex *V = fftwf_malloc(sizeof(fftwf_complex) * (size_t)hs * (size_t)d);
     if (!e || !v || !t || !V) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
         goto done;
@@ -210,9 +247,25 @@ static kvs_status direct_plan(int N, int d, direct_entry **out, kvs_err *err) {
     int n[1] = {N};
     /* PRESERVE_INPUT is r2c's default anyway; kvs_dct_lowpass_sqres relies on
      * it (v still holds x after the forward FFT). */
-    e->r2c = fftwf_plan_many_dft_r2c(1, n, d, v, NULL, 1, N, V, NULL, 1, h,
-                                     FFTW_ESTIMATE | FFTW_PRESERVE_INPUT);
-    e->c2r = fftwf_plan_many_dft_c2r(1, n, d, V, NULL, 1, h, v, NULL, 1, N, FFTW_ESTIMATE);
+    const int H = N / 2, half = half_route(N);
+    int nh[1] = {H};
+    if (half) {
+        e->tw = malloc(sizeof(fftwf_complex) * (size_t)(H / 2 + 1));
+        if (!e->tw) {
+            st = kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
+            goto done;
+        }
+        for (int k = 0; k <= H / 2; k++) { /* exact at k = 0 and 4k = N */
+            const double a = -2.0 * 3.14159265358979323846 * (double)k / (double)N;
+            e->tw[k][0] = k == 0 ? 1.0f : 4 * k == N ? 0.0f : (float)cos(a);
+            e->tw[k][1] = k == 0 ? 0.0f : 4 * k == N ? -1.0f : (float)sin(a);
+        }
+    }
+    e->r2c = half ? plan_half(nh, d, (fftwf_complex *)v, H, V, hs, FFTW_FORWARD)
+                  : fftwf_plan_many_dft_r2c(1, n, d, v, NULL, 1, N, V, NULL, 1, hs,
+                                            FFTW_ESTIMATE | FFTW_PRESERVE_INPUT);
+    e->c2r = half ? plan_half(nh, d, V, hs, (fftwf_complex *)v, H, FFTW_BACKWARD)
+                  : fftwf_plan_many_dft_c2r(1, n, d, V, NULL, 1, hs, v, NULL, 1, N, FFTW_ESTIMATE);
     if (!e->r2c || !e->c2r) {
         st = kvs_errorf(err, KVS_ERR_INTERNAL, "dct: FFTW could not plan N=%d d=%d", N, d);
         goto done;
@@ -227,10 +280,12 @@ static kvs_status direct_plan(int N, int d, direct_entry **out, kvs_err *err) {
         int ok = 1;
         for (int i = 0; i < (last == g ? 1 : 2) && ok; i++) {
             const int m = i ? last : g;
-            e->gr2c[i] = fftwf_plan_many_dft_r2c(1, n, m, v, NULL, 1, N, V, NULL, 1, h,
-                                                 FFTW_ESTIMATE | FFTW_PRESERVE_INPUT);
-            e->gc2r[i] = fftwf_plan_many_dft_c2r(1, n, m, V, NULL, 1, h, t, NULL, 1, N,
-                                                 FFTW_ESTIMATE);
+            e->gr2c[i] = half ? plan_half(nh, m, (fftwf_complex *)v, H, V, hs, FFTW_FORWARD)
+                              : fftwf_plan_many_dft_r2c(1, n, m, v, NULL, 1, N, V, NULL, 1, hs,
+                                                        FFTW_ESTIMATE | FFTW_PRESERVE_INPUT);
+            e->gc2r[i] = half ? plan_half(nh, m, V, hs, (fftwf_complex *)t, H, FFTW_BACKWARD)
+                              : fftwf_plan_many_dft_c2r(1, n, m, V, NULL, 1, hs, t, NULL, 1, N,
+                                                        FFTW_ESTIMATE);
             if (!e->gr2c[i] || !e->gc2r[i]) {
                 st = kvs_errorf(err, KVS_ERR_INTERNAL,
                                 "dct: FFTW could not plan %d columns of N=%d", m, N);
@@ -466,7 +521,7 @@ static void chirp_r2c(const kvs_dct_plan *p, const band *b, int m, const float *
         }
         fftwf_execute_dft(b->fft->bwd, p->c, p->a);
         /* Z[k] = w_k c[k] at k mod M; split the two columns */
-        fftwf_complex *V0 = V + (int64_t)c * h, *V1 = c + 1 < m ? V0 + h : NULL; /* [h] */
+        fftwf_complex *V0 = V + (int64_t)c * p->hs, *V1 = c + 1 < m ? V0 + p->hs : NULL; /* [h] */
         for (int k = 0; k < K; k++) {
             const int kn = k ? M - k : 0;
             const float wr = W[2 * k], wi = W[2 * k + 1]; /* w_{-k} = w_k */
@@ -494,7 +549,7 @@ static void chirp_c2r(const kvs_dct_plan *p, const band *b, int m, const fftwf_c
     float *restrict A = (float *)p->a, *restrict G = (float *)p->b, *restrict F = (float *)p->c;
     const float *restrict W = (const float *)p->w;
     for (int c = 0; c < m; c += 2) {
-        const fftwf_complex *V0 = V + (int64_t)c * h, *V1 = c + 1 < m ? V0 + h : NULL; /* [h] */
+        const fftwf_complex *V0 = V + (int64_t)c * p->hs, *V1 = c + 1 < m ? V0 + p->hs : NULL;
         /* input conj(Z[k]) w_k at k mod M, k in (-K, K): Z[k] = V0[k] + i V1[k],
          * Z[-k] = conj V0[k] + i conj V1[k]; zero between the two ends */
         memset(A + 2 * K, 0, sizeof(float) * 2 * (size_t)(M - 2 * K + 1));
@@ -603,7 +658,8 @@ kvs_status kvs_dct_plan_create_opts(int N, int d, int omega, kvs_dct_route route
     const size_t nd = (size_t)N * (size_t)d;
     p->v = fftwf_malloc(sizeof(float) * nd);
     p->t = fftwf_malloc(sizeof(float) * nd);
-    p->V = fftwf_malloc(sizeof(fftwf_complex) * (size_t)p->h * (size_t)d);
+    p->hs = spectrum_stride(N, p->route);
+    p->V = fftwf_malloc(sizeof(fftwf_complex) * (size_t)p->hs * (size_t)d);
     p->cs = malloc(sizeof(float) * (size_t)p->h);
     p->sn = malloc(sizeof(float) * (size_t)p->h);
     p->col = malloc(sizeof(float) * (size_t)N);
@@ -623,7 +679,7 @@ kvs_status kvs_dct_plan_create_opts(int N, int d, int omega, kvs_dct_route route
         p->g = p->de->g;
         p->ng = p->de->ng;
         if (p->ng > 1) {
-            p->Vg = fftwf_malloc(sizeof(fftwf_complex) * (size_t)p->h * (size_t)p->g);
+            p->Vg = fftwf_malloc(sizeof(fftwf_complex) * (size_t)p->hs * (size_t)p->g);
             p->tg = fftwf_malloc(sizeof(float) * (size_t)N * (size_t)p->g);
             if (!p->Vg || !p->tg) {
                 st = kvs_errorf(err, KVS_ERR_NOMEM, "dct: out of memory planning N=%d d=%d", N, d);
@@ -681,7 +737,34 @@ static void fwd_fft(const kvs_dct_plan *p, const band *b, int m, float *v, fftwf
         return;
     }
     const direct_entry *e = p->de;
-    fftwf_execute_dft_r2c(m == p->d ? e->r2c : e->gr2c[m == p->g ? 0 : 1], v, V);
+    const fftwf_plan pl = m == p->d ? e->r2c : e->gr2c[m == p->g ? 0 : 1];
+    if (!e->tw) {
+        fftwf_execute_dft_r2c(pl, v, V);
+        return;
+    }
+    /* N even: Z = FFT_{N/2}(v[2n] + i v[2n+1]) into V, then each column's
+     * half spectrum from Z in place: with E / O the FFTs of the even / odd
+     * samples, E[k] = (Z[k] + conj Z[H-k]) / 2, O[k] = (Z[k] - conj Z[H-k]) /
+     * (2i), V[k] = E[k] + w^k O[k] and V[H-k] = conj(E[k] - w^k O[k]),
+     * w = exp(-2 pi i / N), for k = 0 .. H/2 (Z[H] = Z[0]). */
+    fftwf_execute_dft(pl, (fftwf_complex *)v, V);
+    const int H = p->n / 2;
+    const float *restrict tw = (const float *)e->tw;
+    for (int c = 0; c < m; c++) {
+        float *restrict Z = (float *)(V + (int64_t)c * p->hs); /* [h] complex */
+        for (int k = 0; k <= H / 2; k++) {
+            const int j = k ? H - k : 0;
+            const float zr = Z[2 * k], zi = Z[2 * k + 1], yr = Z[2 * j], yi = Z[2 * j + 1];
+            const float er = 0.5f * (zr + yr), ei = 0.5f * (zi - yi);
+            const float orr = 0.5f * (zi + yi), oi = -0.5f * (zr - yr);
+            const float wr = tw[2 * k], wi = tw[2 * k + 1];
+            const float tr = wr * orr - wi * oi, ti = wr * oi + wi * orr;
+            Z[2 * k] = er + tr;
+            Z[2 * k + 1] = ei + ti;
+            Z[2 * (H - k)] = er - tr; /* k = 0: V[H] */
+            Z[2 * (H - k) + 1] = ti - ei;
+        }
+    }
 }
 
 /* V is destroyed (FFTW's c2r). */
@@ -691,7 +774,35 @@ static void inv_fft(const kvs_dct_plan *p, const band *b, int m, fftwf_complex *
         return;
     }
     const direct_entry *e = p->de;
-    fftwf_execute_dft_c2r(m == p->d ? e->c2r : e->gc2r[m == p->g ? 0 : 1], V, out);
+    const fftwf_plan pl = m == p->d ? e->c2r : e->gc2r[m == p->g ? 0 : 1];
+    if (!e->tw) {
+        fftwf_execute_dft_c2r(pl, V, out);
+        return;
+    }
+    /* N even, as c2r (imaginary parts of V[0], V[H] ignored): in place, for
+     * k = 0 .. H/2 with a = V[k], b = V[H-k], E = a + conj b, O = (a - conj b)
+     * conj(w^k): Z[k] = E + i O, Z[H-k] = conj E + i conj O; then
+     * out[2n] + i out[2n+1] = IFFT_{N/2}(Z)[n] (unnormalised, as c2r). */
+    const int H = p->n / 2;
+    const float *restrict tw = (const float *)e->tw;
+    for (int c = 0; c < m; c++) {
+        float *restrict Z = (float *)(V + (int64_t)c * p->hs); /* [h] complex */
+        for (int k = 0; k <= H / 2; k++) {
+            const int j = H - k;
+            const float ar = Z[2 * k], ai = k ? Z[2 * k + 1] : 0.0f;
+            const float br = Z[2 * j], bi = k ? Z[2 * j + 1] : 0.0f;
+            const float er = ar + br, ei = ai - bi, dr = ar - br, di = ai + bi;
+            const float wr = tw[2 * k], wi = tw[2 * k + 1];
+            const float orr = dr * wr + di * wi, oi = di * wr - dr * wi;
+            Z[2 * k] = er - oi;
+            Z[2 * k + 1] = ei + orr;
+            if (k) {
+                Z[2 * j] = er + oi;
+                Z[2 * j + 1] = orr - ei;
+            }
+        }
+    }
+    fftwf_execute_dft(pl, V, (fftwf_complex *)out);
 }
 void kvs_transpose_f32(const float *in, int rows, int cols, float *out) {
     /* Tiles of T x T; the inner loop writes contiguous output. Reads walk a
@@ -721,7 +832,7 @@ kvs_status kvs_dct2_ortho_cols(kvs_dct_plan *p, const float *x, float *X, kvs_er
     fwd_fft(p, &p->full, d, p->v, p->V);
     const float s0 = (float)sqrt(1.0 / N), s1 = (float)sqrt(2.0 / N);
     for (int c = 0; c < d; c++) {
-        const fftwf_complex *Vc = p->V + (int64_t)c * h; /* [h] */
+        const fftwf_complex *Vc = p->V + (int64_t)c * p->hs; /* [h] */
         float *Xc = X + (int64_t)c * N;                  /* [N] */
         Xc[0] = s0 * Vc[0][0];
         for (int k = 1; k < h; k++) /* k = 1 .. floor(N/2) */
@@ -740,7 +851,7 @@ kvs_status kvs_dct3_ortho_cols(kvs_dct_plan *p, const float *X, float *x, kvs_er
     const float s0 = (float)(1.0 / sqrt((double)N)), s1 = (float)(1.0 / sqrt(2.0 * N));
     for (int c = 0; c < d; c++) {
         const float *Xc = X + (int64_t)c * N; /* [N] */
-        fftwf_complex *Vc = p->V + (int64_t)c * h;
+        fftwf_complex *Vc = p->V + (int64_t)c * p->hs;
         Vc[0][0] = s0 * Xc[0];
         Vc[0][1] = 0.0f;
         for (int k = 1; k < h; k++) {
@@ -856,7 +967,7 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
         /* vg -> Vg; r2c preserves vg */
         fwd_fft(p, bd, m, vg, p->Vg);
         for (int c = 0; c < m; c++) {
-            fftwf_complex *Vc = p->Vg + (int64_t)c * h; /* [h] */
+            fftwf_complex *Vc = p->Vg + (int64_t)c * p->hs; /* [h] */
             X[0] = a0 * Vc[0][0];
             for (int k = 1; k < kl; k++) X[k] = a1 * (p->cs[k] * Vc[k][0] + p->sn[k] * Vc[k][1]);
             for (int j = h; j < omega; j++) {

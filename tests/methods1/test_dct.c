@@ -41,7 +41,7 @@ static double rel_err_f(const float *a, const double *ref, int n) {
 }
 
 static void test_against_naive(void) {
-    const int Ns[] = {1, 2, 3, 5, 8, 16, 17, 64, 100, 257};
+    const int Ns[] = {1, 2, 3, 4, 5, 6, 8, 10, 16, 17, 64, 100, 257, 1540};
     const int ds[] = {1, 3, 4, 8};
     uint64_t rng = 42;
     for (size_t a = 0; a < sizeof Ns / sizeof Ns[0]; a++)

@@ -17,15 +17,18 @@
  *
  * How (dct.c): Makhoul's N-point algorithm, one real FFT of length N per
  * column plus an O(N) permutation and twiddle, for any N >= 1. The real FFT
- * takes one of two routes (kvs_dct_route_for): FFTW's own batched r2c / c2r
- * when N = 2^a 3^b 5^c ("direct"; 3-6x faster than FFTW's REDFT10/REDFT01
- * r2r kinds batched with stride d, which have no SIMD codelets), else
- * Bluestein's chirp convolution through a complex FFT of length 2^a, 3 2^a
- * or 5 2^a, two real columns at a time, so a prime N costs about what a
- * smooth N does instead of FFTW's 10-20x slower Rader plans. The two routes
- * agree to float rounding; the direct route is bit for bit the code before
- * the routes existed. The tests cross-check both against a float64 DCT and
- * FFTW's r2r kinds.
+ * takes one of two routes (kvs_dct_route_for): FFTW's batched FFTs when
+ * N = 2^a 3^b 5^c ("direct": for even N a complex FFT of N/2 on the column
+ * read as N/2 complex pairs plus an O(N) split, which FFTW's ESTIMATE plans
+ * run faster than its own r2c / c2r; r2c / c2r for odd N; 3-6x faster than
+ * FFTW's REDFT10/REDFT01 r2r kinds batched with stride d), else
+ * Bluestein's chirp convolution through complex FFTs of length 2^a, 3 2^a
+ * or 5 2^a, two real columns at a time and the tokens in up to 4 blocks
+ * (shorter FFTs where the band is narrow), so a prime N costs 1.5-2.5x what
+ * a smooth N does instead of FFTW's 10-20x slower Rader plans. The two routes
+ * agree to float rounding (FlashCache's golden plan hashes, recorded before
+ * either change, are unchanged). The tests cross-check both against a
+ * float64 DCT and FFTW's r2r kinds.
  * Plans: FFTW plans are made once per process and size in a cache in dct.c
  * (under one mutex; never freed; FFTW's planner is process-global anyway),
  * so creating a kvs_dct_plan after the first of its size only allocates
@@ -83,6 +86,10 @@ kvs_dct_route kvs_dct_plan_route(const kvs_dct_plan *p); /* DIRECT or BLUESTEIN 
 /* The FFT length the plan runs: N (direct), or Bluestein's M for the plain
  * transforms (lowpass 0) or for kvs_dct_lowpass_sqres at the plan's omega. */
 int kvs_dct_plan_fft_size(const kvs_dct_plan *p, int lowpass);
+/* Bluestein: the blocks P its convolution splits the N tokens into (each
+ * through FFTs of that length: P + 1 per two columns and direction); 1 on
+ * the direct route. */
+int kvs_dct_plan_fft_blocks(const kvs_dct_plan *p, int lowpass);
 /* Entries in the process-wide FFTW plan cache (direct (N, d) sets plus
  * Bluestein lengths M): what the tests use to check plans are made once. */
 int kvs_dct_plan_cache_entries(void);

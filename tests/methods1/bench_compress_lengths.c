@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
     printf("gemma3-270m shape, fp16 K/V, ratio 0.2, %d thread(s), %d warm runs per method; "
            "1-minute load average before: %.2f\n",
            threads, reps, load);
-    printf("| N | route | FFT length | flashcache first ms | flashcache ms median [min] | "
+    printf("| N | route | FFT length x blocks | flashcache first ms | flashcache ms median [min] | "
            "snapkv ms median [min] | flashcache / snapkv | CPU ms flashcache / snapkv | "
            "block ms: route [direct] |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < nN; i++) {
@@ -145,11 +145,12 @@ int main(int argc, char **argv) {
             free(acc), free(tb);
             kvs_dct_plan_destroy(bp);
         }
-        printf("| %d | %s | %d | %.1f | %.1f [%.1f] | %.1f [%.1f] | %.2f | %.1f / %.1f | "
+        printf("| %d | %s | %d x %d | %.1f | %.1f [%.1f] | %.1f [%.1f] | %.2f | %.1f / %.1f = %.2f | "
                "%.2f [%.2f] |\n",
                N, kvs_dct_plan_route(dp) == KVS_DCT_DIRECT ? "direct" : "bluestein",
-               kvs_dct_plan_fft_size(dp, 1), first, tf[reps / 2], tf[0], ts[reps / 2], ts[0],
-               tf[reps / 2] / ts[reps / 2], cf[reps / 2], cs[reps / 2], blk[0], blk[1]);
+               kvs_dct_plan_fft_size(dp, 1), kvs_dct_plan_fft_blocks(dp, 1), first, tf[reps / 2],
+               tf[0], ts[reps / 2], ts[0], tf[reps / 2] / ts[reps / 2], cf[reps / 2], cs[reps / 2],
+               cf[reps / 2] / cs[reps / 2], blk[0], blk[1]);
         fflush(stdout);
         kvs_dct_plan_destroy(dp);
         free(tf), free(ts), free(cf), free(cs);

@@ -41,7 +41,7 @@ static double rel_err_f(const float *a, const double *ref, int n) {
 }
 
 static void test_against_naive(void) {
-    const int Ns[] = {1, 2, 3, 5, 8, 16, 17, 64, 100, 257};
+    const int Ns[] = {1, 2, 3, 4, 5, 6, 8, 10, 16, 17, 64, 100, 257, 1540};
     const int ds[] = {1, 3, 4, 8};
     uint64_t rng = 42;
     for (size_t a = 0; a < sizeof Ns / sizeof Ns[0]; a++)
@@ -244,7 +244,8 @@ static void test_lowpass_sqres(void) {
     static const struct {
         int N, d;
     } sh[] = {{1, 1},    {2, 3},     {3, 2},     {5, 4},     {17, 3},    {64, 8},
-              {1001, 5}, {2048, 40}, {3001, 24}, {3000, 20}, {1023, 64}, {2048, 256}};
+              {1001, 5}, {2048, 40}, {3001, 24}, {3000, 20}, {1023, 64}, {2048, 256},
+              {37, 12},  {15, 9}};
     uint64_t rng = 99;
     int grouped = 0;
     for (size_t a = 0; a < sizeof sh / sizeof sh[0]; a++) {
@@ -403,10 +404,12 @@ static void test_routes_any_length(void) {
             CHECK_OK(kvs_dct3_ortho_cols(p, x, y, e), e);
             double e3 = rel_err_cols(y, ref3, nd);
             CHECK_MSG(e3 < 1e-6, "N=%d route %d: DCT-III vs float64 rel err %.3g", N, (int)got, e3);
-            if (got == KVS_DCT_BLUESTEIN)
-                CHECK_MSG(kvs_dct_plan_fft_size(p, 0) >= 2 * N - 1 &&
-                              kvs_dct_plan_fft_size(p, 0) < 4 * N,
-                          "N=%d: Bluestein length %d", N, kvs_dct_plan_fft_size(p, 0));
+            if (got == KVS_DCT_BLUESTEIN) { /* P blocks of L tokens, K = N/2 + 1 outputs */
+                const int P = kvs_dct_plan_fft_blocks(p, 0), M = kvs_dct_plan_fft_size(p, 0);
+                const int L = (N + P - 1) / P, K = N / 2 + 1;
+                CHECK_MSG(P >= 1 && P <= 4 && (P - 1) * L < N && M >= L + 2 * K - 2 && M < 4 * N,
+                          "N=%d: Bluestein length %d, %d blocks", N, M, P);
+            }
             kvs_dct_plan_destroy(p);
         }
         free(x), free(X), free(y), free(ref), free(ref3);

@@ -7,7 +7,9 @@
  * Golden plan hashes: FNV-1a over every layer's budget and kept indices,
  * recorded with the code before the per-N route existed (git 2fc2e6a,
  * direct route at every N). Smooth N keep that route, so their plans must
- * be bit-identical; at N with a large prime factor the route is Bluestein,
+ * be identical (its even-N FFTs now run as complex FFTs of N/2, whose Dev
+ * differs from r2c's by float rounding only: no plan here changed, so the
+ * hashes stay exact); at N with a large prime factor the route is Bluestein,
  * whose Dev differs from the old one by float rounding only, so those plans
  * are compared with tie tolerance against the direct route (forced here).
  * Run with KVS_PRINT_HASHES=1 to print the hashes instead of checking them.

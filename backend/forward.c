@@ -93,21 +93,19 @@ static void mv_run(void *arg, int ith, int nth) {
         float *out = j->out[i];
         const float *bias = j->bias[i];
         const int os = j->ostride[i];
-        for (int64_t r = a; r < b; r++) {
+        for (int64_t r = a; fl && r < b; r++) {
             const void *row = data + (size_t)r * w->row_bytes;
             float br = bias ? bias[r] : 0.0f;
-            if (fl) {
-                for (int s = 0; s < j->n; s++)
-                    out[(size_t)s * os + r] = kvs_dot_f32(w->type, row, j->xf + (size_t)s * j->xstride, w->cols) + br;
-                continue;
-            }
+            for (int s = 0; s < j->n; s++)
+                out[(size_t)s * os + r] = kvs_dot_f32(w->type, row, j->xf + (size_t)s * j->xstride, w->cols) + br;
+        }
+        if (!fl && b > a) {
             /* each weight block unpacked once for every sequence (same result per column as alone) */
-            float y[64];
-            for (int s0 = 0; s0 < j->n; s0 += 64) {
-                int nc = j->n - s0 < 64 ? j->n - s0 : 64;
-                kvs_dot_q8a_cols(w->type, row, j->xq + (size_t)s0 * j->qstride, j->qstride, nc, w->cols, y);
-                for (int c = 0; c < nc; c++) out[(size_t)(s0 + c) * os + r] = y[c] + br;
-            }
+            kvs_dot_q8a_rows(w->type, data + (size_t)a * w->row_bytes, w->row_bytes, b - a, j->xq, j->qstride, j->n,
+                             w->cols, out + a, os);
+            if (bias)
+                for (int s = 0; s < j->n; s++)
+                    for (int64_t r = a; r < b; r++) out[(size_t)s * os + r] += bias[r];
         }
         base += w->rows;
     }

@@ -631,71 +631,6 @@ float kvs_dot_ff(const float *a, const float *b, int64_t n) { return dot_ff(a, b
 #ifdef KVS_HAVE_AVX2
 #define KVS_MC 4 /* columns per register tile */
 
-static inline __attribute__((always_inline)) void mc_q8_0(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nb, float *y) {
-    __m256 acc[KVS_MC], acc2[KVS_MC];
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) acc[c] = acc2[c] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *b0 = row + b * 34, *b1 = b0 + 34;
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2)), w1 = _mm256_loadu_si256((const __m256i *)(b1 + 2));
-        __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
-        float d0 = h2f(b0), d1 = h2f(b1);
-        #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) {
-            const kvs_q8a_block *xc = x + c * xs;
-            __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b].q), w0);
-            __m256i s1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b + 1].q), w1);
-            __m256 p0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a0, s0), _mm256_set1_epi16(1)));
-            __m256 p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a1, s1), _mm256_set1_epi16(1)));
-            acc[c] = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * xc[b].d), acc[c]);
-            acc2[c] = _mm256_fmadd_ps(p1, _mm256_set1_ps(d1 * xc[b + 1].d), acc2[c]);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_add_ps(acc[c], acc2[c]);
-    for (; b < nb; b++) {
-        const uint8_t *blk = row + b * 34;
-        __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        float d = h2f(blk);
-        #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) {
-            const kvs_q8a_block *xc = x + c * xs;
-            __m256 p = _mm256_cvtepi32_ps(dot_i8(w, _mm256_loadu_si256((const __m256i *)xc[b].q)));
-            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xc[b].d), acc[c]);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]);
-}
-
-static inline __attribute__((always_inline)) void mc_q5_0(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nb, float *y) {
-    __m256 acc[KVS_MC];
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
-    const __m128i m4 = _mm_set1_epi8(0xF);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * 22;
-        uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
-        __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
-        __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
-        __m256i w = _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
-        __m256i aw = _mm256_sign_epi8(w, w);
-        float d = h2f(blk);
-        #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) {
-            const kvs_q8a_block *xc = x + c * xs;
-            __m256i sq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b].q), w);
-            __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, sq), _mm256_set1_epi16(1)));
-            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xc[b].d), acc[c]);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]);
-}
-
 static inline __attribute__((always_inline)) void mc_q4_k(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nsb, float *y) {
     __m256 acc[KVS_MC];
     float mins[KVS_MC];
@@ -774,14 +709,151 @@ static inline __attribute__((always_inline)) void mc_q6_k(const uint8_t *row, co
     #pragma GCC unroll 4
     for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]) - off[c];
 }
-#endif
 
-void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
-                      float *y);
-void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
-                      float *y) {
-#ifdef KVS_HAVE_AVX2
-    const uint8_t *r = row;
+/* Q8_0 / Q5_0 tiles: one row against NC <= T columns (NC a compile-time
+ * count), the same operations per column as dot_q8_0_avx2 / dot_q5_0_avx2
+ * (same accumulators, same block order, same scale products d * xd), but
+ * the scale products of a block are made for all T columns with one vector
+ * multiply from xdT [nb][T] (the tile's activation scales, transposed once
+ * per call) and each column broadcasts its own from memory: per column and
+ * block the kernel is sign, maddubs, madd, cvt, fma. */
+#define KVS_T8 4 /* Q8_0 columns per tile: 2 x 4 accumulators in registers */
+
+#define KVS_T5 8 /* Q5_0 columns per tile: 8 accumulators */
+
+static inline __attribute__((always_inline)) void t_q8_0(int NC, const uint8_t *row, const kvs_q8a_block *x,
+                                                         int64_t xs, int64_t nb, const float *xdT, float *y) {
+    __m256 acc[KVS_T8], acc2[KVS_T8];
+    const __m256i ones = _mm256_set1_epi16(1);
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = acc2[c] = _mm256_setzero_ps();
+    float sc0[KVS_T8], sc1[KVS_T8];
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = row + b * 34, *b1 = b0 + 34;
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2)), w1 = _mm256_loadu_si256((const __m256i *)(b1 + 2));
+        __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
+        _mm_storeu_ps(sc0, _mm_mul_ps(_mm_set1_ps(h2f(b0)), _mm_loadu_ps(xdT + b * KVS_T8)));
+        _mm_storeu_ps(sc1, _mm_mul_ps(_mm_set1_ps(h2f(b1)), _mm_loadu_ps(xdT + (b + 1) * KVS_T8)));
+        #pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            const kvs_q8a_block *xc = x + c * xs;
+            __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b].q), w0);
+            __m256i s1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b + 1].q), w1);
+            __m256 p0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a0, s0), ones));
+            __m256 p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a1, s1), ones));
+            acc[c] = _mm256_fmadd_ps(p0, _mm256_set1_ps(sc0[c]), acc[c]);
+            acc2[c] = _mm256_fmadd_ps(p1, _mm256_set1_ps(sc1[c]), acc2[c]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_add_ps(acc[c], acc2[c]);
+    for (; b < nb; b++) {
+        const uint8_t *blk = row + b * 34;
+        __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        _mm_storeu_ps(sc0, _mm_mul_ps(_mm_set1_ps(h2f(blk)), _mm_loadu_ps(xdT + b * KVS_T8)));
+        #pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            const kvs_q8a_block *xc = x + c * xs;
+            __m256 p = _mm256_cvtepi32_ps(dot_i8(w, _mm256_loadu_si256((const __m256i *)xc[b].q)));
+            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc0[c]), acc[c]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) y[c] = hsum8(acc[c]);
+}
+
+static inline __attribute__((always_inline)) void t_q5_0(int NC, const uint8_t *row, const kvs_q8a_block *x,
+                                                         int64_t xs, int64_t nb, const float *xdT, float *y) {
+    __m256 acc[KVS_T5];
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m256i ones = _mm256_set1_epi16(1);
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    float sc[KVS_T5];
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * 22;
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
+        __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+        __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
+        __m256i w = _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+        __m256i aw = _mm256_sign_epi8(w, w);
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(h2f(blk)), _mm256_loadu_ps(xdT + b * KVS_T5)));
+        #pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            __m256i sq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[c * xs + b].q), w);
+            __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, sq), ones));
+            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc[c]), acc[c]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) y[c] = hsum8(acc[c]);
+}
+
+/* Q8_0 / Q5_0 rows against ncols columns, tiles of T columns: the tiles'
+ * activation scales transposed once per call (xdT) and reused for every row.
+ * Row-major over the rows: a weight row is read from memory once and stays
+ * in L1 for all column tiles. A lone column is kvs_dot_q8a itself. */
+#define KVS_XDT_MAX 8192 /* floats of transposed scales per pass (32 KiB of stack) */
+
+static inline __attribute__((always_inline)) void t_rows(int type, int T, const uint8_t *rows, size_t rb,
+                                                         int64_t nrows, const kvs_q8a_block *x, int64_t xs,
+                                                         int ncols, int64_t n, float *out, int64_t os) {
+    const int64_t nb = n / 32;
+    float xdT[KVS_XDT_MAX];
+    if (ncols == 1 || nb * T > KVS_XDT_MAX) { /* rows of more than 8192 * 32 / T values: column by column */
+        for (int64_t r = 0; r < nrows; r++)
+            for (int c = 0; c < ncols; c++)
+                out[(int64_t)c * os + r] = kvs_dot_q8a(type, rows + (size_t)r * rb, x + (int64_t)c * xs, n);
+        return;
+    }
+    int per = (int)(KVS_XDT_MAX / (nb * T)) * T; /* columns per pass, whole tiles */
+    for (int c0 = 0; c0 < ncols; c0 += per) {
+        int npass = ncols - c0 < per ? ncols - c0 : per;
+        int ntile = (npass + T - 1) / T, last = npass - (ntile - 1) * T;
+        for (int t = 0; t < ntile; t++)
+            for (int64_t b = 0; b < nb; b++)
+                for (int c = 0; c < T; c++) {
+                    int cc = t * T + c;
+                    xdT[(t * nb + b) * T + c] = cc < npass ? x[(int64_t)(c0 + cc) * xs + b].d : 0.0f;
+                }
+        for (int64_t r = 0; r < nrows; r++) {
+            const uint8_t *row = rows + (size_t)r * rb;
+            for (int t = 0; t < ntile; t++) {
+                int nc = t < ntile - 1 ? T : last, cc = c0 + t * T;
+                const kvs_q8a_block *xc = x + (int64_t)cc * xs;
+                const float *xt = xdT + t * nb * T;
+                float y[8];
+                if (type == KVS_GGML_Q8_0) {
+                    switch (nc) {
+                    case 4: t_q8_0(4, row, xc, xs, nb, xt, y); break;
+                    case 3: t_q8_0(3, row, xc, xs, nb, xt, y); break;
+                    case 2: t_q8_0(2, row, xc, xs, nb, xt, y); break;
+                    default: t_q8_0(1, row, xc, xs, nb, xt, y); break;
+                    }
+                } else {
+                    switch (nc) {
+                    case 8: t_q5_0(8, row, xc, xs, nb, xt, y); break;
+                    case 7: t_q5_0(7, row, xc, xs, nb, xt, y); break;
+                    case 6: t_q5_0(6, row, xc, xs, nb, xt, y); break;
+                    case 5: t_q5_0(5, row, xc, xs, nb, xt, y); break;
+                    case 4: t_q5_0(4, row, xc, xs, nb, xt, y); break;
+                    case 3: t_q5_0(3, row, xc, xs, nb, xt, y); break;
+                    case 2: t_q5_0(2, row, xc, xs, nb, xt, y); break;
+                    default: t_q5_0(1, row, xc, xs, nb, xt, y); break;
+                    }
+                }
+                for (int c = 0; c < nc; c++) out[(int64_t)(cc + c) * os + r] = y[c];
+            }
+        }
+    }
+}
+
+/* Q4_K / Q6_K and the rest: one row at a time, tiles of KVS_MC columns. */
+static void mc_row(int type, const uint8_t *r, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
+                   float *y) {
     for (int c0 = 0; c0 < ncols; c0 += KVS_MC) {
         int nc = ncols - c0 < KVS_MC ? ncols - c0 : KVS_MC;
         const kvs_q8a_block *xc = x + (int64_t)c0 * xstride;
@@ -794,16 +866,47 @@ void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t
     default: fn(r, xc, xstride, 1, nb, y + c0); break;                                                         \
     }
         switch (type) {
-        case KVS_GGML_Q8_0: KVS_MC_CALL(mc_q8_0, n / 32) break;
-        case KVS_GGML_Q5_0: KVS_MC_CALL(mc_q5_0, n / 32) break;
         case KVS_GGML_Q4_K: KVS_MC_CALL(mc_q4_k, n / 256) break;
         case KVS_GGML_Q6_K: KVS_MC_CALL(mc_q6_k, n / 256) break;
         default:
-            for (int c = 0; c < nc; c++) y[c0 + c] = kvs_dot_q8a(type, row, xc + (int64_t)c * xstride, n);
+            for (int c = 0; c < nc; c++) y[c0 + c] = kvs_dot_q8a(type, r, xc + (int64_t)c * xstride, n);
         }
 #undef KVS_MC_CALL
     }
-#else
-    for (int c = 0; c < ncols; c++) y[c] = kvs_dot_q8a(type, row, x + (int64_t)c * xstride, n);
+}
 #endif
+
+void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                      int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
+void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
+                      float *y);
+void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                      int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
+    const uint8_t *rw = rows;
+#ifdef KVS_HAVE_AVX2
+    if (type == KVS_GGML_Q8_0) {
+        t_rows(KVS_GGML_Q8_0, KVS_T8, rw, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+        return;
+    }
+    if (type == KVS_GGML_Q5_0) {
+        t_rows(KVS_GGML_Q5_0, KVS_T5, rw, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+        return;
+    }
+    float y[64];
+    for (int64_t r = 0; r < nrows; r++)
+        for (int c0 = 0; c0 < ncols; c0 += 64) {
+            int nc = ncols - c0 < 64 ? ncols - c0 : 64;
+            mc_row(type, rw + (size_t)r * row_bytes, x + (int64_t)c0 * xstride, xstride, nc, n, y);
+            for (int c = 0; c < nc; c++) out[(int64_t)(c0 + c) * ostride + r] = y[c];
+        }
+#else
+    for (int64_t r = 0; r < nrows; r++)
+        for (int c = 0; c < ncols; c++)
+            out[(int64_t)c * ostride + r] = kvs_dot_q8a(type, rw + (size_t)r * row_bytes, x + (int64_t)c * xstride, n);
+#endif
+}
+
+void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
+                      float *y) {
+    kvs_dot_q8a_rows(type, row, 0, 1, x, xstride, ncols, n, y, 1);
 }

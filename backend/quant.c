@@ -722,6 +722,9 @@ static inline __attribute__((always_inline)) void t_q5_0(int NC, const uint8_t *
  * Row-major over the rows: a weight row is read from memory once and stays
  * in L1 for all column tiles. A lone column is kvs_dot_q8a itself. */
 #define KVS_XDT_MAX 8192 /* floats of transposed scales per pass (32 KiB of stack) */
+#ifndef KVS_RB
+#define KVS_RB 16 /* rows per block: their weights stay in L1 while each column tile passes over them */
+#endif
 
 static inline __attribute__((always_inline)) void t_rows(int type, int T, const uint8_t *rows, size_t rb,
                                                          int64_t nrows, const kvs_q8a_block *x, int64_t xs,
@@ -744,35 +747,35 @@ static inline __attribute__((always_inline)) void t_rows(int type, int T, const 
                     int cc = t * T + c;
                     xdT[(t * nb + b) * T + c] = cc < npass ? x[(int64_t)(c0 + cc) * xs + b].d : 0.0f;
                 }
-        for (int64_t r = 0; r < nrows; r++) {
-            const uint8_t *row = rows + (size_t)r * rb;
-            for (int t = 0; t < ntile; t++) {
-                int nc = t < ntile - 1 ? T : last, cc = c0 + t * T;
-                const kvs_q8a_block *xc = x + (int64_t)cc * xs;
-                const float *xt = xdT + t * nb * T;
-                float y[8];
-                if (type == KVS_GGML_Q8_0) {
-                    switch (nc) {
-                    case 4: t_q8_0(4, row, xc, xs, nb, xt, y); break;
-                    case 3: t_q8_0(3, row, xc, xs, nb, xt, y); break;
-                    case 2: t_q8_0(2, row, xc, xs, nb, xt, y); break;
-                    default: t_q8_0(1, row, xc, xs, nb, xt, y); break;
+        for (int64_t r0 = 0; r0 < nrows; r0 += KVS_RB)
+            for (int t = 0; t < ntile; t++)
+                for (int64_t r = r0; r < nrows && r < r0 + KVS_RB; r++) {
+                    const uint8_t *row = rows + (size_t)r * rb;
+                    int nc = t < ntile - 1 ? T : last, cc = c0 + t * T;
+                    const kvs_q8a_block *xc = x + (int64_t)cc * xs;
+                    const float *xt = xdT + t * nb * T;
+                    float y[8];
+                    if (type == KVS_GGML_Q8_0) {
+                        switch (nc) {
+                        case 4: t_q8_0(4, row, xc, xs, nb, xt, y); break;
+                        case 3: t_q8_0(3, row, xc, xs, nb, xt, y); break;
+                        case 2: t_q8_0(2, row, xc, xs, nb, xt, y); break;
+                        default: t_q8_0(1, row, xc, xs, nb, xt, y); break;
+                        }
+                    } else {
+                        switch (nc) {
+                        case 8: t_q5_0(8, row, xc, xs, nb, xt, y); break;
+                        case 7: t_q5_0(7, row, xc, xs, nb, xt, y); break;
+                        case 6: t_q5_0(6, row, xc, xs, nb, xt, y); break;
+                        case 5: t_q5_0(5, row, xc, xs, nb, xt, y); break;
+                        case 4: t_q5_0(4, row, xc, xs, nb, xt, y); break;
+                        case 3: t_q5_0(3, row, xc, xs, nb, xt, y); break;
+                        case 2: t_q5_0(2, row, xc, xs, nb, xt, y); break;
+                        default: t_q5_0(1, row, xc, xs, nb, xt, y); break;
+                        }
                     }
-                } else {
-                    switch (nc) {
-                    case 8: t_q5_0(8, row, xc, xs, nb, xt, y); break;
-                    case 7: t_q5_0(7, row, xc, xs, nb, xt, y); break;
-                    case 6: t_q5_0(6, row, xc, xs, nb, xt, y); break;
-                    case 5: t_q5_0(5, row, xc, xs, nb, xt, y); break;
-                    case 4: t_q5_0(4, row, xc, xs, nb, xt, y); break;
-                    case 3: t_q5_0(3, row, xc, xs, nb, xt, y); break;
-                    case 2: t_q5_0(2, row, xc, xs, nb, xt, y); break;
-                    default: t_q5_0(1, row, xc, xs, nb, xt, y); break;
-                    }
+                    for (int c = 0; c < nc; c++) out[(int64_t)(cc + c) * os + r] = y[c];
                 }
-                for (int c = 0; c < nc; c++) out[(int64_t)(cc + c) * os + r] = y[c];
-            }
-        }
     }
 }
 

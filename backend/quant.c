@@ -913,26 +913,26 @@ static void tk_rows(int type, const uint8_t *rows, size_t rb, int64_t nrows, con
                     S0[i] = xb ? xb->sum16[0] : 0;
                     S1[i] = xb ? xb->sum16[1] : 0;
                 }
-        for (int64_t r = 0; r < nrows; r++) {
-            const uint8_t *row = rows + (size_t)r * rb;
-            for (int t = 0; t < ntile; t++) {
-                int nc = t < ntile - 1 ? KVS_TK : last, cc = c0 + t * KVS_TK;
-                const kvs_q8a_block *xc = x + (int64_t)cc * xs;
-                const int64_t o = t * nb * KVS_TK;
-                float y[KVS_TK];
+        for (int64_t r0 = 0; r0 < nrows; r0 += KVS_RB)
+            for (int t = 0; t < ntile; t++)
+                for (int64_t r = r0; r < nrows && r < r0 + KVS_RB; r++) {
+                    const uint8_t *row = rows + (size_t)r * rb;
+                    int nc = t < ntile - 1 ? KVS_TK : last, cc = c0 + t * KVS_TK;
+                    const kvs_q8a_block *xc = x + (int64_t)cc * xs;
+                    const int64_t o = t * nb * KVS_TK;
+                    float y[KVS_TK];
 #define KVS_TK_CALL(N)                                                                                         \
     if (type == KVS_GGML_Q4_K) t_q4_k(N, row, xc, xs, nsb, XD + o, FS + o, y);                                 \
     else t_q6_k(N, row, xc, xs, nsb, XD + o, S0 + o, S1 + o, y);
-                switch (nc) {
-                case 4: KVS_TK_CALL(4) break;
-                case 3: KVS_TK_CALL(3) break;
-                case 2: KVS_TK_CALL(2) break;
-                default: KVS_TK_CALL(1) break;
-                }
+                    switch (nc) {
+                    case 4: KVS_TK_CALL(4) break;
+                    case 3: KVS_TK_CALL(3) break;
+                    case 2: KVS_TK_CALL(2) break;
+                    default: KVS_TK_CALL(1) break;
+                    }
 #undef KVS_TK_CALL
-                for (int c = 0; c < nc; c++) out[(int64_t)(cc + c) * os + r] = y[c];
-            }
-        }
+                    for (int c = 0; c < nc; c++) out[(int64_t)(cc + c) * os + r] = y[c];
+                }
     }
 }
 

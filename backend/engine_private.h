@@ -17,6 +17,11 @@ float kvs_dot_q8a_scalar(int type, const void *row, const kvs_q8a_block *x, int6
  * each weight block unpacked once for all columns (quant.c). */
 void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
                       float *y);
+/* The same over nrows rows (row r at rows + r * row_bytes): out[c * ostride + r]
+ * = kvs_dot_q8a(type, row r, x + c * xstride, n), bit for bit. The batched
+ * matrix-vector product of decode calls it on a thread's range of rows. */
+void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                      int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
 
 /* ---- simd.c ------------------------------------------------------------------ */
 /* x[i] = exp(x[i] - sub); returns the sum. */

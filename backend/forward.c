@@ -23,6 +23,7 @@
 #include <assert.h>
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,14 +77,12 @@ typedef struct {
     int xstride;
     const kvs_q8a_block *xq; /* [n][qstride] quantised activations */
     int qstride;
+    int64_t total, chunk; /* rows of all nw matrices; rows per claim */
+    atomic_llong next;    /* first row not yet claimed */
 } mv_job;
 
-static void mv_run(void *arg, int ith, int nth) {
-    mv_job *j = arg;
-    int64_t total = 0;
-    for (int i = 0; i < j->nw; i++) total += j->w[i]->rows;
-    int64_t per = (total + nth - 1) / nth;
-    int64_t r0 = per * ith, r1 = r0 + per < total ? r0 + per : total;
+/* Rows [r0, r1) of the concatenated matrices. */
+static void mv_rows(const mv_job *j, int64_t r0, int64_t r1) {
     int64_t base = 0;
     for (int i = 0; i < j->nw; i++) {
         const kvs_wmat *w = j->w[i];
@@ -93,23 +92,35 @@ static void mv_run(void *arg, int ith, int nth) {
         float *out = j->out[i];
         const float *bias = j->bias[i];
         const int os = j->ostride[i];
-        for (int64_t r = a; r < b; r++) {
+        for (int64_t r = a; fl && r < b; r++) {
             const void *row = data + (size_t)r * w->row_bytes;
             float br = bias ? bias[r] : 0.0f;
-            if (fl) {
-                for (int s = 0; s < j->n; s++)
-                    out[(size_t)s * os + r] = kvs_dot_f32(w->type, row, j->xf + (size_t)s * j->xstride, w->cols) + br;
-                continue;
-            }
+            for (int s = 0; s < j->n; s++)
+                out[(size_t)s * os + r] = kvs_dot_f32(w->type, row, j->xf + (size_t)s * j->xstride, w->cols) + br;
+        }
+        if (!fl && b > a) {
             /* each weight block unpacked once for every sequence (same result per column as alone) */
-            float y[64];
-            for (int s0 = 0; s0 < j->n; s0 += 64) {
-                int nc = j->n - s0 < 64 ? j->n - s0 : 64;
-                kvs_dot_q8a_cols(w->type, row, j->xq + (size_t)s0 * j->qstride, j->qstride, nc, w->cols, y);
-                for (int c = 0; c < nc; c++) out[(size_t)(s0 + c) * os + r] = y[c] + br;
-            }
+            kvs_dot_q8a_rows(w->type, data + (size_t)a * w->row_bytes, w->row_bytes, b - a, j->xq, j->qstride, j->n,
+                             w->cols, out + a, os);
+            if (bias)
+                for (int s = 0; s < j->n; s++)
+                    for (int64_t r = a; r < b; r++) out[(size_t)s * os + r] += bias[r];
         }
         base += w->rows;
+    }
+}
+
+/* Threads claim chunks of rows until none are left: on a shared machine a
+ * thread that runs late takes fewer rows instead of holding the others at
+ * the join. Which thread computes a row does not change its result. */
+static void mv_run(void *arg, int ith, int nth) {
+    mv_job *j = arg;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        int64_t r0 = (int64_t)atomic_fetch_add_explicit(&j->next, (long long)j->chunk, memory_order_relaxed);
+        if (r0 >= j->total) break;
+        mv_rows(j, r0, r0 + j->chunk < j->total ? r0 + j->chunk : j->total);
     }
 }
 
@@ -117,7 +128,12 @@ static void mv_run(void *arg, int ith, int nth) {
 static void matvec(kvs_pool *pool, dec_buf *db, int n, const float *x, int xstride, int nw, const kvs_wmat *w0,
                    float *o0, int s0, const float *b0, const kvs_wmat *w1, float *o1, int s1, const float *b1,
                    const kvs_wmat *w2, float *o2, int s2, const float *b2) {
-    mv_job j = {{w0, w1, w2}, {o0, o1, o2}, {s0, s1, s2}, {b0, b1, b2}, nw, n, x, xstride, db->xq, db->nqb};
+    mv_job j = {{w0, w1, w2}, {o0, o1, o2}, {s0, s1, s2}, {b0, b1, b2}, nw, n, x, xstride, db->xq, db->nqb, 0, 0, 0};
+    for (int i = 0; i < nw; i++) j.total += j.w[i]->rows;
+    /* about 8 claims per thread, whole 16-row blocks (the dot kernels' row block), at most 1024 rows */
+    int64_t c = j.total / ((int64_t)kvs_pool_size(pool) * 8);
+    c = (c + 15) / 16 * 16;
+    j.chunk = c < 16 ? 16 : c > 1024 ? 1024 : c;
     for (int i = 0; i < n; i++) kvs_q8a_quantize(x + (size_t)i * xstride, db->xq + (size_t)i * db->nqb, w0->cols);
     kvs_pool_run(pool, mv_run, &j);
 }

@@ -13,7 +13,8 @@
  *         sub-blocks 2i and 2i+1 share qs[32i..32i+32) (low / high nibbles)
  *   Q6_K  256 values: u8 ql[128], u8 qh[64], int8 scales[16], f16 d
  *         16 groups of 16 with an int8 scale: x = d*sc*(q - 32), q 6-bit
- * What it is not: no matrix products or threading (model.c does that).
+ * What it is not: no threading and no float matrix products (forward.c does
+ * those); the multi-row, multi-column dots of batched decode are here.
  */
 #include <assert.h>
 #include <math.h>
@@ -687,58 +688,79 @@ float kvs_dot_ff(const float *a, const float *b, int64_t n);
 float kvs_dot_ff(const float *a, const float *b, int64_t n) { return dot_ff(a, b, n); }
 
 /* ---- multi-column dot products (batched decode) --------------------------------
- * One weight row against ncols activation vectors: each weight block is
- * unpacked once and multiplied with every column. Every column goes through
- * exactly the operations of kvs_dot_q8a (same accumulators, same order, same
- * scale products), so y[c] == kvs_dot_q8a(type, row, x + c * xstride, n) bit
- * for bit: a batch decodes each sequence as it would decode alone. */
+ * Weight rows against ncols activation vectors: each weight block is
+ * unpacked once and multiplied with every column of a register tile. Every
+ * column goes through exactly the operations of kvs_dot_q8a (same
+ * accumulators, same order, same scale products; the build has no fp
+ * contraction, -std=c11), so out[c][r] == kvs_dot_q8a(type, row r, x + c *
+ * xstride, n) bit for bit: a batch decodes each sequence as it would decode
+ * alone, and one column is kvs_dot_q8a itself (single-sequence decode
+ * unchanged). What the tiles save is the per-column scalar work: the scale
+ * products and the Q4_K mins / Q6_K offsets are made for a whole tile with
+ * vector operations from activation data transposed once per call. */
 
 #ifdef KVS_HAVE_AVX2
-#define KVS_MC 4 /* columns per register tile */
+/* Q8_0 / Q5_0 tiles: one row against NC <= T columns (NC a compile-time
+ * count), the same operations per column as dot_q8_0_avx2 / dot_q5_0_avx2
+ * (same accumulators, same block order, same scale products d * xd), but
+ * the scale products of a block are made for all T columns with one vector
+ * multiply from xdT [nb][T] (the tile's activation scales, transposed once
+ * per call) and each column broadcasts its own from memory: per column and
+ * block the kernel is sign, maddubs, madd, cvt, fma. */
+#define KVS_T8 4 /* Q8_0 columns per tile: 2 x 4 accumulators in registers */
 
-static inline __attribute__((always_inline)) void mc_q8_0(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nb, float *y) {
-    __m256 acc[KVS_MC], acc2[KVS_MC];
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) acc[c] = acc2[c] = _mm256_setzero_ps();
+#define KVS_T5 8 /* Q5_0 columns per tile: 8 accumulators */
+
+static inline __attribute__((always_inline)) void t_q8_0(int NC, const uint8_t *row, const kvs_q8a_block *x,
+                                                         int64_t xs, int64_t nb, const float *xdT, float *y) {
+    __m256 acc[KVS_T8], acc2[KVS_T8];
+    const __m256i ones = _mm256_set1_epi16(1);
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = acc2[c] = _mm256_setzero_ps();
+    float sc0[KVS_T8], sc1[KVS_T8];
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *b0 = row + b * 34, *b1 = b0 + 34;
         __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2)), w1 = _mm256_loadu_si256((const __m256i *)(b1 + 2));
         __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
-        float d0 = h2f(b0), d1 = h2f(b1);
-        #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) {
+        _mm_storeu_ps(sc0, _mm_mul_ps(_mm_set1_ps(h2f(b0)), _mm_loadu_ps(xdT + b * KVS_T8)));
+        _mm_storeu_ps(sc1, _mm_mul_ps(_mm_set1_ps(h2f(b1)), _mm_loadu_ps(xdT + (b + 1) * KVS_T8)));
+        #pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
             const kvs_q8a_block *xc = x + c * xs;
             __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b].q), w0);
             __m256i s1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b + 1].q), w1);
-            __m256 p0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a0, s0), _mm256_set1_epi16(1)));
-            __m256 p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a1, s1), _mm256_set1_epi16(1)));
-            acc[c] = _mm256_fmadd_ps(p0, _mm256_set1_ps(d0 * xc[b].d), acc[c]);
-            acc2[c] = _mm256_fmadd_ps(p1, _mm256_set1_ps(d1 * xc[b + 1].d), acc2[c]);
+            __m256 p0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a0, s0), ones));
+            __m256 p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a1, s1), ones));
+            acc[c] = _mm256_fmadd_ps(p0, _mm256_set1_ps(sc0[c]), acc[c]);
+            acc2[c] = _mm256_fmadd_ps(p1, _mm256_set1_ps(sc1[c]), acc2[c]);
         }
     }
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_add_ps(acc[c], acc2[c]);
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_add_ps(acc[c], acc2[c]);
     for (; b < nb; b++) {
         const uint8_t *blk = row + b * 34;
         __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        float d = h2f(blk);
-        #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) {
+        _mm_storeu_ps(sc0, _mm_mul_ps(_mm_set1_ps(h2f(blk)), _mm_loadu_ps(xdT + b * KVS_T8)));
+        #pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
             const kvs_q8a_block *xc = x + c * xs;
             __m256 p = _mm256_cvtepi32_ps(dot_i8(w, _mm256_loadu_si256((const __m256i *)xc[b].q)));
-            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xc[b].d), acc[c]);
+            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc0[c]), acc[c]);
         }
     }
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]);
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) y[c] = hsum8(acc[c]);
 }
 
-static inline __attribute__((always_inline)) void mc_q5_0(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nb, float *y) {
-    __m256 acc[KVS_MC];
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+static inline __attribute__((always_inline)) void t_q5_0(int NC, const uint8_t *row, const kvs_q8a_block *x,
+                                                         int64_t xs, int64_t nb, const float *xdT, float *y) {
+    __m256 acc[KVS_T5];
     const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m256i ones = _mm256_set1_epi16(1);
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    float sc[KVS_T5];
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * 22;
         uint32_t qh;
@@ -748,28 +770,98 @@ static inline __attribute__((always_inline)) void mc_q5_0(const uint8_t *row, co
         __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
         __m256i w = _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
         __m256i aw = _mm256_sign_epi8(w, w);
-        float d = h2f(blk);
-        #pragma GCC unroll 4
-        for (int c = 0; c < nc; c++) {
-            const kvs_q8a_block *xc = x + c * xs;
-            __m256i sq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xc[b].q), w);
-            __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, sq), _mm256_set1_epi16(1)));
-            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xc[b].d), acc[c]);
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(h2f(blk)), _mm256_loadu_ps(xdT + b * KVS_T5)));
+        #pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            __m256i sq = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[c * xs + b].q), w);
+            __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(aw, sq), ones));
+            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc[c]), acc[c]);
         }
     }
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]);
+    #pragma GCC unroll 8
+    for (int c = 0; c < NC; c++) y[c] = hsum8(acc[c]);
 }
 
-static inline __attribute__((always_inline)) void mc_q4_k(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nsb, float *y) {
-    __m256 acc[KVS_MC];
-    float mins[KVS_MC];
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
-        mins[c] = 0;
+/* Q8_0 / Q5_0 rows against ncols columns, tiles of T columns: the tiles'
+ * activation scales transposed once per call (xdT) and reused for every row.
+ * Row-major over the rows: a weight row is read from memory once and stays
+ * in L1 for all column tiles. A lone column is kvs_dot_q8a itself. */
+#define KVS_XDT_MAX 8192 /* floats of transposed scales per pass (32 KiB of stack) */
+#ifndef KVS_RB
+#define KVS_RB 16 /* rows per block: their weights stay in L1 while each column tile passes over them */
+#endif
+
+static inline __attribute__((always_inline)) void t_rows(int type, int T, const uint8_t *rows, size_t rb,
+                                                         int64_t nrows, const kvs_q8a_block *x, int64_t xs,
+                                                         int ncols, int64_t n, float *out, int64_t os) {
+    const int64_t nb = n / 32;
+    float xdT[KVS_XDT_MAX];
+    if (ncols == 1 || nb * T > KVS_XDT_MAX) { /* rows of more than 8192 * 32 / T values: column by column */
+        for (int64_t r = 0; r < nrows; r++)
+            for (int c = 0; c < ncols; c++)
+                out[(int64_t)c * os + r] = kvs_dot_q8a(type, rows + (size_t)r * rb, x + (int64_t)c * xs, n);
+        return;
     }
+    int per = (int)(KVS_XDT_MAX / (nb * T)) * T; /* columns per pass, whole tiles */
+    for (int c0 = 0; c0 < ncols; c0 += per) {
+        int npass = ncols - c0 < per ? ncols - c0 : per;
+        int ntile = (npass + T - 1) / T, last = npass - (ntile - 1) * T;
+        for (int t = 0; t < ntile; t++)
+            for (int64_t b = 0; b < nb; b++)
+                for (int c = 0; c < T; c++) {
+                    int cc = t * T + c;
+                    xdT[(t * nb + b) * T + c] = cc < npass ? x[(int64_t)(c0 + cc) * xs + b].d : 0.0f;
+                }
+        for (int64_t r0 = 0; r0 < nrows; r0 += KVS_RB)
+            for (int t = 0; t < ntile; t++)
+                for (int64_t r = r0; r < nrows && r < r0 + KVS_RB; r++) {
+                    const uint8_t *row = rows + (size_t)r * rb;
+                    int nc = t < ntile - 1 ? T : last, cc = c0 + t * T;
+                    const kvs_q8a_block *xc = x + (int64_t)cc * xs;
+                    const float *xt = xdT + t * nb * T;
+                    float y[8];
+                    if (type == KVS_GGML_Q8_0) {
+                        switch (nc) {
+                        case 4: t_q8_0(4, row, xc, xs, nb, xt, y); break;
+                        case 3: t_q8_0(3, row, xc, xs, nb, xt, y); break;
+                        case 2: t_q8_0(2, row, xc, xs, nb, xt, y); break;
+                        default: t_q8_0(1, row, xc, xs, nb, xt, y); break;
+                        }
+                    } else {
+                        switch (nc) {
+                        case 8: t_q5_0(8, row, xc, xs, nb, xt, y); break;
+                        case 7: t_q5_0(7, row, xc, xs, nb, xt, y); break;
+                        case 6: t_q5_0(6, row, xc, xs, nb, xt, y); break;
+                        case 5: t_q5_0(5, row, xc, xs, nb, xt, y); break;
+                        case 4: t_q5_0(4, row, xc, xs, nb, xt, y); break;
+                        case 3: t_q5_0(3, row, xc, xs, nb, xt, y); break;
+                        case 2: t_q5_0(2, row, xc, xs, nb, xt, y); break;
+                        default: t_q5_0(1, row, xc, xs, nb, xt, y); break;
+                        }
+                    }
+                    for (int c = 0; c < nc; c++) out[(int64_t)(cc + c) * os + r] = y[c];
+                }
+    }
+}
+
+/* Q4_K / Q6_K tiles of NC <= 4 columns: the operations of dot_q4_k_avx2 /
+ * dot_q6_k_avx2 per column (same order; the build has no fp contraction, so
+ * a vector mul/add over the tile's 4 columns rounds as the scalar one does),
+ * the per-column scalar work (scale products, the mins / offset terms) done
+ * for the 4 columns at once from transposed activation data: XD [nb][4]
+ * scales, and per block the 16-sums: FS [nb][4] (Q4_K: float of both halves)
+ * or S0, S1 [nb][4] (Q6_K: each half, int32). */
+#define KVS_TK 4
+
+static inline __attribute__((always_inline)) void t_q4_k(int NC, const uint8_t *row, const kvs_q8a_block *x,
+                                                         int64_t xs, int64_t nsb, const float *XD, const float *FS,
+                                                         float *y) {
+    __m256 acc[KVS_TK];
+    __m128 mins = _mm_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
+    #pragma GCC unroll 4
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    float sc0[KVS_TK], sc1[KVS_TK];
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = row + b * 144;
         float d = h2f(blk), dmin = h2f(blk + 2);
@@ -781,35 +873,45 @@ static inline __attribute__((always_inline)) void mc_q4_k(const uint8_t *row, co
             __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + jp * 32));
             __m256i lo = _mm256_and_si256(q4, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            const int64_t k0 = b * 8 + 2 * jp;
+            __m128 xd0 = _mm_loadu_ps(XD + k0 * KVS_TK), xd1 = _mm_loadu_ps(XD + (k0 + 1) * KVS_TK);
+            /* d * s0 * x0->d, per column */
+            _mm_storeu_ps(sc0, _mm_mul_ps(_mm_set1_ps(d * (float)s0), xd0));
+            _mm_storeu_ps(sc1, _mm_mul_ps(_mm_set1_ps(d * (float)s1), xd1));
+            /* mins += dmin * (m0 * x0->d * fs0 + m1 * x1->d * fs1) */
+            __m128 t0 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps((float)m0), xd0), _mm_loadu_ps(FS + k0 * KVS_TK));
+            __m128 t1 = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps((float)m1), xd1), _mm_loadu_ps(FS + (k0 + 1) * KVS_TK));
+            mins = _mm_add_ps(mins, _mm_mul_ps(_mm_set1_ps(dmin), _mm_add_ps(t0, t1)));
             #pragma GCC unroll 4
-            for (int c = 0; c < nc; c++) {
-                const kvs_q8a_block *x0 = &x[c * xs + b * 8 + 2 * jp], *x1 = x0 + 1;
+            for (int c = 0; c < NC; c++) {
+                const kvs_q8a_block *x0 = &x[c * xs + k0], *x1 = x0 + 1;
                 __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x0->q)), ones);
                 __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)x1->q)), ones);
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d * s0 * x0->d), acc[c]);
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * s1 * x1->d), acc[c]);
-                mins[c] += dmin * (m0 * x0->d * (float)(x0->sum16[0] + x0->sum16[1]) +
-                                   m1 * x1->d * (float)(x1->sum16[0] + x1->sum16[1]));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(sc0[c]), acc[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(sc1[c]), acc[c]);
             }
         }
     }
+    float mn[KVS_TK];
+    _mm_storeu_ps(mn, mins);
     #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]) - mins[c];
+    for (int c = 0; c < NC; c++) y[c] = hsum8(acc[c]) - mn[c];
 }
 
-static inline __attribute__((always_inline)) void mc_q6_k(const uint8_t *row, const kvs_q8a_block *x, int64_t xs, int nc, int64_t nsb, float *y) {
-    __m256 acc[KVS_MC];
-    float off[KVS_MC];
-    #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
-        off[c] = 0;
-    }
+static inline __attribute__((always_inline)) void t_q6_k(int NC, const uint8_t *row, const kvs_q8a_block *x,
+                                                         int64_t xs, int64_t nsb, const float *XD, const int32_t *S0,
+                                                         const int32_t *S1, float *y) {
+    __m256 acc[KVS_TK];
+    __m128 off = _mm_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    #pragma GCC unroll 4
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    float sc[KVS_TK];
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = row + b * 210;
-        const int8_t *sc = (const int8_t *)(blk + 192);
+        const int8_t *scl = (const int8_t *)(blk + 192);
         float d = h2f(blk + 208);
+        const __m128 dv = _mm_set1_ps(d);
         for (int n = 0; n < 2; n++) {
             __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + n * 64));
             __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + n * 64 + 32));
@@ -823,52 +925,111 @@ static inline __attribute__((always_inline)) void mc_q6_k(const uint8_t *row, co
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
             for (int qq = 0; qq < 4; qq++) {
-                int sa = sc[n * 8 + qq * 2], sb = sc[n * 8 + qq * 2 + 1];
+                int sa = scl[n * 8 + qq * 2], sb = scl[n * 8 + qq * 2 + 1];
                 __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)sb), _mm_set1_epi16((short)sa));
+                const int64_t k = b * 8 + n * 4 + qq;
+                /* d * xb->d per column; off += d * xb->d * 32 * (sa * sum16[0] + sb * sum16[1]) */
+                __m128 dxd = _mm_mul_ps(dv, _mm_loadu_ps(XD + k * KVS_TK));
+                _mm_storeu_ps(sc, dxd);
+                __m128i si = _mm_add_epi32(_mm_mullo_epi32(_mm_set1_epi32(sa), _mm_loadu_si128((const __m128i *)(S0 + k * KVS_TK))),
+                                           _mm_mullo_epi32(_mm_set1_epi32(sb), _mm_loadu_si128((const __m128i *)(S1 + k * KVS_TK))));
+                off = _mm_add_ps(off, _mm_mul_ps(_mm_mul_ps(dxd, _mm_set1_ps(32.0f)), _mm_cvtepi32_ps(si)));
                 #pragma GCC unroll 4
-                for (int c = 0; c < nc; c++) {
-                    const kvs_q8a_block *xb = &x[c * xs + b * 8 + n * 4 + qq];
+                for (int c = 0; c < NC; c++) {
+                    const kvs_q8a_block *xb = &x[c * xs + k];
                     __m256i p = _mm256_maddubs_epi16(q[qq], _mm256_loadu_si256((const __m256i *)xb->q));
                     p = _mm256_madd_epi16(p, scv);
-                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xb->d), acc[c]);
-                    off[c] += d * xb->d * 32.0f * (float)(sa * xb->sum16[0] + sb * xb->sum16[1]);
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sc[c]), acc[c]);
                 }
             }
         }
     }
+    float of[KVS_TK];
+    _mm_storeu_ps(of, off);
     #pragma GCC unroll 4
-    for (int c = 0; c < nc; c++) y[c] = hsum8(acc[c]) - off[c];
+    for (int c = 0; c < NC; c++) y[c] = hsum8(acc[c]) - of[c];
 }
+
+/* Q4_K / Q6_K rows against ncols columns in tiles of 4, transposed
+ * activation data per pass (as t_rows). */
+static void tk_rows(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t xs,
+                    int ncols, int64_t n, float *out, int64_t os) {
+    const int64_t nb = n / 32, nsb = n / 256;
+    float XD[KVS_XDT_MAX / 3], FS[KVS_XDT_MAX / 3];
+    int32_t S0[KVS_XDT_MAX / 3], S1[KVS_XDT_MAX / 3];
+    if (ncols == 1 || nb * KVS_TK > KVS_XDT_MAX / 3) {
+        for (int64_t r = 0; r < nrows; r++)
+            for (int c = 0; c < ncols; c++)
+                out[(int64_t)c * os + r] = kvs_dot_q8a(type, rows + (size_t)r * rb, x + (int64_t)c * xs, n);
+        return;
+    }
+    int per = (int)(KVS_XDT_MAX / 3 / (nb * KVS_TK)) * KVS_TK;
+    for (int c0 = 0; c0 < ncols; c0 += per) {
+        int npass = ncols - c0 < per ? ncols - c0 : per;
+        int ntile = (npass + KVS_TK - 1) / KVS_TK, last = npass - (ntile - 1) * KVS_TK;
+        for (int t = 0; t < ntile; t++)
+            for (int64_t b = 0; b < nb; b++)
+                for (int c = 0; c < KVS_TK; c++) {
+                    int cc = t * KVS_TK + c;
+                    int64_t i = (t * nb + b) * KVS_TK + c;
+                    const kvs_q8a_block *xb = cc < npass ? &x[(int64_t)(c0 + cc) * xs + b] : NULL;
+                    XD[i] = xb ? xb->d : 0.0f;
+                    FS[i] = xb ? (float)(xb->sum16[0] + xb->sum16[1]) : 0.0f;
+                    S0[i] = xb ? xb->sum16[0] : 0;
+                    S1[i] = xb ? xb->sum16[1] : 0;
+                }
+        for (int64_t r0 = 0; r0 < nrows; r0 += KVS_RB)
+            for (int t = 0; t < ntile; t++)
+                for (int64_t r = r0; r < nrows && r < r0 + KVS_RB; r++) {
+                    const uint8_t *row = rows + (size_t)r * rb;
+                    int nc = t < ntile - 1 ? KVS_TK : last, cc = c0 + t * KVS_TK;
+                    const kvs_q8a_block *xc = x + (int64_t)cc * xs;
+                    const int64_t o = t * nb * KVS_TK;
+                    float y[KVS_TK];
+#define KVS_TK_CALL(N)                                                                                         \
+    if (type == KVS_GGML_Q4_K) t_q4_k(N, row, xc, xs, nsb, XD + o, FS + o, y);                                 \
+    else t_q6_k(N, row, xc, xs, nsb, XD + o, S0 + o, S1 + o, y);
+                    switch (nc) {
+                    case 4: KVS_TK_CALL(4) break;
+                    case 3: KVS_TK_CALL(3) break;
+                    case 2: KVS_TK_CALL(2) break;
+                    default: KVS_TK_CALL(1) break;
+                    }
+#undef KVS_TK_CALL
+                    for (int c = 0; c < nc; c++) out[(int64_t)(cc + c) * os + r] = y[c];
+                }
+    }
+}
+
 #endif
 
+void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                      int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
 void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
                       float *y);
+void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                      int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
+    const uint8_t *rw = rows;
+#ifdef KVS_HAVE_AVX2
+    if (type == KVS_GGML_Q8_0) {
+        t_rows(KVS_GGML_Q8_0, KVS_T8, rw, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+        return;
+    }
+    if (type == KVS_GGML_Q5_0) {
+        t_rows(KVS_GGML_Q5_0, KVS_T5, rw, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+        return;
+    }
+    if (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K) {
+        tk_rows(type, rw, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < nrows; r++)
+        for (int c = 0; c < ncols; c++)
+            out[(int64_t)c * ostride + r] = kvs_dot_q8a(type, rw + (size_t)r * row_bytes, x + (int64_t)c * xstride, n);
+}
+
 void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
                       float *y) {
-#ifdef KVS_HAVE_AVX2
-    const uint8_t *r = row;
-    for (int c0 = 0; c0 < ncols; c0 += KVS_MC) {
-        int nc = ncols - c0 < KVS_MC ? ncols - c0 : KVS_MC;
-        const kvs_q8a_block *xc = x + (int64_t)c0 * xstride;
-        /* a constant column count per call: the accumulators stay in registers */
-#define KVS_MC_CALL(fn, nb)                                                                                    \
-    switch (nc) {                                                                                              \
-    case 4: fn(r, xc, xstride, 4, nb, y + c0); break;                                                          \
-    case 3: fn(r, xc, xstride, 3, nb, y + c0); break;                                                          \
-    case 2: fn(r, xc, xstride, 2, nb, y + c0); break;                                                          \
-    default: fn(r, xc, xstride, 1, nb, y + c0); break;                                                         \
-    }
-        switch (type) {
-        case KVS_GGML_Q8_0: KVS_MC_CALL(mc_q8_0, n / 32) break;
-        case KVS_GGML_Q5_0: KVS_MC_CALL(mc_q5_0, n / 32) break;
-        case KVS_GGML_Q4_K: KVS_MC_CALL(mc_q4_k, n / 256) break;
-        case KVS_GGML_Q6_K: KVS_MC_CALL(mc_q6_k, n / 256) break;
-        default:
-            for (int c = 0; c < nc; c++) y[c0 + c] = kvs_dot_q8a(type, row, xc + (int64_t)c * xstride, n);
-        }
-#undef KVS_MC_CALL
-    }
-#else
-    for (int c = 0; c < ncols; c++) y[c] = kvs_dot_q8a(type, row, x + (int64_t)c * xstride, n);
-#endif
+    kvs_dot_q8a_rows(type, row, 0, 1, x, xstride, ncols, n, y, 1);
 }

@@ -8,9 +8,12 @@
  * <0xNN> byte tokens), special-token partitioning (user-defined tokens always,
  * control tokens when asked, longest match first), detokenisation, and the
  * chat templates of gemma, llama 2/3 and ChatML (qwen2); byte-level BPE
- * (tokenizer.ggml.model = "gpt2": llama 3, qwen2): bytes mapped to printable
- * code points as GPT-2 does, a pre-tokeniser that follows the llama 3 split
- * pattern (qwen2: digits one by one), then merges by rank.
+ * (tokenizer.ggml.model = "gpt2"): bytes mapped to printable code points as
+ * GPT-2 does, a pre-tokeniser chosen by tokenizer.ggml.pre the way llama.cpp
+ * chooses it (llama 3's split, qwen2's = llama 3's with one digit per piece,
+ * GPT-2's, smollm's = GPT-2's after isolating every digit), then merges by
+ * rank. A pre-tokeniser name we do not implement is refused at load, never
+ * replaced by a different split.
  * What it is not: a full Unicode database. The pre-tokeniser classifies ASCII
  * exactly; other code points are letters except the common space and
  * punctuation blocks (U+00A0-U+00BF, U+2000-U+206F, U+3000-U+303F,
@@ -44,7 +47,7 @@ struct kvs_tokenizer {
     int n_eog;
     int family;        /* template family */
     int bpe;           /* 1: byte-level BPE (gpt2), 0: SentencePiece */
-    int bpe_digits1;   /* qwen2 pre-tokeniser: one digit per piece */
+    int pre;           /* BPE pre-tokeniser split: PRE_* */
     const kvs_gguf_str *merges; /* [n_merges] "left right", in the mapping */
     int n_merges;
     int32_t *mh;       /* hash of merges -> rank, -1 empty */
@@ -54,6 +57,32 @@ struct kvs_tokenizer {
 };
 
 enum { FAM_GEMMA = 1, FAM_LLAMA2 = 2, FAM_LLAMA3 = 3, FAM_CHATML = 4 };
+
+/* BPE pre-tokeniser splits, named after llama.cpp's LLAMA_VOCAB_PRE_TYPE_*:
+ * LLAMA3  (?:'s|'t|'re|'ve|'m|'ll|'d, any case)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+ *         ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * QWEN2   LLAMA3 with \p{N} instead of \p{N}{1,3}
+ * GPT2    's|'t|'re|'ve|'m|'ll|'d (lower case)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * SMOLLM  every \p{N} code point is a piece of its own, the text between them is split by GPT2 */
+enum { PRE_LLAMA3 = 1, PRE_QWEN2 = 2, PRE_GPT2 = 3, PRE_SMOLLM = 4 };
+
+/* tokenizer.ggml.pre names mapped to the split llama.cpp (llama-vocab.cpp) uses for them: the names we test
+ * (llama-bpe, qwen2, gpt-2, smollm) and a few aliases llama.cpp gives the very same regexes. Any other name is
+ * refused at load, as llama.cpp refuses a name it does not know: there is no fallback. llama.cpp falls back
+ * only for a missing name, to its DEFAULT split (punctuation runs, then GPT2, then digit runs, then groups of
+ * three digits), the same as "default": not implemented here, so both are refused too rather than split by
+ * another rule. Per-name settings of llama.cpp other than the split (ignore_merges for llama 3 names,
+ * clean_spaces in detokenisation) are not mirrored. */
+static const struct {
+    const char *name;
+    int pre;
+} PRE_NAMES[] = {
+    {"llama3", PRE_LLAMA3}, {"llama-v3", PRE_LLAMA3}, {"llama-bpe", PRE_LLAMA3}, {"dbrx", PRE_LLAMA3},
+    {"smaug-bpe", PRE_LLAMA3}, {"qwen2", PRE_QWEN2},  {"deepseek-r1-qwen", PRE_QWEN2}, {"megrez", PRE_QWEN2},
+    {"stablelm2", PRE_QWEN2}, {"gpt-2", PRE_GPT2},    {"phi-2", PRE_GPT2},   {"mpt", PRE_GPT2},
+    {"olmo", PRE_GPT2},       {"smollm", PRE_SMOLLM}, {"starcoder", PRE_SMOLLM}, {"refact", PRE_SMOLLM},
+    {"codeshell", PRE_SMOLLM},
+};
 
 static uint32_t fnv(const char *s, size_t n) {
     uint32_t h = 2166136261u;
@@ -122,9 +151,16 @@ static kvs_status bpe_load(kvs_tokenizer *t, const kvs_model *m, kvs_err *err) {
     if (!km || km->type != KVS_GGUF_ARRAY || km->arr_type != KVS_GGUF_STRING || km->arr_n > (1u << 24))
         return kvs_errorf(err, KVS_ERR_FORMAT, "%s: tokenizer.ggml.merges is missing or not a string array",
                           m->info.path);
-    char pre[32] = "";
+    char pre[64] = "";
     kvs_gguf_get_str(&m->g, "tokenizer.ggml.pre", pre, sizeof pre, NULL);
-    t->bpe_digits1 = !strcmp(pre, "qwen2") || m->arch == KVS_ARCH_QWEN2;
+    for (size_t i = 0; i < sizeof PRE_NAMES / sizeof PRE_NAMES[0] && !t->pre; i++)
+        if (!strcmp(pre, PRE_NAMES[i].name)) t->pre = PRE_NAMES[i].pre;
+    if (!t->pre)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "%s: tokenizer.ggml.pre '%s' is not a supported pre-tokeniser (supported: llama3, llama-bpe, "
+                          "qwen2, gpt-2, smollm and their llama.cpp aliases; a missing name is llama.cpp's 'default' "
+                          "split, which is not implemented)",
+                          m->info.path, pre);
     t->merges = km->arr_strs;
     t->n_merges = (int)km->arr_n;
     uint32_t cap = 1;
@@ -551,7 +587,7 @@ static size_t pretok_len(const kvs_tokenizer *t, const char *s, size_t n, size_t
     }
     /* 3. \p{N}{1,3} (qwen2: \p{N}) */
     if (cl == CL_NUMBER) {
-        int max = t->bpe_digits1 ? 1 : 3, k = 0;
+        int max = t->pre == PRE_QWEN2 ? 1 : 3, k = 0;
         j = i;
         while (j < n && k < max) {
             uint32_t d;
@@ -593,6 +629,52 @@ static size_t pretok_len(const kvs_tokenizer *t, const char *s, size_t n, size_t
         if (e == n || prev == i) return e - i;               /* 6./7. run at the end, or a single space */
         return prev - i;                                     /* 6. \s+(?!\S): leave the last space */
     }
+    return (size_t)l;
+}
+
+/* Length in bytes of the pre-token starting at s[i] by GPT-2's split rules; s[0 .. n) is the chunk being split
+ * (for smollm, the text between two digits), so a lookahead stops at its end as llama.cpp's does. */
+static size_t gpt2_len(const char *s, size_t n, size_t i) {
+    uint32_t c, d;
+    int l = utf8_cp(s, n, i, &c);
+    /* 's 't 're 've 'm 'll 'd, lower case only */
+    if (c == '\'' && i + 1 < n) {
+        char a = s[i + 1], b = i + 2 < n ? s[i + 2] : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    }
+    /* ' '? then a run of letters, of numbers, or of other (not space, letter, number) code points */
+    size_t j = i;
+    int cl = cp_class(c);
+    if (c == ' ') {
+        j = i + 1;
+        cl = -1;
+        if (j < n) {
+            utf8_cp(s, n, j, &d);
+            cl = cp_class(d);
+        }
+    }
+    if (cl == CL_LETTER || cl == CL_NUMBER || cl == CL_OTHER) {
+        while (j < n) {
+            int dl = utf8_cp(s, n, j, &d);
+            if (cp_class(d) != cl) break;
+            j += (size_t)dl;
+        }
+        return j - i;
+    }
+    /* \s+(?!\S) then \s+: a run of two or more spaces followed by more text leaves its last one to the next
+     * piece; at the chunk's end, or a single space, the whole run */
+    size_t e = i, prev = i;
+    int count = 0;
+    while (e < n) {
+        int dl = utf8_cp(s, n, e, &d);
+        if (cp_class(d) != CL_SPACE) break;
+        prev = e;
+        e += (size_t)dl;
+        count++;
+    }
+    if (count > 1 && e < n) return prev - i;
+    if (count > 0) return e - i;
     return (size_t)l;
 }
 
@@ -671,14 +753,36 @@ cleanup:
     return st;
 }
 
-static kvs_status bpe_fragment(const kvs_tokenizer *t, const char *text, size_t len, ivec *out, kvs_err *err) {
+/* Split one chunk by the llama 3 / qwen2 or GPT-2 rules and merge each piece. */
+static kvs_status bpe_chunk(const kvs_tokenizer *t, const char *text, size_t len, ivec *out, kvs_err *err) {
     size_t i = 0;
     while (i < len) {
-        size_t l = pretok_len(t, text, len, i);
+        size_t l = t->pre == PRE_LLAMA3 || t->pre == PRE_QWEN2 ? pretok_len(t, text, len, i) : gpt2_len(text, len, i);
         assert(l > 0);
         kvs_status st = bpe_word(t, text + i, l, out, err);
         if (st) return st;
         i += l;
+    }
+    return KVS_OK;
+}
+
+static kvs_status bpe_fragment(const kvs_tokenizer *t, const char *text, size_t len, ivec *out, kvs_err *err) {
+    if (t->pre != PRE_SMOLLM) return bpe_chunk(t, text, len, out, err);
+    /* smollm: llama.cpp first isolates each \p{N} code point, then splits the text between by GPT-2's rules */
+    size_t i = 0;
+    while (i < len) {
+        size_t j = i;
+        int dl = 0;
+        while (j < len) {
+            uint32_t d;
+            dl = utf8_cp(text, len, j, &d);
+            if (cp_class(d) == CL_NUMBER) break;
+            j += (size_t)dl;
+        }
+        kvs_status st = j > i ? bpe_chunk(t, text + i, j - i, out, err) : KVS_OK;
+        if (!st && j < len) st = bpe_word(t, text + j, (size_t)dl, out, err);
+        if (st) return st;
+        i = j < len ? j + (size_t)dl : j;
     }
     return KVS_OK;
 }

@@ -32,17 +32,21 @@
 
 /* Token ids (no BOS) as llama.cpp's llama-tokenize gives them: the copy
  * vendored in llama-cpp-python 0.3.36 (scripts/bench_peer.sh builds it), run
- * by hand once per model on these texts: an independent implementation of the
- * same tokenizers. On the six other texts below it agrees with us for gemma3-
- * 270m and qwen2.5-0.5b too; for smollm2-135m it differs on whitespace runs
- * before a newline-indented line and on "\r\n" (its GGUF names the "smollm"
- * pre-tokeniser, GPT-2's split with single digits, which tokenizer.c does not
- * implement: it uses llama 3's split), so the texts here avoid those. */
+ * by hand once per model on these texts (-f FILE --ids --no-bos): an
+ * independent implementation of the same tokenizers. On the other texts below
+ * it agrees with us for gemma3-270m and qwen2.5-0.5b too. For smollm2-135m the
+ * code, "\r\n" and digits texts are here because its GGUF names the "smollm"
+ * pre-tokeniser (GPT-2's split after isolating each digit), which differs from
+ * llama 3's on a run of spaces after a newline, on "\r\n" and on digit runs. */
 #define CAFE "Caf\xc3\xa9 na\xc3\xafve \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x98\x80 emoji"
+#define CODE                                                                                                   \
+    "def area(r):\n    \"\"\"Circle area.\"\"\"\n    return 3.14159 * r ** 2  # r in metres\n\n\nprint(area(2.5))\n"
+#define CRLF "  Leading spaces, trailing spaces   \r\nWindows line end; URL https://example.org/a?b=1&c=%20d."
+#define DIGITS "Numbers: 0, 7, 42, 1000000, 3.5e-7, -12; dates 2024-02-29; phone +44 20 7946 0958."
 static const struct {
     const char *model, *text;
     int n;
-    int32_t ids[16];
+    int32_t ids[64];
 } KNOWN[] = {
     {"gemma3-270m", "The capital of France is", 5, {818, 5279, 529, 7001, 563}},
     {"gemma3-270m", CAFE, 7, {160319, 236859, 120362, 33375, 238582, 163543, 64334}},
@@ -51,6 +55,16 @@ static const struct {
     {"smollm2-135m", "The capital of France is", 5, {504, 3575, 282, 4649, 314}},
     {"smollm2-135m", CAFE, 16,
      {51, 1939, 2756, 15486, 46494, 17097, 241, 115, 40993, 179, 120, 248, 40303, 218, 649, 33777}},
+    {"smollm2-135m", CODE, 42,
+     {1604, 1557, 24, 98, 727, 472, 1620, 25269, 1668, 1557, 7996, 472, 1003, 216, 35, 30, 33, 36, 33, 37, 41,
+      1672, 412, 1903, 216, 34, 216, 907, 412, 281, 13897, 1116, 198, 3272, 24, 15664, 24, 34, 30, 37, 1292, 198}},
+    {"smollm2-135m", CRLF, 32,
+     {216, 36970, 5600, 28, 35079, 5600, 333, 201, 198, 25283, 1761, 1112, 43, 12107, 5141, 1742, 7434, 30, 2295, 31,
+      81, 47, 82, 45, 33, 22, 83, 23446, 34, 32, 84, 30}},
+    {"smollm2-135m", DIGITS, 64,
+     {39006, 42, 216, 32, 28, 216, 39, 28, 216, 36, 34, 28, 216, 33, 32, 32, 32, 32, 32, 32, 28, 216,
+      35, 30, 37, 85, 29, 39, 28, 731, 33, 34, 43, 8151, 216, 34, 32, 34, 36, 29, 32, 34, 29, 34,
+      41, 43, 5460, 1232, 36, 36, 216, 34, 32, 216, 39, 41, 36, 38, 216, 32, 41, 37, 40, 30}},
 };
 
 static int argmax_f(const float *x, int n) {
@@ -170,8 +184,10 @@ int main(int argc, char **argv) {
         CHECK_OK(kvs_tokenize(m, KNOWN[k].text, strlen(KNOWN[k].text), 0, 0, &t, &n, &err), &err);
         int same = n == KNOWN[k].n;
         for (int i = 0; same && i < n; i++) same = t[i] == KNOWN[k].ids[i];
-        CHECK_MSG(same, "'%s': %d tokens, not llama.cpp's %d (first %d vs %d)", KNOWN[k].text, n, KNOWN[k].n,
-                  n > 0 ? t[0] : -1, KNOWN[k].ids[0]);
+        int at = 0; /* first differing index */
+        while (at < n && at < KNOWN[k].n && t[at] == KNOWN[k].ids[at]) at++;
+        CHECK_MSG(same, "'%s': %d tokens, not llama.cpp's %d (first difference at %d: %d vs %d)", KNOWN[k].text, n,
+                  KNOWN[k].n, at, at < n ? t[at] : -1, at < KNOWN[k].n ? KNOWN[k].ids[at] : -1);
         free(t);
     }
     /* the family's chat control tokens, parsed as specials */
@@ -180,9 +196,9 @@ int main(int argc, char **argv) {
     static const char *texts[] = {
         "Hello, world! 123 + 456 = 579.\n\tTabs and  double  spaces.",
         CAFE,
-        "def area(r):\n    \"\"\"Circle area.\"\"\"\n    return 3.14159 * r ** 2  # r in metres\n\n\nprint(area(2.5))\n",
-        "  Leading spaces, trailing spaces   \r\nWindows line end; URL https://example.org/a?b=1&c=%20d.",
-        "Numbers: 0, 7, 42, 1000000, 3.5e-7, -12; dates 2024-02-29; phone +44 20 7946 0958.",
+        CODE,
+        CRLF,
+        DIGITS,
         "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 \xce\xb1\xce\xb2\xce\xb3 \xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7 "
         "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xe2\x82\xac\xc2\xa3\xc2\xa5 \xe2\x88\x80x\xe2\x88\x88\xe2\x84\x9d",
         NULL, /* the chat text */

@@ -199,10 +199,7 @@ int kvs_cmd_run(int argc, char **argv) {
             fprintf(stderr, "kvsieve run: report: %s\n", err.msg);
             goto cleanup;
         }
-        if (kvs_report_decode(st, &ro, stdout, NULL, &err)) { /* ignore_eos experiments */
-            fprintf(stderr, "kvsieve run: decode report: %s\n", err.msg);
-            goto cleanup;
-        }
+        /* the decode-speed table of ignore_eos experiments is part of kvs_report_write */
         fflush(stdout);
     }
     code = sum.interrupted ? 130 : 0;

@@ -689,21 +689,28 @@ static kvs_status parse_synthetic(const vctx *v, int t, kvs_experiment *e) {
 static kvs_status get_choice_list(const vctx *v, int t, int base_line, const char *key,
                                   const char *const *choices, int dflt, int *idx, int max, int *n);
 
+/* A path from the config: absolute (or empty) as given, else relative to the
+ * config file's folder. */
+static kvs_status config_rel_path(const vctx *v, int line, const char *field, const char *in, char *out,
+                                  size_t n) {
+    if (in[0] == '/' || !in[0]) {
+        snprintf(out, n, "%s", in);
+        return KVS_OK;
+    }
+    const char *slash = strrchr(v->path, '/');
+    int dl = slash ? (int)(slash - v->path) : 1;
+    int w = snprintf(out, n, "%.*s/%s", dl, slash ? v->path : ".", in);
+    if (w < 0 || (size_t)w >= n) return ferr(v, line, field, KVS_ERR_INVALID, "path too long");
+    return KVS_OK;
+}
+
 /* data (a folder, relative to the config's) and setting of niah{} / ruler{} */
 static kvs_status parse_ds_common(const vctx *v, int t, int line, kvs_experiment *e) {
     kvs_status rc;
     char data[1024];
     if ((rc = get_string(v, t, line, "data", "dataset.data", data, sizeof data, 0))) return rc;
-    if (data[0] == '/' || !data[0]) {
-        snprintf(e->dataset_data, sizeof e->dataset_data, "%s", data);
-    } else {
-        const char *slash = strrchr(v->path, '/');
-        int dl = slash ? (int)(slash - v->path) : 1;
-        int w = snprintf(e->dataset_data, sizeof e->dataset_data, "%.*s/%s", dl,
-                         slash ? v->path : ".", data);
-        if (w < 0 || (size_t)w >= sizeof e->dataset_data)
-            return ferr(v, line, "dataset.data", KVS_ERR_INVALID, "path too long");
-    }
+    if ((rc = config_rel_path(v, line, "dataset.data", data, e->dataset_data, sizeof e->dataset_data)))
+        return rc;
     static const char *const modes[] = {"query_aware", "query_agnostic", NULL};
     lua_getfield(v->L, t, "setting");
     int has = !lua_isnil(v->L, -1);
@@ -1360,16 +1367,8 @@ static kvs_status parse_file_dataset(const vctx *v, int t, const char *helper, k
     snprintf(e->dataset, sizeof e->dataset, "%s", helper);
     char path[1024];
     if ((rc = get_string(v, t, line, "path", "dataset.path", path, sizeof path, 1))) return rc;
-    if (path[0] == '/') {
-        snprintf(e->dataset_path, sizeof e->dataset_path, "%s", path);
-    } else {
-        const char *slash = strrchr(v->path, '/');
-        int dl = slash ? (int)(slash - v->path) : 1;
-        int w = snprintf(e->dataset_path, sizeof e->dataset_path, "%.*s/%s", dl,
-                         slash ? v->path : ".", path);
-        if (w < 0 || (size_t)w >= sizeof e->dataset_path)
-            return ferr(v, line, "dataset.path", KVS_ERR_INVALID, "path too long");
-    }
+    if ((rc = config_rel_path(v, line, "dataset.path", path, e->dataset_path, sizeof e->dataset_path)))
+        return rc;
     int64_t x;
     if ((rc = get_int(v, t, line, "limit", "dataset.limit", 0, 1 << 30, 0, &x))) return rc;
     e->limit = (int)x;

@@ -568,26 +568,33 @@ static float dot_q4_k_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t n
     return hsum8(acc) - mins;
 }
 
+/* Q6_K: half n (0, 1) of a super-block as four vectors of 32 unsigned 6-bit
+ * values (low nibbles | high two bits << 4), shared by the one- and
+ * multi-column dot products. */
+static inline __attribute__((always_inline)) void q6k_unpack(const uint8_t *blk, int n, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + n * 64));
+    __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + n * 64 + 32));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + n * 32));
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+}
+
 static float dot_q6_k_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t nsb) {
     __m256 acc = _mm256_setzero_ps();
     float off = 0;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = row + b * 210;
         const int8_t *sc = (const int8_t *)(blk + 192);
         float d = h2f(blk + 208);
         for (int n = 0; n < 2; n++) {
-            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + n * 64));
-            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + n * 64 + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + n * 32));
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+            q6k_unpack(blk, n, q);
             for (int qq = 0; qq < 4; qq++) {
                 const kvs_q8a_block *xb = &x[b * 8 + n * 4 + qq];
                 int sa = sc[n * 8 + qq * 2], sb = sc[n * 8 + qq * 2 + 1];
@@ -903,7 +910,6 @@ static inline __attribute__((always_inline)) void t_q6_k(int NC, const uint8_t *
                                                          const int32_t *S1, float *y) {
     __m256 acc[KVS_TK];
     __m128 off = _mm_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
     #pragma GCC unroll 4
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     float sc[KVS_TK];
@@ -913,17 +919,8 @@ static inline __attribute__((always_inline)) void t_q6_k(int NC, const uint8_t *
         float d = h2f(blk + 208);
         const __m128 dv = _mm_set1_ps(d);
         for (int n = 0; n < 2; n++) {
-            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + n * 64));
-            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + n * 64 + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + n * 32));
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+            q6k_unpack(blk, n, q);
             for (int qq = 0; qq < 4; qq++) {
                 int sa = scl[n * 8 + qq * 2], sb = scl[n * 8 + qq * 2 + 1];
                 __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)sb), _mm_set1_epi16((short)sa));

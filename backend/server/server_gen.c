@@ -389,6 +389,13 @@ static int refuse_unsupported(const cJSON *root, srv_error *e) {
                     ((cJSON_IsArray(it) || cJSON_IsObject(it)) && !it->child);
         if (!empty) return srv_fail(e, 400, things[i], msg, things[i]);
     }
+    /* llama-server's image field: this engine has no vision encoder, so images
+     * are refused, never dropped (an empty list asks for none) */
+    const cJSON *mm = cJSON_GetObjectItemCaseSensitive(root, "multimodal_data");
+    if (mm && !cJSON_IsNull(mm) && !(cJSON_IsArray(mm) && !mm->child))
+        return srv_fail(e, 400, "multimodal_data",
+                        "multimodal_data: this server is text-only; it takes no images (send the "
+                        "request to a multimodal backend such as kvsieve-hf)");
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;

@@ -517,6 +517,21 @@ static void test_bad_requests(void) {
     expect_error("/v1/chat/completions",
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_object\"}}",
                  400, "response_format", "text");
+    /* images: refused naming the field on every generation endpoint (an
+     * empty list asks for none) */
+    expect_error("/v1/completions", "{\"prompt\": \"<__media__> hi\", \"multimodal_data\": [\"iVBORw0KGgo=\"]}", 400,
+                 "multimodal_data", "text-only");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"multimodal_data\": \"iVBORw0KGgo=\"}", 400,
+                 "multimodal_data", "text-only");
+    expect_error("/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"multimodal_data\": [\"AAAA\"]}",
+                 400, "multimodal_data", "text-only");
+    {
+        long st = 0;
+        cJSON *r = call_json("POST", "/completion", "{\"prompt\": \"hi\", \"n_predict\": 1, \"multimodal_data\": []}", &st);
+        CHECK_MSG(st == 200, "an empty multimodal_data list: status %ld, want 200", st);
+        cJSON_Delete(r);
+    }
     expect_error("/completion", "{\"prompt\": [1, 2, 999999]}", 400, "prompt[2]", "token id");
     expect_error("/completion", "{\"prompt\": \"hi\"", 400, "body", "JSON");
     expect_error("/completion", "[1, 2]", 400, "body", "object");

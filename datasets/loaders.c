@@ -2,15 +2,21 @@
  * loaders.c -- kvsieve_datasets: the file loaders (JSONL QA, LongBench-style
  * JSONL, MileBench task JSON) and the kind dispatcher. Every error names
  * "path:line: field" (JSONL) or "path: data[i].field" (MileBench).
- * Not here: the needle generator (needle.c), templates (prompt.c). Images
- * are never opened: the loader only records their paths.
+ * MileBench images are resolved, read whole, size-checked and hashed at load
+ * time (so a missing image fails before any backend starts and changed
+ * bytes change the dataset hash), and their {image#k} placeholders become
+ * media markers; kvs_sample_read_image reads one again for a request.
+ * Not here: the needle generator (needle.c), templates (prompt.c); images
+ * are never decoded (the backend's processor does that).
  */
 #include <assert.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ds_internal.h"
 
@@ -267,9 +273,247 @@ kvs_status kvs_dataset_load_longbench(const char *path, kvs_ds_hash_fn hash, kvs
     return load_jsonl(path, FMT_LONGBENCH, hash, out, err);
 }
 
+/* ---- MileBench images -------------------------------------------------------- */
+
+/* An image file read whole: a non-empty regular file of at most
+ * KVS_DS_IMAGE_MAX_BYTES. On failure *why says what is wrong (the caller
+ * names the file and the sample). */
+static kvs_status read_image_file(const char *file, unsigned char **out, size_t *n, char *why,
+                                  size_t why_n) {
+    *out = NULL;
+    *n = 0;
+    FILE *f = fopen(file, "rb");
+    if (!f) {
+        snprintf(why, why_n, "cannot be opened: %s", strerror(errno));
+        return KVS_ERR_IO;
+    }
+    kvs_status st = KVS_OK;
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        snprintf(why, why_n, "cannot be examined: %s", strerror(errno));
+        st = KVS_ERR_IO;
+    } else if (!S_ISREG(sb.st_mode)) {
+        snprintf(why, why_n, "is not a regular file");
+        st = KVS_ERR_IO;
+    } else if ((int64_t)sb.st_size > KVS_DS_IMAGE_MAX_BYTES) {
+        snprintf(why, why_n, "is %lld bytes, over the %lld MiB cap on an image file", (long long)sb.st_size,
+                 (long long)(KVS_DS_IMAGE_MAX_BYTES >> 20));
+        st = KVS_ERR_INVALID;
+    } else if (sb.st_size == 0) {
+        snprintf(why, why_n, "is empty (0 bytes)");
+        st = KVS_ERR_FORMAT;
+    } else {
+        len = (size_t)sb.st_size;
+        buf = malloc(len);
+        if (!buf) {
+            snprintf(why, why_n, "does not fit in memory (%zu bytes)", len);
+            st = KVS_ERR_NOMEM;
+        } else if (fread(buf, 1, len, f) != len) {
+            snprintf(why, why_n, "could not be read whole: %s", ferror(f) ? strerror(errno) : "it shrank while being read");
+            st = KVS_ERR_IO;
+        }
+    }
+    fclose(f);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    *n = len;
+    return KVS_OK;
+}
+
+/* Where the relative image paths of the task at task_path point: its
+ * folder's images/ when that is a folder (MileBench's layout), else its
+ * folder. Caller frees. */
+static char *image_base(const char *task_path) {
+    const char *slash = strrchr(task_path, '/');
+    size_t dn = slash ? (size_t)(slash - task_path) : 1;
+    if (slash && dn == 0) dn = 1; /* a task in / */
+    char *dir = malloc(dn + 8);   /* + "/images" + NUL */
+    if (!dir) return NULL;
+    if (slash) memcpy(dir, task_path, dn);
+    else dir[0] = '.';
+    dir[dn] = '\0';
+    size_t at = dn == 1 && dir[0] == '/' ? 0 : dn; /* "/" + "/images" would double the slash */
+    memcpy(dir + at, "/images", 8);
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) dir[dn] = '\0';
+    return dir;
+}
+
+/* A MileBench placeholder "{image#k}" or "{table#k}" at p: 1 with *k the
+ * 1-based image (-1 when too large to be one) and *len its length; 0 when p
+ * does not start one. */
+static int placeholder_at(const char *p, long *k, size_t *len) {
+    if (p[0] != '{' || (strncmp(p + 1, "image#", 6) != 0 && strncmp(p + 1, "table#", 6) != 0)) return 0;
+    const char *q = p + 7;
+    long v = 0;
+    int over = 0;
+    while (*q >= '0' && *q <= '9') {
+        if (v > 100000000L) over = 1;
+        else v = v * 10 + (*q - '0');
+        q++;
+    }
+    if (q == p + 7 || *q != '}') return 0;
+    *k = over ? -1 : v;
+    *len = (size_t)(q + 1 - p);
+    return 1;
+}
+
+/* The media of MileBench sample i (see kvs_dataset_load_milebench):
+ * placeholders to markers, unreferenced images first, every image resolved
+ * against base, read and hashed. */
+static kvs_status milebench_media(const char *path, int i, kvs_sample *s, const char *base,
+                                  kvs_ds_hash_fn hash, kvs_err *err) {
+    const char *id = s->id;
+    /* the marker as text would be paired with an image it does not stand for */
+    if (strstr(s->context, KVS_MEDIA_MARKER) || strstr(s->question, KVS_MEDIA_MARKER))
+        return kvs_errorf(err, KVS_ERR_FORMAT,
+                          "%s: data[%d] (sample '%s'): %s contains the media marker '%s' as text; a "
+                          "backend would pair it with an image",
+                          path, i, id, strstr(s->context, KVS_MEDIA_MARKER) ? "task_instance.context" : "the task_instruction",
+                          KVS_MEDIA_MARKER);
+    for (int c = 0; c < s->n_choices; c++) {
+        long k;
+        size_t len;
+        const char *p = s->choices[c];
+        if (strstr(p, KVS_MEDIA_MARKER))
+            return kvs_errorf(err, KVS_ERR_FORMAT,
+                              "%s: data[%d] (sample '%s'): task_instance.choice_list[%d] contains the media "
+                              "marker '%s' as text",
+                              path, i, id, c, KVS_MEDIA_MARKER);
+        for (; *p; p++)
+            if (placeholder_at(p, &k, &len))
+                return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                                  "%s: data[%d] (sample '%s'): task_instance.choice_list[%d] has the image "
+                                  "placeholder '%.*s': images are placed in the context only (a choice is "
+                                  "rendered after the question, possibly after the compression)",
+                                  path, i, id, c, (int)(len > 40 ? 40 : len), p);
+    }
+    int n_ph = 0;
+    for (const char *p = s->context; *p; p++) {
+        long k;
+        size_t len;
+        if (!placeholder_at(p, &k, &len)) continue;
+        if (k < 1 || k > s->n_images)
+            return kvs_errorf(err, KVS_ERR_FORMAT,
+                              "%s: data[%d] (sample '%s'): task_instance.context: placeholder '%.*s' refers to "
+                              "image %ld, but task_instance.images_path has %d entr%s (k counts from 1)",
+                              path, i, id, (int)(len > 40 ? 40 : len), p, k, s->n_images,
+                              s->n_images == 1 ? "y" : "ies");
+        n_ph++;
+        p += len - 1;
+    }
+    if (s->n_images == 0) return KVS_OK;
+    kvs_status st = KVS_OK;
+    kvs_ds_buf b = {0};
+    unsigned char *bytes = NULL;
+    char *used = calloc((size_t)s->n_images, 1); /* [n_images] referenced by a placeholder */
+    s->media = malloc(sizeof *s->media * (size_t)(n_ph + s->n_images));
+    s->image_files = calloc((size_t)s->n_images, sizeof *s->image_files);
+    s->image_sha256 = calloc((size_t)s->n_images, sizeof *s->image_sha256);
+    if (!used || !s->media || !s->image_files || !s->image_sha256) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: data[%d]: out of memory", path, i);
+        goto done;
+    }
+    for (const char *p = s->context; *p; p++) {
+        long k;
+        size_t len;
+        if (placeholder_at(p, &k, &len)) {
+            used[k - 1] = 1;
+            p += len - 1;
+        }
+    }
+    for (int j = 0; j < s->n_images; j++)
+        if (!used[j]) {
+            s->media[s->n_media++] = j;
+            if ((st = kvs_ds_buf_adds(&b, KVS_MEDIA_MARKER, err))) goto done;
+        }
+    for (const char *p = s->context; *p;) {
+        long k;
+        size_t len;
+        if (placeholder_at(p, &k, &len)) {
+            s->media[s->n_media++] = (int)k - 1;
+            st = kvs_ds_buf_adds(&b, KVS_MEDIA_MARKER, err);
+            p += len;
+        } else {
+            const char *q = p + 1;
+            while (*q && *q != '{') q++;
+            st = kvs_ds_buf_add(&b, p, (size_t)(q - p), err);
+            p = q;
+        }
+        if (st) goto done;
+    }
+    char *ctx = kvs_ds_buf_take(&b, err);
+    if (!ctx) {
+        st = err ? err->code : KVS_ERR_NOMEM;
+        goto done;
+    }
+    free(s->context);
+    s->context = ctx;
+    for (int j = 0; j < s->n_images; j++) {
+        const char *img = s->images[j];
+        size_t n = img[0] == '/' ? strlen(img) + 1 : strlen(base) + 1 + strlen(img) + 1;
+        s->image_files[j] = malloc(n);
+        if (!s->image_files[j]) {
+            st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: data[%d]: out of memory", path, i);
+            goto done;
+        }
+        if (img[0] == '/') snprintf(s->image_files[j], n, "%s", img);
+        else snprintf(s->image_files[j], n, "%s/%s", base, img);
+        char why[160];
+        size_t len = 0;
+        if ((st = read_image_file(s->image_files[j], &bytes, &len, why, sizeof why))) {
+            kvs_errorf(err, st, "%s: data[%d] (sample '%s'): task_instance.images_path[%d]: image '%s' %s", path,
+                       i, id, j, s->image_files[j], why);
+            goto done;
+        }
+        hash(bytes, len, s->image_sha256[j]);
+        free(bytes);
+        bytes = NULL;
+    }
+done:
+    kvs_ds_buf_free(&b);
+    free(bytes);
+    free(used);
+    return st; /* on failure the dataset (and what was set here) is freed by the caller */
+}
+
+kvs_status kvs_sample_read_image(const kvs_dataset *d, const kvs_sample *s, int i,
+                                 kvs_ds_hash_fn hash, unsigned char **data, size_t *n,
+                                 kvs_err *err) {
+    *data = NULL;
+    *n = 0;
+    const char *dn = d ? d->name : "?", *id = s && s->id ? s->id : "?";
+    if (!s || i < 0 || i >= s->n_images || !s->image_files || !s->image_files[i])
+        return kvs_errorf(err, KVS_ERR_INVALID, "dataset '%s' sample '%s': no resolved image %d (it has %d)",
+                          dn, id, i, s ? s->n_images : 0);
+    char why[160];
+    kvs_status st = read_image_file(s->image_files[i], data, n, why, sizeof why);
+    if (st) return kvs_errorf(err, st, "dataset '%s' sample '%s': image '%s' %s", dn, id, s->image_files[i], why);
+    if (hash && s->image_sha256) {
+        char h[65];
+        hash(*data, *n, h);
+        if (strcmp(h, s->image_sha256[i]) != 0) {
+            free(*data);
+            *data = NULL;
+            *n = 0;
+            return kvs_errorf(err, KVS_ERR_IO,
+                              "dataset '%s' sample '%s': image '%s' changed since the task was loaded "
+                              "(sha256 %.12s now, %.12s then): the cells' keys name the old bytes; run "
+                              "again to load the task anew",
+                              dn, id, s->image_files[i], h, s->image_sha256[i]);
+        }
+    }
+    return KVS_OK;
+}
+
 kvs_status kvs_dataset_load_milebench(const char *path, kvs_ds_hash_fn hash, kvs_dataset **out,
                                       kvs_err *err) {
-    char *text = NULL, name[128];
+    char *text = NULL, name[128], *base = NULL;
     size_t len = 0;
     kvs_dataset *d = NULL;
     cJSON *root = NULL;
@@ -325,6 +569,11 @@ kvs_status kvs_dataset_load_milebench(const char *path, kvs_ds_hash_fn hash, kvs
         st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for %d samples", path, n);
         goto cleanup;
     }
+    base = image_base(path);
+    if (!base) {
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", path);
+        goto cleanup;
+    }
     int i = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, data) {
@@ -374,6 +623,7 @@ kvs_status kvs_dataset_load_milebench(const char *path, kvs_ds_hash_fn hash, kvs
             st = field_err(err, KVS_ERR_NOMEM, &w, "question", "out of memory");
             goto cleanup;
         }
+        if ((st = milebench_media(path, i, s, base, hash, err))) goto cleanup;
         i++;
     }
     st = kvs_ds_hash_dataset(d, hash, err);
@@ -381,6 +631,7 @@ kvs_status kvs_dataset_load_milebench(const char *path, kvs_ds_hash_fn hash, kvs
     *out = d;
     d = NULL;
 cleanup:
+    free(base);
     cJSON_Delete(root);
     kvs_dataset_free(d);
     free(text);

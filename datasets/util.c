@@ -102,6 +102,9 @@ void kvs_dataset_free(kvs_dataset *d) {
         free_strv(s->answers, s->n_answers);
         free_strv(s->choices, s->n_choices);
         free_strv(s->images, s->n_images);
+        free_strv(s->image_files, s->n_images);
+        free(s->image_sha256);
+        free(s->media);
         free(s->needle.kind);
         free(s->needle.value);
         free(s->spans);
@@ -151,6 +154,15 @@ kvs_status kvs_dataset_canonical(const kvs_dataset *d, char **out, size_t *len, 
         if (!st) st = canon_list(&b, "answer", s->answers, s->n_answers, err);
         if (!st) st = canon_list(&b, "choice", s->choices, s->n_choices, err);
         if (!st) st = canon_list(&b, "image", s->images, s->n_images, err);
+        /* image bytes and where each is sent: only for samples with images,
+         * so text datasets keep their hashes */
+        if (!st && s->n_images > 0 && s->image_sha256) {
+            st = kvs_ds_buf_addf(&b, err, "image_sha256#=%d\n", s->n_images);
+            for (int k = 0; !st && k < s->n_images; k++)
+                st = canon_field(&b, "image_sha256", s->image_sha256[k], err);
+            if (!st) st = kvs_ds_buf_addf(&b, err, "media#=%d\n", s->n_media);
+            for (int k = 0; !st && k < s->n_media; k++) st = kvs_ds_buf_addf(&b, err, "media=%d\n", s->media[k]);
+        }
         if (!st && s->has_needle)
             st = kvs_ds_buf_addf(&b, err, "needle=%s|%s|%.6f|%lld|%lld\n", s->needle.kind,
                                  s->needle.value, s->needle.depth, (long long)s->needle.offset,

@@ -181,7 +181,9 @@ static void test_errors(const char *model) {
     CHECK_FAILS(kvs_run_config(s, &cfg, &o, &sum, &err), KVS_ERR_UNSUPPORTED, &err,
                 "needs the kvsieve binary");
     kvs_config_free(&cfg);
-    /* images with a text-only backend: refused before anything starts */
+    /* images with a text-only backend: refused before anything starts (the
+     * image exists: the loader reads it) */
+    eval_write(dir, "a.jpg", "tiny image bytes", js, sizeof js);
     eval_write(dir, "mb.json",
                "{\"meta_data\": {\"task_instruction\": [\"Look.\"]}, \"data\": [{\"sample_id\": 1,"
                " \"task_instruction_id\": 0, \"task_instance\": {\"context\": \"{image#1} what?\","

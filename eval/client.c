@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <math.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,10 +151,46 @@ void kvs_client_result_free(kvs_client_result *r) {
 
 /* ---- request bodies ------------------------------------------------------ */
 
+/* Occurrences of KVS_CLIENT_MEDIA_MARKER in s (NULL: 0). */
+static int count_markers(const char *s) {
+    int n = 0;
+    const size_t ml = strlen(KVS_CLIENT_MEDIA_MARKER);
+    for (const char *p = s ? strstr(s, KVS_CLIENT_MEDIA_MARKER) : NULL; p; p = strstr(p + ml, KVS_CLIENT_MEDIA_MARKER))
+        n++;
+    return n;
+}
+
+/* "multimodal_data": one base64 string per image. The strings are owned by
+ * b64[] (cJSON references them: no copy before the body is printed). */
+static kvs_status add_media(cJSON *root, const kvs_client_request *r, char **b64, kvs_err *err) {
+    cJSON *arr = cJSON_AddArrayToObject(root, "multimodal_data");
+    if (!arr) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory building a request body");
+    for (int i = 0; i < r->n_media; i++) {
+        const kvs_client_media *m = &r->media[i];
+        if (!m->data || m->n == 0 || m->n > KVS_CLIENT_MEDIA_MAX_BYTES)
+            return kvs_errorf(err, KVS_ERR_INVALID, "client: media[%d] has %zu bytes (1 .. %zu MiB allowed)", i,
+                              m->data ? m->n : 0, KVS_CLIENT_MEDIA_MAX_BYTES >> 20);
+        size_t out_n = 4 * ((m->n + 2) / 3) + 1;
+        b64[i] = malloc(out_n);
+        if (!b64[i]) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory encoding media[%d] (%zu bytes)", i, m->n);
+        int w = EVP_EncodeBlock((unsigned char *)b64[i], m->data, (int)m->n);
+        if (w < 0 || (size_t)w + 1 != out_n)
+            return kvs_errorf(err, KVS_ERR_INTERNAL, "client: base64 of media[%d] came out %d bytes, not %zu", i,
+                              w, out_n - 1);
+        cJSON *str = cJSON_CreateStringReference(b64[i]);
+        if (!str || !cJSON_AddItemToArray(arr, str)) {
+            cJSON_Delete(str);
+            return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory building a request body");
+        }
+    }
+    return KVS_OK;
+}
+
 static kvs_status build_body(const kvs_client *c, const kvs_client_request *r, char **out,
                              kvs_err *err) {
     *out = NULL;
     kvs_status rc = KVS_OK;
+    char **b64 = NULL; /* [n_media] base64 strings referenced by the tree */
     cJSON *root = cJSON_CreateObject();
     if (!root) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     if (c->model) cJSON_AddStringToObject(root, "model", c->model);
@@ -212,10 +249,20 @@ static kvs_status build_body(const kvs_client *c, const kvs_client_request *r, c
             if (r->suffix) cJSON_AddStringToObject(o, "suffix", r->suffix);
         }
     }
+    if (r->n_media > 0) {
+        b64 = calloc((size_t)r->n_media, sizeof *b64);
+        if (!b64) {
+            rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if ((rc = add_media(root, r, b64, err))) goto done;
+    }
     *out = cJSON_PrintUnformatted(root);
     if (!*out) rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory building a request body");
 done:
     cJSON_Delete(root);
+    for (int i = 0; b64 && i < r->n_media; i++) free(b64[i]);
+    free(b64);
     return rc;
 }
 
@@ -238,6 +285,27 @@ kvs_status kvs_client_submit(kvs_client *c, const kvs_client_request *r, void *t
             return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
                               "query-agnostic mode needs the kvsieve kv_compression extension; backend "
                               "api 'openai' cannot append text after a compression");
+        if (r->n_media > 0)
+            return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                              "a request with %d image%s: backend api 'openai' sends text only; use a "
+                              "multimodal kvsieve backend (kvsieve-hf)",
+                              r->n_media, r->n_media == 1 ? "" : "s");
+    }
+    if (r->n_media < 0 || (r->n_media > 0 && !r->media))
+        return kvs_errorf(err, KVS_ERR_INVALID, "client: n_media = %d without media", r->n_media);
+    if (r->n_media > 0) {
+        int nm = count_markers(r->prompt);
+        if (nm != r->n_media)
+            return kvs_errorf(err, KVS_ERR_INVALID,
+                              "client: the prompt has %d '%s' marker%s for %d image%s (multimodal_data); "
+                              "each image needs exactly one marker",
+                              nm, KVS_CLIENT_MEDIA_MARKER, nm == 1 ? "" : "s", r->n_media,
+                              r->n_media == 1 ? "" : "s");
+        if (count_markers(r->suffix) > 0)
+            return kvs_errorf(err, KVS_ERR_INVALID,
+                              "client: the suffix has a '%s' marker: images go in the prompt (prefilled "
+                              "before the compression), never in the suffix",
+                              KVS_CLIENT_MEDIA_MARKER);
     }
     job *j = calloc(1, sizeof *j);
     if (!j) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");

@@ -14,8 +14,9 @@
  * no streaming.
  *
  * Protocol: POST {url}/v1/completions {prompt, max_tokens, temperature: 0,
- * stop, ignore_eos (only when set), kv_spans?, kv_compression: {variants:
- * [{method, ratio | tokens, params, name, suffix?}]}}; the answer's
+ * stop, ignore_eos (only when set), kv_spans?, multimodal_data?,
+ * kv_compression: {variants: [{method, ratio | tokens, params, name,
+ * suffix?}]}}; the answer's
  * `variants[i]` give content, timings and `kv` (with span_kept when kv_spans
  * was sent; a malformed span_kept, wrong in shape or outside [0, 1], is an
  * error; a server that leaves it out, one that predates kv_spans, gives
@@ -27,6 +28,16 @@
  * `full`. Query-agnostic mode sends the question as a per-variant `suffix`
  * (decoded after the compression); a server without that field answers 400
  * naming it, which is surfaced.
+ * Images (llama-server's multimodal fields): a request with media sends
+ * "multimodal_data": [base64 of each image's file bytes, ...] (standard
+ * base64 with padding, OpenSSL's EVP_EncodeBlock) and its prompt carries one
+ * KVS_CLIENT_MEDIA_MARKER per image, the i-th marker standing for the i-th
+ * image. The counts must match and the suffix must carry none (an image is
+ * prefilled, never decoded after a compression); both are checked before
+ * sending. Only a multimodal kvsieve-API backend (kvsieve-hf) takes them:
+ * `kvsieve serve` answers 400 naming multimodal_data, and api =
+ * KVS_API_OPENAI refuses media before sending. A request without media
+ * sends no multimodal_data field.
  */
 #ifndef KVS_CLIENT_H
 #define KVS_CLIENT_H
@@ -41,6 +52,11 @@ extern "C" {
 
 typedef enum { KVS_API_KVSIEVE = 0, KVS_API_OPENAI = 1 } kvs_client_api;
 
+/* llama-server's default media marker: where an image goes in a prompt. */
+#define KVS_CLIENT_MEDIA_MARKER "<__media__>"
+/* The largest image accepted in a request (the datasets' own cap). */
+#define KVS_CLIENT_MEDIA_MAX_BYTES ((size_t)64 << 20)
+
 typedef struct {
     const char *const *urls; /* [n_urls] base URLs "http://host:port" (no trailing path) */
     int n_urls;
@@ -54,6 +70,12 @@ typedef struct {
 } kvs_client_opts;
 
 void kvs_client_opts_defaults(kvs_client_opts *o);
+
+/* One image of a request: its file's bytes, sent as they are (base64). */
+typedef struct {
+    const unsigned char *data; /* [n] */
+    size_t n;                  /* 1 .. KVS_CLIENT_MEDIA_MAX_BYTES */
+} kvs_client_media;
 
 /* One compression variant of a request. */
 typedef struct {
@@ -79,6 +101,12 @@ typedef struct {
      * limit); 0: none sent. */
     const int64_t *spans;
     int n_spans;
+    /* Images: [n_media] the bytes of the image at each KVS_CLIENT_MEDIA_MARKER
+     * of `prompt`, in order (an image sent twice is listed twice; the
+     * pointers may repeat). Encoded when the body is built, so the bytes may
+     * be freed after kvs_client_submit. 0: no multimodal_data sent. */
+    const kvs_client_media *media;
+    int n_media;
 } kvs_client_request;
 
 typedef struct {
@@ -118,9 +146,10 @@ typedef struct kvs_client kvs_client;
 kvs_status kvs_client_new(const kvs_client_opts *o, kvs_client **out, kvs_err *err);
 void kvs_client_free(kvs_client *c);
 
-/* Queue a request (the body is built now: r and its strings may be freed
- * after the call). tag is handed back with the result. Refuses (without
- * sending) a non-`full` variant with api = KVS_API_OPENAI. */
+/* Queue a request (the body is built now: r, its strings and its media may
+ * be freed after the call). tag is handed back with the result. Refuses
+ * (without sending) a non-`full` variant or media with api =
+ * KVS_API_OPENAI, and media whose count differs from the prompt's markers. */
 kvs_status kvs_client_submit(kvs_client *c, const kvs_client_request *r, void *tag, kvs_err *err);
 
 /* Called once per finished request (success or final failure); the result

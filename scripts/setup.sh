@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config git python3 python3-pip
       liblua5.4-dev libcjson-dev libcurl4-openssl-dev libsqlite3-dev sqlite3
-      libfftw3-dev libmicrohttpd-dev libopenblas-dev gnuplot-nox)
+      libfftw3-dev libmicrohttpd-dev libopenblas-dev gnuplot-nox libssl-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -7,7 +7,10 @@
  * silent `full`), the OpenAI api refusing non-full methods, keep-alive
  * (many requests over few connections), cells spread over two servers,
  * kv_spans sent and span_kept parsed (a malformed span_kept is an error, an
- * absent one leaves the output without it) and POST /tokenize counts.
+ * absent one leaves the output without it), POST /tokenize counts, and
+ * images: multimodal_data decoded back to the bytes in marker order, none
+ * sent without media, and the refusals before sending (marker count, a
+ * marker in the suffix, an empty image, api openai).
  */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -19,6 +22,7 @@
 #include <unistd.h>
 
 #include "kvs_client.h"
+#include "task_media_util.h"
 #include "test_util.h"
 
 typedef enum { FAKE_OK, FAKE_400, FAKE_SLOW, FAKE_NO_VARIANTS, FAKE_BAD_SPANS, FAKE_NO_SPANS } fake_mode;
@@ -348,6 +352,7 @@ static void test_success_and_body(void) {
     CHECK(!strcmp(cJSON_GetObjectItem(v2, "suffix")->valuestring, "Question: what?"));
     CHECK_NEAR(cJSON_GetObjectItem(b, "temperature")->valuedouble, 0, 0);
     CHECK(!strcmp(cJSON_GetArrayItem(cJSON_GetObjectItem(b, "stop"), 0)->valuestring, "\n"));
+    CHECK(cJSON_GetObjectItem(b, "multimodal_data") == NULL); /* no media: no field */
     cJSON_Delete(b);
     kvs_client_free(cl);
     fake_stop(&f);
@@ -604,8 +609,76 @@ static void test_spans(void) {
     free(c);
 }
 
+/* images: base64 in multimodal_data, in the order of the prompt's markers */
+static void test_media(void) {
+    fake f;
+    CHECK(fake_start(&f) == 0);
+    const char *urls[] = {f.url};
+    kvs_client *cl = client_for(urls, 1, 10, 1);
+    collected *c = calloc(1, sizeof *c);
+    kvs_err err = {0};
+    /* 10, 11 and 12 bytes: base64 with two, one and no padding characters */
+    static const unsigned char a[10] = {0x89, 'P', 'N', 'G', 0, 1, 2, 3, 0xfe, 0xff};
+    static const unsigned char b[11] = "hello world";
+    static const unsigned char z[12] = {0};
+    const kvs_client_media m[4] = {{a, sizeof a}, {b, sizeof b}, {a, sizeof a}, {z, sizeof z}};
+    kvs_client_request r = make_req(2, NULL);
+    r.prompt = KVS_CLIENT_MEDIA_MARKER "one " KVS_CLIENT_MEDIA_MARKER " two" KVS_CLIENT_MEDIA_MARKER
+                                       KVS_CLIENT_MEDIA_MARKER " end";
+    r.media = m;
+    r.n_media = 4;
+    CHECK_OK(kvs_client_submit(cl, &r, (void *)(intptr_t)0, &err), &err);
+    run_all(cl, c, 5000);
+    CHECK_EQ_INT(c->status[0], KVS_OK);
+    cJSON *sent_body = cJSON_Parse(f.last_body);
+    const cJSON *md = cJSON_GetObjectItem(sent_body, "multimodal_data");
+    CHECK_EQ_INT(cJSON_GetArraySize(md), 4);
+    for (int i = 0; i < 4 && i < cJSON_GetArraySize(md); i++) {
+        const cJSON *it = cJSON_GetArrayItem(md, i);
+        size_t n = 0;
+        unsigned char *got = cJSON_IsString(it) ? media_b64_decode(it->valuestring, &n) : NULL;
+        CHECK_MSG(got && n == m[i].n && !memcmp(got, m[i].data, n), "multimodal_data[%d] = %s", i,
+                  cJSON_IsString(it) ? it->valuestring : "(not a string)");
+        free(got);
+    }
+    CHECK(!strcmp(cJSON_GetObjectItem(sent_body, "prompt")->valuestring, r.prompt));
+    cJSON_Delete(sent_body);
+    /* refused before sending: counts that differ, a marker in the suffix, an empty image */
+    int sent = f.n_requests;
+    r.n_media = 3;
+    CHECK_FAILS(kvs_client_submit(cl, &r, NULL, &err), KVS_ERR_INVALID, &err,
+                "4 '" KVS_CLIENT_MEDIA_MARKER "' markers for 3 images");
+    r.n_media = 4;
+    r.suffix = "and " KVS_CLIENT_MEDIA_MARKER;
+    CHECK_FAILS(kvs_client_submit(cl, &r, NULL, &err), KVS_ERR_INVALID, &err, "suffix");
+    r.suffix = NULL;
+    const kvs_client_media empty[1] = {{a, 0}};
+    kvs_client_request r1 = make_req(1, NULL);
+    r1.prompt = "x " KVS_CLIENT_MEDIA_MARKER;
+    r1.media = empty;
+    r1.n_media = 1;
+    CHECK_FAILS(kvs_client_submit(cl, &r1, NULL, &err), KVS_ERR_INVALID, &err, "media[0] has 0 bytes");
+    CHECK_EQ_INT(kvs_client_pending(cl), 0);
+    CHECK_EQ_INT(f.n_requests, sent);
+    kvs_client_free(cl);
+    /* a plain OpenAI server gets no images */
+    kvs_client_opts o;
+    kvs_client_opts_defaults(&o);
+    o.urls = urls;
+    o.n_urls = 1;
+    o.api = KVS_API_OPENAI;
+    o.model = "m";
+    CHECK_OK(kvs_client_new(&o, &cl, &err), &err);
+    r1.media = m;
+    CHECK_FAILS(kvs_client_submit(cl, &r1, NULL, &err), KVS_ERR_UNSUPPORTED, &err, "sends text only");
+    kvs_client_free(cl);
+    fake_stop(&f);
+    free(c);
+}
+
 int main(void) {
     double t0 = kvs_now_ms();
+    test_media();
     test_spans();
     test_success_and_body();
     test_retry_5xx();

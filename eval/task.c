@@ -26,9 +26,13 @@
  * ruler{} is generated after the backend is up: its lengths are counted by
  * the backend's /tokenize. Its cells generate each task's own tokens
  * (n_predict caps them) without stop strings ("stop=none" in the key); the
- * other datasets stop at a newline. Images: the backends spoken here take
- * text only, so a dataset with image samples is refused before anything
- * starts.
+ * other datasets stop at a newline. Images (MileBench): a sample's images
+ * are read (and checked against the bytes the dataset hash names) when its
+ * request is built and sent as multimodal_data, one per media marker of the
+ * prompt, to a url backend of the kvsieve API (a multimodal one: kvsieve-hf;
+ * `kvsieve serve` answers 400 naming the field). The embedded backend and
+ * api = "openai" take text only, so there a dataset with image samples is
+ * refused before anything starts.
  */
 #include "kvs_task.h"
 
@@ -321,18 +325,67 @@ static kvs_status load_dataset(const kvs_config *cfg, const kvs_experiment *e, c
     return KVS_OK;
 }
 
-/* The backends spoken here take text only: refuse image samples up front. */
+/* The embedded backend (`kvsieve serve`) and plain OpenAI servers take text
+ * only: refuse image samples up front there (a url backend of the kvsieve
+ * API gets the images and, if text-only, says so naming multimodal_data). */
 static kvs_status require_text(const kvs_config *cfg, const kvs_experiment *e, const kvs_dataset *d,
                                kvs_err *err) {
+    if (!e->backend_embedded && !e->backend_openai) return KVS_OK;
     for (int i = 0; i < d->n_samples; i++)
-        if (kvs_sample_has_images(&d->samples[i])) {
-            kvs_status rc = kvs_sample_require_text(d, &d->samples[i], err);
-            if (!rc) rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED, "sample '%s' has images", d->samples[i].id);
-            kvs_err_prefix(err, "%s:%d: experiment '%s': the backends this runner speaks take "
-                           "text only (the kvsieve server has no image input yet)", cfg->path,
-                           e->line, e->name);
-            return rc;
+        if (kvs_sample_has_images(&d->samples[i]))
+            return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                              "%s:%d: experiment '%s': dataset '%s' sample '%s' has %d image%s, but %s "
+                              "takes text only: use a multimodal backend such as kvsieve-hf with "
+                              "backend{ url = ... }",
+                              cfg->path, e->line, e->name, d->name, d->samples[i].id, d->samples[i].n_images,
+                              d->samples[i].n_images == 1 ? "" : "s",
+                              e->backend_embedded ? "the embedded backend (kvsieve serve)"
+                                                  : "backend api = \"openai\"");
+    return KVS_OK;
+}
+
+/* The images of a sample's request, in marker order: each distinct image
+ * read once (bytes[i] for image i), media[] pointing into them. */
+typedef struct {
+    unsigned char **bytes; /* [n_images] */
+    size_t *sizes;         /* [n_images] */
+    kvs_client_media *media; /* [n_media] */
+    int n_images;
+} sample_media;
+
+static void sample_media_free(sample_media *m) {
+    for (int i = 0; m->bytes && i < m->n_images; i++) free(m->bytes[i]);
+    free(m->bytes);
+    free(m->sizes);
+    free(m->media);
+    memset(m, 0, sizeof *m);
+}
+
+static kvs_status sample_media_read(const kvs_dataset *d, const kvs_sample *sm, sample_media *m,
+                                    kvs_err *err) {
+    memset(m, 0, sizeof *m);
+    if (sm->n_media == 0) return KVS_OK;
+    m->n_images = sm->n_images;
+    m->bytes = calloc((size_t)sm->n_images, sizeof *m->bytes);
+    m->sizes = calloc((size_t)sm->n_images, sizeof *m->sizes);
+    m->media = calloc((size_t)sm->n_media, sizeof *m->media);
+    if (!m->bytes || !m->sizes || !m->media) {
+        sample_media_free(m);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    }
+    for (int k = 0; k < sm->n_media; k++) {
+        int i = sm->media[k];
+        assert(i >= 0 && i < sm->n_images);
+        if (!m->bytes[i]) {
+            kvs_status rc = kvs_sample_read_image(d, sm, i, kvs_sha256_hex, &m->bytes[i], &m->sizes[i], err);
+            if (rc) {
+                sample_media_free(m);
+                return rc;
+            }
         }
+        m->media[k].data = m->bytes[i];
+        m->media[k].n = m->sizes[i];
+    }
     return KVS_OK;
 }
 
@@ -782,7 +835,16 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
                     rq.n_spans++;
                 }
             rq.spans = spans;
+            sample_media med;
+            if ((rc = sample_media_read(d, sm, &med, err))) {
+                free(cp);
+                free(ap);
+                goto drain;
+            }
+            rq.media = med.media;
+            rq.n_media = sm->n_media;
             rc = kvs_client_submit(cl, &rq, u, err);
+            sample_media_free(&med); /* the body holds its own base64 copy */
             free(cp);
             free(ap);
             if (rc) {

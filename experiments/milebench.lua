@@ -1,14 +1,18 @@
--- milebench.lua: MileBench multimodal long-context tasks, for users with
--- the data and a multimodal backend.
+-- milebench.lua: MileBench multimodal long-context tasks, run against a
+-- multimodal backend of the kvsieve HTTP API: `kvsieve-hf serve --model ...`
+-- (transformers; see python/kvsieve/hf), listening at backend.url.
 --
 -- The data is not shipped: download MileBench and point dataset.path at a
--- task file (the JSON with "meta_data" and "data"; images are resolved
--- relative to the task's folder), e.g.
+-- task file (the JSON with "meta_data" and "data"), e.g.
+--   kvsieve-hf serve --model Qwen/Qwen2.5-VL-7B-Instruct --device cuda &
 --   kvsieve run experiments/milebench.lua -D 'dataset.path="/data/MileBench/ALFRED/ALFRED.json"'
--- Samples reference images ({image#k} placeholders). The kvsieve server
--- and the OpenAI text API spoken by this runner are text only today, so a
--- task with images is refused with a message naming the sample, before any
--- backend starts; this config is ready for a multimodal backend.
+-- Images are read from the task's images/ folder (MileBench's layout; else
+-- the task's folder) when the task is loaded: a missing one stops the run
+-- before anything is sent, and their bytes are part of every cell's key.
+-- Each {image#k} placeholder becomes a <__media__> marker and the image goes
+-- into the request's multimodal_data. `kvsieve serve` and the embedded
+-- backend are text only: they refuse image samples (naming the sample or the
+-- field), never drop the images.
 
 experiment {
   name    = "milebench",

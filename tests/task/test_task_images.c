@@ -342,8 +342,10 @@ int main(void) {
              oai);
     eval_write(dir, "mboai.lua", text, cfgp, sizeof cfgp);
     kvs_config cfg;
-    CHECK_OK(kvs_config_load(cfgp, NULL, 0, &cfg, &err), &err);
-    if (!err.code) {
+    kvs_err_clear(&err);
+    kvs_status lrc = kvs_config_load(cfgp, NULL, 0, &cfg, &err);
+    CHECK_OK(lrc, &err);
+    if (!lrc) {
         kvs_run_opts o;
         memset(&o, 0, sizeof o);
         CHECK_FAILS(kvs_run_config(s, &cfg, &o, &sum, &err), KVS_ERR_UNSUPPORTED, &err, "openai");

@@ -2,7 +2,7 @@
 # Installs kvsieve's build and test dependencies on Debian 12 (idempotent).
 # Run as root (or with sudo available). Skips apt when everything is present.
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config git python3 python3-pip
+PKGS=(build-essential cmake pkg-config git python3 python3-pip python3-venv
       liblua5.4-dev libcjson-dev libcurl4-openssl-dev libsqlite3-dev sqlite3
       libfftw3-dev libmicrohttpd-dev libopenblas-dev gnuplot-nox libssl-dev)
 missing=()

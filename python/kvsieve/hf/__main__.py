@@ -1,0 +1,104 @@
+"""__main__.py -- the kvsieve-hf command line: `serve` and `dump`.
+
+    kvsieve-hf serve --model ID_OR_PATH [--device cpu|cuda[:N]] [--dtype auto|float32|float16|bfloat16]
+                     [--host 127.0.0.1] [--port 8080] [--alias NAME] [--threads N] [--queue N]
+                     [--n-predict-max N] [--drain-timeout S] [--max-body BYTES] [--max-conn N]
+    kvsieve-hf dump  --model ID_OR_PATH (--prompt TEXT | --prompt-file F) [--image F]... [--queries N]
+                     [--dtype-out F32|F16|BF16] -o OUT.safetensors
+
+A .gguf file as --model is read through transformers' GGUF loader (text
+models). Images in a dump prompt go where its `<__media__>` markers are
+(one per --image, in order). This file is the only place that exits.
+"""
+import argparse
+import os
+import signal
+import sys
+import threading
+
+
+def _engine(a):
+    from .engine import Engine
+    return Engine(a.model, device=a.device, dtype=a.dtype, threads=a.threads, alias=getattr(a, "alias", None))
+
+
+def cmd_serve(a):
+    from .server import Server
+    eng = _engine(a)
+    srv = Server(eng, host=a.host, port=a.port, queue=a.queue, n_predict_max=a.n_predict_max,
+                 drain_timeout=a.drain_timeout, max_body=a.max_body, max_conn=a.max_conn)
+
+    def on_term(signum, _frame):
+        threading.Thread(target=srv.drain_and_stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    print("kvsieve-hf: serving %s (%s, %s layers, %s) on http://%s:%d" % (
+        eng.alias, eng.arch, eng.n_layers, eng.device, a.host, srv.port), file=sys.stderr, flush=True)
+    srv.serve_forever()
+    print("kvsieve-hf: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def cmd_dump(a):
+    from . import dump
+    from .engine import IMAGE_MARKER, RequestError
+    from PIL import Image
+    eng = _engine(a)
+    if (a.prompt is None) == (a.prompt_file is None):
+        raise SystemExit("kvsieve-hf dump: give exactly one of --prompt or --prompt-file")
+    text = a.prompt if a.prompt is not None else open(a.prompt_file, encoding="utf-8").read()
+    images = []
+    for p in a.image or []:
+        try:
+            images.append(Image.open(p).convert("RGB"))
+        except OSError as exc:
+            raise SystemExit("kvsieve-hf dump: --image %s: %s" % (p, exc))
+    if images and text.count(IMAGE_MARKER) == 0:
+        text = IMAGE_MARKER * len(images) + text  # no markers: the images go first
+    try:
+        prompt = eng.encode(text, images)
+        t, meta = dump.write(a.output, eng, prompt, a.queries, a.dtype_out)
+    except RequestError as exc:
+        raise SystemExit("kvsieve-hf dump: %s: %s" % (exc.field or "prompt", exc.message))
+    print("kvsieve-hf: wrote %s: %s layers, %s tokens (%s image), %d tensors" % (
+        a.output, eng.n_layers, meta["n_prompt"], meta["n_image_tokens"], len(t)), file=sys.stderr)
+    return 0
+
+
+def main(argv=None):
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ap = argparse.ArgumentParser(prog="kvsieve-hf", description="kvsieve's transformers backend")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("serve", "dump"):
+        p = sub.add_parser(name)
+        p.add_argument("--model", required=True, help="hub id, local folder, or .gguf file")
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
+        p.add_argument("--threads", type=int, default=1, help="libkvsieve threads for compress / apply")
+        if name == "serve":
+            p.add_argument("--host", default="127.0.0.1")
+            p.add_argument("--port", type=int, default=8080)
+            p.add_argument("--alias", default=None)
+            p.add_argument("--queue", type=int, default=16)
+            p.add_argument("--n-predict-max", type=int, default=4096)
+            p.add_argument("--drain-timeout", type=float, default=10.0)
+            p.add_argument("--max-body", type=int, default=256 << 20)
+            p.add_argument("--max-conn", type=int, default=256)
+        else:
+            p.add_argument("--prompt")
+            p.add_argument("--prompt-file")
+            p.add_argument("--image", action="append")
+            p.add_argument("--queries", type=int, default=0, help="last N queries per layer; -1 every position")
+            p.add_argument("--dtype-out", default="F32", choices=["F32", "F16", "BF16"])
+            p.add_argument("-o", "--output", required=True)
+    a = ap.parse_args(argv)
+    try:
+        return cmd_serve(a) if a.cmd == "serve" else cmd_dump(a)
+    except ValueError as exc:
+        print("kvsieve-hf: %s" % exc, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,7 +21,7 @@ PY=${PYTHON:-python3}
 PINS=(torch==2.15.0 torchvision==0.29.2 transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0 pillow==13.0.0
       numpy==2.4.6 gguf==0.19.0 accelerate==1.15.0)
 STAMP="$VENV/.kvsieve-pins"
-want="${PINS[*]}"
+want="${PINS[*]} $(sha256sum "$HERE/python/pyproject.toml" | cut -c1-16)"  # re-install when the pins or the package change
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] &&
    "$VENV/bin/python" -c "import kvsieve, torch, transformers" 2>/dev/null; then
   echo "$VENV/bin/python"

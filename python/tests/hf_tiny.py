@@ -382,3 +382,14 @@ def make_text_qwen_from_gguf(path=None, dtype=torch.float32):
     info = {"path": path, "load_s": t2 - t0, "tokenizer_s": t1 - t0, "model_s": t2 - t1,
             "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     return model.eval(), tokenizer, info
+
+
+if __name__ == "__main__":
+    # python -m tests.hf_tiny qwen25vl|llava DIR [SEED]: write a tiny model folder that
+    # `kvsieve-hf serve --model DIR` serves (for trying the backend by hand; random weights).
+    import sys
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("qwen25vl", "llava"):
+        sys.exit("usage: python -m tests.hf_tiny qwen25vl|llava DIR [SEED]")
+    seed = int(sys.argv[3]) if len(sys.argv) == 4 else 0
+    (make_tiny_qwen25vl if sys.argv[1] == "qwen25vl" else make_tiny_llava)(sys.argv[2], seed=seed)
+    print("wrote a tiny random %s to %s" % (sys.argv[1], sys.argv[2]))

@@ -380,6 +380,34 @@ class TestServer(unittest.TestCase):
                 self.assertEqual(len(kv["plan"]["layers"]), engine("qwen25vl").n_layers)
         self.assertIsNotNone(ids)
 
+    @unittest.skipUnless(CLI, "KVSIEVE_CLI not set")
+    def test_server_plans_equal_cli_plans_on_the_served_dump(self):
+        # the check: an image request with eight variants, and /kv/dump of the same prompt
+        # compressed by `kvsieve compress` gives the plans the server used
+        prompt = {"prompt": "first %s then tell me about the quick brown fox" % IMAGE_MARKER,
+                  "multimodal_data": [image_b64(9, 84, 56)]}
+        s, dump, _ = self.c.post("/kv/dump", dict(prompt, queries=-1))
+        self.assertEqual(s, 200)
+        tmp = tempfile.mkdtemp(prefix="kvs-hf-srvdump-")
+        path = os.path.join(tmp, "d.safetensors")
+        with open(path, "wb") as f:
+            f.write(dump)
+        from kvsieve import safetensors as st
+        mod = list(bytes(st.load(path)["modality"].buffer))
+        s, r, _ = self.c.post("/completion", dict(prompt, n_predict=2, ignore_eos=True, kv_plan=True,
+                                                  kv_compression={"variants": self.variants()}))
+        self.assertEqual(s, 200, r)
+        runs = r["variants"][0]["kv"]["modality_positions"]
+        self.assertEqual([i for i, m in enumerate(mod) if m == 1], [i for a, b, m in runs for i in range(a, b)])
+        for v in r["variants"][1:]:
+            with self.subTest(method=v["name"]):
+                out = os.path.join(tmp, v["name"] + ".json")
+                rc = subprocess.run([CLI, "compress", "--kv", path, "--method", v["name"], "--ratio", "0.4",
+                                     "--plan", out, "--quiet"], capture_output=True, text=True)
+                self.assertEqual(rc.returncode, 0, rc.stderr)
+                with open(out) as f:
+                    self.assertEqual(json.load(f), v["kv"]["plan"])
+
     def test_chat_with_image_url(self):
         s, r, _ = self.c.post("/v1/chat/completions", {
             "messages": [{"role": "user", "content": [

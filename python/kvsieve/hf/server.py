@@ -246,12 +246,13 @@ class Server:
                                % field)
         _bool(o, "compress_local", False, field + ".compress_local")  # no local layers here
         suffix = _str(o, "suffix", "", field + ".suffix")
-        try:  # validates the method and its parameters with libkvsieve's own messages
-            kvsieve.queries_wanted(method, params, 1)
-        except kvsieve.KvsError as exc:
-            f = field + ".method" if exc.status_name == "notfound" and "parameter" not in exc.message \
-                else field + ".params"
-            raise RequestError(400, f, "%s: %s" % (f, exc.message))
+        # validate the method, then each parameter on its own (so the error names it), with
+        # libkvsieve's own messages
+        for f, ps in [(field + ".method", {})] + [("%s.params.%s" % (field, k), {k: v}) for k, v in params.items()]:
+            try:
+                kvsieve.queries_wanted(method, ps, 1)
+            except kvsieve.KvsError as exc:
+                raise RequestError(400, f, "%s: %s" % (f, exc.message))
         return Variant(field, name, method, params, ratio, tokens, suffix)
 
     def parse_settings(self, root, oai):

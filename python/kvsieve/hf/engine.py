@@ -145,7 +145,10 @@ class Engine:
         return ids
 
     def info(self):
-        return {"model": self.alias, "path": str(self.path), "arch": self.arch, "n_layers": self.n_layers,
+        """/v1/models meta. A single-file model (GGUF) reports its size, so
+        the runner hashes the file itself into the cells' model identity."""
+        size = {"size": os.path.getsize(self.path)} if os.path.isfile(str(self.path)) else {}
+        return {**size, "model": self.alias, "path": str(self.path), "arch": self.arch, "n_layers": self.n_layers,
                 "n_ctx": self.n_ctx, "multimodal": self.multimodal, "device": str(self.device),
                 "dtype": str(self.model.dtype).replace("torch.", ""), "n_vocab": len(self.tokenizer),
                 "image_token_id": self.image_token_id, "kvsieve": kvsieve.build_info(),

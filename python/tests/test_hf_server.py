@@ -514,6 +514,75 @@ class TestServer(unittest.TestCase):
                 p.kill()
 
 
+class TestServerLoad(unittest.TestCase):
+    """A bounded load on loopback: 24 clients at once mixing /tokenize and two-variant completions,
+    retrying 503s, while 4 others queue and hang up. Every completed answer equals its serial answer,
+    the hang-ups are counted as cancellations, and the server stays healthy."""
+
+    def test_concurrent_clients_and_hangups(self):
+        srv = Server(engine("text"), port=0, queue=4)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        c = Client(srv.port)
+        try:
+            prompts = ["%d: %s" % (i, PROMPT[: 40 + 7 * i]) for i in range(6)]
+            body = lambda p: {"prompt": p, "n_predict": 4, "ignore_eos": True, "kv_compression": {"variants": [
+                {"method": "full"}, {"method": "snapkv", "ratio": 0.5, "params": {"window": 4}}]}}
+            serial = {p: [v["tokens"] for v in c.post("/completion", body(p))[1]["variants"]] for p in prompts}
+            # hang-ups while the model is busy: they wait in the queue, then go away
+            before = c.metric('kvsieve_requests_cancelled_total{reason="disconnect"}')
+            srv.model_lock.acquire()
+            socks = []
+            try:
+                for i in range(4):
+                    raw = json.dumps(body(prompts[i])).encode()
+                    sk = socket.create_connection(("127.0.0.1", srv.port))
+                    sk.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                               % (len(raw), raw))
+                    socks.append(sk)
+                deadline = time.monotonic() + 30
+                while srv.waiting < 4 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                self.assertEqual(srv.waiting, 4)
+                for sk in socks:
+                    sk.close()
+                while srv.waiting > 0 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            finally:
+                srv.model_lock.release()
+            self.assertEqual(c.metric('kvsieve_requests_cancelled_total{reason="disconnect"}') - before, 4)
+            results, errors = [], []
+
+            def client(i):
+                try:
+                    p = prompts[i % len(prompts)]
+                    s_, tok, _ = c.post("/tokenize", {"content": p})
+                    assert s_ == 200, tok
+                    for _attempt in range(200):
+                        s_, r, resp = c.post("/completion", body(p))
+                        if s_ != 503:
+                            break
+                        time.sleep(0.05 * float(resp.getheader("Retry-After", "1")))
+                    assert s_ == 200, r
+                    results.append((p, [v["tokens"] for v in r["variants"]]))
+                except Exception as exc:  # reported below
+                    errors.append(repr(exc))
+
+            ts = [threading.Thread(target=client, args=(i,)) for i in range(24)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(300)
+            self.assertEqual(errors, [])
+            self.assertEqual(len(results), 24)
+            for p, toks in results:
+                self.assertEqual(toks, serial[p], "a concurrent answer differs from the serial one")
+            s_, h, _ = c.call("GET", "/health")
+            self.assertEqual((s_, h["status"], h["requests_waiting"], h["requests_processing"]), (200, "ok", 0, 0))
+        finally:
+            srv.httpd.shutdown()
+            srv.httpd.server_close()
+
+
 def _try(fn):
     try:
         return fn()

@@ -25,6 +25,7 @@ What it is not: no HTTP (server.py), no batching across variants or requests
 import base64
 import io
 import os
+import threading
 import time
 
 import torch
@@ -117,6 +118,9 @@ class Engine:
         self.mrope = hasattr(getattr(self.model, "model", None), "rope_deltas")
         self.eos_ids = self._eos_ids()
         self.threads = max(1, int(threads))
+        # a fast tokenizer mutates its own state (padding / truncation) on every call and raises
+        # "Already borrowed" when two threads meet in it: every tokenizer / processor call takes this
+        self.tok_lock = threading.Lock()
         self.alias = alias or os.path.basename(os.path.normpath(str(self.path)))
         self.n_ctx = int(getattr(self.text_config, "max_position_embeddings", 32768) or 32768)
         self.arch = getattr(cfg, "model_type", "?")
@@ -156,10 +160,12 @@ class Engine:
 
     # -- inputs --------------------------------------------------------------------------
     def tokenize(self, text, add_special=True):
-        return self.tokenizer(text, add_special_tokens=add_special)["input_ids"]
+        with self.tok_lock:
+            return self.tokenizer(text, add_special_tokens=add_special)["input_ids"]
 
-    def detokenize(self, ids):
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+    def detokenize(self, ids, skip_special=False):
+        with self.tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
 
     def image_placeholder(self):
         """What one image marker becomes in the text given to the processor."""
@@ -172,6 +178,10 @@ class Engine:
     def encode(self, text, images=(), spans=None):
         """Model inputs for a prompt. text: the prompt, with one IMAGE_MARKER
         per image (in order); images: PIL images. Returns a Prompt."""
+        with self.tok_lock:
+            return self._encode(text, images, spans)
+
+    def _encode(self, text, images, spans):
         n_mark = text.count(IMAGE_MARKER)
         if images or n_mark:
             if not self.multimodal:
@@ -196,6 +206,10 @@ class Engine:
     def encode_chat(self, messages, images):
         """Chat messages (content parts already turned into {"type": "text" |
         "image"}) -> a Prompt through the model's chat template."""
+        with self.tok_lock:
+            return self._encode_chat(messages, images)
+
+    def _encode_chat(self, messages, images):
         owner = self.processor if self.multimodal else self.tokenizer
         if not getattr(owner, "chat_template", None) and not getattr(self.tokenizer, "chat_template", None):
             raise RequestError(400, "messages", "model %s has no chat template; use /completion with a "
@@ -372,7 +386,7 @@ class Engine:
                 break
             toks.append(tok)
             if gen.stop:
-                text = self.tokenizer.decode(toks, skip_special_tokens=True)
+                text = self.detokenize(toks, skip_special=True)
                 hit = _find_stop(text, gen.stop)
                 if hit is not None:
                     text, word, stop_type = text[:hit[0]], hit[1], "word"
@@ -384,7 +398,7 @@ class Engine:
         _sync(self.device)
         ms = _now() - t0
         if stop_type != "word":
-            text = self.tokenizer.decode(toks, skip_special_tokens=True)
+            text = self.detokenize(toks, skip_special=True)
         return Generation(toks, text, stop_type, word, ms, sfx_ms)
 
 

@@ -221,6 +221,33 @@ class TestExactness(unittest.TestCase):
         self.check_masked("qwen25vl", "see %s and answer about the quick brown fox" % IMAGE_MARKER, [pil(4)],
                           [("snapkv", {"window": 4}), ("flashcache", {})], suffix=" answer:")
 
+    def test_batched_variants_equal_one_by_one(self):
+        # the server decodes variants together (generate_batch): ragged caches padded and masked
+        cases = [("text", PROMPT, [], " and then"),
+                 ("qwen25vl", "see %s and answer about the quick brown fox" % IMAGE_MARKER, [pil(4)], " answer:"),
+                 ("llava", "%s what is in the picture of the quick fox" % IMAGE_MARKER, [pil(3)], "")]
+        for kind, text, images, suffix in cases:
+            with self.subTest(model=kind):
+                eng = engine(kind)
+                p = eng.encode(text, images)
+                pre = eng.prefill(p, p.n_tokens)
+                ctx, _ = eng.new_context(pre)
+                sfx = eng.tokenize(suffix, add_special=False) if suffix else []
+                one, caches = [], []
+                for m in METHODS:
+                    plan, c, _st = eng.compress(ctx, pre, variant(m))
+                    one.append(eng.generate(pre, c, sfx, greedy(8), lambda: False).toks)
+                    plan2, c2, _st = eng.compress(ctx, pre, variant(m))
+                    caches.append(c2)
+                    for pl in (plan, plan2):
+                        if pl is not None:
+                            pl.free()
+                lens = {c.layers[0].keys.shape[2] for c in caches}
+                self.assertGreater(len(lens), 1, "the batch should mix cache lengths")
+                together = eng.generate_batch(pre, caches, sfx, greedy(8), lambda: False)
+                self.assertEqual([g.toks for g in together], one)
+                ctx.close()
+
     def test_merging_methods_keep_the_budget(self):
         eng = engine("text")
         p = eng.encode(PROMPT)

@@ -3,6 +3,7 @@
     kvsieve-hf serve --model ID_OR_PATH [--device cpu|cuda[:N]] [--dtype auto|float32|float16|bfloat16]
                      [--host 127.0.0.1] [--port 8080] [--alias NAME] [--threads N] [--queue N]
                      [--n-predict-max N] [--drain-timeout S] [--max-body BYTES] [--max-conn N]
+                     [--variant-batch N]
     kvsieve-hf dump  --model ID_OR_PATH (--prompt TEXT | --prompt-file F) [--image F]... [--queries N]
                      [--dtype-out F32|F16|BF16] -o OUT.safetensors
 
@@ -26,7 +27,8 @@ def cmd_serve(a):
     from .server import Server
     eng = _engine(a)
     srv = Server(eng, host=a.host, port=a.port, queue=a.queue, n_predict_max=a.n_predict_max,
-                 drain_timeout=a.drain_timeout, max_body=a.max_body, max_conn=a.max_conn)
+                 drain_timeout=a.drain_timeout, max_body=a.max_body, max_conn=a.max_conn,
+                 variant_batch=a.variant_batch)
 
     def on_term(signum, _frame):
         threading.Thread(target=srv.drain_and_stop, daemon=True).start()
@@ -85,6 +87,8 @@ def main(argv=None):
             p.add_argument("--drain-timeout", type=float, default=10.0)
             p.add_argument("--max-body", type=int, default=256 << 20)
             p.add_argument("--max-conn", type=int, default=256)
+            p.add_argument("--variant-batch", type=int, default=8,
+                           help="variants of a request decoded together per forward pass (1: one by one)")
         else:
             p.add_argument("--prompt")
             p.add_argument("--prompt-file")

@@ -15,9 +15,14 @@ carries a recorder (module._kvsieve_recorder, set by the engine around the
 prefill only): the methods that score with attention (SnapKV, H2O, LOOK-M,
 MEDA) read them through libkvsieve.
 
+Variants decoded together (engine.generate_batch) are one batch whose
+caches are padded to the longest variant per layer; module._kvsieve_prefix
+([V][P] bool, the real rows of each variant's P padded prefix rows) masks the
+padding, and rows appended after the prefix follow the same causal rule.
+
 What it is not: no sliding windows, logit soft-capping or attention sinks
-(models that use them are refused when loaded, see engine.py), no padding,
-no batch > 1.
+(models that use them are refused when loaded, see engine.py), no padding of
+prompts, no batches of different prompts.
 """
 import torch
 
@@ -35,14 +40,23 @@ def attention_forward(module, query, key, value, attention_mask=None, dropout=0.
     if kwargs.get("sliding_window") is not None:
         raise ValueError("kvsieve-hf: layer %s is a sliding-window layer, which this attention does not "
                          "implement" % getattr(module, "layer_idx", "?"))
-    if query.shape[0] != 1:
-        raise ValueError("kvsieve-hf: batch %d; the engine runs one sequence" % query.shape[0])
     rec = getattr(module, "_kvsieve_recorder", None)
     if rec is not None:
         rec(module.layer_idx, query)
     q_len, k_len = query.shape[2], key.shape[2]
     mask, causal = None, False
-    if q_len > 1:
+    prefix = getattr(module, "_kvsieve_prefix", None)
+    if prefix is not None:  # variants decoded as one batch: [V][P] valid rows of the padded prefix
+        P = prefix.shape[1]
+        i = torch.arange(q_len, device=query.device)[:, None]
+        j = torch.arange(k_len - P, device=query.device)[None, :]
+        tail = (j <= (k_len - P - q_len) + i)  # [q][A]: the rows this call and earlier steps appended
+        mask = torch.cat([prefix[:, None, :].expand(-1, q_len, -1),
+                          tail[None].expand(prefix.shape[0], -1, -1)], dim=2)[:, None]  # [V][1][q][K]
+    elif query.shape[0] != 1:
+        raise ValueError("kvsieve-hf: batch %d without a prefix mask; the engine runs one sequence "
+                         "or one batch of variants" % query.shape[0])
+    elif q_len > 1:
         if q_len == k_len:
             causal = True
         else:  # a chunk after kept rows: query i sees keys [0, k_len - q_len + i]

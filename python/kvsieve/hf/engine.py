@@ -402,6 +402,107 @@ class Engine:
         return Generation(toks, text, stop_type, word, ms, sfx_ms)
 
 
+    def generate_batch(self, pre, caches, suffix_ids, gen, cancelled):
+        """generate() for several variants of one prefill at once: their
+        caches (each batch 1, every layer its own length) are padded per layer
+        to the longest, stacked into one batch and masked (attention.py), so
+        each step is one forward pass over V tokens. Same tokens as V calls of
+        generate() up to the float rounding of batched matrix products. The
+        per-variant caches are consumed. Returns one Generation per variant
+        (decode and suffix times are the batch's, shared)."""
+        import transformers
+        V = len(caches)
+        if V == 1:
+            return [self.generate(pre, caches[0], suffix_ids, gen, cancelled)]
+        N = pre.prompt.n_tokens
+        cache = transformers.DynamicCache(config=self.model.config)
+        valid = []
+        for l in range(self.n_layers):
+            ks = [c.layers[l].keys for c in caches]
+            vs = [c.layers[l].values for c in caches]
+            P = max(k.shape[2] for k in ks)
+            H, d = ks[0].shape[1], ks[0].shape[3]
+            K = ks[0].new_zeros((V, H, P, d))
+            Vv = vs[0].new_zeros((V, H, P, vs[0].shape[3]))
+            ok = torch.zeros((V, P), dtype=torch.bool, device=ks[0].device)
+            for b, (k, v) in enumerate(zip(ks, vs)):
+                K[b, :, :k.shape[2]] = k[0]
+                Vv[b, :, :v.shape[2]] = v[0]
+                ok[b, :k.shape[2]] = True
+            cache.update(K, Vv, l)
+            valid.append(ok)
+        caches.clear()
+        if self.mrope:
+            self.model.model.rope_deltas = pre.rope_deltas
+        rngs = [None] * V
+        if gen.temperature > 0:
+            rngs = [torch.Generator(device="cpu") for _ in range(V)]
+            for r in rngs:
+                r.manual_seed(int(gen.seed))
+        for m in self.attn_modules:
+            m._kvsieve_prefix = valid[m.layer_idx]
+        toks = [[] for _ in range(V)]
+        texts, stops, words = [""] * V, ["limit"] * V, [""] * V
+        done = [gen.limit <= 0] * V
+        pos, sfx_ms = N, 0.0
+        try:
+            logits = pre.logits.expand(V, -1)
+            if suffix_ids:
+                _sync(self.device)
+                t0 = _now()
+                logits = self._step_batch([list(suffix_ids)] * V, pos, cache)
+                _sync(self.device)
+                sfx_ms = _now() - t0
+                pos += len(suffix_ids)
+            _sync(self.device)
+            t0 = _now()
+            while not all(done):
+                if cancelled():
+                    raise Cancelled()
+                feed = []
+                for b in range(V):
+                    if done[b]:
+                        feed.append([toks[b][-1] if toks[b] else 0])  # keeps the batch shape; ignored
+                        continue
+                    tok = _sample(logits[b], gen, rngs[b])
+                    if tok in self.eos_ids and not gen.ignore_eos:
+                        stops[b], done[b] = "eos", True
+                        feed.append([tok])
+                        continue
+                    toks[b].append(tok)
+                    if gen.stop:
+                        text = self.detokenize(toks[b], skip_special=True)
+                        hit = _find_stop(text, gen.stop)
+                        if hit is not None:
+                            texts[b], words[b], stops[b], done[b] = text[:hit[0]], hit[1], "word", True
+                    if len(toks[b]) >= gen.limit:
+                        done[b] = True
+                    feed.append([tok])
+                if all(done):
+                    break
+                logits = self._step_batch(feed, pos, cache)
+                pos += 1
+            _sync(self.device)
+            ms = _now() - t0
+        finally:
+            for m in self.attn_modules:
+                m._kvsieve_prefix = None
+        out = []
+        for b in range(V):
+            text = texts[b] if stops[b] == "word" else self.detokenize(toks[b], skip_special=True)
+            out.append(Generation(toks[b], text, stops[b], words[b], ms, sfx_ms))
+        return out
+
+    def _step_batch(self, ids, start, cache):
+        V, n = len(ids), len(ids[0])
+        inp = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos = self._positions(start, n)
+        pos = pos.expand(3, V, n) if self.mrope else pos.expand(V, n)
+        with torch.inference_mode():
+            out = self.model(input_ids=inp, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+
 def _sample(logits, gen, rng):
     if gen.temperature <= 0:
         return int(torch.argmax(logits).item())

@@ -12,6 +12,11 @@ llama-server's `multimodal_data` (base64 images, one `<__media__>` marker
 per image in the prompt; the prompt may also be {prompt_string,
 multimodal_data}) and OpenAI `image_url` content parts with data URLs.
 
+Variants are compressed one after another from the one prefill, then
+decoded together, up to --variant-batch (8) of them per forward pass (their
+ragged caches padded and masked, engine.generate_batch); a variant's
+predicted_ms is its batch's.
+
 Careless clients: the model runs one request at a time; at most --queue
 requests wait (more get 503 with Retry-After); bodies over --max-body bytes
 get 413; a client that disconnects cancels its request between two decode
@@ -86,8 +91,9 @@ class Server:
     """The server state: engine, limits, counters. serve_forever() runs it."""
 
     def __init__(self, engine, host="127.0.0.1", port=8080, queue=16, n_predict_max=4096,
-                 drain_timeout=10.0, max_body=256 << 20, max_conn=256, io_timeout=60.0):
+                 drain_timeout=10.0, max_body=256 << 20, max_conn=256, io_timeout=60.0, variant_batch=8):
         self.engine = engine
+        self.variant_batch = max(1, int(variant_batch))
         self.queue, self.n_predict_max = int(queue), int(n_predict_max)
         self.drain_timeout, self.max_body = float(drain_timeout), int(max_body)
         self.io_timeout = float(io_timeout)
@@ -403,7 +409,7 @@ class Server:
             self.count("prompt_ms", pre.ms)
             ctx, handoff_ms = eng.new_context(pre) if any(v.method != "full" for v in variants) else (None, 0.0)
             self.count("handoff_ms", handoff_ms)
-            outs = []
+            outs, pending = [], []
             try:
                 for v in variants:
                     if cancelled():
@@ -413,8 +419,6 @@ class Server:
                     except kvsieve.KvsError as exc:
                         status = 400 if exc.status_name in ("invalid", "notfound") else 500
                         raise RequestError(status, v.field if status == 400 else "", "%s: %s" % (v.field, exc.message))
-                    sfx = eng.tokenize(v.suffix, add_special=False) if v.suffix else []
-                    g = eng.generate(pre, cache, sfx, gen, cancelled)
                     span_kept = _span_kept(prompt, plan, eng.n_layers) if prompt.span_sets else None
                     if want_plan:
                         st["plan"] = plan.to_dict() if plan is not None else None
@@ -423,10 +427,25 @@ class Server:
                     self.count("compressions", 1 if v.method != "full" else 0)
                     self.count("compress_ms", st["compress_ms"])
                     self.count("gather_ms", st["gather_ms"])
-                    self.count("predicted_tokens", len(g.toks))
-                    self.count("predicted_ms", g.ms)
-                    outs.append((v, st, g, span_kept))
-                    del cache  # only one variant's cache lives at a time
+                    pending.append((v, st, cache, span_kept))
+                    del cache
+                # decode: up to --variant-batch variants with the same suffix as one batch
+                i = 0
+                while i < len(pending):
+                    j = i + 1
+                    while j < len(pending) and j - i < self.variant_batch and pending[j][0].suffix == pending[i][0].suffix:
+                        j += 1
+                    group = pending[i:j]
+                    sfx = eng.tokenize(group[0][0].suffix, add_special=False) if group[0][0].suffix else []
+                    caches = [c for _v, _st, c, _sk in group]
+                    for k in range(i, j):  # the batch owns the caches now
+                        pending[k] = pending[k][:2] + (None,) + pending[k][3:]
+                    gens = eng.generate_batch(pre, caches, sfx, gen, cancelled)
+                    for (v, st, _c, span_kept), g in zip(group, gens):
+                        self.count("predicted_tokens", len(g.toks))
+                        outs.append((v, st, g, span_kept))
+                    self.count("predicted_ms", gens[0].ms)
+                    i = j
                 copies = ctx.stats() if ctx is not None else None
             finally:
                 if ctx is not None:

@@ -36,6 +36,16 @@ void kvs_cache_to_f32(int ctype, const void *src, float *dst, int n);
 void kvs_cache_from_f32(int ctype, const float *src, void *dst, int n);
 float kvs_dot_cache(int ctype, const float *q, const void *k, int n);       /* q . k */
 void kvs_axpy_cache(int ctype, float *o, float a, const void *x, int n);    /* o += a x */
+/* nh query heads (head h at q + h * qstride) against nrows rows (row t at k +
+ * t * rstride elements): out[h * ostride + t] = kvs_dot_cache(q_h, row t) *
+ * scale, bit for bit, each f16/bf16 element converted once per pass of up to
+ * 4 heads. */
+void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
+                         int n, float scale, float *out, size_t ostride);
+/* o_h += p[h * pstride + t] row t for t = 0 .. nrows - 1, with o_h = o + h *
+ * ostride: bit for bit kvs_axpy_cache(o_h, p_h[t], row t) over t in order. */
+void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride, const void *x,
+                          size_t rstride, int nrows, int n);
 
 /* ---- thread pool (pool.c) ---------------------------------------------------- */
 typedef void (*kvs_pool_fn)(void *arg, int ith, int nth);

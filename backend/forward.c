@@ -144,23 +144,32 @@ typedef struct {
     kvs_session *const *ss;
     const dec_buf *db;
     int l, n, window; /* window 0: global */
-    float *sbuf;      /* NULL: scores in each session's own buffer; else [threads][sstride] */
+    int nsplit;       /* jobs per (sequence, KV head): its query heads in nsplit parts */
+    float *sbuf;      /* NULL: scores in each session's own buffer; else [threads][G][sstride] */
     size_t sstride;
+    atomic_int next;  /* first job not yet claimed */
 } att_job;
 
-/* Jobs are (sequence, query head) pairs; query i sees rows [0, lim[i]) of its
- * session's layer (those inside the window by position). */
+/* Jobs are (sequence, KV head, part of its query heads): the heads of a job
+ * go together over the group's key and value rows, so each f16/bf16 row is
+ * converted once per pass of up to four heads, not once per head
+ * (kvs_dot_cache_heads). Query i sees rows [0, lim[i]) of its session's layer
+ * (those inside the window by position). Each head's arithmetic is that of
+ * one head alone, whatever the parts and whichever thread claims the job. */
 static void att_run(void *arg, int ith, int nth) {
     att_job *j = arg;
+    (void)nth;
     const kvs_model_info *MI = &j->ss[0]->m->info;
-    const int D = MI->head_dim, Hq = MI->n_heads, G = MI->n_heads / MI->n_kv_heads;
-    for (int job = ith; job < j->n * Hq; job += nth) {
-        int i = job / Hq, h = job % Hq, g = h / G;
+    const int D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, G = Hq / Hkv, ns = j->nsplit;
+    const int njobs = j->n * Hkv * ns;
+    for (;;) {
+        int job = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (job >= njobs) break;
+        int i = job / (Hkv * ns), g = job % (Hkv * ns) / ns, part = job % ns;
+        int h0 = g * G + G * part / ns, nh = g * G + G * (part + 1) / ns - h0;
         const kvs_session *s = j->ss[i];
         const kv_layer *c = &s->kv[j->l];
         const int ct = s->ctype, pos = j->db->pos[i], len = j->db->lim[i];
-        const size_t rs = (size_t)D * s->esz;
-        const float *qh = j->db->q + ((size_t)i * Hq + h) * D;
         const uint8_t *K = kvs_kv_row(s, c, c->k, g, 0), *V = kvs_kv_row(s, c, c->v, g, 0);
         const int32_t *P = c->pos + (size_t)g * c->cap;
         int j0 = 0;
@@ -173,18 +182,24 @@ static void att_run(void *arg, int ith, int nth) {
             }
             j0 = lo;
         }
-        float *sc = j->sbuf ? j->sbuf + (size_t)ith * j->sstride : s->scores + (size_t)h * s->n_ctx;
-        float mx = -INFINITY;
-        for (int t = j0; t < len; t++) {
-            float v = kvs_dot_cache(ct, qh, K + (size_t)t * rs, D) * s->m->attn_scale;
-            sc[t] = v;
-            if (v > mx) mx = v;
+        /* head h0 + k's scores at sc + k * scs, indexed by row */
+        float *sc = j->sbuf ? j->sbuf + (size_t)ith * G * j->sstride : s->scores + (size_t)h0 * s->n_ctx;
+        const size_t scs = j->sbuf ? j->sstride : (size_t)s->n_ctx;
+        const float *qh = j->db->q + ((size_t)i * Hq + h0) * D;
+        float *o = j->db->att + ((size_t)i * Hq + h0) * D;
+        kvs_dot_cache_heads(ct, qh, D, nh, K + (size_t)j0 * D * s->esz, D, len - j0, D, s->m->attn_scale, sc + j0,
+                            scs);
+        for (int k = 0; k < nh; k++) {
+            float *r = sc + k * scs;
+            float mx = -INFINITY;
+            for (int t = j0; t < len; t++)
+                if (r[t] > mx) mx = r[t];
+            double sum = kvs_vexp_sub(r + j0, len - j0, mx);
+            float inv = (float)(1.0 / sum);
+            for (int t = j0; t < len; t++) r[t] *= inv; /* the weight of row t, as sc[t] * inv before */
+            for (int d = 0; d < D; d++) o[(size_t)k * D + d] = 0;
         }
-        double sum = kvs_vexp_sub(sc + j0, len - j0, mx);
-        float inv = (float)(1.0 / sum);
-        float *o = j->db->att + ((size_t)i * Hq + h) * D;
-        for (int d = 0; d < D; d++) o[d] = 0;
-        for (int t = j0; t < len; t++) kvs_axpy_cache(ct, o, sc[t] * inv, V + (size_t)t * rs, D);
+        kvs_axpy_cache_heads(ct, o, D, nh, sc + j0, scs, V + (size_t)j0 * D * s->esz, D, len - j0, D);
     }
 }
 
@@ -207,6 +222,11 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
     const kvs_model_info *MI = &m->info;
     const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
     const int gemma = m->arch == KVS_ARCH_GEMMA3, half = D / 2, mv = db->maxv;
+    /* attention jobs: a whole GQA group each once there are enough of them for
+     * the threads; fewer sequences than threads split the groups (gemma3-270m
+     * has one KV head: alone, its 4 query heads go to 2 threads as 2 + 2) */
+    const int units = n * Hkv, nth = kvs_pool_size(pool), G = Hq / Hkv;
+    const int nsplit = units >= nth ? 1 : (nth + units - 1) / units < G ? (nth + units - 1) / units : G;
     for (int i = 0; i < n; i++) {
         float *cs = db->cs + (size_t)i * D, *sn = db->sn + (size_t)i * D;
         rope_table(ss[i]->inv_freq_g, half, db->pos[i], cs, sn);
@@ -241,7 +261,7 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
             c->len++;
             db->lim[i] = c->len;
         }
-        att_job aj = {ss, db, l, n, w->is_local ? MI->sliding_window : 0, sbuf, sstride};
+        att_job aj = {ss, db, l, n, w->is_local ? MI->sliding_window : 0, nsplit, sbuf, sstride, 0};
         kvs_pool_run(pool, att_run, &aj);
         matvec(pool, db, n, db->att, Hq * D, 1, &w->wo, db->o, E, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
         for (int i = 0; i < n; i++) {
@@ -802,7 +822,8 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
         for (int l = 0; l < MI->n_layers; l++) maxlen = s->kv[l].len > maxlen ? s->kv[l].len : maxlen;
         size_t sstride = (size_t)maxlen + n;
         kvs_session **cols = malloc((size_t)n * sizeof *cols);
-        float *sbuf = malloc((size_t)kvs_pool_size(s->pool) * sstride * sizeof *sbuf);
+        /* a thread's job holds the scores of up to a GQA group's heads */
+        float *sbuf = malloc((size_t)kvs_pool_size(s->pool) * (MI->n_heads / MI->n_kv_heads) * sstride * sizeof *sbuf);
         if (!cols || !sbuf || (st = kvs_dec_buf_init(&db, MI, n, err))) {
             free(cols);
             free(sbuf);

@@ -4,7 +4,8 @@
  * (Release: -march=x86-64-v3), plain C otherwise; both paths agree to ~1e-6
  * relative (exp is a degree-6 polynomial after range reduction, as in Cephes).
  * Also the KV cache row kernels (f32 / f16 / bf16 rows: conversion, dot with
- * an fp32 query, axpy into an fp32 output).
+ * an fp32 query, axpy into an fp32 output), one query head at a time or all
+ * the heads of a GQA group per pass over the rows.
  * What it is not: no matrix products (OpenBLAS and quant.c).
  */
 #include <math.h>
@@ -222,4 +223,186 @@ void kvs_axpy_cache(int ctype, float *o, float a, const void *x, int n) {
 #endif
         for (; i < n; i++) o[i] += a * kvs_bf16_to_f32(h[i]);
     }
+}
+
+/* ---- the query heads of one GQA group against the same cache rows ----------- */
+/* Every query head of a group reads the same key and value rows. These
+ * kernels convert each f16/bf16 element once per pass for up to
+ * KVS_GROUP_REGS heads (their accumulators stay in registers) instead of once
+ * per head, and work on blocks of KVS_GROUP_ROWS rows so that a block stays
+ * in L1 while the heads' passes go over it. Each head's result goes through
+ * exactly the float operations of the one-head kernels above (the same
+ * accumulators, chunking, tails and order over rows), so it is bit for bit
+ * what kvs_dot_cache / kvs_axpy_cache give, whichever heads share a pass. */
+
+#define KVS_GROUP_REGS 4  /* heads per register pass: 2 x 4 accumulators + 2 rows' chunks */
+#define KVS_GROUP_ROWS 32 /* rows per block: 32 x 256 x 2 bytes = 16 KiB at gemma's head size */
+
+#ifdef KVS_SIMD_F16C
+#if defined(__GNUC__)
+#define KVS_INLINE static inline __attribute__((always_inline))
+#else
+#define KVS_INLINE static inline
+#endif
+
+KVS_INLINE __m256 ld_cache8(int bf, const uint16_t *p) { return bf ? ld_bf16(p) : ld_f16(p); }
+KVS_INLINE float cache_elem(int bf, uint16_t v) { return bf ? kvs_bf16_to_f32(v) : kvs_f16_to_f32(v); }
+
+/* out[h * os + t] = kvs_dot_cache(q + h * qs, row t) * scale, NH heads, rows [0, nrows) */
+KVS_INLINE void dot_heads(int bf, const int NH, const float *q, size_t qs, const uint16_t *k, size_t rse, int nrows,
+                          int n, float scale, float *out, size_t os) {
+    for (int t = 0; t < nrows; t++) {
+        const uint16_t *r = k + (size_t)t * rse;
+        __m256 a0[KVS_GROUP_REGS], a1[KVS_GROUP_REGS];
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) a0[h] = a1[h] = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m256 k0 = ld_cache8(bf, r + i), k1 = ld_cache8(bf, r + i + 8);
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++) {
+                a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * qs + i), k0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * qs + i + 8), k1, a1[h]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            const float *qh = q + h * qs;
+            float s = hsum8_ps(_mm256_add_ps(a0[h], a1[h]));
+            for (int e = i; e < n; e++) s += qh[e] * cache_elem(bf, r[e]);
+            out[h * os + t] = s * scale;
+        }
+    }
+}
+
+/* o[h * os + d] += p[h * ps + t] x[t][d] for t = 0, 1, .. nrows - 1 in order, NH heads */
+KVS_INLINE void axpy_heads(int bf, const int NH, float *o, size_t os, const float *p, size_t ps, const uint16_t *x,
+                           size_t rse, int nrows, int n) {
+    int d = 0;
+    for (; d + 16 <= n; d += 16) {
+        __m256 c0[KVS_GROUP_REGS], c1[KVS_GROUP_REGS];
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            c0[h] = _mm256_loadu_ps(o + h * os + d);
+            c1[h] = _mm256_loadu_ps(o + h * os + d + 8);
+        }
+        for (int t = 0; t < nrows; t++) {
+            const uint16_t *r = x + (size_t)t * rse + d;
+            __m256 v0 = ld_cache8(bf, r), v1 = ld_cache8(bf, r + 8);
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++) {
+                __m256 a = _mm256_broadcast_ss(p + h * ps + t);
+                c0[h] = _mm256_fmadd_ps(a, v0, c0[h]);
+                c1[h] = _mm256_fmadd_ps(a, v1, c1[h]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            _mm256_storeu_ps(o + h * os + d, c0[h]);
+            _mm256_storeu_ps(o + h * os + d + 8, c1[h]);
+        }
+    }
+    for (; d + 8 <= n; d += 8) {
+        __m256 c0[KVS_GROUP_REGS];
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) c0[h] = _mm256_loadu_ps(o + h * os + d);
+        for (int t = 0; t < nrows; t++) {
+            __m256 v0 = ld_cache8(bf, x + (size_t)t * rse + d);
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++) c0[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + h * ps + t), v0, c0[h]);
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) _mm256_storeu_ps(o + h * os + d, c0[h]);
+    }
+    for (; d < n; d++) /* the one-head kernel's scalar tail: o[d] += a * x[d] */
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < nrows; t++) o[h * os + d] += p[h * ps + t] * cache_elem(bf, x[(size_t)t * rse + d]);
+}
+
+/* One block of rows for nh <= KVS_GROUP_REGS heads: a constant head count and
+ * element type per instance, so the accumulators are registers. */
+static void dot_heads_blk(int bf, int nh, const float *q, size_t qs, const uint16_t *k, size_t rse, int nrows, int n,
+                          float scale, float *out, size_t os) {
+    switch (nh * 2 + (bf != 0)) {
+    case 2: dot_heads(0, 1, q, qs, k, rse, nrows, n, scale, out, os); break;
+    case 3: dot_heads(1, 1, q, qs, k, rse, nrows, n, scale, out, os); break;
+    case 4: dot_heads(0, 2, q, qs, k, rse, nrows, n, scale, out, os); break;
+    case 5: dot_heads(1, 2, q, qs, k, rse, nrows, n, scale, out, os); break;
+    case 6: dot_heads(0, 3, q, qs, k, rse, nrows, n, scale, out, os); break;
+    case 7: dot_heads(1, 3, q, qs, k, rse, nrows, n, scale, out, os); break;
+    case 8: dot_heads(0, 4, q, qs, k, rse, nrows, n, scale, out, os); break;
+    case 9: dot_heads(1, 4, q, qs, k, rse, nrows, n, scale, out, os); break;
+    default: break; /* nh is 1 .. KVS_GROUP_REGS (the caller splits) */
+    }
+}
+
+static void axpy_heads_blk(int bf, int nh, float *o, size_t os, const float *p, size_t ps, const uint16_t *x,
+                           size_t rse, int nrows, int n) {
+    switch (nh * 2 + (bf != 0)) {
+    case 2: axpy_heads(0, 1, o, os, p, ps, x, rse, nrows, n); break;
+    case 3: axpy_heads(1, 1, o, os, p, ps, x, rse, nrows, n); break;
+    case 4: axpy_heads(0, 2, o, os, p, ps, x, rse, nrows, n); break;
+    case 5: axpy_heads(1, 2, o, os, p, ps, x, rse, nrows, n); break;
+    case 6: axpy_heads(0, 3, o, os, p, ps, x, rse, nrows, n); break;
+    case 7: axpy_heads(1, 3, o, os, p, ps, x, rse, nrows, n); break;
+    case 8: axpy_heads(0, 4, o, os, p, ps, x, rse, nrows, n); break;
+    case 9: axpy_heads(1, 4, o, os, p, ps, x, rse, nrows, n); break;
+    default: break;
+    }
+}
+
+/* Split nh heads into passes of at most KVS_GROUP_REGS, as even as possible
+ * (7 heads: 4 + 3): pass b of nb covers heads [first(b), first(b + 1)). */
+static int group_passes(int nh) { return (nh + KVS_GROUP_REGS - 1) / KVS_GROUP_REGS; }
+static int group_first(int nh, int nb, int b) { return (int)((long)nh * b / nb); }
+#endif
+
+void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
+                         int n, float scale, float *out, size_t ostride) {
+#ifdef KVS_SIMD_F16C
+    if (ctype != KVS_CACHE_F32) {
+        const uint16_t *kh = k;
+        const int nb = group_passes(nh), bf = ctype == KVS_CACHE_BF16;
+        for (int t0 = 0; t0 < nrows; t0 += KVS_GROUP_ROWS) {
+            int nr = nrows - t0 < KVS_GROUP_ROWS ? nrows - t0 : KVS_GROUP_ROWS;
+            for (int b = 0; b < nb; b++) {
+                int h0 = group_first(nh, nb, b), h1 = group_first(nh, nb, b + 1);
+                dot_heads_blk(bf, h1 - h0, q + (size_t)h0 * qstride, qstride, kh + (size_t)t0 * rstride, rstride, nr,
+                              n, scale, out + (size_t)h0 * ostride + t0, ostride);
+            }
+        }
+        return;
+    }
+#endif
+    /* f32 rows (nothing to convert) and builds without F16C: the one-head kernel per head */
+    const uint8_t *kb = k;
+    const size_t rb = rstride * kvs_cache_elem_size(ctype);
+    for (int h = 0; h < nh; h++)
+        for (int t = 0; t < nrows; t++)
+            out[(size_t)h * ostride + t] = kvs_dot_cache(ctype, q + (size_t)h * qstride, kb + (size_t)t * rb, n) * scale;
+}
+
+void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride, const void *x,
+                          size_t rstride, int nrows, int n) {
+#ifdef KVS_SIMD_F16C
+    if (ctype != KVS_CACHE_F32) {
+        const uint16_t *xh = x;
+        const int nb = group_passes(nh), bf = ctype == KVS_CACHE_BF16;
+        /* blocks in row order: each output element still sums its rows in order */
+        for (int t0 = 0; t0 < nrows; t0 += KVS_GROUP_ROWS) {
+            int nr = nrows - t0 < KVS_GROUP_ROWS ? nrows - t0 : KVS_GROUP_ROWS;
+            for (int b = 0; b < nb; b++) {
+                int h0 = group_first(nh, nb, b), h1 = group_first(nh, nb, b + 1);
+                axpy_heads_blk(bf, h1 - h0, o + (size_t)h0 * ostride, ostride, p + (size_t)h0 * pstride + t0, pstride,
+                               xh + (size_t)t0 * rstride, rstride, nr, n);
+            }
+        }
+        return;
+    }
+#endif
+    const uint8_t *xb = x;
+    const size_t rb = rstride * kvs_cache_elem_size(ctype);
+    for (int h = 0; h < nh; h++)
+        for (int t = 0; t < nrows; t++)
+            kvs_axpy_cache(ctype, o + (size_t)h * ostride, p[(size_t)h * pstride + t], xb + (size_t)t * rb, n);
 }

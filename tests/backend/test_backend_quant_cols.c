@@ -7,7 +7,7 @@
  * dequantised double dot (the test can fail: a wrong unpacking is caught by
  * both). Row lengths whose block count is and is not a multiple of 8 (the
  * Q8_0/Q5_0 kernels take 8 blocks or 8 columns per vector), and the
- * multi-row form kvs_dot_q8a_rows (3 rows, strided output) the same way.
+ * multi-row form kvs_dot_q8a_rows (6 rows, strided output) the same way.
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,7 +25,7 @@ void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrow
 int main(void) {
     kvs_err err = {0};
     static const int types[] = {KVS_GGML_Q8_0, KVS_GGML_Q5_0, KVS_GGML_Q4_K, KVS_GGML_Q6_K};
-    enum { NMAX = 1024, MAXC = 19, R = 3 };
+    enum { NMAX = 1024, MAXC = 19, R = 6 };
     float *w = malloc(NMAX * sizeof *w), *xs = malloc((size_t)MAXC * NMAX * sizeof *xs), *wd = malloc(NMAX * sizeof *wd);
     uint8_t *row = malloc(R * kvs_ggml_row_size(KVS_GGML_Q8_0, NMAX) + 64);
     kvs_q8a_block *xq = malloc((size_t)MAXC * (NMAX / 32) * sizeof *xq);

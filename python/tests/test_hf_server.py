@@ -194,17 +194,17 @@ class TestExactness(unittest.TestCase):
                 self.assertEqual(plan.merge, "none")
                 logits = []
                 # record every step's logits of the compressed decode
-                orig = eng._step
+                orig = eng._step_batch
 
                 def step(ids, start, c, _orig=orig):
                     x = _orig(ids, start, c)
-                    logits.append(x)
+                    logits.append(x[0])
                     return x
-                eng._step = step
+                eng._step_batch = step
                 try:
                     g = eng.generate(pre, cache, sfx, greedy(6), lambda: False)
                 finally:
-                    eng._step = orig
+                    eng._step_batch = orig
                 ref = reference_logits(eng, p, plan, sfx, g.toks)
                 self.assertEqual(len(ref), len(logits))
                 for s, (a, b) in enumerate(zip(logits, ref)):

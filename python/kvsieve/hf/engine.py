@@ -295,13 +295,6 @@ class Engine:
         deltas = self.model.model.rope_deltas.clone() if self.mrope and self.model.model.rope_deltas is not None else None
         return Prefill(prompt, layers, out.logits[0, -1].float(), ms, deltas)
 
-    def _step(self, ids, start, cache):
-        inp = torch.tensor([ids], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            out = self.model(input_ids=inp, position_ids=self._positions(start, len(ids)), cache=cache,
-                             use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float()
-
     # -- compression ------------------------------------------------------------------------
     def queries_wanted(self, variants, n_tokens):
         return max([kvsieve.queries_wanted(v.method, v.params, n_tokens) for v in variants] + [0])
@@ -356,68 +349,28 @@ class Engine:
     def generate(self, pre, cache, suffix_ids, gen, cancelled):
         """Greedy (temperature 0) or sampled decoding from a variant's cache.
         The first token comes from the prefill's logits, or from the suffix's
-        when there is one. Returns a Generation."""
-        N = pre.prompt.n_tokens
-        pos = N
-        sfx_ms = 0.0
-        logits = pre.logits
-        if self.mrope:
-            self.model.model.rope_deltas = pre.rope_deltas
-        if suffix_ids:
-            _sync(self.device)
-            t0 = _now()
-            logits = self._step(suffix_ids, pos, cache)
-            _sync(self.device)
-            sfx_ms = _now() - t0
-            pos += len(suffix_ids)
-        rng = None
-        if gen.temperature > 0:
-            rng = torch.Generator(device="cpu")
-            rng.manual_seed(int(gen.seed))
-        toks, text, stop_type, word = [], "", "limit", ""
-        _sync(self.device)
-        t0 = _now()
-        while len(toks) < gen.limit:
-            if cancelled():
-                raise Cancelled()
-            tok = _sample(logits, gen, rng)
-            if tok in self.eos_ids and not gen.ignore_eos:
-                stop_type = "eos"
-                break
-            toks.append(tok)
-            if gen.stop:
-                text = self.detokenize(toks, skip_special=True)
-                hit = _find_stop(text, gen.stop)
-                if hit is not None:
-                    text, word, stop_type = text[:hit[0]], hit[1], "word"
-                    break
-            if len(toks) >= gen.limit:
-                break
-            logits = self._step([tok], pos, cache)
-            pos += 1
-        _sync(self.device)
-        ms = _now() - t0
-        if stop_type != "word":
-            text = self.detokenize(toks, skip_special=True)
-        return Generation(toks, text, stop_type, word, ms, sfx_ms)
-
+        when there is one. Returns a Generation. (generate_batch with one
+        variant: the same loop, no padding and no prefix mask.)"""
+        return self.generate_batch(pre, [cache], suffix_ids, gen, cancelled)[0]
 
     def generate_batch(self, pre, caches, suffix_ids, gen, cancelled):
         """generate() for several variants of one prefill at once: their
         caches (each batch 1, every layer its own length) are padded per layer
         to the longest, stacked into one batch and masked (attention.py), so
         each step is one forward pass over V tokens. Same tokens as V calls of
-        generate() up to the float rounding of batched matrix products. The
+        generate() up to the float rounding of batched matrix products (tested). The
         per-variant caches are consumed. Returns one Generation per variant
         (decode and suffix times are the batch's, shared)."""
         import transformers
         V = len(caches)
-        if V == 1:
-            return [self.generate(pre, caches[0], suffix_ids, gen, cancelled)]
         N = pre.prompt.n_tokens
-        cache = transformers.DynamicCache(config=self.model.config)
-        valid = []
-        for l in range(self.n_layers):
+        valid = None  # one variant: its own cache as it is, nothing to pad or mask
+        if V == 1:
+            cache = caches[0]
+        else:
+            cache = transformers.DynamicCache(config=self.model.config)
+            valid = []
+        for l in range(self.n_layers if V > 1 else 0):
             ks = [c.layers[l].keys for c in caches]
             vs = [c.layers[l].values for c in caches]
             P = max(k.shape[2] for k in ks)
@@ -439,8 +392,9 @@ class Engine:
             rngs = [torch.Generator(device="cpu") for _ in range(V)]
             for r in rngs:
                 r.manual_seed(int(gen.seed))
-        for m in self.attn_modules:
-            m._kvsieve_prefix = valid[m.layer_idx]
+        if valid is not None:
+            for m in self.attn_modules:
+                m._kvsieve_prefix = valid[m.layer_idx]
         toks = [[] for _ in range(V)]
         texts, stops, words = [""] * V, ["limit"] * V, [""] * V
         done = [gen.limit <= 0] * V
@@ -492,6 +446,10 @@ class Engine:
             text = texts[b] if stops[b] == "word" else self.detokenize(toks[b], skip_special=True)
             out.append(Generation(toks[b], text, stops[b], words[b], ms, sfx_ms))
         return out
+
+    def _step(self, ids, start, cache):
+        """One forward call of one sequence: logits of its last position."""
+        return self._step_batch([ids], start, cache)[0]
 
     def _step_batch(self, ids, start, cache):
         V, n = len(ids), len(ids[0])

@@ -65,6 +65,9 @@
 
 #include <assert.h>
 #include <fftw3.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include <pthread.h>
 #include <math.h>
 #include <stdio.h>
@@ -140,7 +143,7 @@ struct kvs_dct_plan {
 
 /* Bytes of one column group's working set (its columns of v, spectrum and
  * base: about 12 g N) that kvs_dct_lowpass_sqres aims to keep in L2. */
-enum { DCT_GROUP_BYTES = 512 << 10 };
+enum { DCT_GROUP_BYTES = 192 << 10 };
 enum { DCT_CHUNK = 32 }; /* tokens per read of a view (L1-sized) */
 
 kvs_dct_route kvs_dct_route_for(int N) {
@@ -215,7 +218,7 @@ static int spectrum_stride(int N, kvs_dct_route route) {
  * split) measured 5-25% faster per (layer, head) block than its r2c / c2r
  * here (N = 640 .. 4096), except N/2 = 768, where FFTW's complex plan is
  * slow (block +6%): that N keeps r2c / c2r. A fixed rule, never a timing. */
-static int half_route(int N) { return N % 2 == 0 && N / 2 != 768; }
+static int half_route(int N) { return N % 2 == 0; }
 
 /* m complex FFTs of length nh[0], column c at in + c idist, out + c odist
  * (out of place; the input is preserved: the forward reads v, which the
@@ -927,6 +930,139 @@ static inline void dct3_pair(fftwf_complex Vk, float x1, float x2, float s1, flo
     Vk[1] = sk * y1 - ck * y2;
 }
 
+/* w[q] += sum over the m columns of (x - base)^2, q < N (permuted order). */
+static void residual_acc(const float *v, const float *base, int m, int N, float *restrict w) {
+    for (int c = 0; c < m; c++) {
+        const float *restrict xc = v + (int64_t)c * N, *restrict bc = base + (int64_t)c * N;
+        for (int q = 0; q < N; q++) {
+            const float r = xc[q] - bc[q];
+            w[q] += r * r;
+        }
+    }
+}
+
+/* One column of the half route with omega <= H/2 (H = N/2): Z holds the
+ * complex FFT of length H of the column's pairs (fwd_fft's input); on return
+ * it holds the input of the backward FFT that gives the column's low-pass
+ * base (inv_fft's), and the energy of the kept X[k < omega] is added to sum
+ * (returned). What fwd_fft's split, the coefficient / low-pass loops of
+ * kvs_dct_lowpass_sqres and inv_fft's merge do, in one pass over k < omega,
+ * with the same float operations on the same operands: V[k] needs only
+ * Z[k] and Z[H-k]; X[m >= omega] is cut, so the low-passed V'[k >= omega]
+ * is +0 and the merge of pair (k, H-k) has b = V'[H-k] = +0 (H - k > H/2 >=
+ * omega), and both Z'[k] and Z'[H-k] are +0 for omega <= k <= H/2. The +0
+ * terms are kept in the expressions (x + 0.0f is not x when x = -0), so the
+ * result is bit for bit the unfused one (tests/methods1/test_dct.c). */
+#if defined(__AVX2__)
+/* Eight complex values c[k .. k+8) (interleaved at z) as real and imaginary
+ * parts in k order, and back. */
+static inline void deint8(const float *z, __m256 *re, __m256 *im) {
+    const __m256 a = _mm256_loadu_ps(z), b = _mm256_loadu_ps(z + 8);
+    /* [r0 r1 r4 r5 | r2 r3 r6 r7] after the shuffle; swap the middle 64-bit chunks */
+    *re = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    *im = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+static inline void inter8(float *z, __m256 re, __m256 im) {
+    re = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(re), 0xD8));
+    im = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(im), 0xD8));
+    _mm256_storeu_ps(z, _mm256_unpacklo_ps(re, im));
+    _mm256_storeu_ps(z + 8, _mm256_unpackhi_ps(re, im));
+}
+
+/* half_lowpass's loop for k = 1 .. in blocks of eight while k + 8 <= omega:
+ * each lane does exactly the scalar loop's float operations (no FMA, same
+ * order). Z[H - k] is read and written in descending k (reversed lanes).
+ * Returns the first k it did not do. */
+static int half_lowpass8(float *restrict Z, float *restrict Zj, const float *restrict tw,
+                         const float *restrict cs, const float *restrict sn, float *restrict X,
+                         int omega, float a1f, float b1f) {
+    const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+    const __m256 half = _mm256_set1_ps(0.5f), mhalf = _mm256_set1_ps(-0.5f);
+    const __m256 a1 = _mm256_set1_ps(a1f), b1 = _mm256_set1_ps(b1f), zero = _mm256_setzero_ps();
+    int k = 1;
+    for (; k + 8 <= omega; k += 8) {
+        __m256 zr, zi, yr, yi, wr, wi;
+        deint8(Z + 2 * k, &zr, &zi);
+        deint8(Zj - 2 * (k + 7), &yr, &yi); /* Z[H-k-7 .. H-k]: descending k */
+        yr = _mm256_permutevar8x32_ps(yr, rev);
+        yi = _mm256_permutevar8x32_ps(yi, rev);
+        deint8(tw + 2 * k, &wr, &wi);
+        const __m256 c = _mm256_loadu_ps(cs + k), sv = _mm256_loadu_ps(sn + k);
+        const __m256 er = _mm256_mul_ps(half, _mm256_add_ps(zr, yr));
+        const __m256 ei = _mm256_mul_ps(half, _mm256_sub_ps(zi, yi));
+        const __m256 orr = _mm256_mul_ps(half, _mm256_add_ps(zi, yi));
+        const __m256 oi = _mm256_mul_ps(mhalf, _mm256_sub_ps(zr, yr));
+        const __m256 tr = _mm256_sub_ps(_mm256_mul_ps(wr, orr), _mm256_mul_ps(wi, oi));
+        const __m256 ti = _mm256_add_ps(_mm256_mul_ps(wr, oi), _mm256_mul_ps(wi, orr));
+        const __m256 vr = _mm256_add_ps(er, tr), vi = _mm256_add_ps(ei, ti);
+        const __m256 xk =
+            _mm256_mul_ps(a1, _mm256_add_ps(_mm256_mul_ps(c, vr), _mm256_mul_ps(sv, vi)));
+        _mm256_storeu_ps(X + k, xk);
+        const __m256 y1 = _mm256_mul_ps(b1, xk), y2 = _mm256_mul_ps(b1, zero);
+        const __m256 ar = _mm256_add_ps(_mm256_mul_ps(c, y1), _mm256_mul_ps(sv, y2));
+        const __m256 ai = _mm256_sub_ps(_mm256_mul_ps(sv, y1), _mm256_mul_ps(c, y2));
+        const __m256 mr = _mm256_add_ps(ar, zero), mi = _mm256_sub_ps(ai, zero);
+        const __m256 dr = _mm256_sub_ps(ar, zero), di = _mm256_add_ps(ai, zero);
+        const __m256 pr = _mm256_add_ps(_mm256_mul_ps(dr, wr), _mm256_mul_ps(di, wi));
+        const __m256 pi = _mm256_sub_ps(_mm256_mul_ps(di, wr), _mm256_mul_ps(dr, wi));
+        inter8(Z + 2 * k, _mm256_sub_ps(mr, pi), _mm256_add_ps(mi, pr));
+        inter8(Zj - 2 * (k + 7), _mm256_permutevar8x32_ps(_mm256_add_ps(mr, pi), rev),
+               _mm256_permutevar8x32_ps(_mm256_sub_ps(pr, mi), rev));
+    }
+    return k;
+}
+#endif
+
+static double half_lowpass(const kvs_dct_plan *p, float *restrict Z, int omega, float a0,
+                           float a1, float b0, float b1, double sum) {
+    const int H = p->n / 2;
+    const float *restrict tw = (const float *)p->de->tw;
+    const float *restrict cs = p->cs, *restrict sn = p->sn;
+    float *restrict X = p->col;
+    const float zero = 0.0f; /* V'[H-k], and the cut X[N-k] of dct3_pair */
+    /* k = 0 pairs Z[0] with itself (j = 0); V'[0] = (b0 X[0], 0). */
+    {
+        const float zr = Z[0], zi = Z[1];
+        const float er = 0.5f * (zr + zr), orr = 0.5f * (zi + zi), oi = -0.5f * (zr - zr);
+        const float tr = tw[0] * orr - tw[1] * oi;
+        X[0] = a0 * (er + tr);
+        const float ar = b0 * X[0], ai = 0.0f;
+        const float mr = ar + zero, mi = ai - zero, dr = ar - zero, di = ai + zero;
+        const float pr = dr * tw[0] + di * tw[1], pi = di * tw[0] - dr * tw[1];
+        Z[0] = mr - pi;
+        Z[1] = mi + pr;
+    }
+    /* 1 <= k < omega, j = H - k > k: independent iterations (the compiler
+     * vectorises them; lanes do the scalar operations, no reassociation). */
+    float *restrict Zj = Z + 2 * H; /* Zj[-2k] = Z[2 (H - k)] */
+    int k = 1;
+#if defined(__AVX2__)
+    k = half_lowpass8(Z, Zj, tw, cs, sn, X, omega, a1, b1);
+#endif
+    for (; k < omega; k++) {
+        const float zr = Z[2 * k], zi = Z[2 * k + 1], yr = Zj[-2 * k], yi = Zj[-2 * k + 1];
+        const float er = 0.5f * (zr + yr), ei = 0.5f * (zi - yi);
+        const float orr = 0.5f * (zi + yi), oi = -0.5f * (zr - yr);
+        const float wr = tw[2 * k], wi = tw[2 * k + 1];
+        const float tr = wr * orr - wi * oi, ti = wr * oi + wi * orr;
+        const float vr = er + tr, vi = ei + ti; /* V[k] */
+        const float xk = a1 * (cs[k] * vr + sn[k] * vi);
+        X[k] = xk;
+        /* V'[k] = dct3_pair(X[k], 0) */
+        const float y1 = b1 * xk, y2 = b1 * zero;
+        const float ar = cs[k] * y1 + sn[k] * y2, ai = sn[k] * y1 - cs[k] * y2;
+        const float mr = ar + zero, mi = ai - zero, dr = ar - zero, di = ai + zero;
+        const float pr = dr * wr + di * wi, pi = di * wr - dr * wi;
+        Z[2 * k] = mr - pi;
+        Z[2 * k + 1] = mi + pr;
+        Zj[-2 * k] = mr + pi;
+        Zj[-2 * k + 1] = pr - mi;
+    }
+    for (int q = 0; q < omega; q++) sum += (double)X[q] * X[q];
+    memset(Z + 2 * omega, 0, sizeof(float) * 2 * (size_t)(H - 2 * omega + 1));
+    return sum;
+}
+
 kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, int omega,
                                  double *lo, float *acc, kvs_err *err) {
     if (!p || !x || !x->data || !lo || !acc)
@@ -960,10 +1096,24 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
     float *w = p->acc_p; /* [N] squared residual in permuted order */
     memset(w, 0, sizeof(float) * (size_t)N);
     load_head(x, head, N, d, p->v, p->rows);
+    /* The fast path needs the half route and every kept k at most H/2 (so
+     * no kept pair (k, N-k) and, in the merge, no kept partner H-k). */
+    const int fast = p->route == KVS_DCT_DIRECT && p->de->tw && omega <= N / 2 / 2;
     double sum = 0.0;
     for (int gi = 0; gi < p->ng; gi++) {
         const int c0 = gi * p->g, m = d - c0 < p->g ? d - c0 : p->g; /* columns [c0, c0 + m) */
         float *vg = p->v + (int64_t)c0 * N; /* [m][N] */
+        if (fast) { /* the spectral steps fused into one pass per column (half_lowpass) */
+            const direct_entry *e = p->de;
+            const int gi2 = m == p->g ? 0 : 1;
+            fftwf_execute_dft(m == d ? e->r2c : e->gr2c[gi2], (fftwf_complex *)vg, p->Vg);
+            for (int c = 0; c < m; c++)
+                sum = half_lowpass(p, (float *)(p->Vg + (int64_t)c * p->hs), omega, a0, a1, b0,
+                                   b1, sum);
+            fftwf_execute_dft(m == d ? e->c2r : e->gc2r[gi2], p->Vg, (fftwf_complex *)p->tg);
+            residual_acc(vg, p->tg, m, N, w);
+            continue;
+        }
         /* vg -> Vg; r2c preserves vg */
         fwd_fft(p, bd, m, vg, p->Vg);
         for (int c = 0; c < m; c++) {
@@ -993,13 +1143,7 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
         }
         /* base (permuted) -> tg; c2r destroys Vg, not vg */
         inv_fft(p, bd, m, p->Vg, p->tg);
-        for (int c = 0; c < m; c++) {
-            const float *xc = vg + (int64_t)c * N, *bc = p->tg + (int64_t)c * N; /* [N] */
-            for (int q = 0; q < N; q++) {
-                const float r = xc[q] - bc[q];
-                w[q] += r * r;
-            }
-        }
+        residual_acc(vg, p->tg, m, N, w);
     }
     *lo = sum;
     for (int q = 0; q < ne; q++) acc[2 * q] = w[q];

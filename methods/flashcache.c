@@ -49,12 +49,14 @@
  * squared residual; bit for bit the unfused DCT-II / zeroing / DCT-III).
  * FFTW plans are made once in create() (methods/dct.c makes FFTW's planner
  * thread-safe once per process).
- * Threads: observe runs a layer's (head, K|V) units through core's
- * kvs_parallel_run on kvs_parallel_threads(shape.threads, 2 Hkv) workers,
- * each with its own plan; a unit writes only its own share of Dev and its
- * own energies; Dev = K share + V share per token and the energies are
- * summed over heads in index order afterwards, so the plan is bit-identical
- * for any thread count.
+ * Threads: observe gathers layers (their memory stays valid until select)
+ * and transforms them C at a time (C ~ 8 units per worker / (2 Hkv), at
+ * least 1: Gemma 3's one KV head gives two units a layer, and a join after
+ * every layer cost more than the imbalance of one run) through core's
+ * kvs_parallel_run, each worker with its own plan; a unit writes only its
+ * own share of Dev and its own energies; Dev = K share + V share per token
+ * and the energies are summed over heads in index order afterwards, so the
+ * plan is bit-identical for any thread count.
  * Speed: GCC is asked for -O3 here (the residual loops are memory-bound
  * streams GCC's -O2 cost model leaves scalar); no reassociation is enabled,
  * so results do not depend on it.
@@ -75,6 +77,7 @@
 
 enum { P_GAMMA = 0, P_DBA, P_GRAN, P_SINKS, P_RECENT };
 enum { GRAN_HEAD = 0, GRAN_LAYER = 1 };
+enum { FC_UNITS_PER_WORKER = 8 };
 
 static const kvs_param_def fc_params[] = {
     {"gamma", KVS_PARAM_FLOAT, 0.2, 1e-9, 1.0, NULL,
@@ -101,11 +104,14 @@ typedef struct {
     double gamma;
     int omega;
     int dba, gran, sinks, recent;
-    int n_work;            /* workers: kvs_parallel_threads(threads, 2 Hkv) */
+    int n_work;            /* workers: kvs_parallel_threads(threads, 2 Hkv C) */
     fc_work *work;         /* [n_work] */
+    int chunk;             /* C: layers transformed per parallel run */
+    int first, pending;    /* the run being gathered: layers [first, first + pending) */
+    kvs_view *views;       /* [C][2] their K and V views (valid until select) */
     float *dev;            /* [L][Hkv][N] deviation per token */
-    float *dev_part;       /* [Hkv][2][N] one layer's per-(head, K|V) share of dev */
-    double *e_head;        /* [Hkv][2][2] one layer's energies per head: K/V x high/total */
+    float *dev_part;       /* [C][Hkv][2][N] a run's per-(layer, head, K|V) share of dev */
+    double *e_head;        /* [C][Hkv][2][2] its energies per head: K/V x high/total */
     double *e_high, *e_tot; /* [L][2] energies (0: K, 1: V), high band and total */
     unsigned char *seen;   /* [L] */
 } fc_state;
@@ -120,6 +126,7 @@ static void fc_destroy(void *state) {
     if (!st) return;
     for (int i = 0; st->work && i < st->n_work; i++) fc_work_free(&st->work[i]);
     free(st->work);
+    free(st->views);
     free(st->dev);
     free(st->dev_part);
     free(st->e_head);
@@ -151,16 +158,22 @@ static kvs_status fc_create(const kvs_params *p, const kvs_shape *s, void **stat
     st->gran = (int)p->v[P_GRAN];
     st->sinks = (int)p->v[P_SINKS];
     st->recent = (int)p->v[P_RECENT];
-    st->n_work = kvs_parallel_threads(s->threads, 2 * H);
+    /* Layers per run: about FC_UNITS_PER_WORKER units per worker, so that
+     * few-head models (Gemma 3: one KV head, two units a layer) do not wait at
+     * a join after every layer; many-head models run layer by layer. */
+    const int want = FC_UNITS_PER_WORKER * kvs_parallel_threads(s->threads, 2 * H * L);
+    st->chunk = want / (2 * H) < 1 ? 1 : (want / (2 * H) > L ? L : want / (2 * H));
+    st->n_work = kvs_parallel_threads(s->threads, 2 * H * st->chunk);
     st->work = calloc((size_t)st->n_work, sizeof(fc_work));
+    st->views = calloc((size_t)st->chunk * 2, sizeof(kvs_view));
     st->dev = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
-    st->dev_part = malloc(sizeof(float) * 2 * (size_t)H * (size_t)N);
-    st->e_head = calloc((size_t)H * 4, sizeof(double));
+    st->dev_part = malloc(sizeof(float) * 2 * (size_t)st->chunk * (size_t)H * (size_t)N);
+    st->e_head = calloc((size_t)st->chunk * (size_t)H * 4, sizeof(double));
     st->e_high = calloc((size_t)L * 2, sizeof(double));
     st->e_tot = calloc((size_t)L * 2, sizeof(double));
     st->seen = calloc((size_t)L, 1);
-    if (!st->work || !st->dev || !st->dev_part || !st->e_head || !st->e_high || !st->e_tot ||
-        !st->seen) {
+    if (!st->work || !st->views || !st->dev || !st->dev_part || !st->e_head || !st->e_high ||
+        !st->e_tot || !st->seen) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "flashcache: out of memory (L=%d Hkv=%d N=%d d=%d)",
                         L, H, N, d);
         goto cleanup;
@@ -211,35 +224,83 @@ static kvs_status fc_column_block(const fc_state *st, fc_work *w, const kvs_view
     return KVS_OK;
 }
 
-/* One layer's job for kvs_parallel_run: unit u is head u / 2 of K (u even)
- * or V (u odd), so a one-head layer still keeps two workers busy. */
+/* One run's job for kvs_parallel_run: unit u is, in the run's layer u / (2
+ * Hkv), head (u / 2) % Hkv of K (u even) or V (u odd), so a one-head layer
+ * still keeps two workers busy. */
 typedef struct {
     fc_state *st;
-    const kvs_view *kv[2];
-    int layer;
 } fc_job;
 
 static kvs_status fc_unit(void *job, int tid, int u, kvs_err *err) {
-    fc_job *j = job;
-    fc_state *st = j->st;
-    const int N = st->shape.n_tokens, h = u / 2, t = u % 2;
-    assert(tid >= 0 && tid < st->n_work);
+    fc_state *st = ((fc_job *)job)->st;
+    const int N = st->shape.n_tokens, H = st->shape.n_kv_heads;
+    const int slot = u / (2 * H), h = (u / 2) % H, t = u % 2;
+    assert(tid >= 0 && tid < st->n_work && slot < st->pending);
     float *part = st->dev_part + (int64_t)u * N;     /* [N] */
-    double *eh = st->e_head + 4 * (int64_t)h + 2 * t; /* high, total */
+    double *eh = st->e_head + 2 * (int64_t)u;        /* high, total */
     memset(part, 0, sizeof(float) * (size_t)N);
     eh[0] = eh[1] = 0.0;
-    const kvs_status rc = fc_column_block(st, &st->work[tid], j->kv[t], h, part, &eh[0], &eh[1], err);
-    if (rc) kvs_err_prefix(err, "flashcache: layer %d head %d %s", j->layer, h, t ? "V" : "K");
+    const kvs_status rc =
+        fc_column_block(st, &st->work[tid], &st->views[2 * slot + t], h, part, &eh[0], &eh[1], err);
+    if (rc)
+        kvs_err_prefix(err, "flashcache: layer %d head %d %s", st->first + slot, h, t ? "V" : "K");
     return rc;
 }
 
+/* Transform the gathered layers in one parallel run, then per layer: Dev =
+ * K share + V share and the energies summed over heads, in index order
+ * whatever the thread count (so the plan is bit-identical for any). */
+static kvs_status fc_flush(fc_state *st, kvs_err *err) {
+    const int N = st->shape.n_tokens, H = st->shape.n_kv_heads;
+    fc_job job = {st};
+    /* an error names the failing unit with the lowest index, whatever the
+     * thread count (kvs_parallel_run) */
+    kvs_status rc =
+        kvs_parallel_run(&job, fc_unit, 2 * H * st->pending, st->n_work, "flashcache", err);
+    if (rc) return rc;
+    for (int slot = 0; slot < st->pending; slot++) {
+        const int layer = st->first + slot;
+        for (int h = 0; h < H; h++) {
+            float *dev = st->dev + ((int64_t)layer * H + h) * N; /* [N] */
+            const float *pk = st->dev_part + ((int64_t)slot * H + h) * 2 * N, *pv = pk + N;
+            for (int n = 0; n < N; n++) {
+                dev[n] = pk[n] + pv[n];
+                if (!isfinite(dev[n]))
+                    return kvs_errorf(err, KVS_ERR_NUMERIC,
+                                      "flashcache: layer %d head %d: deviation of token %d is "
+                                      "not finite (values too large for fp32 squares)",
+                                      layer, h, n);
+            }
+        }
+        double *ehi = st->e_high + 2 * (int64_t)layer, *etot = st->e_tot + 2 * (int64_t)layer;
+        const double *eh = st->e_head + (int64_t)slot * H * 4; /* [H][2][2] */
+        ehi[0] = ehi[1] = etot[0] = etot[1] = 0.0;
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < 2; t++) {
+                ehi[t] += eh[4 * h + 2 * t];
+                etot[t] += eh[4 * h + 2 * t + 1];
+            }
+        st->seen[layer] = 1;
+    }
+    st->first += st->pending;
+    st->pending = 0;
+    return KVS_OK;
+}
+
+/* Layers are gathered (their memory stays valid until select: kvs_method)
+ * and transformed st->chunk at a time, and at the last layer. */
 static kvs_status fc_observe(void *state, int layer, const kvs_layer *in,
                              const uint8_t *modality, kvs_err *err) {
     fc_state *st = state;
     const int N = st->shape.n_tokens, H = st->shape.n_kv_heads, d = st->shape.head_dim;
-    if (layer < 0 || layer >= st->shape.n_layers)
+    const int L = st->shape.n_layers;
+    if (layer < 0 || layer >= L)
         return kvs_errorf(err, KVS_ERR_INVALID, "flashcache: layer %d out of range [0, %d)",
-                          layer, st->shape.n_layers);
+                          layer, L);
+    if (layer != st->first + st->pending)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "flashcache: layer %d observed out of order (expected layer %d)", layer,
+                          st->first + st->pending);
     const kvs_view *kv[2] = {&in->k, &in->v};
     const char *nm[2] = {"K", "V"};
     for (int t = 0; t < 2; t++) {
@@ -255,33 +316,11 @@ static kvs_status fc_observe(void *state, int layer, const kvs_layer *in,
                               "needs host memory",
                               layer, nm[t]);
     }
-    fc_job job = {st, {kv[0], kv[1]}, layer};
-    /* an error names the failing unit with the lowest index, whatever the
-     * thread count (kvs_parallel_run) */
-    kvs_status rc = kvs_parallel_run(&job, fc_unit, 2 * H, st->n_work, "flashcache", err);
-    if (rc) return rc;
-    /* Dev = K share + V share, in that order whatever the thread count. */
-    for (int h = 0; h < H; h++) {
-        float *dev = st->dev + ((int64_t)layer * H + h) * N;          /* [N] */
-        const float *pk = st->dev_part + (int64_t)(2 * h) * N, *pv = pk + N; /* [N] each */
-        for (int n = 0; n < N; n++) {
-            dev[n] = pk[n] + pv[n];
-            if (!isfinite(dev[n]))
-                return kvs_errorf(err, KVS_ERR_NUMERIC,
-                                  "flashcache: layer %d head %d: deviation of token %d is not "
-                                  "finite (values too large for fp32 squares)",
-                                  layer, h, n);
-        }
-    }
-    /* Layer energies: heads summed in index order, whatever the thread count. */
-    double *ehi = st->e_high + 2 * (int64_t)layer, *etot = st->e_tot + 2 * (int64_t)layer;
-    ehi[0] = ehi[1] = etot[0] = etot[1] = 0.0;
-    for (int h = 0; h < H; h++)
-        for (int t = 0; t < 2; t++) {
-            ehi[t] += st->e_head[4 * h + 2 * t];
-            etot[t] += st->e_head[4 * h + 2 * t + 1];
-        }
-    st->seen[layer] = 1;
+    (void)modality;
+    st->views[2 * st->pending] = in->k;
+    st->views[2 * st->pending + 1] = in->v;
+    st->pending++;
+    if (st->pending == st->chunk || layer == L - 1) return fc_flush(st, err);
     return KVS_OK;
 }
 

@@ -146,12 +146,22 @@ struct kvs_dct_plan {
 enum { DCT_GROUP_BYTES = 192 << 10 };
 enum { DCT_CHUNK = 32 }; /* tokens per read of a view (L1-sized) */
 
+/* Is n's largest prime factor at most p (p in 2, 3, 5, 7, 11, 13)? */
+static int smooth_upto(int n, int p) {
+    static const int q[] = {2, 3, 5, 7, 11, 13};
+    for (int i = 0; i < 6 && q[i] <= p; i++)
+        while (n > 1 && n % q[i] == 0) n /= q[i];
+    return n <= 1;
+}
+
+/* Direct when N is 5-smooth, or N is even and N/2 13-smooth (the half
+ * route's complex FFT of N/2 through FFTW's 7, 11 and 13 codelets: faster
+ * than Bluestein's at 78 of 92 such N in 600..2100 here, median block time
+ * 0.8x; odd N through FFTW's r2c measured slower). A fixed rule, never a
+ * timing. */
 kvs_dct_route kvs_dct_route_for(int N) {
-    int n = N;
-    while (n > 1 && n % 2 == 0) n /= 2;
-    while (n > 1 && n % 3 == 0) n /= 3;
-    while (n > 1 && n % 5 == 0) n /= 5;
-    return n <= 1 ? KVS_DCT_DIRECT : KVS_DCT_BLUESTEIN;
+    if (smooth_upto(N, 5)) return KVS_DCT_DIRECT;
+    return N % 2 == 0 && smooth_upto(N / 2, 13) ? KVS_DCT_DIRECT : KVS_DCT_BLUESTEIN;
 }
 
 /* Does plan a (howmany = na columns) compute every column exactly as plan b

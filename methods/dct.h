@@ -18,7 +18,7 @@
  * How (dct.c): Makhoul's N-point algorithm, one real FFT of length N per
  * column plus an O(N) permutation and twiddle, for any N >= 1. The real FFT
  * takes one of two routes (kvs_dct_route_for): FFTW's batched FFTs when
- * N = 2^a 3^b 5^c ("direct": for even N a complex FFT of N/2 on the column
+ * N = 2^a 3^b 5^c or N = 2 n with n 13-smooth ("direct": for even N a complex FFT of N/2 on the column
  * read as N/2 complex pairs plus an O(N) split, which FFTW's ESTIMATE plans
  * run faster than its own r2c / c2r; r2c / c2r for odd N; 3-6x faster than
  * FFTW's REDFT10/REDFT01 r2r kinds batched with stride d), else
@@ -63,8 +63,8 @@ typedef enum {
     KVS_DCT_BLUESTEIN = 2, /* chirp convolution through a smooth-length complex FFT (any N) */
 } kvs_dct_route;
 
-/* The route AUTO takes: DIRECT when N's prime factors are all 2, 3 or 5,
- * BLUESTEIN otherwise. */
+/* The route AUTO takes: DIRECT when N's prime factors are all 2, 3 or 5, or
+ * N is even and those of N/2 are all at most 13; BLUESTEIN otherwise. */
 kvs_dct_route kvs_dct_route_for(int N);
 
 /* Plans for one (N, d): N >= 1 tokens, d >= 1 channels, route AUTO, any

@@ -1145,9 +1145,12 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
             } else {
                 for (int k = 1; k < kl; k++) /* k < kl < kh: X[N-k] is cut */
                     dct3_pair(Vc[k], X[k], 0.0f, b1, p->cs[k], p->sn[k]);
-                const int kz = kh < h ? kh : h; /* [kl, kz): both cut, b1 * 0 pairs give +0 */
+                /* Bluestein's band reads only V[k < K] (chirp_c2r): nothing above */
+                const int he = p->route == KVS_DCT_BLUESTEIN && bd->K < h ? bd->K : h;
+                int kz = kh < h ? kh : h; /* [kl, kz): both cut, b1 * 0 pairs give +0 */
+                if (kz > he) kz = he;
                 if (kz > kl) memset(Vc + kl, 0, sizeof(fftwf_complex) * (size_t)(kz - kl));
-                for (int k = kz; k < h; k++) /* k >= kh > kl: X[k] is cut */
+                for (int k = kz; k < he; k++) /* k >= kh > kl: X[k] is cut */
                     dct3_pair(Vc[k], 0.0f, X[N - k], b1, p->cs[k], p->sn[k]);
             }
         }

@@ -226,8 +226,8 @@ static int spectrum_stride(int N, kvs_dct_route route) {
 /* Does the direct route run N's real FFTs as complex FFTs of N/2? For even
  * N: FFTW's ESTIMATE plans of a batched complex FFT of N/2 (plus our O(N)
  * split) measured 5-25% faster per (layer, head) block than its r2c / c2r
- * here (N = 640 .. 4096), except N/2 = 768, where FFTW's complex plan is
- * slow (block +6%): that N keeps r2c / c2r. A fixed rule, never a timing. */
+ * here (N = 640 .. 4096); N/2 = 768, once 6% slower, is faster since the
+ * fused low-pass pass (half_lowpass). A fixed rule, never a timing. */
 static int half_route(int N) { return N % 2 == 0; }
 
 /* m complex FFTs of length nh[0], column c at in + c idist, out + c odist
@@ -742,6 +742,14 @@ cleanup:
     return st;
 }
 
+/* The direct route's FFTW plan for m columns (all d, a full group or the
+ * narrower last one), forward (v -> V) or inverse (V -> v). */
+static fftwf_plan direct_cols_plan(const kvs_dct_plan *p, int m, int inverse) {
+    const direct_entry *e = p->de;
+    if (m == p->d) return inverse ? e->c2r : e->r2c;
+    return inverse ? e->gc2r[m == p->g ? 0 : 1] : e->gr2c[m == p->g ? 0 : 1];
+}
+
 /* v ([m][N]) -> V ([m][h]) and back for m columns of the plan: all d, or a
  * column group (direct route: the group plans; m == g or the last group). */
 static void fwd_fft(const kvs_dct_plan *p, const band *b, int m, float *v, fftwf_complex *V) {
@@ -750,7 +758,7 @@ static void fwd_fft(const kvs_dct_plan *p, const band *b, int m, float *v, fftwf
         return;
     }
     const direct_entry *e = p->de;
-    const fftwf_plan pl = m == p->d ? e->r2c : e->gr2c[m == p->g ? 0 : 1];
+    const fftwf_plan pl = direct_cols_plan(p, m, 0);
     if (!e->tw) {
         fftwf_execute_dft_r2c(pl, v, V);
         return;
@@ -787,7 +795,7 @@ static void inv_fft(const kvs_dct_plan *p, const band *b, int m, fftwf_complex *
         return;
     }
     const direct_entry *e = p->de;
-    const fftwf_plan pl = m == p->d ? e->c2r : e->gc2r[m == p->g ? 0 : 1];
+    const fftwf_plan pl = direct_cols_plan(p, m, 1);
     if (!e->tw) {
         fftwf_execute_dft_c2r(pl, V, out);
         return;
@@ -951,18 +959,6 @@ static void residual_acc(const float *v, const float *base, int m, int N, float 
     }
 }
 
-/* One column of the half route with omega <= H/2 (H = N/2): Z holds the
- * complex FFT of length H of the column's pairs (fwd_fft's input); on return
- * it holds the input of the backward FFT that gives the column's low-pass
- * base (inv_fft's), and the energy of the kept X[k < omega] is added to sum
- * (returned). What fwd_fft's split, the coefficient / low-pass loops of
- * kvs_dct_lowpass_sqres and inv_fft's merge do, in one pass over k < omega,
- * with the same float operations on the same operands: V[k] needs only
- * Z[k] and Z[H-k]; X[m >= omega] is cut, so the low-passed V'[k >= omega]
- * is +0 and the merge of pair (k, H-k) has b = V'[H-k] = +0 (H - k > H/2 >=
- * omega), and both Z'[k] and Z'[H-k] are +0 for omega <= k <= H/2. The +0
- * terms are kept in the expressions (x + 0.0f is not x when x = -0), so the
- * result is bit for bit the unfused one (tests/methods1/test_dct.c). */
 #if defined(__AVX2__)
 /* Eight complex values c[k .. k+8) (interleaved at z) as real and imaginary
  * parts in k order, and back. */
@@ -1023,6 +1019,18 @@ static int half_lowpass8(float *restrict Z, float *restrict Zj, const float *res
 }
 #endif
 
+/* One column of the half route with omega <= H/2 (H = N/2): Z holds the
+ * complex FFT of length H of the column's pairs (fwd_fft's input); on return
+ * it holds the input of the backward FFT that gives the column's low-pass
+ * base (inv_fft's), and the energy of the kept X[k < omega] is added to sum
+ * (returned). What fwd_fft's split, the coefficient / low-pass loops of
+ * kvs_dct_lowpass_sqres and inv_fft's merge do, in one pass over k < omega,
+ * with the same float operations on the same operands: V[k] needs only
+ * Z[k] and Z[H-k]; X[m >= omega] is cut, so the low-passed V'[k >= omega]
+ * is +0 and the merge of pair (k, H-k) has b = V'[H-k] = +0 (H - k > H/2 >=
+ * omega), and both Z'[k] and Z'[H-k] are +0 for omega <= k <= H/2. The +0
+ * terms are kept in the expressions (x + 0.0f is not x when x = -0), so the
+ * result is bit for bit the unfused one (tests/methods1/test_dct.c). */
 static double half_lowpass(const kvs_dct_plan *p, float *restrict Z, int omega, float a0,
                            float a1, float b0, float b1, double sum) {
     const int H = p->n / 2;
@@ -1042,8 +1050,8 @@ static double half_lowpass(const kvs_dct_plan *p, float *restrict Z, int omega, 
         Z[0] = mr - pi;
         Z[1] = mi + pr;
     }
-    /* 1 <= k < omega, j = H - k > k: independent iterations (the compiler
-     * vectorises them; lanes do the scalar operations, no reassociation). */
+    /* 1 <= k < omega, j = H - k > k: independent iterations, eight at a time
+     * in AVX2 (half_lowpass8), the rest here. */
     float *restrict Zj = Z + 2 * H; /* Zj[-2k] = Z[2 (H - k)] */
     int k = 1;
 #if defined(__AVX2__)
@@ -1114,13 +1122,11 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
         const int c0 = gi * p->g, m = d - c0 < p->g ? d - c0 : p->g; /* columns [c0, c0 + m) */
         float *vg = p->v + (int64_t)c0 * N; /* [m][N] */
         if (fast) { /* the spectral steps fused into one pass per column (half_lowpass) */
-            const direct_entry *e = p->de;
-            const int gi2 = m == p->g ? 0 : 1;
-            fftwf_execute_dft(m == d ? e->r2c : e->gr2c[gi2], (fftwf_complex *)vg, p->Vg);
+            fftwf_execute_dft(direct_cols_plan(p, m, 0), (fftwf_complex *)vg, p->Vg);
             for (int c = 0; c < m; c++)
                 sum = half_lowpass(p, (float *)(p->Vg + (int64_t)c * p->hs), omega, a0, a1, b0,
                                    b1, sum);
-            fftwf_execute_dft(m == d ? e->c2r : e->gc2r[gi2], p->Vg, (fftwf_complex *)p->tg);
+            fftwf_execute_dft(direct_cols_plan(p, m, 1), p->Vg, (fftwf_complex *)p->tg);
             residual_acc(vg, p->tg, m, N, w);
             continue;
         }

@@ -18,8 +18,9 @@
  * How (dct.c): Makhoul's N-point algorithm, one real FFT of length N per
  * column plus an O(N) permutation and twiddle, for any N >= 1. The real FFT
  * takes one of two routes (kvs_dct_route_for): FFTW's batched FFTs when
- * N = 2^a 3^b 5^c or N = 2 n with n 13-smooth ("direct": for even N a complex FFT of N/2 on the column
- * read as N/2 complex pairs plus an O(N) split, which FFTW's ESTIMATE plans
+ * N = 2^a 3^b 5^c or N = 2 n with n 13-smooth ("direct": for even N a
+ * complex FFT of N/2 on the column read as N/2 complex pairs plus an O(N)
+ * split, which FFTW's ESTIMATE plans
  * run faster than its own r2c / c2r; r2c / c2r for odd N; 3-6x faster than
  * FFTW's REDFT10/REDFT01 r2r kinds batched with stride d), else
  * Bluestein's chirp convolution through complex FFTs of length 2^a, 3 2^a

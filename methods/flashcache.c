@@ -224,15 +224,11 @@ static kvs_status fc_column_block(const fc_state *st, fc_work *w, const kvs_view
     return KVS_OK;
 }
 
-/* One run's job for kvs_parallel_run: unit u is, in the run's layer u / (2
- * Hkv), head (u / 2) % Hkv of K (u even) or V (u odd), so a one-head layer
- * still keeps two workers busy. */
-typedef struct {
-    fc_state *st;
-} fc_job;
-
+/* A run's unit for kvs_parallel_run (the job is the state): unit u is, in
+ * the run's layer u / (2 Hkv), head (u / 2) % Hkv of K (u even) or V (u odd),
+ * so a one-head layer still keeps two workers busy. */
 static kvs_status fc_unit(void *job, int tid, int u, kvs_err *err) {
-    fc_state *st = ((fc_job *)job)->st;
+    fc_state *st = job;
     const int N = st->shape.n_tokens, H = st->shape.n_kv_heads;
     const int slot = u / (2 * H), h = (u / 2) % H, t = u % 2;
     assert(tid >= 0 && tid < st->n_work && slot < st->pending);
@@ -252,11 +248,10 @@ static kvs_status fc_unit(void *job, int tid, int u, kvs_err *err) {
  * whatever the thread count (so the plan is bit-identical for any). */
 static kvs_status fc_flush(fc_state *st, kvs_err *err) {
     const int N = st->shape.n_tokens, H = st->shape.n_kv_heads;
-    fc_job job = {st};
     /* an error names the failing unit with the lowest index, whatever the
      * thread count (kvs_parallel_run) */
     kvs_status rc =
-        kvs_parallel_run(&job, fc_unit, 2 * H * st->pending, st->n_work, "flashcache", err);
+        kvs_parallel_run(st, fc_unit, 2 * H * st->pending, st->n_work, "flashcache", err);
     if (rc) return rc;
     for (int slot = 0; slot < st->pending; slot++) {
         const int layer = st->first + slot;
@@ -316,7 +311,6 @@ static kvs_status fc_observe(void *state, int layer, const kvs_layer *in,
                               "needs host memory",
                               layer, nm[t]);
     }
-    (void)modality;
     st->views[2 * st->pending] = in->k;
     st->views[2 * st->pending + 1] = in->v;
     st->pending++;

@@ -120,7 +120,7 @@ struct kvs_dct_plan {
     fftwf_complex *V;    /* [d][h] spectra */
     float *t;            /* [d][N] row-major path: transposed block */
     float *cs, *sn;      /* [h] cos, sin of pi k / (2N) */
-    float *col, *acc_p;  /* [N] each: one column's coefficients, squared residual
+    float *col, *acc_p;  /* [2N] column coefficients (chirp_lowpass: two), [N] squared residual
                             (kvs_dct_lowpass_sqres) */
     /* Direct route: the cached plans (not owned). kvs_dct_lowpass_sqres
      * works on groups of g columns (the last one has d - (ng - 1) g) so that
@@ -501,54 +501,114 @@ static inline void cmul_acc(float *restrict F, const float *restrict G, const fl
     }
 }
 
+/* The forward convolution of one column pair (x1 NULL: a single column):
+ * with z = x0 + i x1, leaves in A (p->a) the cyclic convolution whose entry
+ * k mod M is Z[k] / w_k for k in (-K, K) (band b): the sum over blocks of
+ * FFT(block's z_n w_n) times its kernel, back through one inverse FFT. */
+static void chirp_fwd(const kvs_dct_plan *p, const band *b, const float *restrict x0,
+                      const float *restrict x1) {
+    const int N = p->n, M = b->m, P = b->P, L = b->L;
+    float *restrict A = (float *)p->a; /* [M] complex, interleaved */
+    float *restrict G = (float *)p->b, *restrict F = (float *)p->c;
+    const float *restrict W = (const float *)p->w;
+    for (int blk = 0; blk < P; blk++) {
+        const int nb = blk * L, lb = N - nb < L ? N - nb : L;
+        const float *restrict Wb = W + 2 * (int64_t)nb;
+        if (x1) {
+            for (int n = 0; n < lb; n++) { /* (x0 + i x1) w_n */
+                A[2 * n] = x0[nb + n] * Wb[2 * n] - x1[nb + n] * Wb[2 * n + 1];
+                A[2 * n + 1] = x0[nb + n] * Wb[2 * n + 1] + x1[nb + n] * Wb[2 * n];
+            }
+        } else {
+            for (int n = 0; n < lb; n++) {
+                A[2 * n] = x0[nb + n] * Wb[2 * n] - 0.0f * Wb[2 * n + 1];
+                A[2 * n + 1] = x0[nb + n] * Wb[2 * n + 1] + 0.0f * Wb[2 * n];
+            }
+        }
+        memset(A + 2 * lb, 0, sizeof(float) * 2 * (size_t)(M - lb));
+        fftwf_execute_dft(b->fft->fwd, p->a, p->b);
+        cmul_acc(F, G, (const float *)(b->wf + (size_t)blk * M), M, blk == 0);
+    }
+    fftwf_execute_dft(b->fft->bwd, p->c, p->a);
+}
+
+/* The inverse convolution of one column pair: A (p->a) holds conj(Z[k]) w_k
+ * at k mod M for k in (-K, K) and zeros between; per output block: times
+ * its mirrored kernel (FFT(b[-j]) = wf[-q]), back, and z = conj(w_n c_n) =
+ * o0 + i o1 for its tokens (o1 NULL: only the real part). */
+static void chirp_bwd(const kvs_dct_plan *p, const band *b, float *restrict o0,
+                      float *restrict o1) {
+    const int N = p->n, M = b->m, P = b->P, L = b->L;
+    float *restrict A = (float *)p->a, *restrict G = (float *)p->b, *restrict F = (float *)p->c;
+    const float *restrict W = (const float *)p->w;
+    fftwf_execute_dft(b->fft->fwd, p->a, p->b);
+    for (int blk = 0; blk < P; blk++) {
+        const int nb = blk * L, lb = N - nb < L ? N - nb : L;
+        cmul_acc(F, G, (const float *)(b->wf + (size_t)(P + blk) * M), M, 1);
+        fftwf_execute_dft(b->fft->bwd, p->c, p->a);
+        const float *restrict Wb = W + 2 * (int64_t)nb;
+        float *restrict q0 = o0 + nb; /* [lb] */
+        if (o1) {
+            float *restrict q1 = o1 + nb;
+            for (int n = 0; n < lb; n++) {
+                q0[n] = A[2 * n] * Wb[2 * n] - A[2 * n + 1] * Wb[2 * n + 1];
+                q1[n] = -(A[2 * n] * Wb[2 * n + 1] + A[2 * n + 1] * Wb[2 * n]);
+            }
+        } else {
+            for (int n = 0; n < lb; n++) q0[n] = A[2 * n] * Wb[2 * n] - A[2 * n + 1] * Wb[2 * n + 1];
+        }
+    }
+}
+
+/* Z[k] = w_k A[k mod M] for k and -k (w_{-k} = w_k), split into the two
+ * columns' spectra: V0 = (Zp + conj Zn) / 2, V1 = (Zp - conj Zn) / (2i). */
+static inline void chirp_split(const float *restrict A, int M, const float *restrict W, int k,
+                               float v0[2], float v1[2]) {
+    const int kn = k ? M - k : 0;
+    const float wr = W[2 * k], wi = W[2 * k + 1];
+    const float pr = A[2 * k] * wr - A[2 * k + 1] * wi;
+    const float pi = A[2 * k] * wi + A[2 * k + 1] * wr;
+    const float nr = A[2 * kn] * wr - A[2 * kn + 1] * wi;
+    const float ni = A[2 * kn] * wi + A[2 * kn + 1] * wr;
+    v0[0] = 0.5f * (pr + nr);
+    v0[1] = 0.5f * (pi - ni);
+    v1[0] = 0.5f * (pi + ni);
+    v1[1] = -0.5f * (pr - nr);
+}
+
+/* The inverse's input at k and -k from the two columns' spectra V0[k] = (r0,
+ * i0), V1[k] = (r1, i1) (imaginary parts already 0 at k = 0 and Nyquist):
+ * A[k] = conj(Z[k]) w_k, A[M-k] = conj(Z[-k]) w_k, Z[k] = V0[k] + i V1[k],
+ * Z[-k] = conj V0[k] + i conj V1[k]; at Nyquist only A[k]. */
+static inline void chirp_merge(float *restrict A, int M, const float *restrict W, int k, int nyq,
+                               float r0, float i0, float r1, float i1) {
+    const float wr = W[2 * k], wi = W[2 * k + 1];
+    /* Z[k] = (r0 - i1) + i (i0 + r1); Z[-k] = (r0 + i1) + i (r1 - i0) */
+    const float zr = r0 - i1, zi = -(i0 + r1); /* conj Z[k] */
+    A[2 * k] = zr * wr - zi * wi;
+    A[2 * k + 1] = zr * wi + zi * wr;
+    if (k) {
+        const float yr = r0 + i1, yi = -(r1 - i0); /* conj Z[-k] */
+        A[2 * (M - k)] = nyq ? 0.0f : yr * wr - yi * wi;
+        A[2 * (M - k) + 1] = nyq ? 0.0f : yr * wi + yi * wr;
+    }
+}
+
 /* Forward: m columns of v ([m][N], real) to their half spectra V ([m][h]),
  * V[c][k] = sum_n v[c][n] e^{-2 pi i n k / N} for k < min(K, h) (band b);
  * entries k >= K are left as they are. Two columns per convolution. */
 static void chirp_r2c(const kvs_dct_plan *p, const band *b, int m, const float *v,
                       fftwf_complex *V) {
-    const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h, P = b->P, L = b->L;
-    float *restrict A = (float *)p->a; /* [M] complex, interleaved */
-    float *restrict G = (float *)p->b, *restrict F = (float *)p->c;
-    const float *restrict W = (const float *)p->w;
+    const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h;
+    const float *A = (const float *)p->a, *W = (const float *)p->w;
     for (int c = 0; c < m; c += 2) {
-        const float *restrict x0 = v + (int64_t)c * N; /* [N] */
-        const float *restrict x1 = c + 1 < m ? x0 + N : NULL;
-        /* F = sum over blocks of FFT(block's (x0 + i x1) w_n) times its kernel */
-        for (int blk = 0; blk < P; blk++) {
-            const int nb = blk * L, lb = N - nb < L ? N - nb : L;
-            const float *restrict Wb = W + 2 * (int64_t)nb;
-            if (x1) {
-                for (int n = 0; n < lb; n++) { /* (x0 + i x1) w_n */
-                    A[2 * n] = x0[nb + n] * Wb[2 * n] - x1[nb + n] * Wb[2 * n + 1];
-                    A[2 * n + 1] = x0[nb + n] * Wb[2 * n + 1] + x1[nb + n] * Wb[2 * n];
-                }
-            } else {
-                for (int n = 0; n < lb; n++) {
-                    A[2 * n] = x0[nb + n] * Wb[2 * n] - 0.0f * Wb[2 * n + 1];
-                    A[2 * n + 1] = x0[nb + n] * Wb[2 * n + 1] + 0.0f * Wb[2 * n];
-                }
-            }
-            memset(A + 2 * lb, 0, sizeof(float) * 2 * (size_t)(M - lb));
-            fftwf_execute_dft(b->fft->fwd, p->a, p->b);
-            cmul_acc(F, G, (const float *)(b->wf + (size_t)blk * M), M, blk == 0);
-        }
-        fftwf_execute_dft(b->fft->bwd, p->c, p->a);
-        /* Z[k] = w_k c[k] at k mod M; split the two columns */
+        const float *x0 = v + (int64_t)c * N; /* [N] */
+        chirp_fwd(p, b, x0, c + 1 < m ? x0 + N : NULL);
         fftwf_complex *V0 = V + (int64_t)c * p->hs, *V1 = c + 1 < m ? V0 + p->hs : NULL; /* [h] */
         for (int k = 0; k < K; k++) {
-            const int kn = k ? M - k : 0;
-            const float wr = W[2 * k], wi = W[2 * k + 1]; /* w_{-k} = w_k */
-            const float pr = A[2 * k] * wr - A[2 * k + 1] * wi;
-            const float pi = A[2 * k] * wi + A[2 * k + 1] * wr;
-            const float nr = A[2 * kn] * wr - A[2 * kn + 1] * wi;
-            const float ni = A[2 * kn] * wi + A[2 * kn + 1] * wr;
-            /* V0 = (Zp + conj Zn) / 2, V1 = (Zp - conj Zn) / (2i) */
-            V0[k][0] = 0.5f * (pr + nr);
-            V0[k][1] = 0.5f * (pi - ni);
-            if (V1) {
-                V1[k][0] = 0.5f * (pi + ni);
-                V1[k][1] = -0.5f * (pr - nr);
-            }
+            float v1[2];
+            chirp_split(A, M, W, k, V0[k], v1);
+            if (V1) V1[k][0] = v1[0], V1[k][1] = v1[1];
         }
     }
 }
@@ -558,49 +618,19 @@ static void chirp_r2c(const kvs_dct_plan *p, const band *b, int m, const float *
  * with V[N-k] = conj V[k], where V[c][k] = 0 for k >= min(K, h) (band b). */
 static void chirp_c2r(const kvs_dct_plan *p, const band *b, int m, const fftwf_complex *V,
                       float *out) {
-    const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h, P = b->P, L = b->L;
-    float *restrict A = (float *)p->a, *restrict G = (float *)p->b, *restrict F = (float *)p->c;
-    const float *restrict W = (const float *)p->w;
+    const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h;
+    float *A = (float *)p->a;
+    const float *W = (const float *)p->w;
     for (int c = 0; c < m; c += 2) {
         const fftwf_complex *V0 = V + (int64_t)c * p->hs, *V1 = c + 1 < m ? V0 + p->hs : NULL;
-        /* input conj(Z[k]) w_k at k mod M, k in (-K, K): Z[k] = V0[k] + i V1[k],
-         * Z[-k] = conj V0[k] + i conj V1[k]; zero between the two ends */
         memset(A + 2 * K, 0, sizeof(float) * 2 * (size_t)(M - 2 * K + 1));
         for (int k = 0; k < K; k++) {
             const int nyq = !(N & 1) && 2 * k == N; /* V[N/2]: once, real parts */
-            const float r0 = V0[k][0], i0 = k && !nyq ? V0[k][1] : 0.0f;
-            const float r1 = V1 ? V1[k][0] : 0.0f, i1 = V1 && k && !nyq ? V1[k][1] : 0.0f;
-            const float wr = W[2 * k], wi = W[2 * k + 1];
-            /* Z[k] = (r0 - i1) + i (i0 + r1); Z[-k] = (r0 + i1) + i (r1 - i0) */
-            const float zr = r0 - i1, zi = -(i0 + r1); /* conj Z[k] */
-            A[2 * k] = zr * wr - zi * wi;
-            A[2 * k + 1] = zr * wi + zi * wr;
-            if (k) {
-                const float yr = r0 + i1, yi = -(r1 - i0); /* conj Z[-k] */
-                A[2 * (M - k)] = nyq ? 0.0f : yr * wr - yi * wi;
-                A[2 * (M - k) + 1] = nyq ? 0.0f : yr * wi + yi * wr;
-            }
+            chirp_merge(A, M, W, k, nyq, V0[k][0], k && !nyq ? V0[k][1] : 0.0f,
+                        V1 ? V1[k][0] : 0.0f, V1 && k && !nyq ? V1[k][1] : 0.0f);
         }
-        fftwf_execute_dft(b->fft->fwd, p->a, p->b);
-        /* per output block: times its mirrored kernel (FFT(b[-j]) = wf[-q]),
-         * back, and z = conj(w_n c_n) = v0 + i v1 for its tokens */
-        for (int blk = 0; blk < P; blk++) {
-            const int nb = blk * L, lb = N - nb < L ? N - nb : L;
-            cmul_acc(F, G, (const float *)(b->wf + (size_t)(P + blk) * M), M, 1);
-            fftwf_execute_dft(b->fft->bwd, p->c, p->a);
-            const float *restrict Wb = W + 2 * (int64_t)nb;
-            float *restrict o0 = out + (int64_t)c * N + nb; /* [lb] */
-            if (V1) {
-                float *restrict o1 = o0 + N;
-                for (int n = 0; n < lb; n++) {
-                    o0[n] = A[2 * n] * Wb[2 * n] - A[2 * n + 1] * Wb[2 * n + 1];
-                    o1[n] = -(A[2 * n] * Wb[2 * n + 1] + A[2 * n + 1] * Wb[2 * n]);
-                }
-            } else {
-                for (int n = 0; n < lb; n++)
-                    o0[n] = A[2 * n] * Wb[2 * n] - A[2 * n + 1] * Wb[2 * n + 1];
-            }
-        }
+        float *o0 = out + (int64_t)c * N;
+        chirp_bwd(p, b, o0, V1 ? o0 + N : NULL);
     }
 }
 
@@ -675,7 +705,7 @@ kvs_status kvs_dct_plan_create_opts(int N, int d, int omega, kvs_dct_route route
     p->V = fftwf_malloc(sizeof(fftwf_complex) * (size_t)p->hs * (size_t)d);
     p->cs = malloc(sizeof(float) * (size_t)p->h);
     p->sn = malloc(sizeof(float) * (size_t)p->h);
-    p->col = malloc(sizeof(float) * (size_t)N);
+    p->col = malloc(sizeof(float) * 2 * (size_t)N);
     p->acc_p = malloc(sizeof(float) * (size_t)N);
     p->rows = malloc(sizeof(float) * DCT_CHUNK * (size_t)d);
     if (!p->v || !p->t || !p->V || !p->cs || !p->sn || !p->col || !p->acc_p || !p->rows) {
@@ -1081,6 +1111,130 @@ static double half_lowpass(const kvs_dct_plan *p, float *restrict Z, int omega, 
     return sum;
 }
 
+/* chirp_lowpass at one k of the band (see there): split the convolution's
+ * output at k and M - k, the kept coefficients X0[k], X1[k] (k < kl; X1 NULL:
+ * one column), and the inverse's input in their place. */
+static inline void chirp_lowpass1(float *restrict A, int M, const float *restrict W,
+                                  const float *restrict cs, const float *restrict sn,
+                                  float *restrict X0, float *restrict X1, int k, int kl, int nyq,
+                                  float a0, float a1, float b0, float b1) {
+    fftwf_complex v0, v1, y0 = {0.0f, 0.0f}, y1 = {0.0f, 0.0f};
+    chirp_split(A, M, W, k, v0, v1);
+    if (k == 0) {
+        X0[0] = a0 * v0[0];
+        y0[0] = b0 * X0[0];
+        if (X1) {
+            X1[0] = a0 * v1[0];
+            y1[0] = b0 * X1[0];
+        }
+    } else if (k < kl) {
+        X0[k] = a1 * (cs[k] * v0[0] + sn[k] * v0[1]);
+        dct3_pair(y0, X0[k], 0.0f, b1, cs[k], sn[k]);
+        if (X1) {
+            X1[k] = a1 * (cs[k] * v1[0] + sn[k] * v1[1]);
+            dct3_pair(y1, X1[k], 0.0f, b1, cs[k], sn[k]);
+        }
+    }
+    chirp_merge(A, M, W, k, nyq, y0[0], k && !nyq ? y0[1] : 0.0f, y1[0], k && !nyq ? y1[1] : 0.0f);
+}
+
+#if defined(__AVX2__)
+/* chirp_lowpass1 for k, k + 1, .. in blocks of eight while k + 8 <= kend
+ * (1 <= k; kend excludes Nyquist): each lane does exactly the scalar float
+ * operations (no FMA, same order; lanes k >= kl get the scalar's +0 input).
+ * A[M - k] is read and written in descending k (reversed lanes); a block's
+ * two ranges never meet (K <= M / 2). Returns the first k it did not do. */
+static int chirp_lowpass8(float *restrict A, int M, const float *restrict W,
+                          const float *restrict cs, const float *restrict sn, float *restrict X0,
+                          float *restrict X1, int k, int kend, int kl, float a1f, float b1f) {
+    const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 half = _mm256_set1_ps(0.5f), mhalf = _mm256_set1_ps(-0.5f);
+    const __m256 a1 = _mm256_set1_ps(a1f), b1 = _mm256_set1_ps(b1f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 y2 = _mm256_mul_ps(b1, _mm256_setzero_ps()); /* dct3_pair's b1 * 0 */
+    for (; k + 8 <= kend; k += 8) {
+        __m256 ar, ai, br, bi, wr, wi;
+        deint8(A + 2 * (int64_t)k, &ar, &ai);
+        deint8(A + 2 * (int64_t)(M - k - 7), &br, &bi);
+        br = _mm256_permutevar8x32_ps(br, rev);
+        bi = _mm256_permutevar8x32_ps(bi, rev);
+        deint8(W + 2 * (int64_t)k, &wr, &wi);
+        const __m256 pr = _mm256_sub_ps(_mm256_mul_ps(ar, wr), _mm256_mul_ps(ai, wi));
+        const __m256 pi = _mm256_add_ps(_mm256_mul_ps(ar, wi), _mm256_mul_ps(ai, wr));
+        const __m256 nr = _mm256_sub_ps(_mm256_mul_ps(br, wr), _mm256_mul_ps(bi, wi));
+        const __m256 ni = _mm256_add_ps(_mm256_mul_ps(br, wi), _mm256_mul_ps(bi, wr));
+        const __m256 c = _mm256_loadu_ps(cs + k), s = _mm256_loadu_ps(sn + k);
+        const __m256 keep = _mm256_castsi256_ps(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(kl), _mm256_add_epi32(_mm256_set1_epi32(k), lane)));
+        __m256 y[2][2]; /* [column][re, im] the DCT-III input */
+        for (int t = 0; t < 2; t++) {
+            if (t == 1 && !X1) {
+                y[1][0] = y[1][1] = _mm256_setzero_ps();
+                break;
+            }
+            const __m256 vr = t ? _mm256_mul_ps(half, _mm256_add_ps(pi, ni))
+                                : _mm256_mul_ps(half, _mm256_add_ps(pr, nr));
+            const __m256 vi = t ? _mm256_mul_ps(mhalf, _mm256_sub_ps(pr, nr))
+                                : _mm256_mul_ps(half, _mm256_sub_ps(pi, ni));
+            const __m256 X =
+                _mm256_mul_ps(a1, _mm256_add_ps(_mm256_mul_ps(c, vr), _mm256_mul_ps(s, vi)));
+            _mm256_storeu_ps((t ? X1 : X0) + k, X); /* lanes >= kl are never read */
+            const __m256 y1 = _mm256_mul_ps(b1, X);
+            y[t][0] = _mm256_and_ps(keep, _mm256_add_ps(_mm256_mul_ps(c, y1), _mm256_mul_ps(s, y2)));
+            y[t][1] = _mm256_and_ps(keep, _mm256_sub_ps(_mm256_mul_ps(s, y1), _mm256_mul_ps(c, y2)));
+        }
+        const __m256 r0 = y[0][0], i0 = y[0][1], r1 = y[1][0], i1 = y[1][1];
+        const __m256 zr = _mm256_sub_ps(r0, i1), zi = _mm256_xor_ps(_mm256_add_ps(i0, r1), sign);
+        const __m256 qr = _mm256_add_ps(r0, i1), qi = _mm256_xor_ps(_mm256_sub_ps(r1, i0), sign);
+        inter8(A + 2 * (int64_t)k, _mm256_sub_ps(_mm256_mul_ps(zr, wr), _mm256_mul_ps(zi, wi)),
+               _mm256_add_ps(_mm256_mul_ps(zr, wi), _mm256_mul_ps(zi, wr)));
+        const __m256 hr = _mm256_sub_ps(_mm256_mul_ps(qr, wr), _mm256_mul_ps(qi, wi));
+        const __m256 hi = _mm256_add_ps(_mm256_mul_ps(qr, wi), _mm256_mul_ps(qi, wr));
+        inter8(A + 2 * (int64_t)(M - k - 7), _mm256_permutevar8x32_ps(hr, rev),
+               _mm256_permutevar8x32_ps(hi, rev));
+    }
+    return k;
+}
+#endif
+
+/* kvs_dct_lowpass_sqres's spectral steps on Bluestein's route, fused: per
+ * column pair, the forward convolution, then for each k of the band (K =
+ * min(b->K, h)) the split (chirp_split), X[k] = a_k (c Re + s Im) for k < kl
+ * (kl = omega), the low-passed DCT-III input (dct3_pair; 0 for kl <= k < K)
+ * and the inverse's input (chirp_merge) in place of the convolution's output
+ * (entry k reads and writes only k and M - k; chirp_lowpass1, eight at a
+ * time in chirp_lowpass8), then the inverse convolution into the base
+ * (p->tg). The same float operations per value as fwd_fft, the per-column
+ * loop and inv_fft, so the results are bit for bit theirs; sum gains
+ * sum_{j < kl} X[j]^2 column by column, as there. Needs kh > kl and kh >= K:
+ * no kept coefficient N - k in the band. X in p->col ([2][N]). */
+static double chirp_lowpass(const kvs_dct_plan *p, const band *b, int m, const float *vg, int kl,
+                            float a0, float a1, float b0, float b1, double sum) {
+    const int N = p->n, h = p->h, M = b->m, K = b->K < h ? b->K : h;
+    const int kend = !(N & 1) && N / 2 < K ? N / 2 : K; /* the vector blocks stop short of Nyquist */
+    float *A = (float *)p->a;
+    const float *W = (const float *)p->w, *cs = p->cs, *sn = p->sn;
+    for (int c = 0; c < m; c += 2) {
+        const float *x0 = vg + (int64_t)c * N, *x1 = c + 1 < m ? x0 + N : NULL; /* [N] */
+        float *X0 = p->col, *X1 = x1 ? p->col + N : NULL;                      /* [kl] each */
+        chirp_fwd(p, b, x0, x1);
+        chirp_lowpass1(A, M, W, cs, sn, X0, X1, 0, kl, 0, a0, a1, b0, b1);
+        int k = 1;
+#if defined(__AVX2__)
+        k = chirp_lowpass8(A, M, W, cs, sn, X0, X1, k, kend, kl, a1, b1);
+#endif
+        for (; k < K; k++)
+            chirp_lowpass1(A, M, W, cs, sn, X0, X1, k, kl, !(N & 1) && 2 * k == N, a0, a1, b0, b1);
+        memset(A + 2 * K, 0, sizeof(float) * 2 * (size_t)(M - 2 * K + 1));
+        for (int j = 0; j < kl; j++) sum += (double)X0[j] * X0[j];
+        if (x1)
+            for (int j = 0; j < kl; j++) sum += (double)X1[j] * X1[j];
+        float *o0 = p->tg + (int64_t)c * N;
+        chirp_bwd(p, b, o0, x1 ? o0 + N : NULL);
+    }
+    return sum;
+}
+
 kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, int omega,
                                  double *lo, float *acc, kvs_err *err) {
     if (!p || !x || !x->data || !lo || !acc)
@@ -1117,6 +1271,13 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
     /* The fast path needs the half route and every kept k at most H/2 (so
      * no kept pair (k, N-k) and, in the merge, no kept partner H-k). */
     const int fast = p->route == KVS_DCT_DIRECT && p->de->tw && omega <= N / 2 / 2;
+    /* Bluestein's band reads only V[k < K] (chirp_c2r): nothing above he */
+    const int he = p->route == KVS_DCT_BLUESTEIN && bd->K < h ? bd->K : h;
+    /* Bluestein with every kept k below the band's end and no kept partner
+     * N - k inside it (omega below about N/2): the split, low-pass and merge
+     * run in one pass over the band between the two convolutions, no
+     * spectrum written (chirp_lowpass) */
+    const int chirp_fused = p->route == KVS_DCT_BLUESTEIN && kl == omega && kh > kl && kh >= he;
     double sum = 0.0;
     for (int gi = 0; gi < p->ng; gi++) {
         const int c0 = gi * p->g, m = d - c0 < p->g ? d - c0 : p->g; /* columns [c0, c0 + m) */
@@ -1127,6 +1288,11 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
                 sum = half_lowpass(p, (float *)(p->Vg + (int64_t)c * p->hs), omega, a0, a1, b0,
                                    b1, sum);
             fftwf_execute_dft(direct_cols_plan(p, m, 1), p->Vg, (fftwf_complex *)p->tg);
+            residual_acc(vg, p->tg, m, N, w);
+            continue;
+        }
+        if (chirp_fused) { /* g = d: one group */
+            sum = chirp_lowpass(p, bd, m, vg, kl, a0, a1, b0, b1, sum);
             residual_acc(vg, p->tg, m, N, w);
             continue;
         }
@@ -1151,8 +1317,6 @@ kvs_status kvs_dct_lowpass_sqres(kvs_dct_plan *p, const kvs_view *x, int head, i
             } else {
                 for (int k = 1; k < kl; k++) /* k < kl < kh: X[N-k] is cut */
                     dct3_pair(Vc[k], X[k], 0.0f, b1, p->cs[k], p->sn[k]);
-                /* Bluestein's band reads only V[k < K] (chirp_c2r): nothing above */
-                const int he = p->route == KVS_DCT_BLUESTEIN && bd->K < h ? bd->K : h;
                 int kz = kh < h ? kh : h; /* [kl, kz): both cut, b1 * 0 pairs give +0 */
                 if (kz > he) kz = he;
                 if (kz > kl) memset(Vc + kl, 0, sizeof(fftwf_complex) * (size_t)(kz - kl));

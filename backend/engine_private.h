@@ -1,6 +1,6 @@
 /*
  * engine_private.h -- declarations shared by the engine's own files (model.c,
- * tokenizer.c, session.c, forward.c, quant.c, simd.c, pool.c). Not part of
+ * tokenizer.c, session.c, forward.c, quant.c, dot.c, simd.c, pool.c). Not part of
  * the public API; the HTTP server and the CLI use kvs_backend.h only.
  */
 #ifndef KVS_ENGINE_PRIVATE_H
@@ -10,7 +10,7 @@
 
 #include "kvs_backend.h"
 
-/* ---- quant.c extras --------------------------------------------------------- */
+/* ---- dot.c extras ----------------------------------------------------------- */
 float kvs_dot_ff(const float *a, const float *b, int64_t n);
 float kvs_dot_q8a_scalar(int type, const void *row, const kvs_q8a_block *x, int64_t n);
 /* y[c] = kvs_dot_q8a(type, row, x + c * xstride, n) for c < ncols, bit for bit,
@@ -22,6 +22,16 @@ void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t
  * matrix-vector product of decode calls it on a thread's range of rows. */
 void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
                       int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
+/* Which kernels kvs_dot_q8a / kvs_dot_q8a_rows run: 1 where this build has the
+ * AVX-512 VNNI ones (dot_vnni.c) and the CPU has AVX512_VNNI and AVX512VL.
+ * The two builds' entry points, for the tests that compare them bit for bit:
+ * _base (x86-64-v3 or scalar, always) and _vnni (only when available). */
+int kvs_dot_vnni_available(void);
+void kvs_dot_q8a_rows_base(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                           int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
+void kvs_dot_q8a_rows_vnni(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                           int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
+float kvs_dot_q8a_vnni(int type, const void *row, const kvs_q8a_block *x, int64_t n);
 
 /* ---- simd.c ------------------------------------------------------------------ */
 /* x[i] = exp(x[i] - sub); returns the sum. */

@@ -1,0 +1,65 @@
+/*
+ * quant_blocks.h -- the GGUF quantised block layouts and the small accessors
+ * quant.c (dequantisation, quantisation) and dot.c (dot products) share.
+ * Private to backend/.
+ *
+ * Block layouts (as ggml defines them; our own code):
+ *   Q8_0  32 values: f16 d, int8 q[32]                 x = d*q
+ *   Q5_0  32 values: f16 d, u8 qh[4], u8 qs[16]        x = d*((nib | hbit<<4) - 16)
+ *         element j < 16: low nibble of qs[j], element j+16: high nibble; hbit = bit j of qh
+ *   Q4_1  32 values: f16 d, f16 m, u8 qs[16]           x = d*nib + m
+ *         element j < 16: low nibble of qs[j], element j+16: high nibble
+ *   Q4_K  256 values: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
+ *         8 sub-blocks of 32 with 6-bit scale sc and min m: x = d*sc*q - dmin*m;
+ *         sub-blocks 2i and 2i+1 share qs[32i..32i+32) (low / high nibbles)
+ *   Q6_K  256 values: u8 ql[128], u8 qh[64], int8 scales[16], f16 d
+ *         16 groups of 16 with an int8 scale: x = d*sc*(q - 32), q 6-bit
+ */
+#ifndef KVS_QUANT_BLOCKS_H
+#define KVS_QUANT_BLOCKS_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KVS_HAVE_AVX2 1
+#endif
+
+#include "kvs_backend.h"
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef KVS_HAVE_AVX2
+    return _cvtsh_ss(h);
+#else
+    return kvs_f16_to_f32(h);
+#endif
+}
+static inline void q4k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q6_K element e: half n = e/128, quarter qq = (e%128)/32, l = e%32. */
+static inline int q6k_q(const uint8_t *b, int e) {
+    const uint8_t *ql = b, *qh = b + 128;
+    int n = e / 128, qq = (e % 128) / 32, l = e % 32;
+    int lo = ql[n * 64 + l + (qq & 1) * 32];
+    lo = qq >= 2 ? lo >> 4 : lo & 0xF;
+    int hi = (qh[n * 32 + l] >> (2 * qq)) & 3;
+    return lo | (hi << 4);
+}
+static inline int q6k_scale(const uint8_t *b, int e) {
+    const int8_t *sc = (const int8_t *)(b + 192);
+    int n = e / 128, qq = (e % 128) / 32, l = e % 32;
+    return sc[n * 8 + qq * 2 + l / 16];
+}
+
+#endif /* KVS_QUANT_BLOCKS_H */

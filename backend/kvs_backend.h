@@ -459,6 +459,13 @@ typedef struct {
  * it. */
 kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
                                 kvs_err *err);
+/* The same, and the plan it applied is the caller's: *plan (zeroed here;
+ * free it with kvs_plan_free, also after an error) and layer_map
+ * [KVS_MAX_LAYERS] (plan layer -> model layer, as kvs_session_apply_plan
+ * takes it). For "full" / NULL the plan stays empty (n_layers 0). What the
+ * server's per-span retention statistics read. */
+kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
+                                     kvs_plan *plan, int *layer_map, kvs_err *err);
 /* Statistics of the current cache without compressing: before = the full
  * prompt cache (n_prompt rows in every layer), after = the rows held now
  * (equal right after a prefill). Bytes are real: rows x 2 (K, V) x KV heads x

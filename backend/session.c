@@ -553,7 +553,17 @@ int kvs_method_queries_needed(const kvs_method *m, const kvs_params *p, int N) {
 }
 
 kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats, kvs_err *err) {
+    kvs_plan plan;
+    int map[KVS_MAX_LAYERS];
+    kvs_status st = kvs_session_compress_plan(s, o, stats, &plan, map, err);
+    kvs_plan_free(&plan);
+    return st;
+}
+
+kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
+                                     kvs_plan *out_plan, int *map, kvs_err *err) {
     double t0 = kvs_now_ms();
+    memset(out_plan, 0, sizeof *out_plan);
     kvs_kv_stats local_stats;
     if (!stats) stats = &local_stats;
     if (!o->method || !strcmp(o->method->name, "full")) {
@@ -564,9 +574,8 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
     }
     const kvs_model_info *MI = &s->m->info;
     kvs_layer *layers = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
-    int map[KVS_MAX_LAYERS], nm = 0;
-    kvs_plan plan;
-    memset(&plan, 0, sizeof plan);
+    int nm = 0;
+    kvs_plan *plan = out_plan;
     kvs_status st;
     if (!layers) return kvs_errorf(err, KVS_ERR_NOMEM, "compress: out of memory");
     kvs_cache_view cv;
@@ -589,9 +598,9 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
     } else
         for (int i = 0; i < nm; i++) layers[i].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, MI->head_dim, 0, MI->head_dim};
     if ((st = kvs_compress(o->method, &o->params, &cv, &o->budget, o->threads > 0 ? o->threads : s->n_threads,
-                           &plan, err)))
+                           plan, err)))
         goto cleanup;
-    if ((st = kvs_session_apply_plan(s, &plan, map, stats, err))) goto cleanup;
+    if ((st = kvs_session_apply_plan(s, plan, map, stats, err))) goto cleanup;
     /* past the prefill: sliding-window layers keep only their window */
     if ((st = kvs_session_trim_local(s, err))) goto cleanup;
     {
@@ -605,7 +614,6 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
     }
     stats->compress_ms = kvs_now_ms() - t0;
 cleanup:
-    kvs_plan_free(&plan);
     free(layers);
     return st;
 }

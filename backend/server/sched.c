@@ -234,58 +234,17 @@ static int queries_to_record(const gen_req *g) {
     return rq;
 }
 
-/* kvs_session_compress's steps (view, compress, apply, trim the sliding-window
- * layers) through the public API, so the plan is at hand for span_kept. The
- * server test checks that asking for kv_spans changes neither the output nor
- * the kv statistics. */
+/* kvs_session_compress, keeping the plan for span_kept. The server test
+ * checks that asking for kv_spans changes neither the output nor the kv
+ * statistics. */
 static kvs_status compress_with_plan(kvs_server *s, kvs_session *ses, const kvs_compress_opts *co, const gen_req *g,
                                      gen_out *o, kvs_err *err) {
-    const double t0 = kvs_now_ms();
-    const int D = s->info->head_dim;
-    kvs_layer *layers = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
-    int map[KVS_MAX_LAYERS], nm = 0;
     kvs_plan plan;
-    memset(&plan, 0, sizeof plan);
-    kvs_status st;
-    if (!layers) return kvs_errorf(err, KVS_ERR_NOMEM, "compress: out of memory");
-    kvs_cache_view cv;
-    if ((st = kvs_session_cache_view(ses, co->compress_local, &cv, layers, map, &nm, err))) goto cleanup;
-    int want = kvs_method_queries_needed(co->method, &co->params, g->n_prompt);
-    for (int i = 0; i < nm; i++) {
-        kvs_layer *L = &layers[i];
-        if (want > 0) {
-            if (!L->q.data || L->q.n_tokens < want) {
-                st = kvs_errorf(err, KVS_ERR_INVALID, "compress: method %s needs %d recorded queries, %d recorded",
-                                co->method->name, want, L->q.data ? L->q.n_tokens : 0);
-                goto cleanup;
-            }
-            L->q.data = (const float *)L->q.data + (size_t)(L->q.n_tokens - want) * D;
-            L->q.n_tokens = want;
-        } else {
-            L->q = (kvs_view){NULL, KVS_F32, KVS_HOST, s->info->n_heads, 0, D, 0, D};
-        }
-    }
-    /* plans do not depend on the thread count (design.md), so 1 stands in for "the session's" */
-    if ((st = kvs_compress(co->method, &co->params, &cv, &co->budget, co->threads > 0 ? co->threads : 1, &plan, err)))
-        goto cleanup;
-    if ((st = kvs_session_apply_plan(ses, &plan, map, &o->stats, err))) goto cleanup;
-    /* as kvs_session_compress: sliding-window layers keep their window, and
-     * the "after" statistics are what the session holds now */
-    if ((st = kvs_session_trim_local(ses, err))) goto cleanup;
-    {
-        kvs_kv_stats now;
-        kvs_session_kv_stats(ses, &now);
-        memcpy(o->stats.tokens_after, now.tokens_after, sizeof now.tokens_after);
-        memcpy(o->stats.bytes_after, now.bytes_after, sizeof now.bytes_after);
-        o->stats.bytes_after_local = now.bytes_after_local;
-        o->stats.bytes_after_global = now.bytes_after_global;
-        o->stats.bytes_after_total = now.bytes_after_total;
-    }
-    o->stats.compress_ms = kvs_now_ms() - t0;
-    if (srv_span_kept(s, g, &plan, map, o)) st = kvs_errorf(err, KVS_ERR_NOMEM, "span_kept: out of memory");
-cleanup:
+    int map[KVS_MAX_LAYERS];
+    kvs_status st = kvs_session_compress_plan(ses, co, &o->stats, &plan, map, err);
+    if (st == KVS_OK && srv_span_kept(s, g, &plan, map, o))
+        st = kvs_errorf(err, KVS_ERR_NOMEM, "span_kept: out of memory");
     kvs_plan_free(&plan);
-    free(layers);
     return st;
 }
 

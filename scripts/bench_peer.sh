@@ -17,7 +17,7 @@
 # so that load from other processes falls on both alike; the table shows the
 # median over rounds. The load average is printed before and after: on a
 # shared machine the ratios are the trustworthy part, not the absolute numbers.
-# Waiting threads: kvsieve's pool sleeps on a condition variable between jobs;
+# Waiting threads: kvsieve's pool polls for at most 50 us, then sleeps;
 # llama.cpp's OpenMP threads spin by default, which on an oversubscribed machine
 # collapses its decode (measured here at load 13 on 2 cores: 1.1 tok/s spinning
 # against 12.6 with OMP_WAIT_POLICY=passive, Gemma 3 270M). So the peer runs

@@ -154,14 +154,6 @@ static float dot_q8_0_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t n
     return hsum8(acc);
 }
 
-static inline __m256i bytes_from_bits32(uint32_t bits) {
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                           0x0101010101010101LL, 0x0000000000000000LL);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
-    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
-    return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
-}
-
 static float dot_q5_0_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     const __m128i m4 = _mm_set1_epi8(0xF);

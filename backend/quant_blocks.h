@@ -62,4 +62,15 @@ static inline int q6k_scale(const uint8_t *b, int e) {
     return sc[n * 8 + qq * 2 + l / 16];
 }
 
+#ifdef KVS_HAVE_AVX2
+/* Q5_0's high bits: byte j of the result is 0xFF where bit j of `bits` is set. */
+static inline __m256i bytes_from_bits32(uint32_t bits) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                           0x0101010101010101LL, 0x0000000000000000LL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
+}
+#endif
+
 #endif /* KVS_QUANT_BLOCKS_H */

@@ -156,15 +156,9 @@ static float dot_q8_0_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t n
 
 static float dot_q5_0_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
-    const __m128i m4 = _mm_set1_epi8(0xF);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * 22;
-        uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
-        __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
-        __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
-        __m256i w = _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+        __m256i w = q5_0_unpack(blk);
         __m256i q = _mm256_loadu_si256((const __m256i *)x[b].q);
         __m256 p = _mm256_cvtepi32_ps(dot_i8(w, q));
         acc = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(blk) * x[b].d), acc);
@@ -414,18 +408,12 @@ static inline __attribute__((always_inline)) void t_q8_0(int NC, const uint8_t *
 static inline __attribute__((always_inline)) void t_q5_0(int NC, const uint8_t *row, const kvs_q8a_block *x,
                                                          int64_t xs, int64_t nb, const float *xdT, float *y) {
     __m256 acc[KVS_T5];
-    const __m128i m4 = _mm_set1_epi8(0xF);
     #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     float sc[KVS_T5];
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * 22;
-        uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6));
-        __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
-        __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
-        __m256i w = _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+        __m256i w = q5_0_unpack(blk);
         __m256i aw = _mm256_sign_epi8(w, w);
         _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(h2f(blk)), _mm256_loadu_ps(xdT + b * KVS_T5)));
         #pragma GCC unroll 8

@@ -13,7 +13,6 @@
  */
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <time.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define KVS_CPU_RELAX() _mm_pause()
@@ -42,12 +41,6 @@ typedef struct {
     int ith;
 } worker_arg;
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
 /* The two things a thread waits for: a job newer than `seen` (or quit), and
  * every worker done with the current one. */
 static int job_ready(kvs_pool *p, unsigned seen) {
@@ -66,7 +59,7 @@ static int poll_for(int (*ready)(kvs_pool *, unsigned), kvs_pool *p, unsigned x)
         if (ready(p, x)) return 1;
         KVS_CPU_RELAX();
         if ((i & 63) == 63) {
-            const double t = now_us();
+            const double t = kvs_now_ms() * 1e3;
             if (t0 == 0.0) t0 = t;
             else if (t - t0 > KVS_POOL_SPIN_US) return ready(p, x);
         }

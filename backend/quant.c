@@ -78,13 +78,8 @@ static void deq_q8_0(const uint8_t *b, float *y) {
  * dequantises every weight once per chunk, and Q5_0 is most of Qwen2.5's. */
 static void deq_q5_0(const uint8_t *b, float *y) {
     const float d = h2f(b);
-    uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(b + 6)), m4 = _mm_set1_epi8(0xF);
-    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
-    const __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
     int8_t q[32];
-    _mm256_storeu_si256((__m256i *)q, _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16)));
+    _mm256_storeu_si256((__m256i *)q, q5_0_unpack(b));
     const __m256 vd = _mm256_set1_ps(d);
     for (int i = 0; i < 32; i += 8) {
         const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));

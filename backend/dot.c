@@ -281,6 +281,31 @@ static float dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t 
 
 #ifndef KVS_DOT_VNNI
 /* Exposed to tests through a prototype there: the scalar reference path. */
+/* The AMX route's float structure (dot_amx.c) in plain C: per block, the
+ * exact integer dot, then y = fma(dw * dx, S, y) in block order. */
+float kvs_dot_q8a_bs_ref(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
+    assert(type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0);
+    const uint8_t *r = row;
+    float y = 0.0f;
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = r + b * (type == KVS_GGML_Q8_0 ? 34 : 22);
+        int s = 0;
+        for (int i = 0; i < 32; i++) {
+            int w;
+            if (type == KVS_GGML_Q8_0) w = ((const int8_t *)(blk + 2))[i];
+            else {
+                uint32_t qh;
+                memcpy(&qh, blk + 2, 4);
+                int nib = i < 16 ? blk[6 + i] & 0xF : blk[6 + i - 16] >> 4;
+                w = (nib | (int)((qh >> i) & 1) << 4) - 16;
+            }
+            s += w * x[b].q[i];
+        }
+        y = fmaf(h2f(blk) * x[b].d, (float)s, y);
+    }
+    return y;
+}
+
 float kvs_dot_q8a_scalar(int type, const void *row, const kvs_q8a_block *x, int64_t n);
 float kvs_dot_q8a_scalar(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
     const uint8_t *r = row;
@@ -686,7 +711,29 @@ int kvs_dot_vnni_available(void) {
 #endif
 }
 
+#if !defined(KVS_HAVE_DOT_AMX)
+/* This build has no AMX route (dot_amx.c): it is never taken. */
+int kvs_dot_amx_available(void) { return 0; }
+int kvs_dot_amx_route(int type, int64_t n) {
+    (void)type, (void)n;
+    return 0;
+}
+float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
+    (void)type, (void)row, (void)x, (void)n;
+    assert(!"kvs_dot_q8a_amx without AMX kernels");
+    return NAN;
+}
+void kvs_dot_q8a_rows_amx(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                          int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
+    (void)type, (void)rows, (void)row_bytes, (void)x, (void)xstride, (void)n;
+    assert(!"kvs_dot_q8a_rows_amx without AMX kernels");
+    for (int c = 0; c < ncols; c++)
+        for (int64_t r = 0; r < nrows; r++) out[(int64_t)c * ostride + r] = NAN;
+}
+#endif
+
 float kvs_dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
+    if (kvs_dot_amx_route(type, n)) return kvs_dot_q8a_amx(type, row, x, n);
 #if defined(KVS_HAVE_DOT_VNNI)
     if (kvs_dot_vnni_available()) return kvs_dot_q8a_vnni(type, row, x, n);
 #endif
@@ -700,6 +747,10 @@ void kvs_dot_q8a_rows_base(int type, const void *rows, size_t row_bytes, int64_t
 
 void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
                       int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
+    if (kvs_dot_amx_route(type, n)) {
+        kvs_dot_q8a_rows_amx(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+        return;
+    }
 #if defined(KVS_HAVE_DOT_VNNI)
     if (kvs_dot_vnni_available()) {
         kvs_dot_q8a_rows_vnni(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);

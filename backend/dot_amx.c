@@ -1,0 +1,304 @@
+/*
+ * dot_amx.c -- Q8_0 and Q5_0 weight rows against Q8 activations
+ * (kvs_q8a_block) on Intel AMX-INT8 tiles: one row or many, one column or
+ * many. Compiled with -mamx-tile -mamx-int8 and AVX-512 (backend/CMakeLists.txt)
+ * and run only where kvs_dot_amx_available() says the CPU and the kernel
+ * allow it.
+ *
+ * Why a route of its own: one tdpbssd makes 16 x 16 x 32 multiply-adds, so
+ * a batch of sequences (batched decode: a request's variants and the slots)
+ * costs little more than one sequence, where dot.c's VNNI tiles pay about
+ * the same for every column. The tiles give each weight block's integer
+ * dot exactly, so the float arithmetic after them is ours to define. It is
+ *
+ *     y = 0;  for each block b in order:  y = fma(dw_b * dx_b, (float)S_b, y)
+ *
+ * dw_b the weight block's f16 scale, dx_b the activation block's scale, S_b
+ * the block's 32 int8 products summed (exact in int32; Q5_0's values taken
+ * as q - 16 in [-16, 15]). Every entry point computes exactly that: one row
+ * alone with scalar fmaf, one column with 16 rows in the vector lanes, many
+ * columns with 16 columns in the lanes. So a sequence in a batch gets the
+ * logits it gets alone, bit for bit, as dot.c's kernels guarantee for theirs,
+ * and kvs_dot_q8a_bs_ref (dot.c, plain C) is the tests' reference. It is not
+ * dot.c's float structure (vector lanes of 4-product partial sums), so the
+ * route is a property of (type, n) -- kvs_dot_amx_route -- and dot.c's entry
+ * points take it for every call on such a matrix, one column or many.
+ *
+ * What it is not: no other types (Q4_K and Q6_K keep dot.c's VNNI tiles), no
+ * threading (forward.c splits rows), no prefill (forward.c's prefill still
+ * dequantises and calls sgemm).
+ */
+#define _GNU_SOURCE /* syscall() */
+#include <assert.h>
+#include <cpuid.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "engine_private.h"
+#include "quant_blocks.h"
+
+#define KVS_AMX_NMAX 8192      /* longest row on the route (the stack panels below) */
+#define KVS_AMX_BP (128 * 1024) /* bytes of packed activations per pass */
+
+/* ---- availability --------------------------------------------------------------
+ * CPUID says whether the CPU has AMX-TILE, AMX-INT8 and AVX-512; XCR0 whether
+ * the kernel saves tile state; Linux then hands out tile data only to a
+ * process that asked (arch_prctl ARCH_REQ_XCOMP_PERM). KVSIEVE_AMX=0 turns
+ * the route off (valgrind cannot decode AMX; A/B measurements). The answer
+ * is cached: a fact about this machine and process, computed once. */
+#define KVS_ARCH_REQ_XCOMP_PERM 0x1023
+#define KVS_XFEATURE_XTILEDATA 18
+
+static int amx_probe(void) {
+    const char *e = getenv("KVSIEVE_AMX");
+    if (e && e[0] == '0') return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    int tile = (d >> 24) & 1, int8 = (d >> 25) & 1, f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    int vnni = (c >> 11) & 1;
+    if (!(tile && int8 && f && bw && vl && vnni)) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0x600e6) != 0x600e6) return 0; /* SSE, AVX, AVX-512 and tile state enabled */
+    return syscall(SYS_arch_prctl, KVS_ARCH_REQ_XCOMP_PERM, KVS_XFEATURE_XTILEDATA) == 0;
+}
+
+int kvs_dot_amx_available(void) {
+    static atomic_int state; /* 0 not asked yet, 1 usable, -1 not */
+    int s = atomic_load_explicit(&state, memory_order_acquire);
+    if (s == 0) {
+        s = amx_probe() ? 1 : -1;
+        atomic_store_explicit(&state, s, memory_order_release);
+    }
+    return s > 0;
+}
+
+int kvs_dot_amx_route(int type, int64_t n) {
+    return (type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0) && n > 0 && n % 32 == 0 && n <= KVS_AMX_NMAX &&
+           kvs_dot_amx_available();
+}
+
+/* ---- one row ---------------------------------------------------------------------- */
+
+static inline int bsize(int type) { return type == KVS_GGML_Q8_0 ? 34 : 22; }
+
+/* A weight block's 32 values as int8 in element order. */
+static inline __m256i wblock(int type, const uint8_t *blk) {
+    return type == KVS_GGML_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2)) : q5_0_unpack(blk);
+}
+
+/* S_b: the block's exact integer dot (|w| as vpdpbusd's unsigned operand, x
+ * with w's sign; |w| <= 128, |x| <= 127: no overflow). */
+static inline int32_t block_isum(__m256i w, const int8_t *xq) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
+    const uint8_t *r = row;
+    const int bs = bsize(type);
+    float y = 0.0f;
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = r + b * bs;
+        y = fmaf(h2f(blk) * x[b].d, (float)block_isum(wblock(type, blk), x[b].q), y);
+    }
+    return y;
+}
+
+/* ---- tiles -------------------------------------------------------------------------
+ * Two sets so that two blocks are in flight: tmm0 / tmm3 A, 16 weight rows of
+ * one block (16 x 32 int8); tmm1 / tmm4 B, one activation block of ncol
+ * columns in the VNNI order (8 rows of 4 bytes per column); tmm2 / tmm5 C,
+ * 16 x ncol int32. ncol is 1 (one column, rows in the lanes) or 16. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_cfg;
+
+static void tiles_config(int ncol) {
+    tile_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int s = 0; s < 2; s++) {
+        c.rows[3 * s] = 16, c.colsb[3 * s] = 32;
+        c.rows[3 * s + 1] = 8, c.colsb[3 * s + 1] = (uint16_t)(4 * ncol);
+        c.rows[3 * s + 2] = 16, c.colsb[3 * s + 2] = (uint16_t)(4 * ncol);
+    }
+    /* gcc 12 does not see that ldtilecfg reads the struct and drops the
+     * stores above without this (the loaded config is then all zero) */
+    __asm__ volatile("" : : "m"(c) : "memory");
+    _tile_loadconfig(&c);
+}
+
+/* The f16 scales of block b of 16 rows (row r at blk + r * rb) as floats. */
+static inline __m512 scales16(const uint8_t *blk, __m512i roff) {
+    __m512i d = _mm512_i32gather_epi32(roff, blk, 1); /* 4 bytes from each row; the low 2 are the scale */
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
+}
+
+/* Q5_0: block b of 16 rows unpacked to int8, row r at dst + r * ds. */
+static inline void unpack16(const uint8_t *blk, size_t rb, int8_t *dst, size_t ds) {
+    for (int r = 0; r < 16; r++) _mm256_storeu_si256((__m256i *)(dst + r * ds), q5_0_unpack(blk + r * rb));
+}
+
+/* One column, 16 rows per group in the lanes of one accumulator. */
+static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t n,
+                     float *out) {
+    const int64_t nb = n / 32;
+    const int bs = bsize(type), q8 = type == KVS_GGML_Q8_0;
+    const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)rb));
+    _Alignas(64) int8_t wb[2][16 * 32];
+    _Alignas(64) int32_t cb[2][16];
+    const int64_t ng = nrows / 16 * 16;
+    tiles_config(1);
+    for (int64_t g = 0; g < ng; g += 16) {
+        const uint8_t *r0 = rows + (size_t)g * rb;
+        __m512 acc = _mm512_setzero_ps();
+        int64_t b = 0;
+/* block B on tile set (TA, TB, TC) through buffers wb[S], cb[S] */
+#define KVS_ONE_LOAD(B, TA, TB, TC, S)                                                                          \
+    do {                                                                                                        \
+        const uint8_t *blk = r0 + (B) * bs;                                                                     \
+        if (q8) _tile_loadd(TA, blk + 2, (long)rb);                                                             \
+        else {                                                                                                  \
+            unpack16(blk, rb, wb[S], 32);                                                                       \
+            _tile_loadd(TA, wb[S], 32);                                                                         \
+        }                                                                                                       \
+        _tile_loadd(TB, x[B].q, 4);                                                                             \
+        _tile_zero(TC);                                                                                         \
+        _tile_dpbssd(TC, TA, TB);                                                                               \
+        _tile_stored(TC, cb[S], 4);                                                                             \
+    } while (0)
+#define KVS_ONE_ACC(B, S)                                                                                       \
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(scales16(r0 + (B) * bs, roff), _mm512_set1_ps(x[B].d)),              \
+                          _mm512_cvtepi32_ps(_mm512_load_si512(cb[S])), acc)
+        for (; b + 2 <= nb; b += 2) {
+            KVS_ONE_LOAD(b, 0, 1, 2, 0);
+            KVS_ONE_LOAD(b + 1, 3, 4, 5, 1);
+            KVS_ONE_ACC(b, 0);
+            KVS_ONE_ACC(b + 1, 1);
+        }
+        if (b < nb) {
+            KVS_ONE_LOAD(b, 0, 1, 2, 0);
+            KVS_ONE_ACC(b, 0);
+        }
+#undef KVS_ONE_LOAD
+#undef KVS_ONE_ACC
+        _mm512_storeu_ps(out + g, acc);
+    }
+    _tile_release();
+    for (int64_t r = ng; r < nrows; r++) out[r] = kvs_dot_q8a_amx(type, rows + (size_t)r * rb, x, n);
+}
+
+/* Many columns: per pass, as many 16-column tiles as KVS_AMX_BP bytes of
+ * packed activations hold (B tiles [tile][block][8][16] int32, scales
+ * [tile][block][16]); per group of 16 rows, their scales (and for Q5_0 their
+ * unpacked values) once, then every tile of the pass with the 16 rows'
+ * accumulators in registers, columns in the lanes. */
+static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t xs,
+                      int ncols, int64_t n, float *out, int64_t os) {
+    const int64_t nb = n / 32;
+    const int bs = bsize(type), q8 = type == KVS_GGML_Q8_0;
+    const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)rb));
+    _Alignas(64) int32_t bp[KVS_AMX_BP / 4];
+    _Alignas(64) float dxt[KVS_AMX_BP / 32];
+    _Alignas(64) float dwt[KVS_AMX_NMAX / 32 * 16];
+    _Alignas(64) int8_t panel[16 * KVS_AMX_NMAX]; /* Q5_0's 16 rows unpacked */
+    _Alignas(64) int32_t cb[2][16 * 16];
+    _Alignas(64) float yt[16 * 16];
+    const int64_t ng = nrows / 16 * 16;
+    const int ntile = (ncols + 15) / 16;
+    const int per = (int)(KVS_AMX_BP / (nb * 512)); /* tiles per pass; >= 1 since nb <= 256 */
+    assert(per >= 1);
+    tiles_config(16);
+    for (int t0 = 0; t0 < ntile; t0 += per) {
+        const int tn = ntile - t0 < per ? ntile - t0 : per;
+        for (int t = 0; t < tn; t++)
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t *B = bp + (t * nb + b) * 128;
+                float *D = dxt + (t * nb + b) * 16;
+                for (int c = 0; c < 16; c++) {
+                    const int col = (t0 + t) * 16 + c;
+                    const kvs_q8a_block *xb = col < ncols ? &x[(int64_t)col * xs + b] : NULL;
+                    for (int k = 0; k < 8; k++) {
+                        int32_t v = 0;
+                        if (xb) memcpy(&v, xb->q + 4 * k, 4);
+                        B[k * 16 + c] = v;
+                    }
+                    D[c] = xb ? xb->d : 0.0f;
+                }
+            }
+        for (int64_t g = 0; g < ng; g += 16) {
+            const uint8_t *r0 = rows + (size_t)g * rb;
+            for (int64_t b = 0; b < nb; b++) {
+                _mm512_store_ps(dwt + b * 16, scales16(r0 + b * bs, roff));
+                if (!q8) unpack16(r0 + b * bs, rb, panel + b * 32, (size_t)n);
+            }
+            for (int t = 0; t < tn; t++) {
+                __m512 acc[16];
+                #pragma GCC unroll 16
+                for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+                int64_t b = 0;
+#define KVS_COLS_LOAD(B, TA, TB, TC, S)                                                                         \
+    do {                                                                                                        \
+        if (q8) _tile_loadd(TA, r0 + (B) * bs + 2, (long)rb);                                                   \
+        else _tile_loadd(TA, panel + (B) * 32, (long)n);                                                        \
+        _tile_loadd(TB, bp + (t * nb + (B)) * 128, 64);                                                         \
+        _tile_zero(TC);                                                                                         \
+        _tile_dpbssd(TC, TA, TB);                                                                               \
+        _tile_stored(TC, cb[S], 64);                                                                            \
+    } while (0)
+#define KVS_COLS_ACC(B, S)                                                                                      \
+    do {                                                                                                        \
+        const __m512 dx = _mm512_load_ps(dxt + (t * nb + (B)) * 16);                                           \
+        const float *dw = dwt + (B) * 16;                                                                       \
+        _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] =                                          \
+            _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dw[r]), dx),                                           \
+                            _mm512_cvtepi32_ps(_mm512_load_si512(cb[S] + r * 16)), acc[r]);                     \
+    } while (0)
+                for (; b + 2 <= nb; b += 2) {
+                    KVS_COLS_LOAD(b, 0, 1, 2, 0);
+                    KVS_COLS_LOAD(b + 1, 3, 4, 5, 1);
+                    KVS_COLS_ACC(b, 0);
+                    KVS_COLS_ACC(b + 1, 1);
+                }
+                if (b < nb) {
+                    KVS_COLS_LOAD(b, 0, 1, 2, 0);
+                    KVS_COLS_ACC(b, 0);
+                }
+#undef KVS_COLS_LOAD
+#undef KVS_COLS_ACC
+                #pragma GCC unroll 16
+                for (int r = 0; r < 16; r++) _mm512_store_ps(yt + r * 16, acc[r]);
+                const int c0 = (t0 + t) * 16, nc = ncols - c0 < 16 ? ncols - c0 : 16;
+                for (int c = 0; c < nc; c++)
+                    for (int r = 0; r < 16; r++) out[(int64_t)(c0 + c) * os + g + r] = yt[r * 16 + c];
+            }
+        }
+    }
+    _tile_release();
+    for (int64_t r = ng; r < nrows; r++)
+        for (int c = 0; c < ncols; c++)
+            out[(int64_t)c * os + r] = kvs_dot_q8a_amx(type, rows + (size_t)r * rb, x + (int64_t)c * xs, n);
+}
+
+void kvs_dot_q8a_rows_amx(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                          int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
+    assert(type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0);
+    assert(n % 32 == 0 && n <= KVS_AMX_NMAX);
+    if (ncols == 1) rows_one(type, rows, row_bytes, nrows, x, n, out);
+    else rows_cols(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+}

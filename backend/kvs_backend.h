@@ -192,6 +192,9 @@ void kvs_q8a_quantize(const float *x, kvs_q8a_block *out, int64_t n);
 float kvs_dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t n);
 /* Dot of a weight row of any supported type with fp32 activations. */
 float kvs_dot_f32(int type, const void *row, const float *x, int64_t n);
+/* Greedy sampling: the first index of the largest of x[0..n), vectorised;
+ * -1 when n <= 0 or any x is NaN. */
+int kvs_argmax(const float *x, int n);
 
 /* ------------------------------------------------------------------------ */
 /* Models                                                                    */

@@ -111,6 +111,48 @@ double kvs_sumsq(const float *x, int n) {
     return s;
 }
 
+/* Greedy sampling over a vocabulary row: two vector passes (the maximum, with
+ * NaN caught by an unordered compare; then the first index holding it), the
+ * index the scalar loop `if (x[i] > x[best]) best = i` gives, -0 and +0
+ * compared equal as there. */
+int kvs_argmax(const float *x, int n) {
+    if (n <= 0) return -1;
+    int i = 0;
+    float m = x[0];
+    int nan = isnan(m);
+#ifdef KVS_SIMD_AVX2
+    if (n >= 16) {
+        __m256 m0 = _mm256_set1_ps(m), m1 = m0, u = _mm256_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+            u = _mm256_or_ps(u, _mm256_cmp_ps(v0, v1, _CMP_UNORD_Q));
+            m0 = _mm256_max_ps(m0, v0);
+            m1 = _mm256_max_ps(m1, v1);
+        }
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_max_ps(m0, m1));
+        for (int k = 0; k < 8; k++) m = t[k] > m ? t[k] : m;
+        nan |= _mm256_movemask_ps(u) != 0;
+    }
+#endif
+    for (; i < n; i++) {
+        nan |= isnan(x[i]);
+        m = x[i] > m ? x[i] : m;
+    }
+    if (nan) return -1;
+    i = 0;
+#ifdef KVS_SIMD_AVX2
+    const __m256 mv = _mm256_set1_ps(m);
+    for (; i + 8 <= n; i += 8) {
+        int e = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv, _CMP_EQ_OQ));
+        if (e) return i + __builtin_ctz((unsigned)e);
+    }
+#endif
+    for (; i < n; i++)
+        if (x[i] == m) return i;
+    return -1; /* not reached: m is one of the x[i] */
+}
+
 /* ---- KV cache rows of the session's element type (kvs_cache_type) ------------- */
 /* f16 rows convert with F16C in registers, bf16 rows by a 16-bit shift; f32
  * rows go through the fp32 kernels above, so an f32 cache computes exactly

@@ -75,10 +75,13 @@ static double quantile(const double *v, long n, double q) {
     return v[i] + (pos - (double)i) * (v[i + 1] - v[i]);
 }
 
+/* greedy; a NaN logit ends the command (cli/ may exit) */
 static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
+    int b = kvs_argmax(x, n);
+    if (b < 0) {
+        fprintf(stderr, "kvsieve: the model produced a NaN logit\n");
+        exit(1);
+    }
     return b;
 }
 

@@ -29,10 +29,13 @@ static void usage(FILE *f) {
             "  --show-tokens       print the prompt token ids to stderr\n");
 }
 
+/* greedy; a NaN logit ends the command (cli/ may exit) */
 static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
+    int b = kvs_argmax(x, n);
+    if (b < 0) {
+        fprintf(stderr, "kvsieve: the model produced a NaN logit\n");
+        exit(1);
+    }
     return b;
 }
 

@@ -9,6 +9,8 @@
  */
 #include "kvs_sampling.h"
 
+#include "kvs_backend.h" /* kvs_argmax */
+
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
@@ -97,16 +99,12 @@ static void sort_by_rank(int32_t *id, double *val, int n) {
 kvs_status kvs_sampler_sample(kvs_sampler *s, const float *logits, int32_t *token, kvs_err *err) {
     const int V = s->n_vocab;
     assert(s->cand && s->prob);
-    int32_t best = -1;
-    float bestv = 0.0f;
-    for (int i = 0; i < V; i++) {
-        float x = logits[i];
-        if (isnan(x)) return kvs_errorf(err, KVS_ERR_NUMERIC, "sampler: logit of token %d is NaN", i);
-        if (best < 0 || x > bestv) {
-            best = i;
-            bestv = x;
-        }
-    }
+    const int32_t best = kvs_argmax(logits, V);
+    if (best < 0) /* a NaN: name the first one */
+        for (int i = 0; i < V; i++)
+            if (isnan(logits[i])) return kvs_errorf(err, KVS_ERR_NUMERIC, "sampler: logit of token %d is NaN", i);
+    assert(best >= 0);
+    const float bestv = logits[best];
     if (s->p.temperature <= 0.0 || s->p.top_k == 1 || V == 1) {
         *token = best;
         return KVS_OK;

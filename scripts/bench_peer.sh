@@ -22,6 +22,11 @@
 # collapses its decode (measured here at load 13 on 2 cores: 1.1 tok/s spinning
 # against 12.6 with OMP_WAIT_POLICY=passive, Gemma 3 270M). So the peer runs
 # with OMP_WAIT_POLICY=passive unless --peer-spin (for a machine to itself).
+# Weight repacking: llama-bench's default (--repack 1) moves weights into its
+# AMX / repacked buffers where the CPU has them. That path crashed (SIGSEGV in
+# ggml_backend_amx_mul_mat) on a Sapphire Rapids VM with AMX-INT8, so each
+# model is probed once with the default; where the probe fails the script
+# says so and measures llama.cpp with --repack 0 (--peer-repack 0|1 forces one).
 # What it is not: no accuracy comparison and no timed test; it prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +37,7 @@ SRC="$PEER/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
 BENCH="$PEER/build/bin/llama-bench"
 KVS=${KVSIEVE:-$ROOT/build/kvsieve}
 PY=${PYTHON:-python3}
-ROUNDS=3 THREADS=2 GEN=64 PEER_WAIT=passive
+ROUNDS=3 THREADS=2 GEN=64 PEER_WAIT=passive PEER_REPACK=auto
 models=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,7 +46,8 @@ while [ $# -gt 0 ]; do
   --gen) GEN=$2; shift 2 ;;
   --build-only) BUILD_ONLY=1; shift ;;
   --peer-spin) PEER_WAIT=active; shift ;;
-  -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --peer-repack) PEER_REPACK=$2; shift 2 ;;
+  -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "bench_peer: unknown option $1" >&2; exit 2 ;;
   *) models+=("$1"); shift ;;
   esac
@@ -83,6 +89,21 @@ for e in json.load(sys.stdin):
   PATHS[$m]=$p
 done
 
+# ---- the peer's weight repacking, per model (see the header) -------------------
+declare -A REPACK
+for m in "${models[@]}"; do
+  if [ "$PEER_REPACK" != auto ]; then
+    REPACK[$m]=$PEER_REPACK
+  elif OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$m]}" -t "$THREADS" -r 1 -p 32 -n 0 >/dev/null 2>&1; then
+    REPACK[$m]=1
+  else
+    echo "bench_peer: llama-bench with its default weight repacking failed on $m (rc $?; on this CPU:" \
+         "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)); llama.cpp is measured with --repack 0" >&2
+    REPACK[$m]=0
+  fi
+done
+echo "llama.cpp weight repacking (--repack):$(for m in "${models[@]}"; do printf ' %s %s' "$m" "${REPACK[$m]}"; done)"
+
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 load() { cut -d' ' -f1-3 /proc/loadavg; }
@@ -110,9 +131,11 @@ run_kvs() { # model len round
 }
 # llama-bench: pp L, and tg GEN at depth L (decode after an L-token prompt).
 run_peer() { # model len round
-  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" -ctk f16 -ctv f16 -r 1 -o csv -p "$2" -n 0 \
+  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" --repack "${REPACK[$1]}" -ctk f16 -ctv f16 \
+    -r 1 -o csv -p "$2" -n 0 \
     >"$OUT/pp-$1-$2-$3.csv" 2>"$OUT/pp-$1-$2-$3.err" || { cat "$OUT/pp-$1-$2-$3.err" >&2; return 1; }
-  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" -ctk f16 -ctv f16 -r 1 -o csv -p 0 -n "$GEN" \
+  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" --repack "${REPACK[$1]}" -ctk f16 -ctv f16 \
+    -r 1 -o csv -p 0 -n "$GEN" \
     -d "$2" \
     >"$OUT/tg-$1-$2-$3.csv" 2>"$OUT/tg-$1-$2-$3.err" || { cat "$OUT/tg-$1-$2-$3.err" >&2; return 1; }
   "$PY" - "$OUT/pp-$1-$2-$3.csv" "$OUT/tg-$1-$2-$3.csv" <<'EOF'

@@ -141,6 +141,23 @@ static void tiles_config(int ncol) {
     _tile_loadconfig(&c);
 }
 
+/* The blocks b..nb-1 two at a time on the two tile sets, each pair's
+ * products issued before the float steps of either: LOAD(block, A, B, C,
+ * buffer) runs the tiles, ACC(block, buffer) the float step. */
+#define KVS_BLOCK_PAIRS(LOAD, ACC)                                                                              \
+    do {                                                                                                        \
+        for (; b + 2 <= nb; b += 2) {                                                                           \
+            LOAD(b, 0, 1, 2, 0);                                                                                \
+            LOAD(b + 1, 3, 4, 5, 1);                                                                            \
+            ACC(b, 0);                                                                                          \
+            ACC(b + 1, 1);                                                                                      \
+        }                                                                                                       \
+        if (b < nb) {                                                                                           \
+            LOAD(b, 0, 1, 2, 0);                                                                                \
+            ACC(b, 0);                                                                                          \
+        }                                                                                                       \
+    } while (0)
+
 /* The f16 scales of block b of 16 rows (row r at blk + r * rb) as floats. */
 static inline __m512 scales16(const uint8_t *blk, __m512i roff) {
     __m512i d = _mm512_i32gather_epi32(roff, blk, 1); /* 4 bytes from each row; the low 2 are the scale */
@@ -184,16 +201,7 @@ static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, co
 #define KVS_ONE_ACC(B, S)                                                                                       \
     acc = _mm512_fmadd_ps(_mm512_mul_ps(scales16(r0 + (B) * bs, roff), _mm512_set1_ps(x[B].d)),              \
                           _mm512_cvtepi32_ps(_mm512_load_si512(cb[S])), acc)
-        for (; b + 2 <= nb; b += 2) {
-            KVS_ONE_LOAD(b, 0, 1, 2, 0);
-            KVS_ONE_LOAD(b + 1, 3, 4, 5, 1);
-            KVS_ONE_ACC(b, 0);
-            KVS_ONE_ACC(b + 1, 1);
-        }
-        if (b < nb) {
-            KVS_ONE_LOAD(b, 0, 1, 2, 0);
-            KVS_ONE_ACC(b, 0);
-        }
+        KVS_BLOCK_PAIRS(KVS_ONE_LOAD, KVS_ONE_ACC);
 #undef KVS_ONE_LOAD
 #undef KVS_ONE_ACC
         _mm512_storeu_ps(out + g, acc);
@@ -269,16 +277,7 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dw[r]), dx),                                           \
                             _mm512_cvtepi32_ps(_mm512_load_si512(cb[S] + r * 16)), acc[r]);                     \
     } while (0)
-                for (; b + 2 <= nb; b += 2) {
-                    KVS_COLS_LOAD(b, 0, 1, 2, 0);
-                    KVS_COLS_LOAD(b + 1, 3, 4, 5, 1);
-                    KVS_COLS_ACC(b, 0);
-                    KVS_COLS_ACC(b + 1, 1);
-                }
-                if (b < nb) {
-                    KVS_COLS_LOAD(b, 0, 1, 2, 0);
-                    KVS_COLS_ACC(b, 0);
-                }
+                KVS_BLOCK_PAIRS(KVS_COLS_LOAD, KVS_COLS_ACC);
 #undef KVS_COLS_LOAD
 #undef KVS_COLS_ACC
                 #pragma GCC unroll 16

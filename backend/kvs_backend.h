@@ -216,6 +216,8 @@ typedef struct {
     float final_softcap;    /* 0: none */
     uint64_t n_params;
     uint64_t file_size;
+    uint64_t step_bytes;    /* weight bytes one decode step reads: every tensor, less an untied token-embedding
+                             * table (a step reads one row of it; a tied one is also the output matrix) */
     int file_type;          /* general.file_type, -1 if absent */
     char weight_types[64];  /* e.g. "Q4_K Q5_0 Q6_K Q8_0 F32" */
 } kvs_model_info;

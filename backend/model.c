@@ -259,7 +259,10 @@ kvs_status kvs_model_load(const char *path, const kvs_model_opts *opts, kvs_mode
         uint64_t nel = 1;
         for (int d = 0; d < t->n_dims; d++) nel *= (uint64_t)t->ne[d];
         I->n_params += nel;
+        I->step_bytes += t->nbytes;
     }
+    if (m->output.data != m->tok_embd.data) /* untied: a step reads one row of the embedding table */
+        I->step_bytes -= (uint64_t)(m->tok_embd.rows - 1) * m->tok_embd.row_bytes;
     if ((st = kvs_tokenizer_load(m, err))) goto cleanup;
     *out = m;
     return KVS_OK;

@@ -10,8 +10,9 @@
  * prompt tokens, mean kept KV, tokens/s (total tokens / total decode time),
  * the speed-up paired per prompt (rate / the rate of `full` on the same
  * prompt and mode; mean and percentile-bootstrap 95% CI) and the predicted
- * one, (W + KV_full) / (W + KV_kept) with W the model file's bytes
- * (cells.model_bytes) and KV the cache bytes after compression
+ * one, (W + KV_full) / (W + KV_kept) with W the weight bytes a decode step
+ * reads (cells.model_bytes: the server's step_bytes, every tensor less an
+ * untied embedding table; the file's size from servers that do not say) and KV the cache bytes after compression
  * (results.kv_bytes_after), averaged over the same prompts. The cache grows
  * by n_predict tokens during the decode; that is left out of both KV terms
  * (at most n_predict tokens' bytes, under 0.5% of W at n_predict 64 on the
@@ -329,7 +330,8 @@ static void write_groups(const dgroup *g, int ng, FILE *f, kvs_report_format fmt
             fprintf(f, "\nDecode tok/s: tokens / decode time (each variant decoded alone, exactly "
                        "n_predict tokens). Speed-up: rate / the rate of `full` on the same prompt, "
                        "mean [95%% percentile-bootstrap CI] over prompts. Predicted: (W + KV_full) / "
-                       "(W + KV_kept), the bytes a decode step reads (W: the model file).\n\n");
+                       "(W + KV_kept), the bytes a decode step reads (W: the weights a step reads, the server's step_bytes: "
+                       "every tensor less an untied embedding table).\n\n");
     }
     if (ng > 0 && !md) fprintf(f, "\\bottomrule\n\\end{tabular}\n\\end{table}\n\n");
 }

@@ -19,9 +19,10 @@
  * prompt_tokens (the generator's count). Samples with answer spans send
  * kv_spans; a variant's span_kept becomes answer_kept_l<L> (per layer, mean
  * over spans) and answer_kept (mean over layers).
- * The cell row records the model file's
- * size (cells.model_bytes: what a decode step reads besides the KV, for the
- * decode-speed study of report_decode.c). Under --shard I/N only the
+ * The cell row records the weight bytes a
+ * decode step reads (cells.model_bytes: /v1/models meta.step_bytes, else the
+ * file's size; what a step reads besides the KV, for the decode-speed study
+ * of report_decode.c). Under --shard I/N only the
  * request units of shard I run (kvs_shard_of).
  * ruler{} is generated after the backend is up: its lengths are counted by
  * the backend's /tokenize. Its cells generate each task's own tokens
@@ -74,7 +75,7 @@ typedef struct {
     unit *units;
     kvs_metric_fn *metric_fns; /* [e->n_metrics] */
     const char *model_name, *model_hash, *tmpl_name, *tmpl_hash;
-    double model_bytes; /* the model file's size from /v1/models (meta.size); < 0 unknown */
+    double model_bytes; /* weights a decode step reads (/v1/models meta.step_bytes, else meta.size); < 0 unknown */
     int n_new, n_flight_cells;
     /* where the time goes (server side, summed over answered requests): one
      * prefill per request, compress per variant (run one after another), and
@@ -154,7 +155,11 @@ static kvs_status model_identity(const char *url, char *name, size_t name_n, cha
     }
     snprintf(ident, ident_n, "%s size=%.0f", name,
              cJSON_IsNumber(size) ? size->valuedouble : -1.0);
-    if (cJSON_IsNumber(size) && size->valuedouble > 0) *file_bytes = size->valuedouble;
+    /* what a decode step reads: the server's step_bytes where it reports one (kvsieve serve: the file's
+     * tensors less an untied embedding table), else the file's size */
+    const cJSON *step = meta ? cJSON_GetObjectItemCaseSensitive(meta, "step_bytes") : NULL;
+    if (cJSON_IsNumber(step) && step->valuedouble > 0) *file_bytes = step->valuedouble;
+    else if (cJSON_IsNumber(size) && size->valuedouble > 0) *file_bytes = size->valuedouble;
 done:
     cJSON_Delete(root);
     free(body);

@@ -19,8 +19,9 @@
 --
 -- The table (eval/report_decode.c) prints, per length and ratio, decode tokens/s (tokens / decode
 -- time), the measured speed-up against `full` on the same prompt, and the speed-up predicted if a
--- decode step costs the bytes it must read: (W + KV_full) / (W + KV_kept), W the model file's
--- size (its tensors: every step reads every weight, the output matrix included), KV the kept cache
+-- decode step costs the bytes it must read: (W + KV_full) / (W + KV_kept), W the weights a step reads
+-- (the server's step_bytes: every tensor, the output matrix included, less an untied token-embedding
+-- table, of which a step reads one row; before that field, the file's size), KV the kept cache
 -- bytes the server reports (cells.model_bytes, results.kv_bytes_after). The kept cache does not
 -- depend on which method chose the tokens, so one method (FlashCache, the paper's) is enough.
 -- Lengths are niah's (estimated tokens, 4 characters each): both models' tokenizers make about

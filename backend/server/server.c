@@ -327,6 +327,7 @@ static void handle_models(kvs_server *s, kvs_http_response *rs) {
     cJSON_AddNumberToObject(meta, "sliding_window", in->sliding_window);
     cJSON_AddNumberToObject(meta, "n_params", (double)in->n_params);
     cJSON_AddNumberToObject(meta, "size", (double)in->file_size);
+    cJSON_AddNumberToObject(meta, "step_bytes", (double)in->step_bytes); /* ours: weights a decode step reads */
     cJSON_AddStringToObject(meta, "weight_types", in->weight_types);
     cJSON_AddNumberToObject(meta, "slots", s->cfg.slots);
     cJSON_AddStringToObject(meta, "cache_type", kvs_cache_type_name(s->cfg.cache_type));

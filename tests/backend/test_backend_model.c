@@ -143,6 +143,21 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(I->n_kv_heads, reg->n_kv_heads);
     CHECK_MSG(I->file_size == reg->bytes, "file has %llu bytes, registry says %llu", (unsigned long long)I->file_size,
               (unsigned long long)reg->bytes);
+    { /* the weights a decode step reads: every tensor, less all rows but one of an untied embedding table */
+        kvs_gguf g;
+        CHECK_OK(kvs_gguf_open(path, &g, &err), &err);
+        uint64_t sum = 0;
+        for (uint64_t i = 0; i < g.n_tensors; i++) sum += g.tensors[i].nbytes;
+        const kvs_gguf_tensor *te = kvs_gguf_find_tensor(&g, "token_embd.weight");
+        const int untied = kvs_gguf_find_tensor(&g, "output.weight") != NULL;
+        CHECK(te != NULL);
+        if (te && untied) sum -= te->nbytes - kvs_ggml_row_size(te->type, te->ne[0]);
+        CHECK_MSG(I->step_bytes == sum && sum < I->file_size, "step_bytes %llu, expected %llu (file %llu)",
+                  (unsigned long long)I->step_bytes, (unsigned long long)sum, (unsigned long long)I->file_size);
+        printf("step bytes %.1f MiB of a %.1f MiB file (%s embeddings)\n", (double)I->step_bytes / 1048576.0,
+               (double)I->file_size / 1048576.0, untied ? "untied" : "tied");
+        kvs_gguf_close(&g);
+    }
     const int gemma = !strcmp(I->arch, "gemma3");
     if (gemma) {
         CHECK_EQ_INT(I->n_layers, 18);

@@ -192,6 +192,10 @@ static void test_basic(kvs_model *m) {
     CHECK(d0 && strcmp(str(d0, "id"), kvs_model_get_info(m)->name) == 0);
     CHECK(d0 && num(obj(d0, "meta"), "n_vocab") == kvs_model_get_info(m)->n_vocab);
     CHECK(d0 && strcmp(str(obj(d0, "meta"), "arch"), g_spec.arch) == 0);
+    /* the weights a decode step reads (the decode-speed study's W): the engine's count, less than the file */
+    CHECK(d0 && num(obj(d0, "meta"), "step_bytes") == (double)kvs_model_get_info(m)->step_bytes);
+    CHECK(d0 && num(obj(d0, "meta"), "step_bytes") > 0 &&
+          num(obj(d0, "meta"), "step_bytes") < num(obj(d0, "meta"), "size"));
     cJSON_Delete(r);
 
     /* tokenize: same ids as the engine; detokenize gives the engine's text back */

@@ -282,11 +282,29 @@ static float dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t 
 #ifndef KVS_DOT_VNNI
 /* Exposed to tests through a prototype there: the scalar reference path. */
 /* The AMX route's float structure (dot_amx.c) in plain C: per block, the
- * exact integer dot, then y = fma(dw * dx, S, y) in block order. */
+ * exact integer dot, then y = fma(dw * dx, S, y) in block order (Q4_K: then its min term). */
 float kvs_dot_q8a_bs_ref(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
-    assert(type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0);
+    assert(type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0 || type == KVS_GGML_Q4_K);
     const uint8_t *r = row;
     float y = 0.0f;
+    if (type == KVS_GGML_Q4_K) { /* per 32-value sub-block: the scale term, then the min term */
+        for (int64_t sb = 0; sb < n / 256; sb++) {
+            const uint8_t *blk = r + sb * 144;
+            const float d = h2f(blk), dmin = h2f(blk + 2);
+            for (int j = 0; j < 8; j++) {
+                const kvs_q8a_block *xb = &x[sb * 8 + j];
+                int sc, m, s = 0;
+                q4k_scale_min(j, blk + 4, &sc, &m);
+                for (int i = 0; i < 32; i++) {
+                    const uint8_t q = blk[16 + 32 * (j / 2) + i];
+                    s += (j % 2 ? q >> 4 : q & 0xF) * xb->q[i];
+                }
+                y = fmaf(d * (float)sc * xb->d, (float)s, y);
+                y = fmaf(-(dmin * (float)m), xb->d * (float)(xb->sum16[0] + xb->sum16[1]), y);
+            }
+        }
+        return y;
+    }
     for (int64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = r + b * (type == KVS_GGML_Q8_0 ? 34 : 22);
         int s = 0;

@@ -1,5 +1,5 @@
 /*
- * dot_amx.c -- Q8_0 and Q5_0 weight rows against Q8 activations
+ * dot_amx.c -- Q8_0, Q5_0 and Q4_K weight rows against Q8 activations
  * (kvs_q8a_block) on Intel AMX-INT8 tiles: one row or many, one column or
  * many. Compiled with -mamx-tile -mamx-int8 and AVX-512 (backend/CMakeLists.txt)
  * and run only where kvs_dot_amx_available() says the CPU and the kernel
@@ -15,8 +15,15 @@
  *
  * dw_b the weight block's f16 scale, dx_b the activation block's scale, S_b
  * the block's 32 int8 products summed (exact in int32; Q5_0's values taken
- * as q - 16 in [-16, 15]). Every entry point computes exactly that: one row
- * alone with scalar fmaf, one column with 16 rows in the vector lanes, many
+ * as q - 16 in [-16, 15]). Q4_K's 32-value sub-blocks have an unsigned
+ * value (tdpbusd), a scale d * sc and a min, whose term follows at once:
+ *
+ *     y = fma(dw_b * dx_b, (float)S_b, y);  y = fma(-(dmin * m_b), dx_b * X_b, y)
+ *
+ * X_b the activation block's integer sum. Every entry point computes exactly
+ * that: one row alone with scalar fmaf (Q4_K: a superblock's eight integer
+ * dots reduced together), one column with 16 rows in the vector lanes (Q4_K:
+ * row by row, which measured faster than its tiles for one column), many
  * columns with 16 columns in the lanes. So a sequence in a batch gets the
  * logits it gets alone, bit for bit, as dot.c's kernels guarantee for theirs,
  * and kvs_dot_q8a_bs_ref (dot.c, plain C) is the tests' reference. It is not
@@ -24,7 +31,7 @@
  * route is a property of (type, n) -- kvs_dot_amx_route -- and dot.c's entry
  * points take it for every call on such a matrix, one column or many.
  *
- * What it is not: no other types (Q4_K and Q6_K keep dot.c's VNNI tiles), no
+ * What it is not: no other types (Q6_K, with 16-value scales, keeps dot.c's VNNI tiles), no
  * threading (forward.c splits rows), no prefill (forward.c's prefill still
  * dequantises and calls sgemm).
  */
@@ -80,8 +87,8 @@ int kvs_dot_amx_available(void) {
 }
 
 int kvs_dot_amx_route(int type, int64_t n) {
-    return (type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0) && n > 0 && n % 32 == 0 && n <= KVS_AMX_NMAX &&
-           kvs_dot_amx_available();
+    const int ok = type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0 ? n % 32 == 0 : type == KVS_GGML_Q4_K && n % 256 == 0;
+    return ok && n > 0 && n <= KVS_AMX_NMAX && kvs_dot_amx_available();
 }
 
 /* ---- one row ---------------------------------------------------------------------- */
@@ -104,8 +111,67 @@ static inline int32_t block_isum(__m256i w, const int8_t *xq) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* Q4_K superblock (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and
+ * mins, 128 of nibbles): sub-block j's 32 values (0..15) into q, its scale
+ * d * sc and its negated min -(dmin * m) into dw[j], dm[j]. */
+/* The 8 scales d * sc and negated mins -(dmin * m) of a Q4_K superblock, as
+ * vectors: the 6-bit fields of q4k_scale_min unpacked four at a time with
+ * 32-bit masks and shifts (the same integers, the same float products). */
+static inline void q4k_sm(const uint8_t *blk, __m256 *dw, __m256 *dm) {
+    uint32_t u[3];
+    memcpy(u, blk + 4, 12);
+    const uint64_t sc = (uint64_t)(u[0] & 0x3f3f3f3fu) |
+                        (uint64_t)((u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4)) << 32;
+    const uint64_t mn = (uint64_t)(u[1] & 0x3f3f3f3fu) |
+                        (uint64_t)(((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4)) << 32;
+    const __m256 fs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+    const __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+    *dw = _mm256_mul_ps(_mm256_set1_ps(h2f(blk)), fs);
+    *dm = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(h2f(blk + 2)), fm), _mm256_set1_ps(-0.0f));
+}
+
+static inline void q4k_unpack(const uint8_t *blk, __m256i q[8], float dw[8], float dm[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int i = 0; i < 4; i++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * i));
+        q[2 * i] = _mm256_and_si256(v, m4);
+        q[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    __m256 w, m;
+    q4k_sm(blk, &w, &m);
+    _mm256_storeu_ps(dw, w);
+    _mm256_storeu_ps(dm, m);
+}
+
+/* An activation block's sum times its scale: Q4_K's min term per block. */
+static inline float x_sum(const kvs_q8a_block *xb) { return xb->d * (float)(xb->sum16[0] + xb->sum16[1]); }
+
 float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
     const uint8_t *r = row;
+    if (type == KVS_GGML_Q4_K) {
+        /* a superblock's 8 integer dots at once: 8 vectors of lane sums
+         * reduced by a transposing horizontal-add tree, then the float steps
+         * in order */
+        float y = 0.0f, dw[8], dm[8], S[8];
+        __m256i q[8], p[8];
+        for (int64_t s = 0; s < n / 256; s++) {
+            q4k_unpack(r + s * 144, q, dw, dm);
+            for (int j = 0; j < 8; j++)
+                p[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[j],
+                                           _mm256_loadu_si256((const __m256i *)x[s * 8 + j].q));
+            __m256i b0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            __m256i b1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            __m128i s0 = _mm_add_epi32(_mm256_castsi256_si128(b0), _mm256_extracti128_si256(b0, 1));
+            __m128i s1 = _mm_add_epi32(_mm256_castsi256_si128(b1), _mm256_extracti128_si256(b1, 1));
+            _mm256_storeu_ps(S, _mm256_cvtepi32_ps(_mm256_set_m128i(s1, s0)));
+            for (int j = 0; j < 8; j++) {
+                const kvs_q8a_block *xb = &x[s * 8 + j];
+                y = fmaf(dw[j] * xb->d, S[j], y);
+                y = fmaf(dm[j], x_sum(xb), y);
+            }
+        }
+        return y;
+    }
     const int bs = bsize(type);
     float y = 0.0f;
     for (int64_t b = 0; b < n / 32; b++) {
@@ -169,9 +235,29 @@ static inline void unpack16(const uint8_t *blk, size_t rb, int8_t *dst, size_t d
     for (int r = 0; r < 16; r++) _mm256_storeu_si256((__m256i *)(dst + r * ds), q5_0_unpack(blk + r * rb));
 }
 
+/* Q4_K: 16 rows unpacked to u8 values (row r at panel + r * n), their
+ * scales and negated mins as floats (dwt / dmt [block][16]). */
+static void q4k_prep(const uint8_t *r0, size_t rb, int64_t n, int8_t *panel, float *dwt, float *dmt) {
+    __m256i q[8];
+    float dw[8], dm[8];
+    for (int r = 0; r < 16; r++)
+        for (int64_t s = 0; s < n / 256; s++) {
+            q4k_unpack(r0 + r * rb + s * 144, q, dw, dm);
+            for (int j = 0; j < 8; j++) {
+                _mm256_storeu_si256((__m256i *)(panel + r * n + (s * 8 + j) * 32), q[j]);
+                dwt[(s * 8 + j) * 16 + r] = dw[j];
+                dmt[(s * 8 + j) * 16 + r] = dm[j];
+            }
+        }
+}
+
 /* One column, 16 rows per group in the lanes of one accumulator. */
 static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t n,
                      float *out) {
+    if (type == KVS_GGML_Q4_K) { /* one column: row by row without tiles (measured faster than the tiles here) */
+        for (int64_t r = 0; r < nrows; r++) out[r] = kvs_dot_q8a_amx(type, rows + (size_t)r * rb, x, n);
+        return;
+    }
     const int64_t nb = n / 32;
     const int bs = bsize(type), q8 = type == KVS_GGML_Q8_0;
     const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -218,13 +304,13 @@ static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, co
 static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t xs,
                       int ncols, int64_t n, float *out, int64_t os) {
     const int64_t nb = n / 32;
-    const int bs = bsize(type), q8 = type == KVS_GGML_Q8_0;
+    const int bs = bsize(type), q8 = type == KVS_GGML_Q8_0, k4 = type == KVS_GGML_Q4_K;
     const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)rb));
     _Alignas(64) int32_t bp[KVS_AMX_BP / 4];
-    _Alignas(64) float dxt[KVS_AMX_BP / 32];
-    _Alignas(64) float dwt[KVS_AMX_NMAX / 32 * 16];
-    _Alignas(64) int8_t panel[16 * KVS_AMX_NMAX]; /* Q5_0's 16 rows unpacked */
+    _Alignas(64) float dxt[KVS_AMX_BP / 32], sxt[KVS_AMX_BP / 32]; /* scales, Q4_K's scaled sums */
+    _Alignas(64) float dwt[KVS_AMX_NMAX / 32 * 16], dmt[KVS_AMX_NMAX / 32 * 16];
+    _Alignas(64) int8_t panel[16 * KVS_AMX_NMAX]; /* Q5_0's 16 rows unpacked, or Q4_K's (q4k_prep) */
     _Alignas(64) int32_t cb[2][16 * 16];
     _Alignas(64) float yt[16 * 16];
     const int64_t ng = nrows / 16 * 16;
@@ -247,14 +333,17 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
                         B[k * 16 + c] = v;
                     }
                     D[c] = xb ? xb->d : 0.0f;
+                    sxt[(t * nb + b) * 16 + c] = xb ? x_sum(xb) : 0.0f;
                 }
             }
         for (int64_t g = 0; g < ng; g += 16) {
             const uint8_t *r0 = rows + (size_t)g * rb;
-            for (int64_t b = 0; b < nb; b++) {
-                _mm512_store_ps(dwt + b * 16, scales16(r0 + b * bs, roff));
-                if (!q8) unpack16(r0 + b * bs, rb, panel + b * 32, (size_t)n);
-            }
+            if (k4) q4k_prep(r0, rb, n, panel, dwt, dmt);
+            else
+                for (int64_t b = 0; b < nb; b++) {
+                    _mm512_store_ps(dwt + b * 16, scales16(r0 + b * bs, roff));
+                    if (!q8) unpack16(r0 + b * bs, rb, panel + b * 32, (size_t)n);
+                }
             for (int t = 0; t < tn; t++) {
                 __m512 acc[16];
                 #pragma GCC unroll 16
@@ -266,7 +355,8 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
         else _tile_loadd(TA, panel + (B) * 32, (long)n);                                                        \
         _tile_loadd(TB, bp + (t * nb + (B)) * 128, 64);                                                         \
         _tile_zero(TC);                                                                                         \
-        _tile_dpbssd(TC, TA, TB);                                                                               \
+        if (k4) _tile_dpbusd(TC, TA, TB);                                                                       \
+        else _tile_dpbssd(TC, TA, TB);                                                                          \
         _tile_stored(TC, cb[S], 64);                                                                            \
     } while (0)
 #define KVS_COLS_ACC(B, S)                                                                                      \
@@ -276,6 +366,12 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
         _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] =                                          \
             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dw[r]), dx),                                           \
                             _mm512_cvtepi32_ps(_mm512_load_si512(cb[S] + r * 16)), acc[r]);                     \
+        if (k4) {                                                                                               \
+            const __m512 sx = _mm512_load_ps(sxt + (t * nb + (B)) * 16);                                       \
+            const float *dm = dmt + (B) * 16;                                                                   \
+            _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] =                                      \
+                _mm512_fmadd_ps(_mm512_set1_ps(dm[r]), sx, acc[r]);                                             \
+        }                                                                                                       \
     } while (0)
                 KVS_BLOCK_PAIRS(KVS_COLS_LOAD, KVS_COLS_ACC);
 #undef KVS_COLS_LOAD
@@ -296,8 +392,7 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
 
 void kvs_dot_q8a_rows_amx(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
                           int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
-    assert(type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0);
-    assert(n % 32 == 0 && n <= KVS_AMX_NMAX);
+    assert(kvs_dot_amx_route(type, n));
     if (ncols == 1) rows_one(type, rows, row_bytes, nrows, x, n, out);
     else rows_cols(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
 }

@@ -1,8 +1,9 @@
 /*
- * test_backend_amx.c -- the AMX-INT8 route of the Q8_0 / Q5_0 dots
+ * test_backend_amx.c -- the AMX-INT8 route of the Q8_0 / Q5_0 / Q4_K dots
  * (backend/dot_amx.c). Everywhere: its plain C form kvs_dot_q8a_bs_ref is
  * close to the dequantised double dot (a wrong unpacking fails here), and the
- * route is only offered for Q8_0 / Q5_0 rows of n <= 8192. Where the CPU has
+ * route is only offered for Q8_0 / Q5_0 (and Q4_K, n a multiple of 256)
+ * rows of n <= 8192. Where the CPU has
  * AMX: the one-row kernel, the one-column tiles (rows in the lanes) and the
  * many-column tiles (columns in the lanes), through kvs_dot_q8a and
  * kvs_dot_q8a_rows as decode calls them, equal the reference bit for bit
@@ -47,6 +48,8 @@ int main(void) {
     if (!w || !xs || !wd || !rows || !xq || !out) return 1;
 
     CHECK(!kvs_dot_amx_route(KVS_GGML_Q4_K, 640) && !kvs_dot_amx_route(KVS_GGML_Q6_K, 640));
+    CHECK(!kvs_dot_amx_route(KVS_GGML_Q6_K, 1024) && !kvs_dot_amx_route(KVS_GGML_Q4_1, 1024));
+    CHECK_EQ_INT(kvs_dot_amx_route(KVS_GGML_Q4_K, 1024), amx);
     CHECK(!kvs_dot_amx_route(KVS_GGML_Q8_0, NMAX + 32) && !kvs_dot_amx_route(KVS_GGML_Q5_0, 48));
     CHECK_EQ_INT(kvs_dot_amx_route(KVS_GGML_Q8_0, 640), amx);
 
@@ -55,7 +58,9 @@ int main(void) {
         {KVS_GGML_Q8_0, 896, 37, 17},  {KVS_GGML_Q8_0, 64, 32, 16},   {KVS_GGML_Q8_0, 640, 16, 40},
         {KVS_GGML_Q8_0, 8192, 17, 33}, {KVS_GGML_Q5_0, 32, 16, 3},    {KVS_GGML_Q5_0, 640, 37, 1},
         {KVS_GGML_Q5_0, 672, 16, 16},  {KVS_GGML_Q5_0, 896, 33, 40},  {KVS_GGML_Q5_0, 8192, 16, 1},
-        {KVS_GGML_Q5_0, 8192, 20, 18}, {KVS_GGML_Q8_0, 2048, 5, 7},
+        {KVS_GGML_Q5_0, 8192, 20, 18}, {KVS_GGML_Q8_0, 2048, 5, 7},    {KVS_GGML_Q4_K, 256, 16, 1},
+        {KVS_GGML_Q4_K, 768, 37, 1},   {KVS_GGML_Q4_K, 1024, 16, 17}, {KVS_GGML_Q4_K, 2048, 33, 40},
+        {KVS_GGML_Q4_K, 8192, 16, 3},  {KVS_GGML_Q4_K, 256, 5, 2},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const int type = cases[k].type, n = cases[k].n, R = cases[k].nrows, C = cases[k].ncols, nb = n / 32;
@@ -81,7 +86,8 @@ int main(void) {
                 mag += fabs(wd[i] * xi);
             }
             float bs = kvs_dot_q8a_bs_ref(type, rows + (size_t)r * rb, x, n);
-            CHECK_MSG(fabs(bs - ref) <= 1e-5 * mag + 1e-6, "%s n=%d row %d: reference %.9g vs double %.9g",
+            const double tol = (type == KVS_GGML_Q4_K ? 1e-4 : 1e-5) * mag + 1e-6; /* Q4_K: two terms */
+            CHECK_MSG(fabs(bs - ref) <= tol, "%s n=%d row %d: reference %.9g vs double %.9g",
                       kvs_ggml_type_name(type), n, r, bs, ref);
         }
         if (!amx) continue;
@@ -93,7 +99,7 @@ int main(void) {
                 const kvs_q8a_block *x = xq + (size_t)c * nb;
                 float ref = kvs_dot_q8a_bs_ref(type, row, x, n), one = kvs_dot_q8a(type, row, x, n);
                 float got = out[(size_t)c * os + r];
-                CHECK_MSG(!memcmp(&got, &ref, sizeof ref), "%s n=%d %d rows x %d columns: row %d column %d: %.9g vs %.9g",
+                CHECK_MSG(!memcmp(&got, &ref, sizeof ref), "%s n=%d %d x %d: row %d column %d: %.9g vs %.9g",
                           kvs_ggml_type_name(type), n, R, C, r, c, got, ref);
                 CHECK_MSG(!memcmp(&one, &ref, sizeof ref), "%s n=%d row %d column %d alone: %.9g vs %.9g",
                           kvs_ggml_type_name(type), n, r, c, one, ref);

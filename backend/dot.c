@@ -282,11 +282,27 @@ static float dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t 
 #ifndef KVS_DOT_VNNI
 /* Exposed to tests through a prototype there: the scalar reference path. */
 /* The AMX route's float structure (dot_amx.c) in plain C: per block, the
- * exact integer dot, then y = fma(dw * dx, S, y) in block order (Q4_K: then its min term). */
+ * exact integer dot, then y = fma(dw * dx, S, y) in block order (Q4_K: then its min term;
+ * Q6_K: per group of 16). */
 float kvs_dot_q8a_bs_ref(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
-    assert(type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0 || type == KVS_GGML_Q4_K);
+    assert(type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0 || type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K);
     const uint8_t *r = row;
     float y = 0.0f;
+    if (type == KVS_GGML_Q6_K) { /* per group of 16 with its own int8 scale */
+        for (int64_t sb = 0; sb < n / 256; sb++) {
+            const uint8_t *blk = r + sb * 210;
+            const float d = h2f(blk + 208);
+            for (int g = 0; g < 16; g++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) {
+                    const int e = 16 * g + i;
+                    s += (q6k_q(blk, e) - 32) * x[sb * 8 + e / 32].q[e % 32];
+                }
+                y = fmaf(d * (float)q6k_scale(blk, 16 * g) * x[sb * 8 + g / 2].d, (float)s, y);
+            }
+        }
+        return y;
+    }
     if (type == KVS_GGML_Q4_K) { /* per 32-value sub-block: the scale term, then the min term */
         for (int64_t sb = 0; sb < n / 256; sb++) {
             const uint8_t *blk = r + sb * 144;

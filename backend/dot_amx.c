@@ -1,5 +1,5 @@
 /*
- * dot_amx.c -- Q8_0, Q5_0 and Q4_K weight rows against Q8 activations
+ * dot_amx.c -- Q8_0, Q5_0, Q4_K and Q6_K weight rows against Q8 activations
  * (kvs_q8a_block) on Intel AMX-INT8 tiles: one row or many, one column or
  * many. Compiled with -mamx-tile -mamx-int8 and AVX-512 (backend/CMakeLists.txt)
  * and run only where kvs_dot_amx_available() says the CPU and the kernel
@@ -20,10 +20,12 @@
  *
  *     y = fma(dw_b * dx_b, (float)S_b, y);  y = fma(-(dmin * m_b), dx_b * X_b, y)
  *
- * X_b the activation block's integer sum. Every entry point computes exactly
- * that: one row alone with scalar fmaf (Q4_K: a superblock's eight integer
- * dots reduced together), one column with 16 rows in the vector lanes (Q4_K:
- * row by row, which measured faster than its tiles for one column), many
+ * X_b the activation block's integer sum. Q6_K's scales belong to groups of
+ * 16 (values q - 32, signed): a tile product per group (16-value tiles), and
+ * y = fma(d * sc_g * dx, (float)S_g, y) per group in order. Every entry point computes exactly
+ * that: one row alone with scalar fmaf (Q4_K, Q6_K: a superblock's integer
+ * dots reduced together), one column with 16 rows in the vector lanes (Q4_K,
+ * Q6_K: row by row, which measured faster than their tiles for one column), many
  * columns with 16 columns in the lanes. So a sequence in a batch gets the
  * logits it gets alone, bit for bit, as dot.c's kernels guarantee for theirs,
  * and kvs_dot_q8a_bs_ref (dot.c, plain C) is the tests' reference. It is not
@@ -31,7 +33,7 @@
  * route is a property of (type, n) -- kvs_dot_amx_route -- and dot.c's entry
  * points take it for every call on such a matrix, one column or many.
  *
- * What it is not: no other types (Q6_K, with 16-value scales, keeps dot.c's VNNI tiles), no
+ * What it is not: no other types (dot.c's kernels take them), no
  * threading (forward.c splits rows), no prefill (forward.c's prefill still
  * dequantises and calls sgemm).
  */
@@ -87,7 +89,9 @@ int kvs_dot_amx_available(void) {
 }
 
 int kvs_dot_amx_route(int type, int64_t n) {
-    const int ok = type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0 ? n % 32 == 0 : type == KVS_GGML_Q4_K && n % 256 == 0;
+    const int ok = type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0
+                       ? n % 32 == 0
+                       : (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K) && n % 256 == 0;
     return ok && n > 0 && n <= KVS_AMX_NMAX && kvs_dot_amx_available();
 }
 
@@ -146,8 +150,53 @@ static inline void q4k_unpack(const uint8_t *blk, __m256i q[8], float dw[8], flo
 /* An activation block's sum times its scale: Q4_K's min term per block. */
 static inline float x_sum(const kvs_q8a_block *xb) { return xb->d * (float)(xb->sum16[0] + xb->sum16[1]); }
 
+/* Q6_K superblock (210 bytes: ql[128], qh[64], int8 scales[16], f16 d):
+ * 32-value block k (0..7) as int8 q - 32 in [-32, 31] into q[k]. */
+static inline void q6k_unpack8(const uint8_t *blk, __m256i q[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3), o = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; h++) {
+        const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + h * 64));
+        const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + h * 64 + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + h * 32));
+        const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+        for (int k = 0; k < 4; k++) {
+            const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3), 4);
+            q[h * 4 + k] = _mm256_sub_epi8(_mm256_or_si256(lo[k], hb), o);
+        }
+    }
+}
+
 float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
     const uint8_t *r = row;
+    if (type == KVS_GGML_Q6_K) {
+        /* 16 groups of 16 per superblock: each 32-value block's two halves are
+         * the two 128-bit lanes of its vpdpbusd sums, kept apart by the tree */
+        float y = 0.0f;
+        _Alignas(32) int32_t S[16];
+        __m256i q[8], p[8];
+        for (int64_t s = 0; s < n / 256; s++) {
+            const uint8_t *blk = r + s * 210;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            const float d = h2f(blk + 208);
+            q6k_unpack8(blk, q);
+            for (int k = 0; k < 8; k++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)x[s * 8 + k].q);
+                p[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(q[k], q[k]),
+                                           _mm256_sign_epi8(xv, q[k]));
+            }
+            /* b: lanes [p0 p1 p2 p3] of the low halves, then of the high halves */
+            const __m256i b0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            const __m256i b1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            _Alignas(32) int32_t t[16];
+            _mm256_store_si256((__m256i *)t, b0);
+            _mm256_store_si256((__m256i *)(t + 8), b1);
+            for (int k = 0; k < 8; k++) S[2 * k] = t[(k / 4) * 8 + k % 4], S[2 * k + 1] = t[(k / 4) * 8 + 4 + k % 4];
+            for (int g = 0; g < 16; g++) y = fmaf(d * (float)sc[g] * x[s * 8 + g / 2].d, (float)S[g], y);
+        }
+        return y;
+    }
     if (type == KVS_GGML_Q4_K) {
         /* a superblock's 8 integer dots at once: 8 vectors of lane sums
          * reduced by a transposing horizontal-add tree, then the float steps
@@ -192,13 +241,13 @@ typedef struct {
     uint8_t rows[16];
 } tile_cfg;
 
-static void tiles_config(int ncol) {
+static void tiles_config(int ncol, int k) { /* k: values per tile product, 32 or 16 (Q6_K's groups) */
     tile_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int s = 0; s < 2; s++) {
-        c.rows[3 * s] = 16, c.colsb[3 * s] = 32;
-        c.rows[3 * s + 1] = 8, c.colsb[3 * s + 1] = (uint16_t)(4 * ncol);
+        c.rows[3 * s] = 16, c.colsb[3 * s] = (uint16_t)k;
+        c.rows[3 * s + 1] = (uint8_t)(k / 4), c.colsb[3 * s + 1] = (uint16_t)(4 * ncol);
         c.rows[3 * s + 2] = 16, c.colsb[3 * s + 2] = (uint16_t)(4 * ncol);
     }
     /* gcc 12 does not see that ldtilecfg reads the struct and drops the
@@ -207,18 +256,18 @@ static void tiles_config(int ncol) {
     _tile_loadconfig(&c);
 }
 
-/* The blocks b..nb-1 two at a time on the two tile sets, each pair's
+/* The units b..nu-1 (blocks; Q6_K's groups of 16) two at a time on the two tile sets, each pair's
  * products issued before the float steps of either: LOAD(block, A, B, C,
  * buffer) runs the tiles, ACC(block, buffer) the float step. */
 #define KVS_BLOCK_PAIRS(LOAD, ACC)                                                                              \
     do {                                                                                                        \
-        for (; b + 2 <= nb; b += 2) {                                                                           \
+        for (; b + 2 <= nu; b += 2) {                                                                           \
             LOAD(b, 0, 1, 2, 0);                                                                                \
             LOAD(b + 1, 3, 4, 5, 1);                                                                            \
             ACC(b, 0);                                                                                          \
             ACC(b + 1, 1);                                                                                      \
         }                                                                                                       \
-        if (b < nb) {                                                                                           \
+        if (b < nu) {                                                                                           \
             LOAD(b, 0, 1, 2, 0);                                                                                \
             ACC(b, 0);                                                                                          \
         }                                                                                                       \
@@ -251,10 +300,25 @@ static void q4k_prep(const uint8_t *r0, size_t rb, int64_t n, int8_t *panel, flo
         }
 }
 
+/* Q6_K: 16 rows as int8 q - 32 (row r at panel + r * n) and d * sc per
+ * group of 16 (dwt [group][16]). */
+static void q6k_prep(const uint8_t *r0, size_t rb, int64_t n, int8_t *panel, float *dwt) {
+    __m256i q[8];
+    for (int r = 0; r < 16; r++)
+        for (int64_t s = 0; s < n / 256; s++) {
+            const uint8_t *blk = r0 + r * rb + s * 210;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            const float d = h2f(blk + 208);
+            q6k_unpack8(blk, q);
+            for (int k = 0; k < 8; k++) _mm256_storeu_si256((__m256i *)(panel + r * n + (s * 8 + k) * 32), q[k]);
+            for (int g = 0; g < 16; g++) dwt[(s * 16 + g) * 16 + r] = d * (float)sc[g];
+        }
+}
+
 /* One column, 16 rows per group in the lanes of one accumulator. */
 static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t n,
                      float *out) {
-    if (type == KVS_GGML_Q4_K) { /* one column: row by row without tiles (measured faster than the tiles here) */
+    if (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K) { /* one column: row by row (faster than tiles here) */
         for (int64_t r = 0; r < nrows; r++) out[r] = kvs_dot_q8a_amx(type, rows + (size_t)r * rb, x, n);
         return;
     }
@@ -264,8 +328,8 @@ static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, co
                                             _mm512_set1_epi32((int)rb));
     _Alignas(64) int8_t wb[2][16 * 32];
     _Alignas(64) int32_t cb[2][16];
-    const int64_t ng = nrows / 16 * 16;
-    tiles_config(1);
+    const int64_t ng = nrows / 16 * 16, nu = nb;
+    tiles_config(1, 32);
     for (int64_t g = 0; g < ng; g += 16) {
         const uint8_t *r0 = rows + (size_t)g * rb;
         __m512 acc = _mm512_setzero_ps();
@@ -304,12 +368,13 @@ static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, co
 static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t xs,
                       int ncols, int64_t n, float *out, int64_t os) {
     const int64_t nb = n / 32;
-    const int bs = bsize(type), q8 = type == KVS_GGML_Q8_0, k4 = type == KVS_GGML_Q4_K;
+    const int bs = bsize(type), q8 = type == KVS_GGML_Q8_0, k4 = type == KVS_GGML_Q4_K, q6 = type == KVS_GGML_Q6_K;
+    const int64_t nu = q6 ? 2 * nb : nb; /* tile products per row: blocks, or Q6_K's groups of 16 */
     const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)rb));
     _Alignas(64) int32_t bp[KVS_AMX_BP / 4];
     _Alignas(64) float dxt[KVS_AMX_BP / 32], sxt[KVS_AMX_BP / 32]; /* scales, Q4_K's scaled sums */
-    _Alignas(64) float dwt[KVS_AMX_NMAX / 32 * 16], dmt[KVS_AMX_NMAX / 32 * 16];
+    _Alignas(64) float dwt[KVS_AMX_NMAX / 16 * 16], dmt[KVS_AMX_NMAX / 32 * 16]; /* per unit, per row */
     _Alignas(64) int8_t panel[16 * KVS_AMX_NMAX]; /* Q5_0's 16 rows unpacked, or Q4_K's (q4k_prep) */
     _Alignas(64) int32_t cb[2][16 * 16];
     _Alignas(64) float yt[16 * 16];
@@ -317,7 +382,7 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
     const int ntile = (ncols + 15) / 16;
     const int per = (int)(KVS_AMX_BP / (nb * 512)); /* tiles per pass; >= 1 since nb <= 256 */
     assert(per >= 1);
-    tiles_config(16);
+    tiles_config(16, q6 ? 16 : 32);
     for (int t0 = 0; t0 < ntile; t0 += per) {
         const int tn = ntile - t0 < per ? ntile - t0 : per;
         for (int t = 0; t < tn; t++)
@@ -339,6 +404,7 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
         for (int64_t g = 0; g < ng; g += 16) {
             const uint8_t *r0 = rows + (size_t)g * rb;
             if (k4) q4k_prep(r0, rb, n, panel, dwt, dmt);
+            else if (q6) q6k_prep(r0, rb, n, panel, dwt);
             else
                 for (int64_t b = 0; b < nb; b++) {
                     _mm512_store_ps(dwt + b * 16, scales16(r0 + b * bs, roff));
@@ -352,8 +418,10 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
 #define KVS_COLS_LOAD(B, TA, TB, TC, S)                                                                         \
     do {                                                                                                        \
         if (q8) _tile_loadd(TA, r0 + (B) * bs + 2, (long)rb);                                                   \
+        else if (q6) _tile_loadd(TA, panel + (B) * 16, (long)n);                                                \
         else _tile_loadd(TA, panel + (B) * 32, (long)n);                                                        \
-        _tile_loadd(TB, bp + (t * nb + (B)) * 128, 64);                                                         \
+        if (q6) _tile_loadd(TB, bp + (t * nb + (B) / 2) * 128 + ((B) % 2) * 64, 64); /* rows 4h..4h+3 */       \
+        else _tile_loadd(TB, bp + (t * nb + (B)) * 128, 64);                                                    \
         _tile_zero(TC);                                                                                         \
         if (k4) _tile_dpbusd(TC, TA, TB);                                                                       \
         else _tile_dpbssd(TC, TA, TB);                                                                          \
@@ -361,7 +429,7 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
     } while (0)
 #define KVS_COLS_ACC(B, S)                                                                                      \
     do {                                                                                                        \
-        const __m512 dx = _mm512_load_ps(dxt + (t * nb + (B)) * 16);                                           \
+        const __m512 dx = _mm512_load_ps(dxt + (t * nb + (q6 ? (B) / 2 : (B))) * 16);                         \
         const float *dw = dwt + (B) * 16;                                                                       \
         _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] =                                          \
             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dw[r]), dx),                                           \

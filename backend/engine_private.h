@@ -32,11 +32,11 @@ void kvs_dot_q8a_rows_base(int type, const void *rows, size_t row_bytes, int64_t
 void kvs_dot_q8a_rows_vnni(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
                            int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
 float kvs_dot_q8a_vnni(int type, const void *row, const kvs_q8a_block *x, int64_t n);
-/* The AMX-INT8 route (dot_amx.c) for Q8_0 and Q5_0 rows (Q4_K: n a multiple of 256), n <= 8192: where
+/* The AMX-INT8 route (dot_amx.c) for Q8_0 and Q5_0 rows (Q4_K, Q6_K: n a multiple of 256), n <= 8192: where
  * kvs_dot_amx_route(type, n) is 1, kvs_dot_q8a and kvs_dot_q8a_rows run these
  * kernels for every call on such rows, one column or many, with their own
  * float structure (per block: exact integer dot S, y = fma(dw * dx, S, y); Q4_K
- * then its min term),
+ * then its min term; Q6_K per group of 16),
  * of which kvs_dot_q8a_bs_ref is the plain C form. _available: the CPU has
  * AMX-INT8 and AVX-512, the kernel granted tile data, and KVSIEVE_AMX is not
  * 0. The _amx entry points may only be called where _available is 1. */

@@ -1,8 +1,8 @@
 /*
- * test_backend_amx.c -- the AMX-INT8 route of the Q8_0 / Q5_0 / Q4_K dots
+ * test_backend_amx.c -- the AMX-INT8 route of the Q8_0 / Q5_0 / Q4_K / Q6_K dots
  * (backend/dot_amx.c). Everywhere: its plain C form kvs_dot_q8a_bs_ref is
  * close to the dequantised double dot (a wrong unpacking fails here), and the
- * route is only offered for Q8_0 / Q5_0 (and Q4_K, n a multiple of 256)
+ * route is only offered for Q8_0 / Q5_0 (and Q4_K / Q6_K, n a multiple of 256)
  * rows of n <= 8192. Where the CPU has
  * AMX: the one-row kernel, the one-column tiles (rows in the lanes) and the
  * many-column tiles (columns in the lanes), through kvs_dot_q8a and
@@ -48,8 +48,9 @@ int main(void) {
     if (!w || !xs || !wd || !rows || !xq || !out) return 1;
 
     CHECK(!kvs_dot_amx_route(KVS_GGML_Q4_K, 640) && !kvs_dot_amx_route(KVS_GGML_Q6_K, 640));
-    CHECK(!kvs_dot_amx_route(KVS_GGML_Q6_K, 1024) && !kvs_dot_amx_route(KVS_GGML_Q4_1, 1024));
+    CHECK(!kvs_dot_amx_route(KVS_GGML_Q4_1, 1024) && !kvs_dot_amx_route(KVS_GGML_Q8_0, 0));
     CHECK_EQ_INT(kvs_dot_amx_route(KVS_GGML_Q4_K, 1024), amx);
+    CHECK_EQ_INT(kvs_dot_amx_route(KVS_GGML_Q6_K, 2048), amx);
     CHECK(!kvs_dot_amx_route(KVS_GGML_Q8_0, NMAX + 32) && !kvs_dot_amx_route(KVS_GGML_Q5_0, 48));
     CHECK_EQ_INT(kvs_dot_amx_route(KVS_GGML_Q8_0, 640), amx);
 
@@ -60,7 +61,9 @@ int main(void) {
         {KVS_GGML_Q5_0, 672, 16, 16},  {KVS_GGML_Q5_0, 896, 33, 40},  {KVS_GGML_Q5_0, 8192, 16, 1},
         {KVS_GGML_Q5_0, 8192, 20, 18}, {KVS_GGML_Q8_0, 2048, 5, 7},    {KVS_GGML_Q4_K, 256, 16, 1},
         {KVS_GGML_Q4_K, 768, 37, 1},   {KVS_GGML_Q4_K, 1024, 16, 17}, {KVS_GGML_Q4_K, 2048, 33, 40},
-        {KVS_GGML_Q4_K, 8192, 16, 3},  {KVS_GGML_Q4_K, 256, 5, 2},
+        {KVS_GGML_Q4_K, 8192, 16, 3},  {KVS_GGML_Q4_K, 256, 5, 2},     {KVS_GGML_Q6_K, 256, 16, 1},
+        {KVS_GGML_Q6_K, 768, 37, 1},   {KVS_GGML_Q6_K, 1024, 16, 17}, {KVS_GGML_Q6_K, 2048, 33, 40},
+        {KVS_GGML_Q6_K, 8192, 16, 3},  {KVS_GGML_Q6_K, 4864, 20, 2},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const int type = cases[k].type, n = cases[k].n, R = cases[k].nrows, C = cases[k].ncols, nb = n / 32;

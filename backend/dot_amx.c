@@ -168,18 +168,22 @@ static inline void q6k_unpack8(const uint8_t *blk, __m256i q[8]) {
     }
 }
 
-float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
-    const uint8_t *r = row;
-    if (type == KVS_GGML_Q6_K) {
-        /* 16 groups of 16 per superblock: each 32-value block's two halves are
-         * the two 128-bit lanes of its vpdpbusd sums, kept apart by the tree */
-        float y = 0.0f;
-        _Alignas(32) int32_t S[16];
-        __m256i q[8], p[8];
-        for (int64_t s = 0; s < n / 256; s++) {
-            const uint8_t *blk = r + s * 210;
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            const float d = h2f(blk + 208);
+/* Q6_K, NR rows (1 or 2: two rows' chains of dependent fmas overlap) against
+ * one column, each row through exactly the operations of one row alone: per
+ * superblock 16 groups of 16; each 32-value block's two halves are the two
+ * 128-bit lanes of its vpdpbusd sums, kept apart by the tree. */
+static inline __attribute__((always_inline)) void q6k_rows(const int NR, const uint8_t *const *r,
+                                                         const kvs_q8a_block *x, int64_t n, float *y) {
+    float acc[2] = {0.0f, 0.0f};
+    for (int64_t s = 0; s < n / 256; s++) {
+        int32_t S[2][16];
+        const int8_t *sc[2];
+        float d[2];
+        for (int i = 0; i < NR; i++) {
+            const uint8_t *blk = r[i] + s * 210;
+            __m256i q[8], p[8];
+            sc[i] = (const int8_t *)(blk + 192);
+            d[i] = h2f(blk + 208);
             q6k_unpack8(blk, q);
             for (int k = 0; k < 8; k++) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)x[s * 8 + k].q);
@@ -192,19 +196,27 @@ float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t
             _Alignas(32) int32_t t[16];
             _mm256_store_si256((__m256i *)t, b0);
             _mm256_store_si256((__m256i *)(t + 8), b1);
-            for (int k = 0; k < 8; k++) S[2 * k] = t[(k / 4) * 8 + k % 4], S[2 * k + 1] = t[(k / 4) * 8 + 4 + k % 4];
-            for (int g = 0; g < 16; g++) y = fmaf(d * (float)sc[g] * x[s * 8 + g / 2].d, (float)S[g], y);
+            for (int k = 0; k < 8; k++)
+                S[i][2 * k] = t[(k / 4) * 8 + k % 4], S[i][2 * k + 1] = t[(k / 4) * 8 + 4 + k % 4];
         }
-        return y;
+        for (int g = 0; g < 16; g++)
+            for (int i = 0; i < NR; i++)
+                acc[i] = fmaf(d[i] * (float)sc[i][g] * x[s * 8 + g / 2].d, (float)S[i][g], acc[i]);
     }
-    if (type == KVS_GGML_Q4_K) {
-        /* a superblock's 8 integer dots at once: 8 vectors of lane sums
-         * reduced by a transposing horizontal-add tree, then the float steps
-         * in order */
-        float y = 0.0f, dw[8], dm[8], S[8];
-        __m256i q[8], p[8];
-        for (int64_t s = 0; s < n / 256; s++) {
-            q4k_unpack(r + s * 144, q, dw, dm);
+    for (int i = 0; i < NR; i++) y[i] = acc[i];
+}
+
+/* Q4_K, NR rows (1 or 2) against one column, as q6k_rows: a superblock's 8
+ * integer dots reduced together by a transposing horizontal-add tree, then
+ * the float steps in order. */
+static inline __attribute__((always_inline)) void q4k_rows(const int NR, const uint8_t *const *r,
+                                                         const kvs_q8a_block *x, int64_t n, float *y) {
+    float acc[2] = {0.0f, 0.0f};
+    for (int64_t s = 0; s < n / 256; s++) {
+        float dw[2][8], dm[2][8], S[2][8];
+        for (int i = 0; i < NR; i++) {
+            __m256i q[8], p[8];
+            q4k_unpack(r[i] + s * 144, q, dw[i], dm[i]);
             for (int j = 0; j < 8; j++)
                 p[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[j],
                                            _mm256_loadu_si256((const __m256i *)x[s * 8 + j].q));
@@ -212,17 +224,32 @@ float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t
             __m256i b1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
             __m128i s0 = _mm_add_epi32(_mm256_castsi256_si128(b0), _mm256_extracti128_si256(b0, 1));
             __m128i s1 = _mm_add_epi32(_mm256_castsi256_si128(b1), _mm256_extracti128_si256(b1, 1));
-            _mm256_storeu_ps(S, _mm256_cvtepi32_ps(_mm256_set_m128i(s1, s0)));
-            for (int j = 0; j < 8; j++) {
-                const kvs_q8a_block *xb = &x[s * 8 + j];
-                y = fmaf(dw[j] * xb->d, S[j], y);
-                y = fmaf(dm[j], x_sum(xb), y);
+            _mm256_storeu_ps(S[i], _mm256_cvtepi32_ps(_mm256_set_m128i(s1, s0)));
+        }
+        for (int j = 0; j < 8; j++) {
+            const kvs_q8a_block *xb = &x[s * 8 + j];
+            for (int i = 0; i < NR; i++) {
+                acc[i] = fmaf(dw[i][j] * xb->d, S[i][j], acc[i]);
+                acc[i] = fmaf(dm[i][j], x_sum(xb), acc[i]);
             }
         }
+    }
+    for (int i = 0; i < NR; i++) y[i] = acc[i];
+}
+
+float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
+    const uint8_t *r = row;
+    float y;
+    if (type == KVS_GGML_Q6_K) {
+        q6k_rows(1, &r, x, n, &y);
+        return y;
+    }
+    if (type == KVS_GGML_Q4_K) {
+        q4k_rows(1, &r, x, n, &y);
         return y;
     }
     const int bs = bsize(type);
-    float y = 0.0f;
+    y = 0.0f;
     for (int64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = r + b * bs;
         y = fmaf(h2f(blk) * x[b].d, (float)block_isum(wblock(type, blk), x[b].q), y);
@@ -318,8 +345,14 @@ static void q6k_prep(const uint8_t *r0, size_t rb, int64_t n, int8_t *panel, flo
 /* One column, 16 rows per group in the lanes of one accumulator. */
 static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t n,
                      float *out) {
-    if (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K) { /* one column: row by row (faster than tiles here) */
-        for (int64_t r = 0; r < nrows; r++) out[r] = kvs_dot_q8a_amx(type, rows + (size_t)r * rb, x, n);
+    if (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K) { /* one column: two rows at a time (faster than tiles) */
+        int64_t r = 0;
+        for (; r + 2 <= nrows; r += 2) {
+            const uint8_t *rp[2] = {rows + (size_t)r * rb, rows + (size_t)(r + 1) * rb};
+            if (type == KVS_GGML_Q4_K) q4k_rows(2, rp, x, n, out + r);
+            else q6k_rows(2, rp, x, n, out + r);
+        }
+        if (r < nrows) out[r] = kvs_dot_q8a_amx(type, rows + (size_t)r * rb, x, n);
         return;
     }
     const int64_t nb = n / 32;

@@ -211,23 +211,6 @@ static float dot_q4_k_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t n
     return hsum8(acc) - mins;
 }
 
-/* Q6_K: half n (0, 1) of a super-block as four vectors of 32 unsigned 6-bit
- * values (low nibbles | high two bits << 4), shared by the one- and
- * multi-column dot products. */
-static inline __attribute__((always_inline)) void q6k_unpack(const uint8_t *blk, int n, __m256i q[4]) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
-    __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + n * 64));
-    __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + n * 64 + 32));
-    __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + n * 32));
-    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
-}
-
 static float dot_q6_k_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t nsb) {
     __m256 acc = _mm256_setzero_ps();
     float off = 0;

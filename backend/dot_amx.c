@@ -115,9 +115,6 @@ static inline int32_t block_isum(__m256i w, const int8_t *xq) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Q4_K superblock (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and
- * mins, 128 of nibbles): sub-block j's 32 values (0..15) into q, its scale
- * d * sc and its negated min -(dmin * m) into dw[j], dm[j]. */
 /* The 8 scales d * sc and negated mins -(dmin * m) of a Q4_K superblock, as
  * vectors: the 6-bit fields of q4k_scale_min unpacked four at a time with
  * 32-bit masks and shifts (the same integers, the same float products). */
@@ -134,6 +131,9 @@ static inline void q4k_sm(const uint8_t *blk, __m256 *dw, __m256 *dm) {
     *dm = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(h2f(blk + 2)), fm), _mm256_set1_ps(-0.0f));
 }
 
+/* Q4_K superblock (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and
+ * mins, 128 of nibbles): sub-block j's 32 values (0..15) into q, its scale
+ * d * sc and its negated min -(dmin * m) into dw[j], dm[j]. */
 static inline void q4k_unpack(const uint8_t *blk, __m256i q[8], float dw[8], float dm[8]) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int i = 0; i < 4; i++) {
@@ -153,18 +153,10 @@ static inline float x_sum(const kvs_q8a_block *xb) { return xb->d * (float)(xb->
 /* Q6_K superblock (210 bytes: ql[128], qh[64], int8 scales[16], f16 d):
  * 32-value block k (0..7) as int8 q - 32 in [-32, 31] into q[k]. */
 static inline void q6k_unpack8(const uint8_t *blk, __m256i q[8]) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3), o = _mm256_set1_epi8(32);
+    const __m256i o = _mm256_set1_epi8(32);
     for (int h = 0; h < 2; h++) {
-        const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + h * 64));
-        const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + h * 64 + 32));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + h * 32));
-        const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
-                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
-        for (int k = 0; k < 4; k++) {
-            const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3), 4);
-            q[h * 4 + k] = _mm256_sub_epi8(_mm256_or_si256(lo[k], hb), o);
-        }
+        q6k_unpack(blk, h, q + 4 * h);
+        for (int k = 0; k < 4; k++) q[h * 4 + k] = _mm256_sub_epi8(q[h * 4 + k], o);
     }
 }
 

@@ -83,6 +83,22 @@ static inline __m256i q5_0_unpack(const uint8_t *blk) {
     const __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
     return _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
 }
+
+/* Half n (0, 1) of a Q6_K superblock: its four 32-value blocks as u8 q in
+ * [0, 63], element order (the dot kernels of dot.c and dot_amx.c share it). */
+static inline __attribute__((always_inline)) void q6k_unpack(const uint8_t *blk, int n, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + n * 64));
+    __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + n * 64 + 32));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + n * 32));
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+}
 #endif
 
 #endif /* KVS_QUANT_BLOCKS_H */

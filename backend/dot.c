@@ -264,7 +264,7 @@ static float dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t 
 
 #ifndef KVS_DOT_VNNI
 /* Exposed to tests through a prototype there: the scalar reference path. */
-/* The AMX route's float structure (dot_amx.c) in plain C: per block, the
+/* The block-scale route's float structure (dot_bs.c) in plain C: per block, the
  * exact integer dot, then y = fma(dw * dx, S, y) in block order (Q4_K: then its min term;
  * Q6_K: per group of 16). */
 float kvs_dot_q8a_bs_ref(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
@@ -729,28 +729,40 @@ int kvs_dot_vnni_available(void) {
 }
 
 #if !defined(KVS_HAVE_DOT_AMX)
-/* This build has no AMX route (dot_amx.c): it is never taken. */
-int kvs_dot_amx_available(void) { return 0; }
-int kvs_dot_amx_route(int type, int64_t n) {
+int kvs_dot_amx_available(void) { return 0; } /* this build has no AMX engine (dot_amx.c) */
+#endif
+#if !defined(KVS_HAVE_DOT_BS)
+/* This build has no block-scale route (dot_bs.c): it is never taken. */
+int kvs_dot_bs_engine(void) { return 0; }
+int kvs_dot_bs_vnni_available(void) { return 0; }
+int kvs_dot_bs_route(int type, int64_t n) {
     (void)type, (void)n;
     return 0;
 }
-float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
+float kvs_dot_q8a_bs(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
     (void)type, (void)row, (void)x, (void)n;
-    assert(!"kvs_dot_q8a_amx without AMX kernels");
+    assert(!"kvs_dot_q8a_bs without the block-scale route");
     return NAN;
 }
-void kvs_dot_q8a_rows_amx(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
-                          int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
-    (void)type, (void)rows, (void)row_bytes, (void)x, (void)xstride, (void)n;
-    assert(!"kvs_dot_q8a_rows_amx without AMX kernels");
+static void bs_unbuilt(int ncols, int64_t nrows, float *out, int64_t ostride) {
+    assert(!"kvs_dot_q8a_rows_bs without the block-scale route");
     for (int c = 0; c < ncols; c++)
         for (int64_t r = 0; r < nrows; r++) out[(int64_t)c * ostride + r] = NAN;
+}
+void kvs_dot_q8a_rows_bs(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                         int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
+    (void)type, (void)rows, (void)row_bytes, (void)x, (void)xstride, (void)n;
+    bs_unbuilt(ncols, nrows, out, ostride);
+}
+void kvs_dot_q8a_rows_bs_vnni(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                              int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
+    (void)type, (void)rows, (void)row_bytes, (void)x, (void)xstride, (void)n;
+    bs_unbuilt(ncols, nrows, out, ostride);
 }
 #endif
 
 float kvs_dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
-    if (kvs_dot_amx_route(type, n)) return kvs_dot_q8a_amx(type, row, x, n);
+    if (kvs_dot_bs_route(type, n)) return kvs_dot_q8a_bs(type, row, x, n);
 #if defined(KVS_HAVE_DOT_VNNI)
     if (kvs_dot_vnni_available()) return kvs_dot_q8a_vnni(type, row, x, n);
 #endif
@@ -764,8 +776,8 @@ void kvs_dot_q8a_rows_base(int type, const void *rows, size_t row_bytes, int64_t
 
 void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
                       int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
-    if (kvs_dot_amx_route(type, n)) {
-        kvs_dot_q8a_rows_amx(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+    if (kvs_dot_bs_route(type, n)) {
+        kvs_dot_q8a_rows_bs(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
         return;
     }
 #if defined(KVS_HAVE_DOT_VNNI)

@@ -32,19 +32,27 @@ void kvs_dot_q8a_rows_base(int type, const void *rows, size_t row_bytes, int64_t
 void kvs_dot_q8a_rows_vnni(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
                            int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
 float kvs_dot_q8a_vnni(int type, const void *row, const kvs_q8a_block *x, int64_t n);
-/* The AMX-INT8 route (dot_amx.c) for Q8_0 and Q5_0 rows (Q4_K, Q6_K: n a multiple of 256), n <= 8192: where
- * kvs_dot_amx_route(type, n) is 1, kvs_dot_q8a and kvs_dot_q8a_rows run these
- * kernels for every call on such rows, one column or many, with their own
- * float structure (per block: exact integer dot S, y = fma(dw * dx, S, y); Q4_K
- * then its min term; Q6_K per group of 16),
- * of which kvs_dot_q8a_bs_ref is the plain C form. _available: the CPU has
- * AMX-INT8 and AVX-512, the kernel granted tile data, and KVSIEVE_AMX is not
- * 0. The _amx entry points may only be called where _available is 1. */
+/* The block-scale route (dot_bs.c) for Q8_0 and Q5_0 rows (Q4_K, Q6_K: n a
+ * multiple of 256), n <= 8192: where kvs_dot_bs_route(type, n) is 1,
+ * kvs_dot_q8a and kvs_dot_q8a_rows run its kernels for every call on such
+ * rows, one column or many, with its own float structure (per block: exact
+ * integer dot S, y = fma(dw * dx, S, y); Q4_K then its min term; Q6_K per
+ * group of 16), of which kvs_dot_q8a_bs_ref is the plain C form.
+ * _engine: 2 AMX-INT8 tiles (dot_amx.c; the CPU has them, the kernel granted
+ * tile data, KVSIEVE_AMX is not 0), 1 AVX-512 VNNI (only where KVSIEVE_BS=1
+ * asks: faster for batches, slightly slower for one sequence), 0 none (or
+ * KVSIEVE_BS=0). The _bs entry points may only be called where the route is
+ * 1; _bs_vnni runs the VNNI engine whichever the machine picks, where
+ * _vnni_available (tests compare the engines). */
+int kvs_dot_bs_engine(void);
+int kvs_dot_bs_vnni_available(void);
+int kvs_dot_bs_route(int type, int64_t n);
+float kvs_dot_q8a_bs(int type, const void *row, const kvs_q8a_block *x, int64_t n);
+void kvs_dot_q8a_rows_bs(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                         int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
+void kvs_dot_q8a_rows_bs_vnni(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
+                              int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
 int kvs_dot_amx_available(void);
-int kvs_dot_amx_route(int type, int64_t n);
-float kvs_dot_q8a_amx(int type, const void *row, const kvs_q8a_block *x, int64_t n);
-void kvs_dot_q8a_rows_amx(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
-                          int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride);
 float kvs_dot_q8a_bs_ref(int type, const void *row, const kvs_q8a_block *x, int64_t n);
 
 /* ---- simd.c ------------------------------------------------------------------ */

@@ -61,6 +61,8 @@ double kvs_vexp_sub(float *x, int n, float sub);
 void kvs_vgelu_mul(float *g, const float *u, int n); /* g = gelu_tanh(g) * u */
 void kvs_vsilu_mul(float *g, const float *u, int n); /* g = silu(g) * u */
 void kvs_vaxpy(float *o, float a, const float *x, int n); /* o += a x */
+float kvs_vmax(const float *x, int n);                   /* max x[i], NaN skipped; -inf if n = 0 */
+void kvs_vscale(float *x, int n, float a);               /* x *= a */
 double kvs_sumsq(const float *x, int n);                 /* sum of squares */
 /* KV cache rows of element type ctype (kvs_cache_type); n elements. */
 size_t kvs_cache_elem_size(int ctype);

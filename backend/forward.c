@@ -191,13 +191,11 @@ static void att_run(void *arg, int ith, int nth) {
                             scs);
         for (int k = 0; k < nh; k++) {
             float *r = sc + k * scs;
-            float mx = -INFINITY;
-            for (int t = j0; t < len; t++)
-                if (r[t] > mx) mx = r[t];
+            const float mx = kvs_vmax(r + j0, len - j0);
             double sum = kvs_vexp_sub(r + j0, len - j0, mx);
             float inv = (float)(1.0 / sum);
-            for (int t = j0; t < len; t++) r[t] *= inv; /* the weight of row t, as sc[t] * inv before */
-            for (int d = 0; d < D; d++) o[(size_t)k * D + d] = 0;
+            kvs_vscale(r + j0, len - j0, inv); /* the weight of row t, as sc[t] * inv before */
+            memset(o + (size_t)k * D, 0, sizeof(float) * (size_t)D);
         }
         kvs_axpy_cache_heads(ct, o, D, nh, sc + j0, scs, V + (size_t)j0 * D * s->esz, D, len - j0, D);
     }
@@ -518,13 +516,13 @@ static void at_run(void *arg, int ith, int nth) {
             int p = pf + i;
             if (j->window > 0) lo = first_in_window(P, lo, j->len0 + t0 + i + 1, p, j->window);
             int a = lo - kmin, e = j->len0 + t0 + i + 1 - kmin; /* valid keys [a, e) */
-            float mx = -INFINITY;
-            for (int t = a; t < e; t++) mx = r[t] > mx ? r[t] : mx;
+            assert(0 <= a && a <= e && e <= nk);
+            const float mx = kvs_vmax(r + a, e - a);
             double sum = kvs_vexp_sub(r + a, e - a, mx);
             float inv = (float)(1.0 / sum);
-            for (int t = 0; t < a; t++) r[t] = 0;
-            for (int t = a; t < e; t++) r[t] *= inv;
-            for (int t = e; t < nk; t++) r[t] = 0;
+            memset(r, 0, sizeof(float) * (size_t)a);
+            kvs_vscale(r + a, e - a, inv);
+            memset(r + e, 0, sizeof(float) * (size_t)(nk - e));
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, D, nk, 1.0f, S, nk, Vc, D, 0.0f,
                     b->A + ((size_t)t0 * Hq + h) * D, Hq * D);

@@ -8,6 +8,9 @@
 #include <assert.h>
 #include <math.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "quant_blocks.h"
 
@@ -318,12 +321,59 @@ kvs_status kvs_quant_row(int type, const float *src, void *dst, int64_t n, kvs_e
 
 /* ---- activations ------------------------------------------------------------ */
 
+#if defined(__AVX2__)
+/* One block in registers, the scalar loop's numbers exactly: the maximum does
+ * not depend on its order, the products are the same, cvtps2dq rounds as
+ * lrintf does (to nearest even, the default mode) and |q| <= 127 packs
+ * without saturating. A block with a NaN returns 0 (the scalar loop then
+ * decides: it truncates lrintf's result where packing would saturate). */
+static int q8a_block_avx2(const float *v, kvs_q8a_block *o) {
+    const __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8);
+    const __m256 x2 = _mm256_loadu_ps(v + 16), x3 = _mm256_loadu_ps(v + 24);
+    const __m256 un = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(x0, x0, _CMP_UNORD_Q), _mm256_cmp_ps(x1, x1, _CMP_UNORD_Q)),
+                                   _mm256_or_ps(_mm256_cmp_ps(x2, x2, _CMP_UNORD_Q), _mm256_cmp_ps(x3, x3, _CMP_UNORD_Q)));
+    if (_mm256_movemask_ps(un)) return 0;
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(x0, abs), _mm256_and_ps(x1, abs)),
+                             _mm256_max_ps(_mm256_and_ps(x2, abs), _mm256_and_ps(x3, abs)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, vid)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, vid));
+    const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, vid)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, vid));
+    /* per-16 sums: [s0 lanes | s1 lanes] after one horizontal add tree */
+    __m256i s = _mm256_hadd_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3));
+    s = _mm256_hadd_epi32(s, s); /* lanes 0, 1: halves of s0; lanes 2, 3: of s1 (per 128-bit half) */
+    const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    /* packs work per 128-bit half: bytes come out as groups of 4 in the order
+     * q0lo q1lo q2lo q3lo | q0hi q1hi q2hi q3hi; the permute restores 0..31 */
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    _mm256_storeu_si256((__m256i *)o->q,
+                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    o->d = d;
+    o->sum16[0] = (int16_t)_mm_cvtsi128_si32(t);
+    o->sum16[1] = (int16_t)_mm_extract_epi32(t, 1);
+    return 1;
+}
+#endif
+
 void kvs_q8a_quantize(const float *x, kvs_q8a_block *out, int64_t n) {
     assert(n % 32 == 0);
     for (int64_t b = 0; b < n / 32; b++) {
         const float *v = x + b * 32;
+#if defined(__AVX2__)
+        if (q8a_block_avx2(v, &out[b])) continue;
+#endif
         float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        /* fmaxf's value (a NaN is passed over) without its libm call: GCC
+         * does not inline fmaxf, and this runs once per block per matvec */
+        for (int i = 0; i < 32; i++) {
+            const float a = fabsf(v[i]);
+            amax = a > amax ? a : amax;
+        }
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
         kvs_q8a_block *o = &out[b];
         o->d = d;

@@ -83,6 +83,38 @@ void kvs_vsilu_mul(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* The largest x[i] (NaN elements are passed over, as `if (x > m) m = x`
+ * does); -INFINITY for n = 0. A maximum does not depend on the order it is
+ * taken in, so the vector lanes give exactly the scalar loop's value. */
+float kvs_vmax(const float *x, int n) {
+    int i = 0;
+    float m = -INFINITY;
+#ifdef KVS_SIMD_AVX2
+    /* max_ps(v, a) returns a where v is NaN: NaN scores are skipped */
+    __m256 a0 = _mm256_set1_ps(-INFINITY), a1 = a0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_max_ps(_mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), a1);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_max_ps(a0, a1));
+    for (int k = 0; k < 8; k++)
+        if (t[k] > m) m = t[k];
+#endif
+    for (; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+void kvs_vscale(float *x, int n, float a) {
+    int i = 0;
+#ifdef KVS_SIMD_AVX2
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+#endif
+    for (; i < n; i++) x[i] *= a;
+}
+
 void kvs_vaxpy(float *o, float a, const float *x, int n) {
     int i = 0;
 #ifdef KVS_SIMD_AVX2

@@ -184,6 +184,55 @@ static void round_trips_and_dots(void) {
     CHECK_EQ_INT(b[0].q[0], -127);
 }
 
+/* kvs_q8a_quantize by its definition, evaluated here in scalar code:
+ * d = max |v| / 127, q = lrintf(v / d) (nearest, ties to even), sum16 the
+ * sums of q over each half; blocks of zeros, of -0, of exact ties (v = (k +
+ * 0.5) d), of wide and tiny ranges, and with a NaN (d ignores it; the other
+ * elements are still exact). The AVX2 path must give these bits. */
+static void q8a_exact(void) {
+    enum { NB = 64 };
+    float v[NB * 32];
+    kvs_q8a_block b[NB];
+    uint64_t rng = 5;
+    for (int rep = 0; rep < 50; rep++) {
+        for (int k = 0; k < NB; k++) {
+            const int kind = (rep * NB + k) % 7;
+            const double scale = kind == 3 ? 1e-30 : kind == 4 ? 1e30 : 1.0 + 10.0 * kvs_rng_uniform(&rng);
+            for (int i = 0; i < 32; i++) {
+                float *x = &v[k * 32 + i];
+                const double u = kvs_rng_uniform(&rng);
+                *x = (float)((u * 2 - 1) * scale);
+                if (kind == 0) *x = 0.0f;
+                if (kind == 1) *x = i % 2 ? -0.0f : 0.0f;
+                if (kind == 2) *x = (float)((int)(u * 20) - 10) + 0.5f; /* exact halves of d when max is 9.5 */
+            }
+            if (kind == 2) v[k * 32 + 7] = 127.0f / 2; /* d = 0.5: v / d = 2 v, halves become odd integers */
+            if (kind == 5) v[k * 32 + (rep % 32)] = NAN;
+        }
+        kvs_q8a_quantize(v, b, NB * 32);
+        for (int k = 0; k < NB; k++) {
+            const float *x = v + k * 32;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+            const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            CHECK_MSG(memcmp(&b[k].d, &d, sizeof d) == 0, "q8a rep %d block %d: d %g vs %g", rep, k, b[k].d, d);
+            int s[2] = {0, 0}, nan = 0;
+            for (int i = 0; i < 32; i++) {
+                if (isnan(x[i])) {
+                    nan = 1;
+                    continue;
+                }
+                const int q = (int)lrintf(x[i] * id);
+                s[i / 16] += q;
+                CHECK_MSG(b[k].q[i] == q, "q8a rep %d block %d element %d: %d vs %d", rep, k, i, b[k].q[i], q);
+            }
+            if (!nan)
+                CHECK_MSG(b[k].sum16[0] == s[0] && b[k].sum16[1] == s[1], "q8a rep %d block %d: sums %d %d vs %d %d",
+                          rep, k, b[k].sum16[0], b[k].sum16[1], s[0], s[1]);
+        }
+    }
+}
+
 /* Q5_0 by its definition: element j < 16 low nibble of qs[j], j + 16 high;
  * bit j of qh is element j's fifth bit; x = d * (q - 16). */
 static void q5_0_exact(void) {
@@ -219,6 +268,7 @@ static void q5_0_exact(void) {
 
 int main(void) {
     q5_0_exact();
+    q8a_exact();
     golden();
     sizes();
     round_trips_and_dots();

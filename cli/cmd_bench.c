@@ -18,6 +18,7 @@
  */
 #ifdef KVS_HAVE_BACKEND
 #include <limits.h>
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -316,9 +317,9 @@ int kvs_cmd_bench(int argc, char **argv) {
     pfc = malloc((size_t)reps * sizeof *pfc);                 /* [reps] prefill tok/s, cpu time */
     dcc = malloc((size_t)reps * sizeof *dcc);                 /* [reps] decode tok/s, cpu time */
     if (!logits || !pf || !dc || !pfc || !dcc) goto oom;
-    printf("bench: host %s, cpus %ld, device cpu, threads %ld, build %s, model %s (%s, %s, %d layers, E %d, "
+    printf("bench: host %s, cpus %ld, device cpu, threads %ld, build %s, OpenBLAS core %s, model %s (%s, %s, %d layers, E %d, "
            "%d heads / %d kv, d %d, vocab %d), %s KV cache, prompt %d tokens, decode %ld tokens, %ld repetition(s)\n",
-           cpu, sysconf(_SC_NPROCESSORS_ONLN), threads, BENCH_BUILD, info->name, info->arch,
+           cpu, sysconf(_SC_NPROCESSORS_ONLN), threads, BENCH_BUILD, openblas_get_corename(), info->name, info->arch,
            info->weight_types, info->n_layers, info->n_embd, info->n_heads, info->n_kv_heads,
            info->head_dim, info->n_vocab, kvs_cache_type_name(cache_type), n, gen, reps);
     if (sha[0]) printf("model file %s sha256 %s\n", path, sha);

@@ -27,6 +27,11 @@
 # ggml_backend_amx_mul_mat) on a Sapphire Rapids VM with AMX-INT8, so each
 # model is probed once with the default; where the probe fails the script
 # says so and measures llama.cpp with --repack 0 (--peer-repack 0|1 forces one).
+# BLAS: kvsieve's prefill is mostly OpenBLAS sgemm, and OpenBLAS picks its
+# kernels per CPU unless OPENBLAS_CORETYPE names them; the script prints which
+# ones kvsieve runs. Where an environment pins an older core (some machines set
+# OPENBLAS_CORETYPE=Haswell on AVX-512 CPUs), run the script under
+# `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` to measure OpenBLAS's own choice.
 # What it is not: no accuracy comparison and no timed test; it prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -122,6 +127,12 @@ else
   KVS_CACHE=() KVS_CACHE_NAME="f32 (this kvsieve has no --cache-type)"
 fi
 echo "kvsieve KV cache: $KVS_CACHE_NAME; llama.cpp KV cache: f16; llama.cpp OMP_WAIT_POLICY=$PEER_WAIT"
+# kvsieve's prefill is mostly OpenBLAS sgemm, so the kernels OpenBLAS runs
+# (OPENBLAS_CORETYPE, if set, chooses them) decide much of that ratio;
+# llama.cpp uses its own kernels.
+blas_core=$("$KVS" bench --model "${PATHS[${models[0]}]}" --prompt-len 1 --gen 1 --no-store 2>/dev/null |
+  sed -n 's/.*OpenBLAS core \([^,]*\),.*/\1/p')
+echo "kvsieve OpenBLAS kernels: ${blas_core:-unknown} (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-unset})"
 
 # kvsieve: one run gives prefill at L and decode after L tokens.
 run_kvs() { # model len round

@@ -431,6 +431,22 @@ static int group_passes(int nh) { return (nh + KVS_GROUP_REGS - 1) / KVS_GROUP_R
 static int group_first(int nh, int nb, int b) { return (int)((long)nh * b / nb); }
 #endif
 
+#ifdef KVS_SIMD_F16C
+/* Software prefetch of the block two blocks ahead (rows [t0 + 2B, t0 + 3B),
+ * B = KVS_GROUP_ROWS) while this one is computed: a block is 32 rows of one
+ * KV head, and the hardware prefetcher alone left Qwen2.5's decode attention
+ * waiting on memory (about 187 cycles per key and value row pair at 8K against
+ * 56 of FMAs). Measured: Qwen2.5 decode after 4096 tokens, five alternating
+ * runs, median 47.9 -> 52.7 tok/s (Zen 4, 2 threads); one block ahead was
+ * 52.8 but noisier. Changes no number. */
+static inline void prefetch_rows(const uint16_t *x, size_t rse, int t0, int nrows, int n) {
+    int a = t0 + 2 * KVS_GROUP_ROWS, b = a + KVS_GROUP_ROWS;
+    if (b > nrows) b = nrows;
+    for (int t = a; t < b; t++)
+        for (int e = 0; e < n; e += 32) _mm_prefetch((const char *)(x + (size_t)t * rse + e), _MM_HINT_T0);
+}
+#endif
+
 void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
                          int n, float scale, float *out, size_t ostride) {
 #ifdef KVS_SIMD_F16C
@@ -439,6 +455,7 @@ void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, cons
         const int nb = group_passes(nh), bf = ctype == KVS_CACHE_BF16;
         for (int t0 = 0; t0 < nrows; t0 += KVS_GROUP_ROWS) {
             int nr = nrows - t0 < KVS_GROUP_ROWS ? nrows - t0 : KVS_GROUP_ROWS;
+            prefetch_rows(kh, rstride, t0, nrows, n);
             for (int b = 0; b < nb; b++) {
                 int h0 = group_first(nh, nb, b), h1 = group_first(nh, nb, b + 1);
                 dot_heads_blk(bf, h1 - h0, q + (size_t)h0 * qstride, qstride, kh + (size_t)t0 * rstride, rstride, nr,
@@ -465,6 +482,7 @@ void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const flo
         /* blocks in row order: each output element still sums its rows in order */
         for (int t0 = 0; t0 < nrows; t0 += KVS_GROUP_ROWS) {
             int nr = nrows - t0 < KVS_GROUP_ROWS ? nrows - t0 : KVS_GROUP_ROWS;
+            prefetch_rows(xh, rstride, t0, nrows, n);
             for (int b = 0; b < nb; b++) {
                 int h0 = group_first(nh, nb, b), h1 = group_first(nh, nb, b + 1);
                 axpy_heads_blk(bf, h1 - h0, o + (size_t)h0 * ostride, ostride, p + (size_t)h0 * pstride + t0, pstride,

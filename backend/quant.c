@@ -368,8 +368,8 @@ void kvs_q8a_quantize(const float *x, kvs_q8a_block *out, int64_t n) {
         if (q8a_block_avx2(v, &out[b])) continue;
 #endif
         float amax = 0;
-        /* fmaxf's value (a NaN is passed over) without its libm call: GCC
-         * does not inline fmaxf, and this runs once per block per matvec */
+        /* builds without AVX2, and blocks with a NaN: fmaxf's value (a NaN is
+         * passed over) without its libm call (GCC does not inline fmaxf) */
         for (int i = 0; i < 32; i++) {
             const float a = fabsf(v[i]);
             amax = a > amax ? a : amax;

@@ -262,14 +262,13 @@ static void vnni_rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nro
     const int64_t nu = q6 ? 2 * nb : nb; /* units per row: blocks, or Q6_K's groups of 16 */
     const int nk = q6 ? 4 : 8, ul = q6 ? 16 : 32; /* 4-byte steps and values per unit */
     const __m256i flip = _mm256_set1_epi8((char)0x80);
-    const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)rb));
     _Alignas(64) int32_t bp[KVS_BS_BP / 4];
     _Alignas(64) float dxt[KVS_BS_BP / 32], sxt[KVS_BS_BP / 32]; /* scales, Q4_K's scaled sums */
     _Alignas(64) int32_t cxt[KVS_BS_BP / 16];                   /* -128 X per unit */
     _Alignas(64) float dwt[KVS_BS_NMAX / 16 * 16], dmt[KVS_BS_NMAX / 32 * 16]; /* per unit, per row */
     _Alignas(64) int8_t panel[16 * KVS_BS_NMAX];
     _Alignas(64) float yt[8 * 16];
+    _Alignas(64) uint16_t sc16[KVS_BS_NMAX / 32 * 16]; /* Q8_0 / Q5_0 scales, [block][row] */
     const int64_t ng = nrows / 16 * 16;
     const int ntile = (ncols + 15) / 16;
     const int per = (int)(KVS_BS_BP / (nb * 512)); /* tiles per pass; >= 1 since nb <= 256 */
@@ -281,11 +280,19 @@ static void vnni_rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nro
             const uint8_t *r0 = rows + (size_t)g * rb;
             if (k4) q4k_prep(r0, rb, n, panel, dwt, dmt);
             else if (q6) q6k_prep(r0, rb, n, panel, dwt, flip);
-            else
-                for (int64_t b = 0; b < nb; b++) {
-                    _mm512_store_ps(dwt + b * 16, scales16(r0 + b * bs, roff));
-                    unpack16(type, r0 + b * bs, rb, panel + b * 32, (size_t)n, flip);
-                }
+            else { /* row by row in address order (16 interleaved streams stalled on memory); scales via f16 */
+                for (int r = 0; r < 16; r++)
+                    for (int64_t b = 0; b < nb; b++) {
+                        const uint8_t *blk = r0 + (size_t)r * rb + b * bs;
+                        _mm256_storeu_si256((__m256i *)(panel + r * n + b * 32), _mm256_xor_si256(wblock(type, blk), flip));
+                        memcpy(sc16 + b * 16 + r, blk, 2);
+                    }
+                for (int64_t b = 0; b < nb; b++)
+                    _mm512_store_ps(dwt + b * 16, _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc16 + b * 16))));
+            }
+            /* the next group's rows into L2 while this one's columns pass: spread over the first tile's units */
+            const char *pf = (const char *)(r0 + 16 * rb);
+            const int64_t pn = g + 32 <= nrows ? (int64_t)(16 * rb) : 0;
             for (int t = 0; t < tn; t++)
                 for (int h = 0; h < 2; h++) {
                     __m512 acc[8];
@@ -293,6 +300,9 @@ static void vnni_rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nro
                     for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
                     const int8_t *w0 = panel + (size_t)(8 * h) * n;
                     for (int64_t u = 0; u < nu; u++) {
+                        if (t == 0 && h == 0)
+                            for (int64_t l = u * pn / nu / 64 * 64; l < (u + 1) * pn / nu; l += 64)
+                                _mm_prefetch(pf + l, _MM_HINT_T1);
                         const int64_t tb = t * nb + (q6 ? u / 2 : u);
                         const int32_t *X = bp + tb * 128 + (q6 ? (u % 2) * 64 : 0); /* Q6_K: rows 4h..4h+3 */
                         __m512i xk[8];

@@ -130,8 +130,11 @@ static void matvec(kvs_pool *pool, dec_buf *db, int n, const float *x, int xstri
                    const kvs_wmat *w2, float *o2, int s2, const float *b2) {
     mv_job j = {{w0, w1, w2}, {o0, o1, o2}, {s0, s1, s2}, {b0, b1, b2}, nw, n, x, xstride, db->xq, db->nqb, 0, 0, 0};
     for (int i = 0; i < nw; i++) j.total += j.w[i]->rows;
-    /* about 8 claims per thread, whole 16-row blocks (the dot kernels' row block), at most 1024 rows */
-    int64_t c = j.total / ((int64_t)kvs_pool_size(pool) * 8);
+    /* about 8 claims per thread (3 for a batch: every call of a many-column kernel first packs the
+     * batch's activations, as costly as ~25 rows of 32 columns; with 8 claims the packing was about a
+     * tenth of a 32-sequence Qwen2.5 step), whole 16-row blocks (the dot kernels' row block), at most
+     * 1024 rows */
+    int64_t c = j.total / ((int64_t)kvs_pool_size(pool) * (n > 1 ? 3 : 8));
     c = (c + 15) / 16 * 16;
     j.chunk = c < 16 ? 16 : c > 1024 ? 1024 : c;
     for (int i = 0; i < n; i++) kvs_q8a_quantize(x + (size_t)i * xstride, db->xq + (size_t)i * db->nqb, w0->cols);

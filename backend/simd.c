@@ -79,8 +79,20 @@ void kvs_vgelu_mul(float *g, const float *u, int n) {
     }
 }
 
+/* g = silu(g) * u = g / (1 + exp(-g)) * u; exp256 in the lanes (as gelu
+ * above), libm's expf for the tail. exp256's clamp to [-87, 88] only touches
+ * |g| > 87, where silu is 0 or g to float precision either way. */
 void kvs_vsilu_mul(float *g, const float *u, int n) {
-    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    int i = 0;
+#ifdef KVS_SIMD_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 e = exp256(_mm256_xor_ps(x, neg));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 /* The largest x[i] (NaN elements are passed over, as `if (x > m) m = x`

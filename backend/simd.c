@@ -80,8 +80,10 @@ void kvs_vgelu_mul(float *g, const float *u, int n) {
 }
 
 /* g = silu(g) * u = g / (1 + exp(-g)) * u; exp256 in the lanes (as gelu
- * above), libm's expf for the tail. exp256's clamp to [-87, 88] only touches
- * |g| > 87, where silu is 0 or g to float precision either way. */
+ * above), libm's expf for the tail. exp256 clamps its argument -g to
+ * [-87, 88]: that touches only g > 87, where silu(g) is g to float precision
+ * either way, and g < -88, where |silu(g)| < 1e-35 comes out as g e^-88
+ * instead (libm: 0 or g e^g), which no later step can tell apart. */
 void kvs_vsilu_mul(float *g, const float *u, int n) {
     int i = 0;
 #ifdef KVS_SIMD_AVX2

@@ -292,7 +292,8 @@ static void vnni_rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nro
             }
             /* the next group's rows into L2 while this one's columns pass: spread over the first tile's units */
             const char *pf = (const char *)(r0 + 16 * rb);
-            const int64_t pn = g + 32 <= nrows ? (int64_t)(16 * rb) : 0;
+            const int64_t pn = g + 32 <= nrows ? (int64_t)(16 * rb) : 0; /* bytes to prefetch */
+            const int64_t pu = (pn + 64 * nu - 1) / (64 * nu) * 64;        /* per unit, whole lines */
             for (int t = 0; t < tn; t++)
                 for (int h = 0; h < 2; h++) {
                     __m512 acc[8];
@@ -301,7 +302,7 @@ static void vnni_rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nro
                     const int8_t *w0 = panel + (size_t)(8 * h) * n;
                     for (int64_t u = 0; u < nu; u++) {
                         if (t == 0 && h == 0)
-                            for (int64_t l = u * pn / nu / 64 * 64; l < (u + 1) * pn / nu; l += 64)
+                            for (int64_t l = u * pu; l < (u + 1) * pu && l < pn; l += 64)
                                 _mm_prefetch(pf + l, _MM_HINT_T1);
                         const int64_t tb = t * nb + (q6 ? u / 2 : u);
                         const int32_t *X = bp + tb * 128 + (q6 ? (u % 2) * 64 : 0); /* Q6_K: rows 4h..4h+3 */

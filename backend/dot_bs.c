@@ -167,8 +167,9 @@ static inline __attribute__((always_inline)) void q8_chunk(int type, const uint8
  * gathers instead of the transposes, 2x slower). Q6_K's table keeps the
  * tree's order: within a superblock, group 2k + h of block k at 8 (k / 4) +
  * 4 h + k % 4. */
-static void vnni_rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x,
-                          int64_t n, float *out) {
+static inline __attribute__((always_inline)) void rows_one(const int type, const uint8_t *rows, size_t rb,
+                                                            int64_t nrows, const kvs_q8a_block *x, int64_t n,
+                                                            float *out) {
     enum { SP = KVS_BS_NMAX / 16 + 16 }; /* the tables' row pitch (entries; 16 to spare) */
     const int64_t nb = n / 32, ng = nrows / 16 * 16;
     const int k4 = type == KVS_GGML_Q4_K, q6 = type == KVS_GGML_Q6_K;
@@ -246,6 +247,35 @@ static void vnni_rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrow
         _mm512_storeu_ps(out + g, acc);
     }
     for (int64_t r = ng; r < nrows; r++) out[r] = bs_one_row(type, rows + (size_t)r * rb, x, n);
+}
+
+/* One instance per type: the type's tests fold away in the inner loops
+ * (same operations, fewer branches), and profiles show each type apart. */
+static __attribute__((noinline)) void one_q8_0(const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x,
+                                               int64_t n, float *out) {
+    rows_one(KVS_GGML_Q8_0, rows, rb, nrows, x, n, out);
+}
+static __attribute__((noinline)) void one_q5_0(const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x,
+                                               int64_t n, float *out) {
+    rows_one(KVS_GGML_Q5_0, rows, rb, nrows, x, n, out);
+}
+static __attribute__((noinline)) void one_q4_k(const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x,
+                                               int64_t n, float *out) {
+    rows_one(KVS_GGML_Q4_K, rows, rb, nrows, x, n, out);
+}
+static __attribute__((noinline)) void one_q6_k(const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x,
+                                               int64_t n, float *out) {
+    rows_one(KVS_GGML_Q6_K, rows, rb, nrows, x, n, out);
+}
+
+static void vnni_rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x,
+                          int64_t n, float *out) {
+    switch (type) {
+    case KVS_GGML_Q8_0: one_q8_0(rows, rb, nrows, x, n, out); break;
+    case KVS_GGML_Q5_0: one_q5_0(rows, rb, nrows, x, n, out); break;
+    case KVS_GGML_Q4_K: one_q4_k(rows, rb, nrows, x, n, out); break;
+    default: one_q6_k(rows, rb, nrows, x, n, out); break;
+    }
 }
 
 /* ---- VNNI, many columns ------------------------------------------------------------

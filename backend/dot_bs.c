@@ -4,7 +4,7 @@
  * many, with a float structure of its own, on two engines: AVX-512 VNNI
  * (here) and AMX-INT8 tiles (dot_amx.c). Compiled with AVX-512 VNNI
  * (backend/CMakeLists.txt) and run only where kvs_dot_bs_engine() picks one
- * (AMX by default, VNNI where KVSIEVE_BS=1 asks).
+ * (AMX where the CPU has it, else VNNI; KVSIEVE_BS=0 turns both off).
  *
  * Why a route of its own: a batch of sequences (batched decode: a request's
  * variants and the slots) multiplies every weight block by many activation
@@ -55,13 +55,13 @@
 #include "dot_bs.h"
 
 /* ---- which engine ------------------------------------------------------------
- * AMX where kvs_dot_amx_available() (the default there); the AVX-512 VNNI
- * engine only where KVSIEVE_BS=1 asks for it and the CPU has AVX512F, BW, VL
- * and VNNI: on a 2-core Zen 4 it decodes 32 sequences 1.45-1.6x faster than
- * dot.c's kernels but one sequence 0-8% slower (docs/performance.md section
- * 9), so a batch-heavy run opts in. KVSIEVE_BS=0 turns the route off (dot.c's
- * kernels take every call: A/B measurements). Cached: a fact about this
- * machine and process. */
+ * AMX where kvs_dot_amx_available(), else the AVX-512 VNNI engine where the
+ * CPU has AVX512F, BW, VL and VNNI: on a 2-core Zen 4 it decodes 32 Qwen2.5
+ * sequences 2.5-2.9x faster than dot.c's kernels and one sequence at the same
+ * speed (within the machine's noise; docs/performance.md, last section).
+ * KVSIEVE_BS=0 turns the route off (dot.c's kernels take every call: A/B
+ * measurements, and outputs bit for bit those of an AVX2-only machine).
+ * Cached: a fact about this machine and process. */
 int kvs_dot_bs_vnni_available(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -71,7 +71,7 @@ static int bs_probe(void) {
     const char *e = getenv("KVSIEVE_BS");
     if (e && e[0] == '0') return 0;
     if (kvs_dot_amx_available()) return 2;
-    return e && e[0] == '1' && kvs_dot_bs_vnni_available() ? 1 : 0;
+    return kvs_dot_bs_vnni_available() ? 1 : 0;
 }
 
 int kvs_dot_bs_engine(void) {

@@ -39,9 +39,8 @@ float kvs_dot_q8a_vnni(int type, const void *row, const kvs_q8a_block *x, int64_
  * integer dot S, y = fma(dw * dx, S, y); Q4_K then its min term; Q6_K per
  * group of 16), of which kvs_dot_q8a_bs_ref is the plain C form.
  * _engine: 2 AMX-INT8 tiles (dot_amx.c; the CPU has them, the kernel granted
- * tile data, KVSIEVE_AMX is not 0), 1 AVX-512 VNNI (only where KVSIEVE_BS=1
- * asks: faster for batches, slightly slower for one sequence), 0 none (or
- * KVSIEVE_BS=0). The _bs entry points may only be called where the route is
+ * tile data, KVSIEVE_AMX is not 0), 1 AVX-512 VNNI (where the CPU has it and
+ * not AMX), 0 none (or KVSIEVE_BS=0). The _bs entry points may only be called where the route is
  * 1; _bs_vnni runs the VNNI engine whichever the machine picks, where
  * _vnni_available (tests compare the engines). */
 int kvs_dot_bs_engine(void);

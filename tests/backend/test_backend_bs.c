@@ -71,6 +71,9 @@ int main(void) {
         {KVS_GGML_Q4_K, 8192, 16, 3},  {KVS_GGML_Q4_K, 256, 5, 2},     {KVS_GGML_Q6_K, 256, 16, 1},
         {KVS_GGML_Q6_K, 768, 37, 1},   {KVS_GGML_Q6_K, 1024, 16, 17}, {KVS_GGML_Q6_K, 2048, 33, 40},
         {KVS_GGML_Q6_K, 8192, 16, 3},  {KVS_GGML_Q6_K, 4864, 20, 2},
+        /* 2-8 columns over whole groups: the VNNI engine's 256-bit path */
+        {KVS_GGML_Q5_0, 896, 33, 8},   {KVS_GGML_Q8_0, 640, 48, 4},   {KVS_GGML_Q4_K, 768, 20, 8},
+        {KVS_GGML_Q6_K, 1024, 33, 5},  {KVS_GGML_Q5_0, 4864, 16, 2},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const int type = cases[k].type, n = cases[k].n, R = cases[k].nrows, C = cases[k].ncols, nb = n / 32;

@@ -136,7 +136,7 @@ static inline void tr16_load(const void *tab, int64_t pitch, int64_t u0, __m512i
 }
 
 /* Q8_0 / Q5_0, one row's blocks b0..b0+nj-1 (nj <= 8) against NC columns
- * (column c at x + c * xs): S + 128 X into S[c * ss + b0..], the f16 scales
+ * (column c at x + c * xs): S + o X into S[c * ss + b0..] (o: 128, Q5_0 16), the f16 scales
  * into sc[16 b] (the [block][row] table). Each block is unpacked once. */
 static inline __attribute__((always_inline)) void q8_chunk(int type, const int NC, const uint8_t *row,
                                                             const kvs_q8a_block *x, int64_t xs, int64_t b0, int nj,
@@ -151,7 +151,8 @@ static inline __attribute__((always_inline)) void q8_chunk(int type, const int N
             continue;
         }
         const uint8_t *blk = row + (b0 + j) * bs;
-        w[j] = _mm256_xor_si256(wblock(type, blk), flip);
+        /* unsigned operand: Q8_0's w + 128, Q5_0's stored q = w + 16 (two operations fewer) */
+        w[j] = type == KVS_GGML_Q5_0 ? q5_0_unpack_u(blk) : _mm256_xor_si256(wblock(type, blk), flip);
         memcpy(sc + (b0 + j) * 16, blk, 2);
     }
     for (int c = 0; c < NC; c++) {
@@ -167,7 +168,7 @@ static inline __attribute__((always_inline)) void q8_chunk(int type, const int N
 /* One column, or two (NC; column c at x + c * xs, its outputs at out + c *
  * os): per group of 16 rows, each row in address order into tables of its
  * units' integer dots (one vpdpbusd per 32 values, 8 of them reduced
- * together; Q8_0 / Q5_0 weights as w + 128, Q6_K's as q in [0, 63]: the
+ * together; Q8_0 weights as w + 128, Q5_0 as w + 16, Q6_K as q in [0, 63]: the
  * tables hold S + o X) and their scales; then per 16 units the tables'
  * 16 x 16 squares transposed in registers, and per unit its 16 rows,
  * corrected by -o X, through the float steps in the lanes of one
@@ -185,6 +186,7 @@ static inline __attribute__((always_inline)) void rows_one(const int type, const
     const int64_t nb = n / 32, ng = nrows / 16 * 16;
     const int k4 = type == KVS_GGML_Q4_K, q6 = type == KVS_GGML_Q6_K;
     const int64_t nu = q6 ? n / 16 : nb;
+    const int o = type == KVS_GGML_Q5_0 ? 16 : 128; /* Q8_0 / Q5_0: the tables hold S + o X */
     _Alignas(64) int32_t st[2 * SS];
     _Alignas(64) float dwt[16 * SP], dmt[16 * SP];
     _Alignas(64) uint16_t sc16[KVS_BS_NMAX / 32 * 16]; /* Q8_0 / Q5_0 scales */
@@ -256,7 +258,7 @@ static inline __attribute__((always_inline)) void rows_one(const int type, const
                         acc = _mm512_fmadd_ps(_mm512_castsi512_ps(M[i]), _mm512_set1_ps(x_sum(&xc[u])), acc);
                     } else {
                         const __m512i Si =
-                            _mm512_add_epi32(S[i], _mm512_set1_epi32(-128 * (xc[u].sum16[0] + xc[u].sum16[1])));
+                            _mm512_add_epi32(S[i], _mm512_set1_epi32(-o * (xc[u].sum16[0] + xc[u].sum16[1])));
                         const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc16 + u * 16)));
                         acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xc[u].d)), _mm512_cvtepi32_ps(Si), acc);
                     }

@@ -75,13 +75,16 @@ static inline __m256i bytes_from_bits32(uint32_t bits) {
 /* A Q5_0 block's 32 values as int8 in [-16, 15], in element order (low
  * nibbles of qs are elements 0..15, high nibbles 16..31; bit j of qh is
  * element j's fifth bit): what the dot kernels and the dequantiser share. */
-static inline __m256i q5_0_unpack(const uint8_t *blk) {
+static inline __m256i q5_0_unpack_u(const uint8_t *blk) { /* the stored q in [0, 31], value q - 16 */
     uint32_t qh;
     memcpy(&qh, blk + 2, 4);
     const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6)), m4 = _mm_set1_epi8(0xF);
     const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
     const __m256i hb = _mm256_and_si256(bytes_from_bits32(qh), _mm256_set1_epi8(0x10));
-    return _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+    return _mm256_or_si256(nib, hb);
+}
+static inline __m256i q5_0_unpack(const uint8_t *blk) {
+    return _mm256_sub_epi8(q5_0_unpack_u(blk), _mm256_set1_epi8(16));
 }
 
 /* Half n (0, 1) of a Q6_K superblock: its four 32-value blocks as u8 q in

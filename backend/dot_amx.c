@@ -176,7 +176,7 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
     tiles_config(16, q6 ? 16 : 32);
     for (int t0 = 0; t0 < ntile; t0 += per) {
         const int tn = ntile - t0 < per ? ntile - t0 : per;
-        bs_pack(q6, x, xs, ncols, t0, tn, nb, bp, dxt, sxt, NULL);
+        bs_pack(q6, x, xs, ncols, t0, tn, nb, bp, dxt, sxt, NULL, 0);
         for (int64_t g = 0; g < ng; g += 16) {
             const uint8_t *r0 = rows + (size_t)g * rb;
             if (k4) q4k_prep(r0, rb, n, panel, dwt, dmt);

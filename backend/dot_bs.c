@@ -39,8 +39,9 @@
  * packed 4 bytes per column (the order of an AMX B tile), each weight's 4
  * bytes broadcast to every lane, so 8 vpdpbusd give one row's S_b for 16
  * columns with no horizontal sum. The weights are the unsigned operand, as
- * w + 128 (Q4_K: its nibbles as they are), and the lanes start from -128 X_b
- * (Q6_K: the group's 16-sum), so S_b comes out exact. One column: each
+ * w + 128 (Q5_0: its stored q = w + 16; Q4_K: its nibbles as they are), and
+ * the lanes start from -128 X_b (Q5_0: -16 X_b; Q6_K: the group's 16-sum),
+ * so S_b comes out exact. One column: each
  * block through one vpdpbusd, 8 blocks' partial sums reduced together by a
  * transposing add tree, and the float steps with 16 rows in the lanes.
  *
@@ -376,7 +377,7 @@ static inline __attribute__((always_inline)) void rows_cols(const int type, cons
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     _Alignas(64) int32_t bp[KVS_BS_BP / 4];
     _Alignas(64) float dxt[KVS_BS_BP / 32], sxt[KVS_BS_BP / 32]; /* scales, Q4_K's scaled sums */
-    _Alignas(64) int32_t cxt[KVS_BS_BP / 16];                   /* -128 X per unit */
+    _Alignas(64) int32_t cxt[KVS_BS_BP / 16];                   /* -128 X (Q5_0: -16 X) per unit */
     _Alignas(64) float dwt[KVS_BS_NMAX / 16 * 16], dmt[KVS_BS_NMAX / 32 * 16]; /* per unit, per row */
     _Alignas(64) int8_t panel[16 * KVS_BS_NMAX];
     _Alignas(64) float yt[8 * 16];
@@ -387,7 +388,7 @@ static inline __attribute__((always_inline)) void rows_cols(const int type, cons
     assert(per >= 1);
     for (int t0 = 0; t0 < ntile; t0 += per) {
         const int tn = ntile - t0 < per ? ntile - t0 : per;
-        bs_pack(q6, x, xs, ncols, t0, tn, nb, bp, dxt, sxt, k4 ? NULL : cxt);
+        bs_pack(q6, x, xs, ncols, t0, tn, nb, bp, dxt, sxt, k4 ? NULL : cxt, type == KVS_GGML_Q5_0 ? 16 : 128);
         for (int64_t g = 0; g < ng; g += 16) {
             const uint8_t *r0 = rows + (size_t)g * rb;
             if (k4) q4k_prep(r0, rb, n, panel, dwt, dmt);
@@ -396,7 +397,9 @@ static inline __attribute__((always_inline)) void rows_cols(const int type, cons
                 for (int r = 0; r < 16; r++)
                     for (int64_t b = 0; b < nb; b++) {
                         const uint8_t *blk = r0 + (size_t)r * rb + b * bs;
-                        _mm256_storeu_si256((__m256i *)(panel + r * n + b * 32), _mm256_xor_si256(wblock(type, blk), flip));
+                        const __m256i w = type == KVS_GGML_Q5_0 ? q5_0_unpack_u(blk) /* w + 16 */
+                                                                : _mm256_xor_si256(wblock(type, blk), flip);
+                        _mm256_storeu_si256((__m256i *)(panel + r * n + b * 32), w);
                         memcpy(sc16 + b * 16 + r, blk, 2);
                     }
                 for (int64_t b = 0; b < nb; b++)

@@ -225,11 +225,11 @@ static inline void q6k_prep(const uint8_t *r0, size_t rb, int64_t n, int8_t *pan
  * [tile][block][8][16] int32 (4 activation bytes per column: the VNNI order of
  * an AMX B tile and of vpdpbusd's second operand), dxt [tile][block][16] the
  * scales, sxt the scaled sums (Q4_K's min term), and where cxt is not NULL
- * [tile][unit][16] the correction -128 X of unsigned weights w + 128 (unit:
+ * [tile][unit][16] the correction -co X of unsigned weights w + co (unit:
  * a block, or Q6_K's group of 16 with its own 16-sum). Columns past ncols
  * are zero. */
 static inline void bs_pack(int q6, const kvs_q8a_block *x, int64_t xs, int ncols, int t0, int tn, int64_t nb,
-                           int32_t *bp, float *dxt, float *sxt, int32_t *cxt) {
+                           int32_t *bp, float *dxt, float *sxt, int32_t *cxt, int co) {
     for (int t = 0; t < tn; t++) {
         /* real columns, then zeros: no pointer is formed past the last column (the compiler's masked loads
          * on such addresses took a fault-suppressing slow path on Zen 4, ~13 us a call with 2 columns) */
@@ -245,10 +245,10 @@ static inline void bs_pack(int q6, const kvs_q8a_block *x, int64_t xs, int ncols
                 SX[c] = x_sum(xb);
                 if (!cxt) continue;
                 if (q6) {
-                    cxt[(t * 2 * nb + 2 * b) * 16 + c] = -128 * xb->sum16[0];
-                    cxt[(t * 2 * nb + 2 * b + 1) * 16 + c] = -128 * xb->sum16[1];
+                    cxt[(t * 2 * nb + 2 * b) * 16 + c] = -co * xb->sum16[0];
+                    cxt[(t * 2 * nb + 2 * b + 1) * 16 + c] = -co * xb->sum16[1];
                 } else
-                    cxt[(t * nb + b) * 16 + c] = -128 * (xb->sum16[0] + xb->sum16[1]);
+                    cxt[(t * nb + b) * 16 + c] = -co * (xb->sum16[0] + xb->sum16[1]);
             }
             for (; c < 16; c++) {
                 for (int k = 0; k < 8; k++) B[k * 16 + c] = 0;

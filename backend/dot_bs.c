@@ -57,9 +57,9 @@
 
 /* ---- which engine ------------------------------------------------------------
  * AMX where kvs_dot_amx_available(), else the AVX-512 VNNI engine where the
- * CPU has AVX512F, BW, VL and VNNI: on a 2-core Zen 4 it decodes 32 Qwen2.5
- * sequences 2.5-2.9x faster than dot.c's kernels and one sequence at the same
- * speed (within the machine's noise; docs/performance.md, last section).
+ * CPU has AVX512F, BW, VL and VNNI: on a 2-core Zen 4 it decodes 8-32
+ * sequences 1.5-2.9x faster than dot.c's kernels, 2-4 at their speed, one
+ * 0-10% slower (docs/performance.md, last section).
  * KVSIEVE_BS=0 turns the route off (dot.c's kernels take every call: A/B
  * measurements, and outputs bit for bit those of an AVX2-only machine).
  * Cached: a fact about this machine and process. */

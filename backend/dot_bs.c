@@ -360,8 +360,7 @@ static inline __attribute__((always_inline)) void cols8_half(int k4, int q6, int
         for (int r = 0; r < 8; r++) out[(int64_t)c * os + r] = yt[r * 8 + c];
 }
 
-/* ----
- * Per pass, as many 16-column tiles as KVS_BS_BP bytes of packed activations
+/* Many columns: per pass, as many 16-column tiles as KVS_BS_BP bytes of packed activations
  * hold (bs_pack); per group of 16 rows, their weights once as unsigned bytes
  * in a panel with their scales, then per tile and half group (8 rows) the
  * rows' accumulators in registers, columns in the lanes, and per unit (a

@@ -99,6 +99,15 @@ float kvs_dot_q8a_bs(int type, const void *row, const kvs_q8a_block *x, int64_t 
 
 /* ---- VNNI, one column ------------------------------------------------------------ */
 
+/* A Q8_0 / Q5_0 block as vpdpbusd's unsigned operand, w + wofs(type): Q8_0's
+ * bytes xor 0x80, Q5_0's stored q as it is (two operations fewer). The one-
+ * and many-column kernels below then correct by -wofs X. */
+static inline int wofs(int type) { return type == KVS_GGML_Q5_0 ? 16 : 128; }
+static inline __m256i wblock_u(int type, const uint8_t *blk) {
+    if (type == KVS_GGML_Q5_0) return q5_0_unpack_u(blk);
+    return _mm256_xor_si256(wblock(type, blk), _mm256_set1_epi8((char)0x80));
+}
+
 /* 8 vectors of 8 partial sums -> their 8 sums, vector j in lane j. */
 static inline __m256i sum8x8(const __m256i p[8]) {
     /* lo / hi: vectors 0-3 / 4-7, each sum of their low 128-bit halves, then of the high ones */
@@ -143,7 +152,6 @@ static inline __attribute__((always_inline)) void q8_chunk(int type, const int N
                                                             const kvs_q8a_block *x, int64_t xs, int64_t b0, int nj,
                                                             int32_t *S, int64_t ss, uint16_t *sc) {
     const int bs = bsize(type);
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
     __m256i w[8], p[8];
     #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
@@ -152,8 +160,7 @@ static inline __attribute__((always_inline)) void q8_chunk(int type, const int N
             continue;
         }
         const uint8_t *blk = row + (b0 + j) * bs;
-        /* unsigned operand: Q8_0's w + 128, Q5_0's stored q = w + 16 (two operations fewer) */
-        w[j] = type == KVS_GGML_Q5_0 ? q5_0_unpack_u(blk) : _mm256_xor_si256(wblock(type, blk), flip);
+        w[j] = wblock_u(type, blk);
         memcpy(sc + (b0 + j) * 16, blk, 2);
     }
     for (int c = 0; c < NC; c++) {
@@ -187,7 +194,7 @@ static inline __attribute__((always_inline)) void rows_one(const int type, const
     const int64_t nb = n / 32, ng = nrows / 16 * 16;
     const int k4 = type == KVS_GGML_Q4_K, q6 = type == KVS_GGML_Q6_K;
     const int64_t nu = q6 ? n / 16 : nb;
-    const int o = type == KVS_GGML_Q5_0 ? 16 : 128; /* Q8_0 / Q5_0: the tables hold S + o X */
+    const int o = wofs(type); /* Q8_0 / Q5_0: the tables hold S + o X */
     _Alignas(64) int32_t st[2 * SS];
     _Alignas(64) float dwt[16 * SP], dmt[16 * SP];
     _Alignas(64) uint16_t sc16[KVS_BS_NMAX / 32 * 16]; /* Q8_0 / Q5_0 scales */
@@ -387,7 +394,7 @@ static inline __attribute__((always_inline)) void rows_cols(const int type, cons
     assert(per >= 1);
     for (int t0 = 0; t0 < ntile; t0 += per) {
         const int tn = ntile - t0 < per ? ntile - t0 : per;
-        bs_pack(q6, x, xs, ncols, t0, tn, nb, bp, dxt, sxt, k4 ? NULL : cxt, type == KVS_GGML_Q5_0 ? 16 : 128);
+        bs_pack(q6, x, xs, ncols, t0, tn, nb, bp, dxt, sxt, k4 ? NULL : cxt, wofs(type));
         for (int64_t g = 0; g < ng; g += 16) {
             const uint8_t *r0 = rows + (size_t)g * rb;
             if (k4) q4k_prep(r0, rb, n, panel, dwt, dmt);
@@ -396,9 +403,7 @@ static inline __attribute__((always_inline)) void rows_cols(const int type, cons
                 for (int r = 0; r < 16; r++)
                     for (int64_t b = 0; b < nb; b++) {
                         const uint8_t *blk = r0 + (size_t)r * rb + b * bs;
-                        const __m256i w = type == KVS_GGML_Q5_0 ? q5_0_unpack_u(blk) /* w + 16 */
-                                                                : _mm256_xor_si256(wblock(type, blk), flip);
-                        _mm256_storeu_si256((__m256i *)(panel + r * n + b * 32), w);
+                        _mm256_storeu_si256((__m256i *)(panel + r * n + b * 32), wblock_u(type, blk));
                         memcpy(sc16 + b * 16 + r, blk, 2);
                     }
                 for (int64_t b = 0; b < nb; b++)

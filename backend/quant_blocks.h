@@ -72,10 +72,11 @@ static inline __m256i bytes_from_bits32(uint32_t bits) {
     return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
 }
 
-/* A Q5_0 block's 32 values as int8 in [-16, 15], in element order (low
- * nibbles of qs are elements 0..15, high nibbles 16..31; bit j of qh is
- * element j's fifth bit): what the dot kernels and the dequantiser share. */
-static inline __m256i q5_0_unpack_u(const uint8_t *blk) { /* the stored q in [0, 31], value q - 16 */
+/* A Q5_0 block's 32 stored q in [0, 31] (value q - 16), in element order
+ * (low nibbles of qs are elements 0..15, high nibbles 16..31; bit j of qh is
+ * element j's fifth bit); q5_0_unpack gives the values as int8 in [-16, 15]:
+ * what the dot kernels and the dequantiser share. */
+static inline __m256i q5_0_unpack_u(const uint8_t *blk) {
     uint32_t qh;
     memcpy(&qh, blk + 2, 4);
     const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6)), m4 = _mm_set1_epi8(0xF);

@@ -9,6 +9,8 @@
  * decode step in the scheduler before this), while the bounded poll keeps
  * the pool from burning cores it does not use (the machine is shared: an
  * unbounded spin, as OpenMP's default, collapses under oversubscription).
+ * Placement: each worker pins itself to one CPU (kvs_thread_pin; the
+ * caller keeps the first allowed CPU; KVSIEVE_PIN=0 turns it off).
  * What it is not: no task queue, no work stealing.
  */
 #include <stdatomic.h>
@@ -71,6 +73,10 @@ static void *worker(void *a) {
     kvs_pool *p = wa->p;
     int ith = wa->ith;
     free(wa);
+    /* worker i on the i-th allowed CPU after the first, which the caller
+     * keeps: a worker woken by cv_start is otherwise often placed on the
+     * caller's CPU, and the two share it while the other core idles */
+    kvs_thread_pin(ith, p->n, -1);
     unsigned seen = 0;
     for (;;) {
         if (!poll_for(job_ready, p, seen)) {

@@ -487,6 +487,17 @@ kvs_status kvs_parallel_run(void *job, kvs_unit_fn fn, int n_units, int threads,
 /* The worker count kvs_parallel_run will use: threads clamped to
  * [1, min(64, n_units)] (n_units < 1: to [1, 64]). Size scratch with it. */
 int kvs_parallel_threads(int threads, int n_units);
+/* Worker placement, a hint (no result depends on it). Pins the calling
+ * thread, worker i (1 <= i < n) of a group of n whose worker 0 is the caller,
+ * to one CPU: the i-th of its allowed CPUs in increasing order, skipping
+ * `avoid` (the caller's CPU; -1: skip the first allowed CPU, left to the
+ * caller). Only on Linux, only when the allowed set has at least n CPUs, and
+ * not when the environment has KVSIEVE_PIN=0; returns 1 if pinned. Why: on a
+ * small machine the kernel often starts a new thread on its creator's CPU and
+ * wakes a sleeping one on its waker's, and the two then share one core for
+ * milliseconds while another idles (docs/performance.md, section 5.5).
+ * kvs_parallel_run's workers and the backend's pool call it. */
+int kvs_thread_pin(int i, int n, int avoid);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,9 @@
  * single-threaded for the duration of a run (units call cblas_sgemm from our
  * own threads, and results must not depend on BLAS's thread count); its
  * setting is restored before returning.
+ * Placement: worker t pins itself to the t-th allowed CPU other than the
+ * caller's (kvs_thread_pin), where there are enough; unpinned, a new thread
+ * often started on its creator's CPU and waited there for milliseconds.
  * What it is not: no persistent pool (threads live for one call: a call is
  * milliseconds to seconds of work, the ~20 us thread start is noise), no
  * nesting. Errors: a unit that fails returns its status and message; the
@@ -16,6 +19,9 @@
  * Every unit runs, also when a worker could not be started (the others
  * finish its share).
  */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* sched_getcpu, sched_setaffinity, CPU_SET */
+#endif
 #include "kvsieve.h"
 
 #include <assert.h>
@@ -23,6 +29,11 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 enum { MAX_THREADS = 64 };
 
@@ -38,12 +49,13 @@ typedef struct {
 
 typedef struct {
     pool *p;
-    int tid;
+    int tid, n, avoid; /* kvs_thread_pin's arguments */
 } worker_arg;
 
 static void *worker(void *arg) {
     worker_arg *a = arg;
     pool *p = a->p;
+    if (a->tid > 0) kvs_thread_pin(a->tid, a->n, a->avoid);
     for (;;) {
         const int u = atomic_fetch_add(&p->next, 1);
         if (u >= p->n_units || u > atomic_load(&p->bad_unit)) break;
@@ -59,6 +71,31 @@ static void *worker(void *arg) {
         pthread_mutex_unlock(&p->lock);
     }
     return NULL;
+}
+
+int kvs_thread_pin(int i, int n, int avoid) {
+#if defined(__linux__)
+    const char *e = getenv("KVSIEVE_PIN");
+    if (i < 1 || i >= n || (e && !strcmp(e, "0"))) return 0;
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < n) return 0;
+    int skip = avoid, seen = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &allowed)) continue;
+        if (skip < 0) skip = c; /* the first allowed CPU stays the caller's */
+        if (c == skip) continue;
+        if (++seen < i) continue;
+        CPU_ZERO(&one);
+        CPU_SET(c, &one);
+        return sched_setaffinity(0, sizeof one, &one) == 0;
+    }
+    return 0;
+#else
+    (void)i;
+    (void)n;
+    (void)avoid;
+    return 0;
+#endif
 }
 
 int kvs_parallel_threads(int threads, int n_units) {
@@ -83,15 +120,20 @@ kvs_status kvs_parallel_run(void *job, kvs_unit_fn fn, int n_units, int threads,
     pthread_t tids[MAX_THREADS];
     worker_arg args[MAX_THREADS];
     int started = 0, failed_at = -1;
+#if defined(__linux__)
+    const int cpu = sched_getcpu();
+#else
+    const int cpu = -1;
+#endif
     for (int t = 1; t < threads; t++) {
-        args[t] = (worker_arg){&p, t};
+        args[t] = (worker_arg){&p, t, threads, cpu};
         if (pthread_create(&tids[t], NULL, worker, &args[t]) != 0) {
             failed_at = t;
             break;
         }
         started = t;
     }
-    args[0] = (worker_arg){&p, 0};
+    args[0] = (worker_arg){&p, 0, threads, cpu};
     worker(&args[0]);
     for (int t = 1; t <= started; t++) pthread_join(tids[t], NULL);
     if (blas != 1) openblas_set_num_threads(blas);

@@ -46,8 +46,9 @@
  * transposing add tree, and the float steps with 16 rows in the lanes.
  *
  * What it is not: no other types (dot.c's kernels take them), no threading
- * (forward.c splits rows), no prefill (forward.c's prefill dequantises and
- * calls sgemm).
+ * (forward.c splits rows). Prefill calls it too, with a chunk's T tokens as
+ * the columns (forward.c, matmul): the float structure above does not depend
+ * on the number of columns, so a prompt's tokens get decode's bits.
  */
 #include <assert.h>
 #include <stdatomic.h>

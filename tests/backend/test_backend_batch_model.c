@@ -6,12 +6,14 @@
  * Checks: extend of a 21-token suffix after compression (snapkv, streamingllm)
  * against decoding the suffix token by token: bit-identical logits and the
  * same 16 greedy tokens after it; an 84-token suffix (the chunk path): logits
- * within 5e-2 of the largest |logit| (the decode path quantises activations
- * to 8 bits, the chunk path multiplies dequantised fp32 weights), same top
+ * within 5e-2 of the largest |logit| (the chunk path's attention is sgemm
+ * tiles, and where the block-scale route is off its matrices multiply
+ * dequantised fp32 weights while decode quantises activations), same top
  * token; kvs_batch_decode of 8 sessions with different compressed
  * caches and positions bit-identical to decoding each alone over 6 steps;
- * f16 and bf16 caches against f32 after a 300-token prompt (logits within 2e-2
- * (f16) / 5e-2 (bf16) of the largest |logit|, the same top token) and their
+ * f16 and bf16 caches against f32 after a 300-token prompt (logits within 5e-2
+ * of the largest |logit|, 2e-2 for f16 where the block-scale route is off and
+ * prefill's activations stay fp32; the same top token) and their
  * KV bytes (2 per element); sliding-window layers trimmed to their window
  * after a 750-token prompt: the stats' local bytes fall to 511 rows per layer
  * and 600 greedy steps give bit-identical logits to an untrimmed copy.
@@ -24,6 +26,8 @@
 #include "kvs_backend.h"
 #include "kvsieve_methods.h"
 #include "test_util.h"
+
+int kvs_dot_bs_engine(void); /* backend/dot_bs.c (private): 0 where the block-scale route is off */
 
 static const char *TEXT =
     "The lighthouse keeper wrote in his log every evening. On the first of March the wind came from the north and "
@@ -169,7 +173,9 @@ int main(void) {
             CHECK_OK(kvs_session_new(m, &so3, &s, &err), &err);
             if (!s) continue;
             CHECK_OK(kvs_session_prefill(s, pt, np, NULL, lb, &err), &err);
-            double d = rel_max(lb, la, V), tol = ct == KVS_CACHE_F16 ? 2e-2 : 5e-2;
+            /* 8-bit activations (block-scale route: prefill's matrices too) turn the cache's rounding into
+             * whole quantisation steps here and there, so both types get bf16's tolerance there */
+            double d = rel_max(lb, la, V), tol = ct == KVS_CACHE_F16 && !kvs_dot_bs_engine() ? 2e-2 : 5e-2;
             printf("%s cache vs f32 after %d tokens: max |diff| / max |logit| = %.3g\n", kvs_cache_type_name(ct), np, d);
             CHECK_MSG(d <= tol, "%s cache: logits differ from f32 by %g", kvs_cache_type_name(ct), d);
             CHECK_EQ_INT(argmax_f(lb, V), argmax_f(la, V));

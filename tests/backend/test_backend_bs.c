@@ -12,7 +12,7 @@
  * from both engines), for rows of 1 to 256 blocks (odd counts: the AMX
  * kernels take blocks in pairs), 16-row groups with and without tail rows, 1
  * to 40 columns (partial 16-column tiles, more than one tile, strided
- * output), Q8_0 weights of -128 against activations of +-127, and rows long
+ * output) and 70-300 (prefill's chunks of tokens, many passes), Q8_0 weights of -128 against activations of +-127, and rows long
  * enough that the packed activations need more than one pass. Without an
  * engine those comparisons cannot run: the test says so and exits 77
  * (SKIPPED).
@@ -46,7 +46,7 @@ int main(void) {
     kvs_err err = {0};
     const int route = kvs_dot_bs_engine() > 0, vnni = kvs_dot_bs_vnni_available();
     const int eng = route || vnni; /* an engine to compare */
-    enum { NMAX = 8192, RMAX = 37, CMAX = 40 };
+    enum { NMAX = 8192, RMAX = 37, CMAX = 300 };
     float *w = malloc(NMAX * sizeof *w), *xs = malloc(NMAX * sizeof *xs), *wd = malloc(NMAX * sizeof *wd);
     uint8_t *rows = malloc((size_t)RMAX * kvs_ggml_row_size(KVS_GGML_Q8_0, NMAX));
     kvs_q8a_block *xq = malloc((size_t)CMAX * (NMAX / 32) * sizeof *xq);
@@ -74,6 +74,9 @@ int main(void) {
         /* 2-8 columns over whole groups: the VNNI engine's 256-bit path */
         {KVS_GGML_Q5_0, 896, 33, 8},   {KVS_GGML_Q8_0, 640, 48, 4},   {KVS_GGML_Q4_K, 768, 20, 8},
         {KVS_GGML_Q6_K, 1024, 33, 5},  {KVS_GGML_Q5_0, 4864, 16, 2},
+        /* prefill chunks: a chunk's tokens as the columns, many passes of packed activations */
+        {KVS_GGML_Q5_0, 896, 18, 300}, {KVS_GGML_Q6_K, 4864, 17, 70}, {KVS_GGML_Q4_K, 1024, 16, 161},
+        {KVS_GGML_Q8_0, 576, 16, 129},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const int type = cases[k].type, n = cases[k].n, R = cases[k].nrows, C = cases[k].ncols, nb = n / 32;

@@ -8,7 +8,8 @@
  *
  * Tolerances (max |ours - ref| / max(1, max |ref|)): fp32-type weights 2e-3
  * (fp32 arithmetic on the same dequantised weights); quantised weights: prefill
- * 2e-2 (its output projection uses 8-bit activations), decode 5e-2
+ * 2e-2 (8-bit activations in its output projection and, where the block-scale
+ * route runs them, in every Q8_0 / Q5_0 / Q4_K / Q6_K matrix), decode 5e-2
  * (activations are quantised to 8 bits per block of 32 for the integer dot
  * products of every matrix, as ggml does).
  */

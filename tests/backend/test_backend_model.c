@@ -10,9 +10,10 @@
  * varied real text (prose, code, digits, whitespace runs, accents, CJK, emoji,
  * the family's chat control tokens); logits of a short
  * prompt against the float64 reference forward of tiny_model.c (tolerance:
- * max |ours - ref| <= 2e-2 * max |ref| for batched prefill and 5e-2 for decode
- * and short prompts, whose activations are quantised to 8 bits; and the same
- * top token); prefill past
+ * max |ours - ref| <= 5e-2 * max |ref| for decode, short prompts and, where
+ * the block-scale route runs its matrices, batched prefill, whose activations
+ * are quantised to 8 bits; 2e-2 for batched prefill elsewhere (dequantised
+ * fp32 weights); and the same top token); prefill past
  * the sliding window (600 tokens) agrees with prefill + decode of the last
  * token; greedy output is stable (two runs and the token-by-token path give
  * the same tokens) and coherent (real words: letters and spaces, no byte or
@@ -29,6 +30,8 @@
 #include "kvsieve_methods.h"
 #include "test_util.h"
 #include "tiny_model.h"
+
+int kvs_dot_bs_engine(void); /* backend/dot_bs.c (private): 0 where the block-scale route is off */
 
 /* Token ids (no BOS) as llama.cpp's llama-tokenize gives them: the copy
  * vendored in llama-cpp-python 0.3.36 (scripts/bench_peer.sh builds it), run
@@ -251,7 +254,10 @@ int main(int argc, char **argv) {
             CHECK_OK(kvs_session_prefill(s, t12, n12, NULL, lg, &err), &err);
             e = max_rel(lg, ref, V);
             printf("%d-token prefill logits vs float64 reference: max rel diff %.3g\n", n12, e);
-            CHECK_MSG(e <= 2e-2, "prefill logits differ from the float64 reference by %g", e);
+            /* on the block-scale route (kvs_dot_bs_engine) prefill quantises activations to 8 bits as decode
+             * does, so it gets decode's tolerance; elsewhere it multiplies dequantised fp32 weights */
+            const double tol = kvs_dot_bs_engine() ? 5e-2 : 2e-2;
+            CHECK_MSG(e <= tol, "prefill logits differ from the float64 reference by %g (tolerance %g)", e, tol);
             int top = 0;
             for (int i = 1; i < V; i++)
                 if (ref[i] > ref[top]) top = i;

@@ -240,8 +240,12 @@ static void test_concurrent(void) {
     CHECK(sqlite3_open(db, &h) == SQLITE_OK);
     CHECK(integrity_ok(h));
     CHECK_EQ_INT(q1(h, "SELECT count(*) FROM results"), BIG_CELLS);
-    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM runs WHERE status='done'"), 2);
-    CHECK_EQ_INT(q1(h, "SELECT sum(n_done) >= 500 FROM runs"), 1);
+    /* two runs when they overlapped; one when the second started after the first had stored every cell
+     * (it then finds nothing to do and opens no run: a loaded machine may start it that late) */
+    const int nruns = q1(h, "SELECT count(*) FROM runs");
+    CHECK_MSG(nruns == 1 || nruns == 2, "%d runs for two concurrent processes", nruns);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM runs WHERE status='done'"), nruns);
+    CHECK_EQ_INT(q1(h, "SELECT sum(n_done) >= 500 FROM runs"), 1); /* BIG_CELLS: a cell may be run by both */
     CHECK_EQ_INT(q1(h, "SELECT schema_version.version FROM schema_version"), KVS_STORE_SCHEMA_VERSION);
     sqlite3_close(h);
 }

@@ -761,7 +761,7 @@ static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float 
     }
     b.cs = malloc((size_t)2 * ub * D / 2 * 4);
     b.sn = malloc((size_t)2 * ub * D / 2 * 4);
-    b.nqb = maxv / 32 + 1;
+    b.nqb = (maxv > Hq * D ? maxv : Hq * D) / 32 + 1; /* the widest matmul input: XN, G or A */
     if (any_bs && !(b.XQ = malloc((size_t)ub * b.nqb * sizeof *b.XQ))) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "prefill: out of memory for a %d-token chunk", ub);
         goto cleanup;

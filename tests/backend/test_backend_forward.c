@@ -240,6 +240,10 @@ int main(void) {
     check_model(&q, "gemma3_quant", 1);
     q.type_attn = KVS_GGML_Q8_0;
     check_model(&q, "gemma3_quant8", 1);
+    /* query width 8 x 128 = 1024 above n_ff 512: the output projection's input is prefill's widest */
+    q.n_heads = 8;
+    q.n_kv_heads = 2;
+    check_model(&q, "gemma3_quant_wide", 1);
     tiny_spec l = tiny_default("llama");
     check_model(&l, "llama_f32", 0);
     /* SmolLM2-135M's mix: Q4_1 matrices, Q8_0 embeddings (n_ff 96 = 3 blocks of 32) */

@@ -22,9 +22,14 @@
  * What it is not: no CPU timing (the CPU table is eval's overhead study), no
  * database writes (the runner owns the store).
  *
- * usage: bench_overhead [--n 2048,4096,...] [--methods a,b] [--reps 20]
+ * usage: bench_overhead [--shape qwen2.5-vl-7b|llava-1.5-7b|gemma3-270m]
+ *                       [--n 2048,4096,...] [--methods a,b] [--reps 20]
  *                       [--dtype f16|bf16|f32] [--ratio 0.2] [--budget-s 300]
- *                       [--cell-s 60] [--tc 1|0] [--attn-kernel 1|0] [--csv FILE]
+ *                       [--cell-s 60] [--tc 1|0] [--attn-kernel 1|0] [--extras 1|0]
+ *                       [--csv FILE]
+ * --shape takes formats/' presets (layers, heads, head size; default
+ * qwen2.5-vl-7b). Input sets: two rotated sets where they fit in 80% of the
+ * free device memory, else one (said so), else the N is skipped (said so).
  * --tc 0 keeps the attention tiles on CUDA cores (default: tensor cores for
  * fp16 / bf16); --attn-kernel 1|0 picks the tensor-core attention kernel of
  * the table (1 mma-reg, 0 wmma-smem; default: the device default, mma-reg
@@ -34,7 +39,8 @@
  * about 2 s, skipped when --budget-s < 30); then FlashCache on the whole
  * model at N = 8192 with each DCT route (fft: ms and GB/s; gemm, gemm-tf32:
  * ms and TFLOP/s; bench_routes; about 1 s, skipped when less than 20 s of
- * the budget is left). The table itself uses the default (fft) route.
+ * the budget is left). --extras 0 leaves both out. The table itself uses the
+ * default (fft) route.
  */
 #include <cuda_runtime_api.h>
 
@@ -44,10 +50,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvs_formats.h"
 #include "kvs_kernels.h"
 #include "kvsieve_methods.h"
 
-enum { MAX_N = 16, MAX_M = 16, SETS = 2, WARMUP = 2 };
+enum { MAX_N = 16, MAX_M = 16, MAX_L = 64, SETS = 2, WARMUP = 2 };
 
 typedef struct {
     const char *method;
@@ -170,7 +177,7 @@ cleanup:
  * so) when the time budget is below 20 s or a warm-up run predicts more
  * than 10 s. 0, or 1 on a setup error. */
 static int bench_routes(kvs_dtype dt, int L, int Hq, int Hkv, int d, double budget_s) {
-    enum { RN = 8192, RL = 28, REPS = 5 };
+    enum { RN = 8192, RL = MAX_L, REPS = 5 };
     if (budget_s < 20.0) {
         printf("flashcache routes: skipped (--budget-s %.0f < 20)\n", budget_s);
         return 0;
@@ -280,7 +287,8 @@ static int is_attn(const char *m) { return !strcmp(m, "h2o") || !strcmp(m, "look
 int main(int argc, char **argv) {
     int Ns[MAX_N] = {2048, 4096, 8192, 16384, 32768, 65536}, nN = 6;
     const char *methods[MAX_M] = {"flashcache", "snapkv", "streamingllm", "h2o", "lookm", "meda"};
-    int nM = 6, reps = 20, tc = 1, attn_kernel = -1; /* -1: the device default */
+    int nM = 6, reps = 20, tc = 1, attn_kernel = -1, extras = 1; /* -1: the device default */
+    const char *shape = "qwen2.5-vl-7b";
     double ratio = 0.2, budget_s = 300.0, cell_s = 60.0;
     kvs_dtype dt = KVS_F16;
     const char *csv = NULL;
@@ -292,7 +300,11 @@ int main(int argc, char **argv) {
             return 2;
         }
         i++;
-        if (!strcmp(a, "--n")) {
+        if (!strcmp(a, "--shape")) {
+            shape = v;
+        } else if (!strcmp(a, "--extras")) {
+            extras = atoi(v) != 0;
+        } else if (!strcmp(a, "--n")) {
             snprintf(nbuf, sizeof nbuf, "%s", v);
             nN = 0;
             for (char *t = strtok(nbuf, ","); t && nN < MAX_N; t = strtok(NULL, ",")) Ns[nN++] = atoi(t);
@@ -328,6 +340,16 @@ int main(int argc, char **argv) {
     const double t_start = now_s();
     kvs_err err;
     kvs_err_clear(&err);
+    kvs_synth_config sc;
+    if (kvs_synth_preset(shape, &sc, &err) != KVS_OK) {
+        fprintf(stderr, "bench_overhead: --shape: %s\n", err.msg);
+        return 2;
+    }
+    if (sc.n_layers > MAX_L) {
+        fprintf(stderr, "bench_overhead: --shape %s has %d layers, at most %d here\n", shape, sc.n_layers,
+                MAX_L);
+        return 2;
+    }
     int ndev = 0;
     if (kvs_gpu_device_count(&ndev, &err) != KVS_OK) {
         printf("SKIP: bench_overhead: %s\n", err.msg);
@@ -335,12 +357,11 @@ int main(int argc, char **argv) {
     }
     char desc[512];
     kvs_gpu_device_describe(0, desc, sizeof desc, &err);
-    /* qwen2.5-vl-7b: 28 layers, 28 query heads, 4 KV heads, d = 128 */
-    const int L = 28, Hq = 28, Hkv = 4, d = 128, W = 32;
+    const int L = sc.n_layers, Hq = sc.n_q_heads, Hkv = sc.n_kv_heads, d = sc.head_dim, W = 32;
     const size_t es = kvs_dtype_size(dt);
-    printf("bench_overhead: %s\nshape qwen2.5-vl-7b (L=%d Hq=%d Hkv=%d d=%d), dtype %s, ratio %g, "
-           "reps %d (+%d warm-up), %d rotated input sets\n",
-           desc, L, Hq, Hkv, d, kvs_dtype_name(dt), ratio, reps, WARMUP, SETS);
+    printf("bench_overhead: %s\nshape %s (L=%d Hq=%d Hkv=%d d=%d), dtype %s, ratio %g, "
+           "reps %d (+%d warm-up), up to %d rotated input sets\n",
+           desc, shape, L, Hq, Hkv, d, kvs_dtype_name(dt), ratio, reps, WARMUP, SETS);
 
     /* device copy bandwidth */
     double copy_gbs = 0.0;
@@ -371,8 +392,8 @@ int main(int argc, char **argv) {
         printf("device copy bandwidth (read + write): %.0f GB/s\n", copy_gbs);
     }
 
-    if (bench_passes(dt, L, Hq, Hkv, d, budget_s - (now_s() - t_start)) != 0) return 1;
-    if (bench_routes(dt, L, Hq, Hkv, d, budget_s - (now_s() - t_start)) != 0) return 1;
+    if (extras && bench_passes(dt, L, Hq, Hkv, d, budget_s - (now_s() - t_start)) != 0) return 1;
+    if (extras && bench_routes(dt, L, Hq, Hkv, d, budget_s - (now_s() - t_start)) != 0) return 1;
 
     row rows[MAX_N * MAX_M];
     int nrows = 0;
@@ -388,21 +409,33 @@ int main(int argc, char **argv) {
         const int N = Ns[ni];
         const int Nq = need_q_all ? N : W;
         const size_t nkv = (size_t)Hkv * N * d, nq = (size_t)Hq * Nq * d;
-        void *K[SETS][28], *V[SETS][28], *Q[SETS][28];
-        float *ko[28], *vo[28];
+        void *K[SETS][MAX_L], *V[SETS][MAX_L], *Q[SETS][MAX_L];
+        float *ko[MAX_L], *vo[MAX_L];
         memset(K, 0, sizeof K);
         memset(V, 0, sizeof V);
         memset(Q, 0, sizeof Q);
         memset(ko, 0, sizeof ko);
         memset(vo, 0, sizeof vo);
-        kvs_layer layers[SETS][28];
+        kvs_layer layers[SETS][MAX_L];
         kvs_cache_view cv[SETS];
         uint8_t *mod = malloc((size_t)N);
         for (int j = 0; j < N; j++) mod[j] = (j < N / 10 || j >= N - N / 10) ? KVS_MOD_TEXT : KVS_MOD_IMAGE;
         kvs_shape mx = {L, N, Hkv, Hq, d, 0, 1};
         kvs_gpu_workspace *ws = NULL;
-        int ok = kvs_gpu_workspace_init(&ws, &mx, &err) == KVS_OK;
-        for (int s = 0; ok && s < SETS; s++)
+        int ok = kvs_gpu_workspace_init(&ws, &mx, &err) == KVS_OK, nsets = 0, fits = 1;
+        if (ok) { /* input sets that fit in 80% of the free memory, outputs included */
+            size_t fr = 0, tot = 0;
+            cudaMemGetInfo(&fr, &tot);
+            const double set_b = (double)L * (2.0 * nkv + nq) * es, out_b = 2.0 * L * nkv * 4.0;
+            nsets = 2 * set_b + out_b <= 0.8 * fr ? 2 : set_b + out_b <= 0.8 * fr ? 1 : 0;
+            if (nsets < SETS)
+                printf("N=%d: %s (one input set %.1f GB, outputs %.1f GB, %.1f GB free)\n", N,
+                       nsets ? "one input set only" : "skipped: does not fit", set_b / 1e9, out_b / 1e9,
+                       fr / 1e9);
+            if (!nsets) snprintf(err.msg, sizeof err.msg, "does not fit in device memory");
+            ok = fits = nsets > 0;
+        }
+        for (int s = 0; ok && s < nsets; s++)
             for (int l = 0; ok && l < L; l++) {
                 ok = kvs_gpu_malloc(&K[s][l], nkv * es, &err) == KVS_OK &&
                      kvs_gpu_malloc(&V[s][l], nkv * es, &err) == KVS_OK &&
@@ -423,7 +456,7 @@ int main(int argc, char **argv) {
             ok = kvs_gpu_malloc((void **)&ko[l], nkv * 4, &err) == KVS_OK &&
                  kvs_gpu_malloc((void **)&vo[l], nkv * 4, &err) == KVS_OK;
         if (ok) ok = kvs_gpu_sync(ws, &err) == KVS_OK;
-        if (!ok) printf("N=%d: setup failed: %s\n", N, err.msg);
+        if (!ok && fits) printf("N=%d: setup failed: %s\n", N, err.msg);
         if (ok) {
             const int on = kvs_gpu_workspace_tensor_cores(ws, tc);
             int kern = -1;
@@ -449,8 +482,9 @@ int main(int argc, char **argv) {
             r->flops = attn ? (strcmp(methods[m], "meda") ? 2.0 : 3.0) * L * 2.0 * Hq * (double)N * N / 2.0 * d
                             : !strcmp(methods[m], "snapkv") ? 2.0 * L * 2.0 * Hq * (double)W * N * d : 0.0;
             if (!ok) {
-                r->status = 2;
-                snprintf(r->why, sizeof r->why, "setup failed");
+                r->status = fits ? 2 : 1;
+                snprintf(r->why, sizeof r->why, "%s",
+                         fits ? "setup failed" : "skipped: does not fit in device memory");
                 continue;
             }
             const kvs_method *me = kvs_method_find(methods[m]);
@@ -486,7 +520,7 @@ int main(int argc, char **argv) {
             cudaEventCreate(&e1);
             cudaEventCreate(&e2);
             for (int it = -WARMUP; it < reps && r->status == 0; it++) {
-                const kvs_cache_view *c = &cv[(it + WARMUP) % SETS];
+                const kvs_cache_view *c = &cv[(it + WARMUP) % nsets];
                 kvs_plan plan;
                 cudaEventRecord(e0, st);
                 kvs_status s = kvs_gpu_compress(methods[m], &p, c, &b, ws, &plan, &err);
@@ -564,9 +598,9 @@ int main(int argc, char **argv) {
     if (f)
         fprintf(f, "device,shape,dtype,method,N,status,select_median_ms,select_p10_ms,select_p90_ms,"
                    "total_median_ms,bytes,gbs,copy_gbs,tflops,reps,note\n");
-    printf("\n== GPU compression overhead, qwen2.5-vl-7b, %s, ratio %g (ms; select = kvs_gpu_compress, "
+    printf("\n== GPU compression overhead, %s, %s, ratio %g (ms; select = kvs_gpu_compress, "
            "total = + compaction/merge) ==\n",
-           kvs_dtype_name(dt), ratio);
+           shape, kvs_dtype_name(dt), ratio);
     printf("%-12s %6s %10s %10s %10s %10s %8s %6s %7s\n", "method", "N", "median", "p10", "p90",
            "total", "GB/s", "%copy", "TFLOP/s");
     for (int i = 0; i < nrows; i++) {
@@ -580,8 +614,8 @@ int main(int argc, char **argv) {
             printf("%-12s %6d %s\n", r->method, r->N, r->why);
         }
         if (f)
-            fprintf(f, "\"%s\",qwen2.5-vl-7b,%s,%s,%d,%s,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f,%.1f,%.3f,%d,\"%s\"\n",
-                    desc, kvs_dtype_name(dt), r->method, r->N,
+            fprintf(f, "\"%s\",%s,%s,%s,%d,%s,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f,%.1f,%.3f,%d,\"%s\"\n",
+                    desc, shape, kvs_dtype_name(dt), r->method, r->N,
                     r->status == 0 ? "ok" : r->status == 1 ? "skipped" : "failed", r->med, r->p10, r->p90,
                     r->total_med, r->bytes, r->status == 0 ? r->bytes / (r->med * 1e6) : 0.0, copy_gbs,
                     r->status == 0 ? r->flops / (r->med * 1e9) : 0.0, reps, r->why);

@@ -2,8 +2,10 @@
 # tests/gpu/run.sh -- the one-shot device check: environment (nvidia-smi,
 # nvcc, cmake), build dependencies (tests/gpu/deps.sh), configure + build of
 # the CUDA targets only (sm_90 + PTX), the GPU parity tests (CTest label
-# "gpu"), the latency benchmark (qwen2.5-vl-7b shape, fp16, N = 2K..64K),
-# and a short summary table printed last.
+# "gpu", the C ABI's CUDA path included), the latency benchmark (fp16, N =
+# 2K..64K; the qwen2.5-vl-7b shape first, with the attention-pass and DCT-route
+# extras, then gemma3-270m and llava-1.5-7b), compute-sanitizer's memcheck on
+# the kernel tests when time is left, and a short summary table printed last.
 #
 # usage: bash tests/gpu/run.sh [OUTDIR]     (default: $OUT, else ./gpu-out)
 # On the device machine (no network there):
@@ -12,7 +14,9 @@
 # packages the configure step requires; the staged .debs are unpacked into
 # /tmp, never into /).
 # Logs in OUTDIR, one per step: env.log (nvidia-smi, nvcc, cmake), deps.log,
-# configure.log, build.log, tests.log, bench.log, overhead.csv, summary.txt.
+# configure.log, build.log, tests.log, bench-SHAPE.log, overhead-SHAPE.csv,
+# sanitizer.log, summary.txt. (The device tool returns at most 8 files: pass
+# a folder outside $OUT and tar it into $OUT.)
 # Time: everything runs under an overall cap KVS_GPU_TOTAL_S (default 420 s,
 # i.e. 7 min); each step under `timeout`; a failing parity test does not stop
 # the benchmark, which gets what is left and skips, visibly, the cells it
@@ -83,7 +87,7 @@ fi
 if [ "$status_cfg" -eq 0 ]; then
   status_build=0
   timeout "$(cap 240 150)" cmake --build "$BUILD" -j"$JOBS" --target test_gpu_kernels \
-    test_gpu_methods test_gpu_attn_mma test_gpu_fc_gemm bench_overhead > "$OUTDIR/build.log" 2>&1 || status_build=$?
+    test_gpu_methods test_gpu_attn_mma test_gpu_fc_gemm abi_gpu bench_overhead > "$OUTDIR/build.log" 2>&1 || status_build=$?
   note "build: rc=$status_build in $(($(date +%s) - T0)) s since start (log: build.log)"
   [ "$status_build" -ne 0 ] && grep -m5 -iE "error|Error [0-9]" "$OUTDIR/build.log" | tee -a "$SUMMARY"
 fi
@@ -101,25 +105,53 @@ if [ "$status_build" -eq 0 ]; then
 fi
 
 # ---- benchmark (runs even when a parity test failed) ---------------------------------
+# Three shapes share what is left: qwen2.5-vl-7b (the bars' shape) 55%,
+# gemma3-270m 20%, llava-1.5-7b the rest; each skips, visibly, the cells it
+# cannot fit. A sanitizer pass, if any, gets the last 60 s.
 BENCH="$BUILD/tests/gpu/bench_overhead"
+SHAPES="qwen2.5-vl-7b:55:1 gemma3-270m:20:0 llava-1.5-7b:100:0"
 if [ "$status_build" -eq 0 ] && [ -x "$BENCH" ]; then
-  remaining=$(($(left) - 10))
-  if [ "$remaining" -gt 30 ]; then
-    status_bench=0
+  status_bench=0
+  total_b=$(($(left) - 70))
+  for sp in $SHAPES; do
+    shape=${sp%%:*} rest=${sp#*:}
+    pct=${rest%%:*} extras=${rest#*:}
+    remaining=$(($(left) - 70))
+    share=$((total_b * pct / 100))
+    [ "$share" -gt "$remaining" ] && share=$remaining
+    if [ "$share" -lt 30 ]; then
+      note "benchmark $shape: not run, only ${share}s left"
+      continue
+    fi
+    rc=0
     # shellcheck disable=SC2086
-    timeout -k 5 "$remaining" "$BENCH" --budget-s $((remaining - 25)) --cell-s 60 \
-      --csv "$OUTDIR/overhead.csv" ${KVS_GPU_BENCH_ARGS:-} > "$OUTDIR/bench.log" 2>&1 ||
-      status_bench=$?
-    case "$status_bench" in
-      0) note "benchmark: ok (log: bench.log, rows: overhead.csv)" ;;
-      77) note "benchmark: $(grep -m1 '^SKIP' "$OUTDIR/bench.log" || echo 'skipped (rc 77)')" ;;
-      124 | 137) note "benchmark: killed at the time cap (${remaining}s); cells so far below" ;;
-      *) note "benchmark: rc=$status_bench (log: bench.log)"
-         tail -3 "$OUTDIR/bench.log" | tee -a "$SUMMARY" ;;
+    timeout -k 5 "$share" "$BENCH" --shape "$shape" --extras "$extras" --budget-s $((share - 15)) \
+      --cell-s 60 --csv "$OUTDIR/overhead-$shape.csv" ${KVS_GPU_BENCH_ARGS:-} \
+      > "$OUTDIR/bench-$shape.log" 2>&1 || rc=$?
+    case "$rc" in
+      0) note "benchmark $shape: ok (log: bench-$shape.log, rows: overhead-$shape.csv)" ;;
+      77) note "benchmark $shape: $(grep -m1 '^SKIP' "$OUTDIR/bench-$shape.log" || echo 'skipped (rc 77)')"
+          status_bench=77 ;;
+      124 | 137) note "benchmark $shape: killed at the time cap (${share}s); cells so far below"
+                 status_bench=1 ;;
+      *) note "benchmark $shape: rc=$rc (log: bench-$shape.log)"
+         tail -3 "$OUTDIR/bench-$shape.log" | tee -a "$SUMMARY"
+         status_bench=1 ;;
     esac
-  else
-    note "benchmark: not run, only ${remaining}s left"
-  fi
+    [ "$rc" -eq 77 ] && break
+  done
+fi
+
+# ---- memcheck of the kernel tests (when time is left) ---------------------------------
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ "$status_build" -eq 0 ] && [ -x "$SAN" ] && [ "$(left)" -gt 40 ]; then
+  status_san=0
+  for t in test_gpu_kernels test_gpu_attn_mma; do
+    [ "$(left)" -gt 25 ] || break
+    timeout -k 5 "$(cap 60 10)" "$SAN" --tool memcheck --error-exitcode 9 \
+      "$BUILD/tests/kernels/$t" >> "$OUTDIR/sanitizer.log" 2>&1 || status_san=$?
+  done
+  note "memcheck: rc=$status_san: $(grep -m1 -E 'ERROR SUMMARY' "$OUTDIR/sanitizer.log" || echo 'no summary (log: sanitizer.log)')"
 fi
 
 # ---- verdict and the short table (last) -------------------------------------------
@@ -139,12 +171,13 @@ note "elapsed: $(($(date +%s) - T0)) s; exit $verdict" \
      "(deps $status_deps, configure $status_cfg, build $status_build, tests $status_tests," \
      "bench $status_bench$([ "$no_device" -eq 1 ] && echo ', no CUDA device'))"
 echo
-if [ -s "$OUTDIR/bench.log" ]; then
-  grep -E '^(bench_overhead:|shape |device copy|attention tiles|attention passes|flashcache routes)' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
-  if grep -q '^== GPU compression overhead' "$OUTDIR/bench.log"; then
-    sed -n '/^== GPU compression overhead/,$p' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
+for log in "$OUTDIR"/bench-*.log; do
+  [ -s "$log" ] || continue
+  grep -E '^(bench_overhead:|shape |device copy|attention tiles|attention passes|flashcache routes|N=)' "$log" | tee -a "$SUMMARY"
+  if grep -q '^== GPU compression overhead' "$log"; then
+    sed -n '/^== GPU compression overhead/,$p' "$log" | tee -a "$SUMMARY"
   else # killed before its table: the cells it printed as it went
-    grep -E '^[a-z0-9]+ +N= *[0-9]+' "$OUTDIR/bench.log" | tee -a "$SUMMARY"
+    grep -E '^[a-z0-9]+ +N= *[0-9]+' "$log" | tee -a "$SUMMARY"
   fi
-fi
+done
 exit "$verdict"

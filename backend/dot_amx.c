@@ -8,12 +8,18 @@
  * One tdpbssd makes 16 x 16 x 32 multiply-adds and gives each weight
  * block's integer dot exactly; the float steps after it are the route's
  * (dot_bs.c says which), so these kernels and the AVX-512 VNNI engine of
- * dot_bs.c give the same bits. One column: 16 rows in the lanes of one
- * accumulator (Q4_K, Q6_K: two rows at a time without tiles, dot_bs.h, which
- * measured faster than their tiles); many columns: 16 columns in the lanes.
+ * dot_bs.c give the same bits. Many columns, 16 in the lanes of a tile.
+ * dot_bs.c sends calls here from KVS_AMX_MIN_COLS (32) columns only:
+ * prefill's chunks, and batches of 32 sequences and more. Measured on a
+ * 2-core Sapphire Rapids VM (2026-12-04, `kvsieve bench --batch`, ms a decode
+ * step, VNNI engine / these tiles): one sequence Gemma 3 13.0 / 18.9 and
+ * Qwen2.5 19.7 / 35.6 (the one-column tile kernel this file had, now
+ * removed), 3-8 sequences 5-15% slower here, 16 3-7% slower, 32 about even
+ * (Gemma 54.7 / 54.6, Qwen2.5 89.0 / 83.2), 64 10% faster (107 / 97, 164 /
+ * 148), prefill at 512 tokens ~15-20% faster (Qwen2.5 626-631 / 719-758
+ * tok/s).
  *
- * What it is not: no other types, no threading (forward.c splits rows), no
- * prefill (forward.c's prefill dequantises and calls sgemm).
+ * What it is not: no other types, no threading (forward.c splits rows).
  */
 #define _GNU_SOURCE /* syscall() */
 #include <assert.h>
@@ -65,16 +71,17 @@ int kvs_dot_amx_available(void) {
 
 /* ---- tiles -------------------------------------------------------------------------
  * Two sets so that two blocks are in flight: tmm0 / tmm3 A, 16 weight rows of
- * one block (16 x 32 int8); tmm1 / tmm4 B, one activation block of ncol
+ * one block (16 x 32 int8); tmm1 / tmm4 B, one activation block of 16
  * columns in the VNNI order (8 rows of 4 bytes per column); tmm2 / tmm5 C,
- * 16 x ncol int32. ncol is 1 (one column, rows in the lanes) or 16. */
+ * 16 x 16 int32. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 } tile_cfg;
 
-static void tiles_config(int ncol, int k) { /* k: values per tile product, 32 or 16 (Q6_K's groups) */
+static void tiles_config(int k) { /* k: values per tile product, 32 or 16 (Q6_K's groups) */
+    const int ncol = 16;
     tile_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
@@ -106,51 +113,6 @@ static void tiles_config(int ncol, int k) { /* k: values per tile product, 32 or
         }                                                                                                       \
     } while (0)
 
-/* One column, 16 rows per group in the lanes of one accumulator. */
-static void rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t n,
-                     float *out) {
-    if (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K) {
-        bs_kq_rows_one(type, rows, rb, nrows, x, n, out);
-        return;
-    }
-    const int64_t nb = n / 32;
-    const int bs = bsize(type), q8 = type == KVS_GGML_Q8_0;
-    const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)rb));
-    _Alignas(64) int8_t wb[2][16 * 32];
-    _Alignas(64) int32_t cb[2][16];
-    const int64_t ng = nrows / 16 * 16, nu = nb;
-    tiles_config(1, 32);
-    for (int64_t g = 0; g < ng; g += 16) {
-        const uint8_t *r0 = rows + (size_t)g * rb;
-        __m512 acc = _mm512_setzero_ps();
-        int64_t b = 0;
-/* block B on tile set (TA, TB, TC) through buffers wb[S], cb[S] */
-#define KVS_ONE_LOAD(B, TA, TB, TC, S)                                                                          \
-    do {                                                                                                        \
-        const uint8_t *blk = r0 + (B) * bs;                                                                     \
-        if (q8) _tile_loadd(TA, blk + 2, (long)rb);                                                             \
-        else {                                                                                                  \
-            unpack16(type, blk, rb, wb[S], 32, _mm256_setzero_si256());                                                                       \
-            _tile_loadd(TA, wb[S], 32);                                                                         \
-        }                                                                                                       \
-        _tile_loadd(TB, x[B].q, 4);                                                                             \
-        _tile_zero(TC);                                                                                         \
-        _tile_dpbssd(TC, TA, TB);                                                                               \
-        _tile_stored(TC, cb[S], 4);                                                                             \
-    } while (0)
-#define KVS_ONE_ACC(B, S)                                                                                       \
-    acc = _mm512_fmadd_ps(_mm512_mul_ps(scales16(r0 + (B) * bs, roff), _mm512_set1_ps(x[B].d)),              \
-                          _mm512_cvtepi32_ps(_mm512_load_si512(cb[S])), acc)
-        KVS_BLOCK_PAIRS(KVS_ONE_LOAD, KVS_ONE_ACC);
-#undef KVS_ONE_LOAD
-#undef KVS_ONE_ACC
-        _mm512_storeu_ps(out + g, acc);
-    }
-    _tile_release();
-    for (int64_t r = ng; r < nrows; r++) out[r] = bs_one_row(type, rows + (size_t)r * rb, x, n);
-}
-
 /* Many columns: per pass, as many 16-column tiles as KVS_BS_BP bytes of
  * packed activations hold (B tiles [tile][block][8][16] int32, scales
  * [tile][block][16]); per group of 16 rows, their scales (and for Q5_0 their
@@ -173,7 +135,7 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
     const int ntile = (ncols + 15) / 16;
     const int per = (int)(KVS_BS_BP / (nb * 512)); /* tiles per pass; >= 1 since nb <= 256 */
     assert(per >= 1);
-    tiles_config(16, q6 ? 16 : 32);
+    tiles_config(q6 ? 16 : 32);
     for (int t0 = 0; t0 < ntile; t0 += per) {
         const int tn = ntile - t0 < per ? ntile - t0 : per;
         bs_pack(q6, x, xs, ncols, t0, tn, nb, bp, dxt, sxt, NULL, 0);
@@ -236,7 +198,6 @@ static void rows_cols(int type, const uint8_t *rows, size_t rb, int64_t nrows, c
 
 void kvs_dot_amx_rows(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t xs,
                       int ncols, int64_t n, float *out, int64_t os) {
-    assert(kvs_dot_amx_available() && n <= KVS_BS_NMAX);
-    if (ncols == 1) rows_one(type, rows, rb, nrows, x, n, out);
-    else rows_cols(type, rows, rb, nrows, x, xs, ncols, n, out, os);
+    assert(kvs_dot_amx_available() && n <= KVS_BS_NMAX && ncols >= 1);
+    rows_cols(type, rows, rb, nrows, x, xs, ncols, n, out, os);
 }

@@ -506,6 +506,9 @@ void kvs_dot_q8a_rows_bs_vnni(int type, const void *rows, size_t row_bytes, int6
 void kvs_dot_q8a_rows_bs(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
                          int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
     assert(kvs_dot_bs_route(type, n));
-    if (kvs_dot_bs_engine() == 2) kvs_dot_amx_rows(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+    /* AMX tiles from KVS_AMX_MIN_COLS columns (prefill's chunks, large batches); fewer take the VNNI kernels
+     * on AMX machines too: the same bits, and faster there (dot_amx.c) */
+    if (kvs_dot_bs_engine() == 2 && ncols >= KVS_AMX_MIN_COLS)
+        kvs_dot_amx_rows(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
     else kvs_dot_q8a_rows_bs_vnni(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
 }

@@ -262,21 +262,11 @@ static inline void bs_pack(int q6, const kvs_q8a_block *x, int64_t xs, int ncols
     }
 }
 
-/* One column of Q4_K / Q6_K rows: two rows at a time (their fma chains
- * overlap), the last one alone. */
-static inline void bs_kq_rows_one(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x,
-                                  int64_t n, float *out) {
-    int64_t r = 0;
-    for (; r + 2 <= nrows; r += 2) {
-        const uint8_t *rp[2] = {rows + (size_t)r * rb, rows + (size_t)(r + 1) * rb};
-        if (type == KVS_GGML_Q4_K) q4k_rows(2, rp, x, n, out + r);
-        else q6k_rows(2, rp, x, n, out + r);
-    }
-    if (r < nrows) out[r] = bs_one_row(type, rows + (size_t)r * rb, x, n);
-}
-
-/* The AMX engine (dot_amx.c): one column or many, as kvs_dot_q8a_rows; only
- * where kvs_dot_amx_available() is 1. */
+/* The AMX engine (dot_amx.c): many columns, as kvs_dot_q8a_rows; only where
+ * kvs_dot_amx_available() is 1. kvs_dot_q8a_rows_bs gives it calls of at
+ * least KVS_AMX_MIN_COLS columns: below that the VNNI kernels were as fast or
+ * faster on a 2-core Sapphire Rapids VM (dot_amx.c has the numbers). */
+#define KVS_AMX_MIN_COLS 32
 void kvs_dot_amx_rows(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t xs,
                       int ncols, int64_t n, float *out, int64_t os);
 

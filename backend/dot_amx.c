@@ -14,7 +14,7 @@
  * 2-core Sapphire Rapids VM (2026-12-04, `kvsieve bench --batch`, ms a decode
  * step, VNNI engine / these tiles): one sequence Gemma 3 13.0 / 18.9 and
  * Qwen2.5 19.7 / 35.6 (the one-column tile kernel this file had, now
- * removed), 3-8 sequences 5-15% slower here, 16 3-7% slower, 32 about even
+ * removed), 3-8 sequences 3-18% slower here, 16 3-7% slower, 32 about even
  * (Gemma 54.7 / 54.6, Qwen2.5 89.0 / 83.2), 64 10% faster (107 / 97, 164 /
  * 148), prefill at 512 tokens ~15-20% faster (Qwen2.5 626-631 / 719-758
  * tok/s).

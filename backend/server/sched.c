@@ -281,6 +281,18 @@ static void admit(kvs_server *s, srv_job *j) {
     }
     j->prompt_ms = kvs_now_ms() - t0;
     srv_note_prefill(s, g->n_prompt, j->prompt_ms);
+    /* Sliding-window layers keep only their window once the prompt is in (each variant trims its copy
+     * after compressing). When no variant compresses those layers, trim the prefill's cache once
+     * instead: the copies are then smaller (Gemma 3: 5 of 6 layers hold 512 rows, not the prompt, and
+     * no recorded queries) and no variant pays the trim. Every variant ends in the same state. */
+    if (j->n_outs > 1) {
+        int local = 0;
+        for (int i = 0; i < g->n_variants; i++) local |= g->variants[i].compress_local;
+        if (!local && kvs_session_trim_local(pre, &err) != KVS_OK) {
+            srv_fail(&j->e, 500, "", "trimming the sliding-window layers failed: %s", err.msg);
+            goto fail;
+        }
+    }
     for (int i = 0; i < j->n_outs; i++) {
         int reason = job_cancel_asked(j);
         if (reason) {

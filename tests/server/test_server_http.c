@@ -460,6 +460,37 @@ static void test_variants(void) {
     cJSON_Delete(r);
     cJSON_Delete(plain);
 
+    /* no variant compresses sliding-window layers: the server trims the prefill's cache once before the
+     * copies (sched.c); every variant must still decode what it decodes alone, and report the same cache */
+    {
+        static const char *const kv1[3] = {"{\"method\": \"full\"}", "{\"method\": \"streamingllm\", \"ratio\": 0.5}",
+                                           "{\"method\": \"snapkv\", \"tokens\": 8}"};
+        snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_compression\": {\"variants\": [%s, %s, %s]}}",
+                 prompt, kv1[0], kv1[1], kv1[2]);
+        cJSON *rv = call_json("POST", "/completion", req, &st);
+        CHECK_EQ_INT(st, 200);
+        const cJSON *vv = rv ? obj(rv, "variants") : NULL;
+        CHECK_EQ_INT(cJSON_GetArraySize(vv), 3);
+        for (int i = 0; i < 3 && cJSON_GetArraySize(vv) == 3; i++) {
+            snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_compression\": %s}", prompt, kv1[i]);
+            cJSON *alone = call_json("POST", "/completion", req, &st);
+            CHECK_EQ_INT(st, 200);
+            const cJSON *v = cJSON_GetArrayItem(vv, i);
+            CHECK_MSG(alone && cJSON_Compare(obj(v, "tokens"), obj(alone, "tokens"), 1),
+                      "variant %d (%s) decodes other tokens than alone", i, kv1[i]);
+            const cJSON *la = alone ? obj(obj(alone, "kv"), "layers") : NULL, *lv = obj(obj(v, "kv"), "layers");
+            CHECK_MSG(cJSON_GetArraySize(la) == g_spec.n_layers && cJSON_GetArraySize(lv) == g_spec.n_layers,
+                      "variant %d: kv.layers missing", i);
+            for (int l = 0; la && lv && l < g_spec.n_layers; l++)
+                CHECK_MSG(num(cJSON_GetArrayItem(la, l), "tokens_after") == num(cJSON_GetArrayItem(lv, l), "tokens_after") &&
+                              num(cJSON_GetArrayItem(la, l), "tokens_before") ==
+                                  num(cJSON_GetArrayItem(lv, l), "tokens_before"),
+                          "variant %d layer %d: the cache differs from the variant alone", i, l);
+            cJSON_Delete(alone);
+        }
+        cJSON_Delete(rv);
+    }
+
     /* one object: "kv" describes it, no "variants" */
     pre0 = metric("kvsieve_prefills_total");
     snprintf(req, sizeof req,

@@ -432,7 +432,6 @@ int main(int argc, char **argv) {
                 printf("N=%d: %s (one input set %.1f GB, outputs %.1f GB, %.1f GB free)\n", N,
                        nsets ? "one input set only" : "skipped: does not fit", set_b / 1e9, out_b / 1e9,
                        fr / 1e9);
-            if (!nsets) snprintf(err.msg, sizeof err.msg, "does not fit in device memory");
             ok = fits = nsets > 0;
         }
         for (int s = 0; ok && s < nsets; s++)

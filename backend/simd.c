@@ -346,6 +346,7 @@ KVS_INLINE void dot_heads(int bf, const int NH, const float *q, size_t qs, const
         for (int h = 0; h < NH; h++) a0[h] = a1[h] = _mm256_setzero_ps();
         int i = 0;
         for (; i + 16 <= n; i += 16) {
+            if (i % 32 == 0) kvs_prefetch_ahead(r + i);
             __m256 k0 = ld_cache8(bf, r + i), k1 = ld_cache8(bf, r + i + 8);
 #pragma GCC unroll 4
             for (int h = 0; h < NH; h++) {
@@ -376,6 +377,7 @@ KVS_INLINE void axpy_heads(int bf, const int NH, float *o, size_t os, const floa
         }
         for (int t = 0; t < nrows; t++) {
             const uint16_t *r = x + (size_t)t * rse + d;
+            if (d % 32 == 0) kvs_prefetch_ahead(r);
             __m256 v0 = ld_cache8(bf, r), v1 = ld_cache8(bf, r + 8);
 #pragma GCC unroll 4
             for (int h = 0; h < NH; h++) {
@@ -445,31 +447,31 @@ static int group_passes(int nh) { return (nh + KVS_GROUP_REGS - 1) / KVS_GROUP_R
 static int group_first(int nh, int nb, int b) { return (int)((long)nh * b / nb); }
 #endif
 
-#ifdef KVS_SIMD_F16C
-/* Software prefetch of the block two blocks ahead (rows [t0 + 2B, t0 + 3B),
- * B = KVS_GROUP_ROWS) while this one is computed: a block is 32 rows of one
- * KV head, and the hardware prefetcher alone left Qwen2.5's decode attention
- * waiting on memory (about 187 cycles per key and value row pair at 8K against
- * 56 of FMAs). Measured: Qwen2.5 decode after 4096 tokens, five alternating
- * runs, median 47.9 -> 52.7 tok/s (Zen 4, 2 threads); one block ahead was
- * 52.8 but noisier. Changes no number. */
-static inline void prefetch_rows(const uint16_t *x, size_t rse, int t0, int nrows, int n) {
-    int a = t0 + 2 * KVS_GROUP_ROWS, b = a + KVS_GROUP_ROWS;
-    if (b > nrows) b = nrows;
-    for (int t = a; t < b; t++)
-        for (int e = 0; e < n; e += 32) _mm_prefetch((const char *)(x + (size_t)t * rse + e), _MM_HINT_T0);
-}
+
+const char *kvs_attn_kernels(int ctype, int n) {
+#ifdef KVS_HAVE_ATTN512
+    if (ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available()) return "avx512f";
 #endif
+#ifdef KVS_SIMD_F16C
+    if (ctype != KVS_CACHE_F32) return "avx2";
+#endif
+    return "one head at a time";
+}
 
 void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
                          int n, float scale, float *out, size_t ostride) {
+#ifdef KVS_HAVE_ATTN512
+    if (ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available()) {
+        kvs_dot_cache_heads512(ctype == KVS_CACHE_BF16, q, qstride, nh, k, rstride, nrows, n, scale, out, ostride);
+        return;
+    }
+#endif
 #ifdef KVS_SIMD_F16C
     if (ctype != KVS_CACHE_F32) {
         const uint16_t *kh = k;
         const int nb = group_passes(nh), bf = ctype == KVS_CACHE_BF16;
         for (int t0 = 0; t0 < nrows; t0 += KVS_GROUP_ROWS) {
             int nr = nrows - t0 < KVS_GROUP_ROWS ? nrows - t0 : KVS_GROUP_ROWS;
-            prefetch_rows(kh, rstride, t0, nrows, n);
             for (int b = 0; b < nb; b++) {
                 int h0 = group_first(nh, nb, b), h1 = group_first(nh, nb, b + 1);
                 dot_heads_blk(bf, h1 - h0, q + (size_t)h0 * qstride, qstride, kh + (size_t)t0 * rstride, rstride, nr,
@@ -489,6 +491,12 @@ void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, cons
 
 void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride, const void *x,
                           size_t rstride, int nrows, int n) {
+#ifdef KVS_HAVE_ATTN512
+    if (ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available()) {
+        kvs_axpy_cache_heads512(ctype == KVS_CACHE_BF16, o, ostride, nh, p, pstride, x, rstride, nrows, n);
+        return;
+    }
+#endif
 #ifdef KVS_SIMD_F16C
     if (ctype != KVS_CACHE_F32) {
         const uint16_t *xh = x;
@@ -496,7 +504,6 @@ void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const flo
         /* blocks in row order: each output element still sums its rows in order */
         for (int t0 = 0; t0 < nrows; t0 += KVS_GROUP_ROWS) {
             int nr = nrows - t0 < KVS_GROUP_ROWS ? nrows - t0 : KVS_GROUP_ROWS;
-            prefetch_rows(xh, rstride, t0, nrows, n);
             for (int b = 0; b < nb; b++) {
                 int h0 = group_first(nh, nb, b), h1 = group_first(nh, nb, b + 1);
                 axpy_heads_blk(bf, h1 - h0, o + (size_t)h0 * ostride, ostride, p + (size_t)h0 * pstride + t0, pstride,

@@ -8,6 +8,10 @@
  * a stride wider than the head. Values are random normal with some large and
  * tiny ones, so a changed summation order would show (a kernel that summed a
  * row's tail in reverse failed 522 of these checks).
+ * Where the CPU has AVX-512F the group kernels run attn512.c for head sizes
+ * that are multiples of 32 and simd.c's AVX2 kernels for the rest; ctest
+ * runs this test a second time with KVSIEVE_ATTN512=0 (backend_attn_avx2),
+ * so both are checked on such a CPU. The kernels taken are printed.
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,6 +29,7 @@ void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, cons
 void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride, const void *x,
                           size_t rstride, int nrows, int n);
 void kvs_cache_from_f32(int ctype, const float *src, void *dst, int n);
+const char *kvs_attn_kernels(int ctype, int n);
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double urand(void) {
@@ -93,6 +98,8 @@ int main(void) {
     static const int heads[] = {1, 2, 3, 4, 5, 7, 8, 9, 11};
     static const int sizes[] = {64, 128, 256, 16, 8, 24, 40, 37, 5, 1};
     static const int nrows[] = {1, 31, 32, 33, 97};
+    printf("group kernels: f16 n 64 %s, bf16 n 256 %s, f16 n 40 %s\n", kvs_attn_kernels(KVS_CACHE_F16, 64),
+           kvs_attn_kernels(KVS_CACHE_BF16, 256), kvs_attn_kernels(KVS_CACHE_F16, 40));
     for (int c = 0; c < 2; c++) {
         const int ctype = c ? KVS_CACHE_BF16 : KVS_CACHE_F16;
         for (size_t a = 0; a < sizeof heads / sizeof *heads; a++)

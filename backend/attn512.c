@@ -58,6 +58,12 @@ A512_INLINE __m512 ld16(int bf, const uint16_t *p) {
     return _mm512_cvtph_ps(h);
 }
 
+/* The AVX2 kernel's a0 + a1: lanes 0-7 plus lanes 8-15 (AVX-512F has no
+ * 256-bit float extract, hence the double view). */
+A512_INLINE __m256 a0_plus_a1(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
 /* {hsum8(v[0]), .., hsum8(v[7])} for eight rows' a0 + a1 (v: [8][8]) bit for
  * bit: each lane takes hsum8's additions in its order (low half + high half,
  * then lanes 0 + 2 and 1 + 3, then those two); only the shuffles that line
@@ -106,10 +112,8 @@ A512_INLINE void dot_blk(int bf, const int NH, const float *q, size_t qs, const 
             }
 #pragma GCC unroll 8
             for (int h = 0; h < NH; h++) {
-                _mm256_store_ps(v[h] + 8 * r, _mm256_add_ps(_mm512_castps512_ps256(a[h]),
-                                                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[h]), 1))));
-                _mm256_store_ps(v[h] + 8 * r + 8, _mm256_add_ps(_mm512_castps512_ps256(b[h]),
-                                                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(b[h]), 1))));
+                _mm256_store_ps(v[h] + 8 * r, a0_plus_a1(a[h]));
+                _mm256_store_ps(v[h] + 8 * r + 8, a0_plus_a1(b[h]));
             }
         }
         const __mmask8 keep = (__mmask8)((1u << m) - 1);

@@ -10,18 +10,21 @@
  *   - dot: one zmm per 16-element chunk holds the AVX2 kernel's two
  *     accumulators (lanes 0-7 = a0, lanes 8-15 = a1), so each lane sees the
  *     same fma chain; a0 + a1 is the low half plus the high half, and the
- *     horizontal sum of eight rows is done at once by hsum8_rows, which adds
- *     the lanes in hsum8's order.
+ *     horizontal sums of eight rows are done at once on zmm registers
+ *     (pair_sums, reduce8), every lane through hsum8's additions in order.
  *   - axpy: every output element's fma chain over the rows in order, as
  *     before; only the chunk width (32 elements, 2 zmm) and the number of
  *     heads a pass (up to 8) differ, which change no operation.
  * Why it is faster: two rows at a time in the dot (14 independent fma chains
- * where one row had 7: a row's chain is only d / 16 long) and one conversion
- * of each element for up to 8 heads; one row at a time on zmm was no faster
- * than AVX2. A one-thread harness on a 2-core Sapphire Rapids VM (7 heads,
- * d 64, dot then axpy, ns a key + value row pair): rows in cache 27 -> 23,
- * rows streamed from 96 MiB 39 -> 32-34 (both with the spread prefetch of
- * engine_private.h; docs/performance.md, last subsection).
+ * where one row had 7: a row's chain is only d / 16 long), the eight-row
+ * reduction on zmm (fewer shuffle-port operations than a 256-bit tree or a
+ * horizontal sum a row), and one conversion of each element for up to 8
+ * heads in the axpy; one row at a time on zmm was no faster than AVX2. A
+ * one-thread harness on a 2-core Sapphire Rapids VM (7 heads, d 64, dot then
+ * axpy, ns a key + value row pair): rows in cache 27 -> 23, rows streamed
+ * from 96 MiB 39 -> 32-34 (both with the spread prefetch of
+ * engine_private.h), and the zmm reduction took the dot alone a further
+ * 13-19% (docs/performance.md, last subsection).
  *
  * What it is not: no f32 rows, no other head sizes, no threads.
  */
@@ -58,42 +61,43 @@ A512_INLINE __m512 ld16(int bf, const uint16_t *p) {
     return _mm512_cvtph_ps(h);
 }
 
-/* The AVX2 kernel's a0 + a1: lanes 0-7 plus lanes 8-15 (AVX-512F has no
- * 256-bit float extract, hence the double view). */
-A512_INLINE __m256 a0_plus_a1(__m512 a) {
-    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+/* Eight rows' horizontal sums at once, bit for bit those of the AVX2 kernel
+ * (hsum8 of a0 + a1 per row). Rows j and j + 4 are accumulated together (a
+ * and b), and z = [a0 + a1 of row j | a0 + a1 of row j + 4] is the first
+ * addition of both (low 256 bits + high 256 bits). reduce8 then takes every
+ * lane through hsum8's remaining additions in its order: each 128-bit quarter
+ * of a row's a0 + a1 low + high, lanes 0 + 2 and 1 + 3, then those two; the
+ * shuffles only line the operands up (rows 0..7 come out in lanes 0..7). */
+A512_INLINE __m512 pair_sums(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
 }
 
-/* {hsum8(v[0]), .., hsum8(v[7])} for eight rows' a0 + a1 (v: [8][8]) bit for
- * bit: each lane takes hsum8's additions in its order (low half + high half,
- * then lanes 0 + 2 and 1 + 3, then those two); only the shuffles that line
- * the operands up differ. */
-A512_INLINE __m256 hsum8_rows(const float *v) {
-    __m256 s[4]; /* s[j]: rows j | j + 4, each low half + high half */
-    for (int j = 0; j < 4; j++) {
-        __m256 a = _mm256_load_ps(v + 8 * j), b = _mm256_load_ps(v + 8 * (j + 4));
-        s[j] = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-    }
-    /* lanes 0 + 2 and 1 + 3: rows 0, 1 | 4, 5 and rows 2, 3 | 6, 7 */
-    __m256 u01 = _mm256_add_ps(_mm256_shuffle_ps(s[0], s[1], 0x44), _mm256_shuffle_ps(s[0], s[1], 0xEE));
-    __m256 u23 = _mm256_add_ps(_mm256_shuffle_ps(s[2], s[3], 0x44), _mm256_shuffle_ps(s[2], s[3], 0xEE));
-    /* lane 0 + lane 1: rows 0 .. 7 in order */
-    return _mm256_add_ps(_mm256_shuffle_ps(u01, u23, 0x88), _mm256_shuffle_ps(u01, u23, 0xDD));
+A512_INLINE __m256 reduce8(const float *z /* [4][16]: pair j at z + 16 j */) {
+    const __m512 z0 = _mm512_load_ps(z), z1 = _mm512_load_ps(z + 16), z2 = _mm512_load_ps(z + 32),
+                 z3 = _mm512_load_ps(z + 48);
+    /* quarters: rows 0, 4, 1, 5 and rows 2, 6, 3, 7, each low half + high half of its a0 + a1 */
+    const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
+    const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(z2, z3, 0x88), _mm512_shuffle_f32x4(z2, z3, 0xDD));
+    /* lanes 0 + 2 and 1 + 3: quarters rows 0, 2 | 4, 6 | 1, 3 | 5, 7 */
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
+    /* lane 0 + lane 1: quarters r0, r2, r0, r2 | r4, r6, .. | r1, r3, .. | r5, r7, .. */
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u, u, 0x88), _mm512_shuffle_ps(u, u, 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 4, 12, 5, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, r));
 }
 
 /* out[h * os + t] = q_h . row t * scale for NH heads, rows [0, nrows) of one block */
 A512_INLINE void dot_blk(int bf, const int NH, const float *q, size_t qs, const uint16_t *k, size_t rse, int nrows,
                          int n, float scale, float *out, size_t os) {
-    _Alignas(32) float v[A512_HEADS][64]; /* head h, row r of the group: a0 + a1 at v[h] + 8 r */
+    _Alignas(64) float z[A512_HEADS][64]; /* head h, pair j: [a0 + a1 of row j | of row j + 4] at z[h] + 16 j */
     const __m256 vs = _mm256_set1_ps(scale);
     for (int t = 0; t < nrows; t += 8) {
         const int m = nrows - t < 8 ? nrows - t : 8;
-        if (m < 8) /* the rows past the end: defined values, never stored */
-            for (int h = 0; h < NH; h++)
-                for (int e = 8 * m; e < 64; e++) v[h][e] = 0;
-        for (int r = 0; r < m; r += 2) {
-            /* rows r and r + 1 together (r + 1 past the end: row r again, never stored) */
-            const uint16_t *r0 = k + (size_t)(t + r) * rse, *r1 = r + 1 < m ? r0 + rse : r0;
+        const uint16_t *base = k + (size_t)t * rse;
+        for (int j = 0; j < 4; j++) {
+            /* rows j and j + 4; a row past the end reads row 0 again, and its sums are never stored */
+            const uint16_t *r0 = j < m ? base + (size_t)j * rse : base;
+            const uint16_t *r1 = j + 4 < m ? base + (size_t)(j + 4) * rse : base;
             __m512 a[A512_HEADS], b[A512_HEADS];
 #pragma GCC unroll 8
             for (int h = 0; h < NH; h++) a[h] = b[h] = _mm512_setzero_ps();
@@ -111,14 +115,11 @@ A512_INLINE void dot_blk(int bf, const int NH, const float *q, size_t qs, const 
                 }
             }
 #pragma GCC unroll 8
-            for (int h = 0; h < NH; h++) {
-                _mm256_store_ps(v[h] + 8 * r, a0_plus_a1(a[h]));
-                _mm256_store_ps(v[h] + 8 * r + 8, a0_plus_a1(b[h]));
-            }
+            for (int h = 0; h < NH; h++) _mm512_store_ps(z[h] + 16 * j, pair_sums(a[h], b[h]));
         }
         const __mmask8 keep = (__mmask8)((1u << m) - 1);
 #pragma GCC unroll 8
-        for (int h = 0; h < NH; h++) _mm256_mask_storeu_ps(out + h * os + t, keep, _mm256_mul_ps(hsum8_rows(v[h]), vs));
+        for (int h = 0; h < NH; h++) _mm256_mask_storeu_ps(out + h * os + t, keep, _mm256_mul_ps(reduce8(z[h]), vs));
     }
 }
 

@@ -447,10 +447,14 @@ static int group_passes(int nh) { return (nh + KVS_GROUP_REGS - 1) / KVS_GROUP_R
 static int group_first(int nh, int nb, int b) { return (int)((long)nh * b / nb); }
 #endif
 
+#ifdef KVS_HAVE_ATTN512
+/* attn512.c takes f16/bf16 rows of a multiple of 32 elements on AVX-512F CPUs */
+static int use_attn512(int ctype, int n) { return ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available(); }
+#endif
 
 const char *kvs_attn_kernels(int ctype, int n) {
 #ifdef KVS_HAVE_ATTN512
-    if (ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available()) return "avx512f";
+    if (use_attn512(ctype, n)) return "avx512f";
 #endif
 #ifdef KVS_SIMD_F16C
     if (ctype != KVS_CACHE_F32) return "avx2";
@@ -461,7 +465,7 @@ const char *kvs_attn_kernels(int ctype, int n) {
 void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
                          int n, float scale, float *out, size_t ostride) {
 #ifdef KVS_HAVE_ATTN512
-    if (ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available()) {
+    if (use_attn512(ctype, n)) {
         kvs_dot_cache_heads512(ctype == KVS_CACHE_BF16, q, qstride, nh, k, rstride, nrows, n, scale, out, ostride);
         return;
     }
@@ -492,7 +496,7 @@ void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, cons
 void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride, const void *x,
                           size_t rstride, int nrows, int n) {
 #ifdef KVS_HAVE_ATTN512
-    if (ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available()) {
+    if (use_attn512(ctype, n)) {
         kvs_axpy_cache_heads512(ctype == KVS_CACHE_BF16, o, ostride, nh, p, pstride, x, rstride, nrows, n);
         return;
     }

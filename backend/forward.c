@@ -155,7 +155,23 @@ typedef struct {
     float *sbuf;      /* NULL: scores in each session's own buffer; else [threads][G][sstride] */
     size_t sstride;
     atomic_int next;  /* first job not yet claimed */
+    int phase;        /* -1: att_run's one pass; 0, 1, 2: att_split_run's phases */
 } att_job;
+
+/* The first row of KV head g of layer c (len rows) that a query at position
+ * pos sees: 0, or in a sliding-window layer the first inside the window
+ * (positions ascend, so a binary search). */
+static int att_first_row(const kv_layer *c, int g, int len, int pos, int window) {
+    if (window <= 0) return 0;
+    const int32_t *P = c->pos + (size_t)g * c->cap;
+    int lo = 0, hi = len;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (pos - P[mid] >= window) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
 
 /* Jobs are (sequence, KV head, part of its query heads): the heads of a job
  * go together over the group's key and value rows, so each f16/bf16 row is
@@ -178,17 +194,7 @@ static void att_run(void *arg, int ith, int nth) {
         const kv_layer *c = &s->kv[j->l];
         const int ct = s->ctype, pos = j->db->pos[i], len = j->db->lim[i];
         const uint8_t *K = kvs_kv_row(s, c, c->k, g, 0), *V = kvs_kv_row(s, c, c->v, g, 0);
-        const int32_t *P = c->pos + (size_t)g * c->cap;
-        int j0 = 0;
-        if (j->window > 0) { /* positions ascending: first key inside the window */
-            int lo = 0, hi = len;
-            while (lo < hi) {
-                int mid = (lo + hi) / 2;
-                if (pos - P[mid] >= j->window) lo = mid + 1;
-                else hi = mid;
-            }
-            j0 = lo;
-        }
+        const int j0 = att_first_row(c, g, len, pos, j->window);
         /* head h0 + k's scores at sc + k * scs, indexed by row */
         float *sc = j->sbuf ? j->sbuf + (size_t)ith * G * j->sstride : s->scores + (size_t)h0 * s->n_ctx;
         const size_t scs = j->sbuf ? j->sstride : (size_t)s->n_ctx;
@@ -205,6 +211,64 @@ static void att_run(void *arg, int ith, int nth) {
             memset(o + (size_t)k * D, 0, sizeof(float) * (size_t)D);
         }
         kvs_axpy_cache_heads(ct, o, D, nh, sc + j0, scs, V + (size_t)j0 * D * s->esz, D, len - j0, D);
+    }
+}
+
+/* Fewer (sequence, KV head) units than threads (one sequence of a model with
+ * one KV head, as Gemma 3 270M), in three phases, parts = threads: (0) job
+ * (i, g, part) takes the key dots of all G heads of group g over its share
+ * of the rows; (1) job (i, h) the softmax of head h; (2) job (i, g, part) the
+ * value axpys of all G heads over its share of the head's elements (shares
+ * of 32: the kernels' chunk; where D does not split so, over its share of the
+ * heads, all elements). Each thread then reads its share of K and V once,
+ * where the one pass of att_run, split by query heads, had every thread
+ * read all of both. Every row's dot and every output element's fma chain
+ * over the rows are those of att_run, so the results are the same bits. */
+static void att_split_run(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    (void)ith;
+    const kvs_model_info *MI = &j->ss[0]->m->info;
+    const int D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, G = Hq / Hkv, P = nth;
+    const int dsplit = D % (32 * P) == 0;
+    const int njobs = j->phase == 1 ? j->n * Hq : j->n * Hkv * P;
+    for (;;) {
+        int job = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (job >= njobs) break;
+        const int i = j->phase == 1 ? job / Hq : job / (Hkv * P);
+        const int g = j->phase == 1 ? job % Hq / G : job % (Hkv * P) / P, part = job % P;
+        const kvs_session *s = j->ss[i];
+        const kv_layer *c = &s->kv[j->l];
+        const int ct = s->ctype, len = j->db->lim[i];
+        const int j0 = att_first_row(c, g, len, j->db->pos[i], j->window);
+        float *sc = s->scores + (size_t)g * G * s->n_ctx; /* head g G + k's scores at sc + k n_ctx */
+        const float *qh = j->db->q + ((size_t)i * Hq + (size_t)g * G) * D;
+        float *o = j->db->att + ((size_t)i * Hq + (size_t)g * G) * D;
+        if (j->phase == 0) {
+            const int r0 = j0 + (int)((int64_t)(len - j0) * part / P);
+            const int r1 = j0 + (int)((int64_t)(len - j0) * (part + 1) / P);
+            const uint8_t *K = kvs_kv_row(s, c, c->k, g, r0);
+            if (r1 > r0)
+                kvs_dot_cache_heads(ct, qh, D, G, K, D, r1 - r0, D, s->m->attn_scale, sc + r0, (size_t)s->n_ctx);
+        } else if (j->phase == 1) {
+            const int k = job % Hq % G;
+            float *r = sc + (size_t)k * s->n_ctx;
+            const float mx = kvs_vmax(r + j0, len - j0);
+            double sum = kvs_vexp_sub(r + j0, len - j0, mx);
+            kvs_vscale(r + j0, len - j0, (float)(1.0 / sum));
+            memset(o + (size_t)k * D, 0, sizeof(float) * (size_t)D);
+        } else {
+            const uint8_t *V = kvs_kv_row(s, c, c->v, g, j0);
+            if (dsplit) {
+                const int d0 = D / P * part, dn = D / P;
+                kvs_axpy_cache_heads(ct, o + d0, D, G, sc + j0, (size_t)s->n_ctx, V + (size_t)d0 * s->esz, D,
+                                     len - j0, dn);
+            } else {
+                const int h0 = G * part / P, nh = G * (part + 1) / P - h0;
+                if (nh > 0)
+                    kvs_axpy_cache_heads(ct, o + (size_t)h0 * D, D, nh, sc + (size_t)h0 * s->n_ctx + j0,
+                                         (size_t)s->n_ctx, V, D, len - j0, D);
+            }
+        }
     }
 }
 
@@ -228,8 +292,11 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
     const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
     const int gemma = m->arch == KVS_ARCH_GEMMA3, half = D / 2, mv = db->maxv;
     /* attention jobs: a whole GQA group each once there are enough of them for
-     * the threads; fewer sequences than threads split the groups (gemma3-270m
-     * has one KV head: alone, its 4 query heads go to 2 threads as 2 + 2) */
+     * the threads; with fewer units than threads (gemma3-270m has one KV head:
+     * one sequence alone) att_split_run's three phases share the rows and the
+     * elements out; where the scores are per-thread rows (sbuf: a session
+     * extends several columns) the groups' query heads are split instead
+     * (nsplit parts, att_run) */
     const int units = n * Hkv, nth = kvs_pool_size(pool), G = Hq / Hkv;
     const int nsplit = units >= nth ? 1 : (nth + units - 1) / units < G ? (nth + units - 1) / units : G;
     for (int i = 0; i < n; i++) {
@@ -266,8 +333,15 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
             c->len++;
             db->lim[i] = c->len;
         }
-        att_job aj = {ss, db, l, n, w->is_local ? MI->sliding_window : 0, nsplit, sbuf, sstride, 0};
-        kvs_pool_run(pool, att_run, &aj);
+        if (nsplit > 1 && !sbuf) {
+            for (int ph = 0; ph < 3; ph++) {
+                att_job aj = {ss, db, l, n, w->is_local ? MI->sliding_window : 0, nsplit, NULL, 0, 0, ph};
+                kvs_pool_run(pool, att_split_run, &aj);
+            }
+        } else {
+            att_job aj = {ss, db, l, n, w->is_local ? MI->sliding_window : 0, nsplit, sbuf, sstride, 0, -1};
+            kvs_pool_run(pool, att_run, &aj);
+        }
         matvec(pool, db, n, db->att, Hq * D, 1, &w->wo, db->o, E, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
         for (int i = 0; i < n; i++) {
             float *o = db->o + (size_t)i * E, *x = db->x + (size_t)i * E;

@@ -15,6 +15,8 @@
  * - sliding-window layers trimmed to their window (kvs_session_compress) give
  *   bit-identical logits to untrimmed ones through long extends and decoding
  *   past the trimmed buffer, and the stats report the bytes really held;
+ * - with one KV head (head size 64, and 16), a sequence alone decodes through
+ *   the three-phase split attention, bit-identical to the one pass;
  * - f16/bf16 caches: logits close to f32 (5e-3 / 3e-2 relative), KV bytes in the
  *   stats are 2 bytes per element, cache views carry the real dtype.
  */
@@ -58,11 +60,21 @@ static kvs_status prep(kvs_session *s, const int32_t *toks, int n, const char *m
     return kvs_session_compress(s, &co, NULL, err);
 }
 
-static void run_arch(const char *arch, int ctype) {
+/* kv_head_dim > 0: one KV head of that size (Gemma 3 270M's shape): a
+ * sequence alone then has fewer (sequence, KV head) units than the 2 threads
+ * and decodes through the engine's three-phase attention (rows, then heads,
+ * then elements split over the threads; by heads when the size does not split
+ * into 32s), which every comparison below holds to the one-pass path's bits
+ * (batches of 3 and 8, and extend, take the one pass). */
+static void run_arch(const char *arch, int ctype, int kv_head_dim) {
     kvs_err err = {0};
     tiny_spec sp = tiny_default(arch);
+    if (kv_head_dim > 0) {
+        sp.n_kv_heads = 1;
+        sp.head_dim = kv_head_dim;
+    }
     char path[64];
-    snprintf(path, sizeof path, "backend_batch_%s_%d.gguf", arch, ctype);
+    snprintf(path, sizeof path, "backend_batch_%s_%d_%d.gguf", arch, ctype, kv_head_dim);
     CHECK_OK(tiny_write(&sp, path, &err), &err);
     kvs_model *m = NULL;
     kvs_model_opts mo = {2};
@@ -307,8 +319,10 @@ static void run_types(void) {
 
 int main(void) {
     for (int ct = 0; ct < 3; ct++) {
-        run_arch("gemma3", ct);
-        run_arch("qwen2", ct);
+        run_arch("gemma3", ct, 0);
+        run_arch("qwen2", ct, 0);
+        run_arch("gemma3", ct, 64);
+        run_arch("gemma3", ct, 16);
     }
     run_types();
     return kvs_test_finish("backend_batch");

@@ -159,18 +159,9 @@ typedef struct {
 } att_job;
 
 /* The first row of KV head g of layer c (len rows) that a query at position
- * pos sees: 0, or in a sliding-window layer the first inside the window
- * (positions ascend, so a binary search). */
+ * pos sees: 0, or in a sliding-window layer the first inside the window. */
 static int att_first_row(const kv_layer *c, int g, int len, int pos, int window) {
-    if (window <= 0) return 0;
-    const int32_t *P = c->pos + (size_t)g * c->cap;
-    int lo = 0, hi = len;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (pos - P[mid] >= window) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
+    return window <= 0 ? 0 : kvs_kv_first_visible(c->pos + (size_t)g * c->cap, len, pos, window);
 }
 
 /* Jobs are (sequence, KV head, part of its query heads): the heads of a job

@@ -239,16 +239,7 @@ static int window_cap(const kvs_session *s) {
 static int kv_droppable(const kvs_session *s, const kv_layer *c, int p) {
     const int Hkv = s->m->info.n_kv_heads, W = s->m->info.sliding_window;
     int drop = c->len;
-    for (int g = 0; g < Hkv && drop > 0; g++) {
-        const int32_t *P = c->pos + (size_t)g * c->cap;
-        int lo = 0, hi = drop;
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (p - P[mid] >= W) lo = mid + 1;
-            else hi = mid;
-        }
-        drop = lo;
-    }
+    for (int g = 0; g < Hkv && drop > 0; g++) drop = kvs_kv_first_visible(c->pos + (size_t)g * c->cap, drop, p, W);
     return drop;
 }
 

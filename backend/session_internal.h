@@ -55,6 +55,19 @@ struct kvs_batch {
     dec_buf db;
 };
 
+/* The first of rows [0, n) of a KV head whose position P[row] a query at
+ * position pos still sees in a window of `window` positions (positions
+ * ascend per head, so a binary search); n if none. */
+static inline int kvs_kv_first_visible(const int32_t *P, int n, int pos, int window) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (pos - P[mid] >= window) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* Row n of KV head g (K or V buffer of layer c). */
 static inline uint8_t *kvs_kv_row(const kvs_session *s, const kv_layer *c, uint8_t *base, int g, int n) {
     return base + ((size_t)g * c->cap + (size_t)n) * s->m->info.head_dim * s->esz;

@@ -15,26 +15,28 @@
  *   - axpy: every output element's fma chain over the rows in order, as
  *     before; only the chunk width (32 elements, 2 zmm) and the number of
  *     heads a pass (up to 8) differ, which change no operation.
- * Why it is faster: four rows at a time in the dot, with heads in passes of
- * at most four (16 independent fma chains; a row's chain is only d / 16
- * long, so two rows of up to 8 heads left Gemma 3's 4 heads of d 256 with 8
- * chains of 16 waiting on the fma latency), the eight-row reduction on zmm
+ * Why it is faster: several rows at a time in the dot (a row's fma chain
+ * is only d / 16 long): two rows for 5-8 heads (10-16 chains), four rows
+ * for up to 4 heads (16 chains; two rows left Gemma 3's 4 heads of d 256
+ * with 8 chains of 16 dependent fmas); the eight-row reduction on zmm
  * (fewer shuffle-port operations than a 256-bit tree or a horizontal sum a
- * row), and one conversion of each element for up to 8 heads in the axpy,
+ * row); one conversion of each element for up to 8 heads in the axpy,
  * whose prefetch runs a whole block of rows ahead (a chunk pass reads one
  * line a row, so 8 KiB ahead was only 16 rows of d 256 and half of each
- * block's lines came late); one row at a time on zmm was no faster than
+ * block's lines came late). One row at a time on zmm was no faster than
  * AVX2. One-thread harnesses on a 2-core Sapphire Rapids VM, ns a row:
- *   - 2026-12-04 (7 heads, d 64, dot then axpy, a key + value row pair):
- *     rows in cache 27 -> 23, streamed from 96 MiB 39 -> 32-34 (both with
- *     the spread prefetch of engine_private.h); the zmm reduction took the
- *     dot alone a further 13-19%.
- *   - 2026-12-04 19:50 UTC, four rows and passes of four heads, dot only,
- *     before / after: 7 heads of d 64 15.8 / 13.2 in cache, 16.8 / 14.0
- *     streamed from 128 MiB; 4 of d 256 33.2 / 20.7 (33.3 / 22.3-25.0
- *     streamed); 2 of d 256 20.0 / 13.3; 4 of d 128 16.9 / 11.3; the axpy
- *     of 4 heads of d 256 streamed from 32 MiB 27.0-27.7 / 22.5-22.8 with
- *     the block-ahead prefetch (17.5 in cache, unchanged).
+ *   - 7 heads, d 64, dot then axpy (a key + value row pair): rows in cache
+ *     27 -> 23, streamed from 96 MiB 39 -> 32-34 (both with the spread
+ *     prefetch of engine_private.h); the zmm reduction took the dot alone a
+ *     further 13-19%.
+ *   - four rows (2026-12-04 19:00 UTC), dot only, before / after: 4 heads of
+ *     d 256 33.2 / 20.7 in cache, 33.3 / 22.3-25.0 streamed from 32 MiB; 2
+ *     of d 256 20.0 / 13.3; 4 of d 128 16.9 / 11.3; 4 of d 64 9.8 / 7.1.
+ *     The axpy of 4 heads of d 256 streamed from 32 MiB 27.0-27.7 / 22.5-22.8
+ *     with the block-ahead prefetch. Four rows for 7 heads (as passes of 4
+ *     + 3) was 15.8 -> 13.2 in cache but no faster from memory (17.8 / 17.7-
+ *     18.1 over 100 MiB), and Qwen2.5's full cache at 25K tokens decoded
+ *     20.7-21.3 tok/s against 21.3-21.6 with two rows: not kept.
  * (docs/performance.md, the last subsections.)
  *
  * What it is not: no f32 rows, no other head sizes, no threads.
@@ -46,8 +48,8 @@
 
 #include "engine_private.h"
 
-#define A512_HEADS 8     /* heads an axpy pass: 2 x 8 accumulators */
-#define A512_DOT_HEADS 4 /* heads a dot pass: 4 rows x 4 accumulators */
+#define A512_HEADS 8      /* heads a pass: 2 rows x 8 accumulators (dot), 2 x 8 (axpy) */
+#define A512_DOT4_HEADS 4 /* up to this many heads the dot takes 4 rows at a time (16 accumulators) */
 #define A512_ROWS 32     /* rows a block, as simd.c: 32 x 64 x 2 bytes = 4 KiB at Qwen2.5's head size */
 
 #if defined(__GNUC__)
@@ -101,45 +103,70 @@ A512_INLINE __m256 reduce8(const float *z /* [4][16]: pair j at z + 16 j */) {
 /* out[h * os + t] = q_h . row t * scale for NH heads, rows [0, nrows) of one block */
 A512_INLINE void dot_blk(int bf, const int NH, const float *q, size_t qs, const uint16_t *k, size_t rse, int nrows,
                          int n, float scale, float *out, size_t os) {
-    _Alignas(64) float z[A512_DOT_HEADS][64]; /* head h, pair j: [a0 + a1 of row j | of row j + 4] at z[h] + 16 j */
+    _Alignas(64) float z[A512_HEADS][64]; /* head h, pair j: [a0 + a1 of row j | of row j + 4] at z[h] + 16 j */
     const __m256 vs = _mm256_set1_ps(scale);
     for (int t = 0; t < nrows; t += 8) {
         const int m = nrows - t < 8 ? nrows - t : 8;
         const uint16_t *base = k + (size_t)t * rse;
-        for (int j = 0; j < 4; j += 2) {
-            /* rows j, j + 4 (one pair of reduce8's layout) and j + 1, j + 5 (the next); a row past the end
-             * reads row 0 again, and its sums are never stored */
-            const uint16_t *r0 = j < m ? base + (size_t)j * rse : base;
-            const uint16_t *r1 = j + 4 < m ? base + (size_t)(j + 4) * rse : base;
-            const uint16_t *r2 = j + 1 < m ? base + (size_t)(j + 1) * rse : base;
-            const uint16_t *r3 = j + 5 < m ? base + (size_t)(j + 5) * rse : base;
-            __m512 a[A512_DOT_HEADS], b[A512_DOT_HEADS], c[A512_DOT_HEADS], e[A512_DOT_HEADS];
+        if (NH <= A512_DOT4_HEADS) /* a constant per instance */
+            for (int j = 0; j < 4; j += 2) {
+                /* rows j, j + 4 (one pair of reduce8's layout) and j + 1, j + 5 (the next); a row past the end
+                 * reads row 0 again, and its sums are never stored */
+                const uint16_t *r0 = j < m ? base + (size_t)j * rse : base;
+                const uint16_t *r1 = j + 4 < m ? base + (size_t)(j + 4) * rse : base;
+                const uint16_t *r2 = j + 1 < m ? base + (size_t)(j + 1) * rse : base;
+                const uint16_t *r3 = j + 5 < m ? base + (size_t)(j + 5) * rse : base;
+                __m512 a[A512_DOT4_HEADS], b[A512_DOT4_HEADS], c[A512_DOT4_HEADS], e[A512_DOT4_HEADS];
 #pragma GCC unroll 4
-            for (int h = 0; h < NH; h++) a[h] = b[h] = c[h] = e[h] = _mm512_setzero_ps();
-            for (int i = 0; i < n; i += 16) {
-                if (i % 32 == 0) {
-                    kvs_prefetch_ahead(r0 + i);
-                    kvs_prefetch_ahead(r1 + i);
-                    kvs_prefetch_ahead(r2 + i);
-                    kvs_prefetch_ahead(r3 + i);
+                for (int h = 0; h < NH; h++) a[h] = b[h] = c[h] = e[h] = _mm512_setzero_ps();
+                for (int i = 0; i < n; i += 16) {
+                    if (i % 32 == 0) {
+                        kvs_prefetch_ahead(r0 + i);
+                        kvs_prefetch_ahead(r1 + i);
+                        kvs_prefetch_ahead(r2 + i);
+                        kvs_prefetch_ahead(r3 + i);
+                    }
+                    const __m512 k0 = ld16(bf, r0 + i), k1 = ld16(bf, r1 + i), k2 = ld16(bf, r2 + i),
+                                 k3 = ld16(bf, r3 + i);
+#pragma GCC unroll 4
+                    for (int h = 0; h < NH; h++) {
+                        const __m512 qq = _mm512_loadu_ps(q + h * qs + i);
+                        a[h] = _mm512_fmadd_ps(qq, k0, a[h]);
+                        b[h] = _mm512_fmadd_ps(qq, k1, b[h]);
+                        c[h] = _mm512_fmadd_ps(qq, k2, c[h]);
+                        e[h] = _mm512_fmadd_ps(qq, k3, e[h]);
+                    }
                 }
-                const __m512 k0 = ld16(bf, r0 + i), k1 = ld16(bf, r1 + i), k2 = ld16(bf, r2 + i),
-                             k3 = ld16(bf, r3 + i);
 #pragma GCC unroll 4
                 for (int h = 0; h < NH; h++) {
-                    const __m512 qq = _mm512_loadu_ps(q + h * qs + i);
-                    a[h] = _mm512_fmadd_ps(qq, k0, a[h]);
-                    b[h] = _mm512_fmadd_ps(qq, k1, b[h]);
-                    c[h] = _mm512_fmadd_ps(qq, k2, c[h]);
-                    e[h] = _mm512_fmadd_ps(qq, k3, e[h]);
+                    _mm512_store_ps(z[h] + 16 * j, pair_sums(a[h], b[h]));
+                    _mm512_store_ps(z[h] + 16 * (j + 1), pair_sums(c[h], e[h]));
                 }
             }
-#pragma GCC unroll 4
-            for (int h = 0; h < NH; h++) {
-                _mm512_store_ps(z[h] + 16 * j, pair_sums(a[h], b[h]));
-                _mm512_store_ps(z[h] + 16 * (j + 1), pair_sums(c[h], e[h]));
+        else
+            for (int j = 0; j < 4; j++) {
+                /* rows j and j + 4; a row past the end reads row 0 again, and its sums are never stored */
+                const uint16_t *r0 = j < m ? base + (size_t)j * rse : base;
+                const uint16_t *r1 = j + 4 < m ? base + (size_t)(j + 4) * rse : base;
+                __m512 a[A512_HEADS], b[A512_HEADS];
+#pragma GCC unroll 8
+                for (int h = 0; h < NH; h++) a[h] = b[h] = _mm512_setzero_ps();
+                for (int i = 0; i < n; i += 16) {
+                    if (i % 32 == 0) {
+                        kvs_prefetch_ahead(r0 + i);
+                        kvs_prefetch_ahead(r1 + i);
+                    }
+                    const __m512 k0 = ld16(bf, r0 + i), k1 = ld16(bf, r1 + i);
+#pragma GCC unroll 8
+                    for (int h = 0; h < NH; h++) {
+                        const __m512 qq = _mm512_loadu_ps(q + h * qs + i);
+                        a[h] = _mm512_fmadd_ps(qq, k0, a[h]);
+                        b[h] = _mm512_fmadd_ps(qq, k1, b[h]);
+                    }
+                }
+#pragma GCC unroll 8
+                for (int h = 0; h < NH; h++) _mm512_store_ps(z[h] + 16 * j, pair_sums(a[h], b[h]));
             }
-        }
         const __mmask8 keep = (__mmask8)((1u << m) - 1);
 #pragma GCC unroll 8
         for (int h = 0; h < NH; h++) _mm256_mask_storeu_ps(out + h * os + t, keep, _mm256_mul_ps(reduce8(z[h]), vs));
@@ -192,7 +219,7 @@ A512_INLINE void axpy_blk(int bf, const int NH, float *o, size_t os, const float
 static void dot_pass(int bf, int nh, const float *q, size_t qs, const uint16_t *k, size_t rse, int nrows, int n,
                      float scale, float *out, size_t os) {
     switch (nh * 2 + (bf != 0)) {
-        A512_CASES4(dot_blk, q, qs, k, rse, nrows, n, scale, out, os)
+        A512_CASES8(dot_blk, q, qs, k, rse, nrows, n, scale, out, os)
     default: break;
     }
 }
@@ -205,13 +232,13 @@ static void axpy_pass(int bf, int nh, float *o, size_t os, const float *p, size_
     }
 }
 
-/* Heads in passes of at most max, as even as possible (11 in eights: 6 + 5). */
-static int passes(int nh, int max) { return (nh + max - 1) / max; }
+/* Heads in passes of at most A512_HEADS, as even as possible (11: 6 + 5). */
+static int passes(int nh) { return (nh + A512_HEADS - 1) / A512_HEADS; }
 static int first(int nh, int nb, int b) { return (int)((long)nh * b / nb); }
 
 void kvs_dot_cache_heads512(int bf, const float *q, size_t qstride, int nh, const uint16_t *k, size_t rstride,
                             int nrows, int n, float scale, float *out, size_t ostride) {
-    const int nb = passes(nh, A512_DOT_HEADS);
+    const int nb = passes(nh);
     for (int t0 = 0; t0 < nrows; t0 += A512_ROWS) {
         const int nr = nrows - t0 < A512_ROWS ? nrows - t0 : A512_ROWS;
         for (int b = 0; b < nb; b++) {
@@ -224,7 +251,7 @@ void kvs_dot_cache_heads512(int bf, const float *q, size_t qstride, int nh, cons
 
 void kvs_axpy_cache_heads512(int bf, float *o, size_t ostride, int nh, const float *p, size_t pstride,
                              const uint16_t *x, size_t rstride, int nrows, int n) {
-    const int nb = passes(nh, A512_HEADS);
+    const int nb = passes(nh);
     for (int t0 = 0; t0 < nrows; t0 += A512_ROWS) { /* blocks in row order */
         const int nr = nrows - t0 < A512_ROWS ? nrows - t0 : A512_ROWS;
         for (int b = 0; b < nb; b++) {

@@ -50,7 +50,7 @@
 
 #define A512_HEADS 8      /* heads a pass: 2 rows x 8 accumulators (dot), 2 x 8 (axpy) */
 #define A512_DOT4_HEADS 4 /* up to this many heads the dot takes 4 rows at a time (16 accumulators) */
-#define A512_ROWS 32     /* rows a block, as simd.c: 32 x 64 x 2 bytes = 4 KiB at Qwen2.5's head size */
+#define A512_ROWS 32      /* rows a block, as simd.c: 32 x 64 x 2 bytes = 4 KiB at Qwen2.5's head size */
 
 #if defined(__GNUC__)
 #define A512_INLINE static inline __attribute__((always_inline))
@@ -210,16 +210,16 @@ A512_INLINE void axpy_blk(int bf, const int NH, float *o, size_t os, const float
 #define A512_CASE(F, NH, ...)                                                                                          \
     case 2 * (NH): F(0, NH, __VA_ARGS__); break;                                                                       \
     case 2 * (NH) + 1: F(1, NH, __VA_ARGS__); break;
-#define A512_CASES4(F, ...)                                                                                            \
-    A512_CASE(F, 1, __VA_ARGS__) A512_CASE(F, 2, __VA_ARGS__) A512_CASE(F, 3, __VA_ARGS__) A512_CASE(F, 4, __VA_ARGS__)
-#define A512_CASES8(F, ...)                                                                                            \
-    A512_CASES4(F, __VA_ARGS__)                                                                                        \
-    A512_CASE(F, 5, __VA_ARGS__) A512_CASE(F, 6, __VA_ARGS__) A512_CASE(F, 7, __VA_ARGS__) A512_CASE(F, 8, __VA_ARGS__)
+#define A512_CASES(F, ...)                                                                                             \
+    A512_CASE(F, 1, __VA_ARGS__) A512_CASE(F, 2, __VA_ARGS__)                                                          \
+    A512_CASE(F, 3, __VA_ARGS__) A512_CASE(F, 4, __VA_ARGS__)                                                          \
+    A512_CASE(F, 5, __VA_ARGS__) A512_CASE(F, 6, __VA_ARGS__)                                                          \
+    A512_CASE(F, 7, __VA_ARGS__) A512_CASE(F, 8, __VA_ARGS__)
 
 static void dot_pass(int bf, int nh, const float *q, size_t qs, const uint16_t *k, size_t rse, int nrows, int n,
                      float scale, float *out, size_t os) {
     switch (nh * 2 + (bf != 0)) {
-        A512_CASES8(dot_blk, q, qs, k, rse, nrows, n, scale, out, os)
+        A512_CASES(dot_blk, q, qs, k, rse, nrows, n, scale, out, os)
     default: break;
     }
 }
@@ -227,7 +227,7 @@ static void dot_pass(int bf, int nh, const float *q, size_t qs, const uint16_t *
 static void axpy_pass(int bf, int nh, float *o, size_t os, const float *p, size_t ps, const uint16_t *x, size_t rse,
                       int nrows, int n) {
     switch (nh * 2 + (bf != 0)) {
-        A512_CASES8(axpy_blk, o, os, p, ps, x, rse, nrows, n)
+        A512_CASES(axpy_blk, o, os, p, ps, x, rse, nrows, n)
     default: break;
     }
 }

@@ -108,65 +108,40 @@ A512_INLINE void dot_blk(int bf, const int NH, const float *q, size_t qs, const 
     for (int t = 0; t < nrows; t += 8) {
         const int m = nrows - t < 8 ? nrows - t : 8;
         const uint16_t *base = k + (size_t)t * rse;
-        if (NH <= A512_DOT4_HEADS) /* a constant per instance */
-            for (int j = 0; j < 4; j += 2) {
-                /* rows j, j + 4 (one pair of reduce8's layout) and j + 1, j + 5 (the next); a row past the end
-                 * reads row 0 again, and its sums are never stored */
-                const uint16_t *r0 = j < m ? base + (size_t)j * rse : base;
-                const uint16_t *r1 = j + 4 < m ? base + (size_t)(j + 4) * rse : base;
-                const uint16_t *r2 = j + 1 < m ? base + (size_t)(j + 1) * rse : base;
-                const uint16_t *r3 = j + 5 < m ? base + (size_t)(j + 5) * rse : base;
-                __m512 a[A512_DOT4_HEADS], b[A512_DOT4_HEADS], c[A512_DOT4_HEADS], e[A512_DOT4_HEADS];
+        /* R rows at a time, R / 2 of reduce8's pairs (rows j + p and j + p + 4): four for up to
+         * A512_DOT4_HEADS heads, two for more (the accumulators must fit in registers; R is a constant
+         * per instance). A row past the end reads row 0 again, and its sums are never stored. */
+        const int R = NH <= A512_DOT4_HEADS ? 4 : 2;
+        for (int j = 0; j < 4; j += R / 2) {
+            const uint16_t *r[4];
+            __m512 a[4][A512_HEADS];
 #pragma GCC unroll 4
-                for (int h = 0; h < NH; h++) a[h] = b[h] = c[h] = e[h] = _mm512_setzero_ps();
-                for (int i = 0; i < n; i += 16) {
-                    if (i % 32 == 0) {
-                        kvs_prefetch_ahead(r0 + i);
-                        kvs_prefetch_ahead(r1 + i);
-                        kvs_prefetch_ahead(r2 + i);
-                        kvs_prefetch_ahead(r3 + i);
-                    }
-                    const __m512 k0 = ld16(bf, r0 + i), k1 = ld16(bf, r1 + i), k2 = ld16(bf, r2 + i),
-                                 k3 = ld16(bf, r3 + i);
+            for (int x = 0; x < R; x++) {
+                const int row = j + x / 2 + (x % 2) * 4; /* x = 2 p: row j + p; x = 2 p + 1: row j + p + 4 */
+                r[x] = row < m ? base + (size_t)row * rse : base;
+#pragma GCC unroll 8
+                for (int h = 0; h < NH; h++) a[x][h] = _mm512_setzero_ps();
+            }
+            for (int i = 0; i < n; i += 16) {
+                __m512 kx[4];
 #pragma GCC unroll 4
-                    for (int h = 0; h < NH; h++) {
-                        const __m512 qq = _mm512_loadu_ps(q + h * qs + i);
-                        a[h] = _mm512_fmadd_ps(qq, k0, a[h]);
-                        b[h] = _mm512_fmadd_ps(qq, k1, b[h]);
-                        c[h] = _mm512_fmadd_ps(qq, k2, c[h]);
-                        e[h] = _mm512_fmadd_ps(qq, k3, e[h]);
-                    }
+                for (int x = 0; x < R; x++) {
+                    if (i % 32 == 0) kvs_prefetch_ahead(r[x] + i);
+                    kx[x] = ld16(bf, r[x] + i);
                 }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int h = 0; h < NH; h++) {
-                    _mm512_store_ps(z[h] + 16 * j, pair_sums(a[h], b[h]));
-                    _mm512_store_ps(z[h] + 16 * (j + 1), pair_sums(c[h], e[h]));
+                    const __m512 qq = _mm512_loadu_ps(q + h * qs + i);
+#pragma GCC unroll 4
+                    for (int x = 0; x < R; x++) a[x][h] = _mm512_fmadd_ps(qq, kx[x], a[x][h]);
                 }
             }
-        else
-            for (int j = 0; j < 4; j++) {
-                /* rows j and j + 4; a row past the end reads row 0 again, and its sums are never stored */
-                const uint16_t *r0 = j < m ? base + (size_t)j * rse : base;
-                const uint16_t *r1 = j + 4 < m ? base + (size_t)(j + 4) * rse : base;
-                __m512 a[A512_HEADS], b[A512_HEADS];
 #pragma GCC unroll 8
-                for (int h = 0; h < NH; h++) a[h] = b[h] = _mm512_setzero_ps();
-                for (int i = 0; i < n; i += 16) {
-                    if (i % 32 == 0) {
-                        kvs_prefetch_ahead(r0 + i);
-                        kvs_prefetch_ahead(r1 + i);
-                    }
-                    const __m512 k0 = ld16(bf, r0 + i), k1 = ld16(bf, r1 + i);
-#pragma GCC unroll 8
-                    for (int h = 0; h < NH; h++) {
-                        const __m512 qq = _mm512_loadu_ps(q + h * qs + i);
-                        a[h] = _mm512_fmadd_ps(qq, k0, a[h]);
-                        b[h] = _mm512_fmadd_ps(qq, k1, b[h]);
-                    }
-                }
-#pragma GCC unroll 8
-                for (int h = 0; h < NH; h++) _mm512_store_ps(z[h] + 16 * j, pair_sums(a[h], b[h]));
-            }
+            for (int h = 0; h < NH; h++)
+#pragma GCC unroll 2
+                for (int p = 0; p < R / 2; p++)
+                    _mm512_store_ps(z[h] + 16 * (j + p), pair_sums(a[2 * p][h], a[2 * p + 1][h]));
+        }
         const __mmask8 keep = (__mmask8)((1u << m) - 1);
 #pragma GCC unroll 8
         for (int h = 0; h < NH; h++) _mm256_mask_storeu_ps(out + h * os + t, keep, _mm256_mul_ps(reduce8(z[h]), vs));

@@ -50,7 +50,7 @@
 
 #include "engine_private.h"
 
-#define A512_HEADS 8      /* heads a pass: 2 rows x 8 accumulators (dot), 2 x 8 (axpy) */
+#define A512_HEADS 8      /* heads a pass: 2 rows x 8 accumulators (dot), 2 x 8 (axpy; 4 x 8 for rows of 64) */
 #define A512_DOT4_HEADS 4 /* up to this many heads the dot takes 4 rows at a time (16 accumulators) */
 #define A512_ROWS 32      /* rows a block, as simd.c: 32 x 64 x 2 bytes = 4 KiB at Qwen2.5's head size */
 
@@ -150,9 +150,47 @@ A512_INLINE void dot_blk(int bf, const int NH, const float *q, size_t qs, const 
     }
 }
 
+/* axpy_blk for rows of exactly 64 elements (Qwen2.5's and SmolLM2's head size), a whole row at a time: four
+ * zmm of values against every head's four accumulators (7 or 8 heads spill a few of them to the stack, and
+ * are still faster than two passes). The chunk passes read line 0 of every row of a block, then line 1;
+ * rows in address order stream faster from memory. One-thread harness, f16 rows, ns a row, chunk passes /
+ * whole rows, streamed from 100 MiB and in cache (512 rows): 7 heads 16.4-16.5 / 11.8-12.7 and 6.6 / 6.4;
+ * 8 heads 17.5 / 13.0 and 7.6 / 8.4; 3 heads 14.0 / 10.1 and 3.7 / 3.4; 1 head 11.1 / 10.5 and 2.2 / 2.1.
+ * Every output element's fma chain over the rows is the one of axpy_blk, so the bits are the same. */
+A512_INLINE void axpy_row64_blk(int bf, const int NH, float *o, size_t os, const float *p, size_t ps,
+                                const uint16_t *x, size_t rse, int nrows) {
+    __m512 c[A512_HEADS][4];
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) c[h][k] = _mm512_loadu_ps(o + h * os + 16 * k);
+    for (int t = 0; t < nrows; t++) {
+        const uint16_t *r = x + (size_t)t * rse;
+        kvs_prefetch_ahead(r);
+        kvs_prefetch_ahead(r + 32);
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) v[k] = ld16(bf, r + 16 * k);
+#pragma GCC unroll 8
+        for (int h = 0; h < NH; h++) {
+            const __m512 a = _mm512_set1_ps(p[h * ps + t]);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) c[h][k] = _mm512_fmadd_ps(a, v[k], c[h][k]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) _mm512_storeu_ps(o + h * os + 16 * k, c[h][k]);
+}
+
 /* o[h * os + d] += p[h * ps + t] row t [d], rows [0, nrows) in order, NH heads */
 A512_INLINE void axpy_blk(int bf, const int NH, float *o, size_t os, const float *p, size_t ps, const uint16_t *x,
                           size_t rse, int nrows, int n) {
+    if (n == 64) {
+        axpy_row64_blk(bf, NH, o, os, p, ps, x, rse, nrows);
+        return;
+    }
     /* a chunk pass reads one line a row: prefetch a whole block of rows ahead (at least the usual 8 KiB) */
     const size_t blk = (size_t)A512_ROWS * rse * 2, pf = blk > KVS_PREFETCH_AHEAD ? blk : KVS_PREFETCH_AHEAD;
     for (int d = 0; d < n; d += 32) {
@@ -179,41 +217,6 @@ A512_INLINE void axpy_blk(int bf, const int NH, float *o, size_t os, const float
             _mm512_storeu_ps(o + h * os + d + 16, c1[h]);
         }
     }
-}
-
-/* The same for rows of exactly 64 elements (Qwen2.5's and SmolLM2's head size), a whole row at a time: four
- * zmm of values against every head's four accumulators (7 or 8 heads spill a few of them to the stack, and
- * are still faster than two passes). axpy_blk's chunk passes read line 0 of every row of a block, then line 1;
- * rows in address order stream faster from memory. One-thread harness, f16 rows, ns a row, chunk passes /
- * whole rows, streamed from 100 MiB and in cache (512 rows): 7 heads 16.4-16.5 / 11.8-12.7 and 6.6 / 6.4;
- * 8 heads 17.5 / 13.0 and 7.6 / 8.4; 3 heads 14.0 / 10.1 and 3.7 / 3.4; 1 head 11.1 / 10.5 and 2.2 / 2.1.
- * Every output element's fma chain over the rows is the one of axpy_blk, so the bits are the same. */
-A512_INLINE void axpy_row64_blk(int bf, const int NH, float *o, size_t os, const float *p, size_t ps,
-                                const uint16_t *x, size_t rse, int nrows, int n) {
-    (void)n; /* 64 */
-    __m512 c[A512_HEADS][4];
-#pragma GCC unroll 8
-    for (int h = 0; h < NH; h++)
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) c[h][k] = _mm512_loadu_ps(o + h * os + 16 * k);
-    for (int t = 0; t < nrows; t++) {
-        const uint16_t *r = x + (size_t)t * rse;
-        kvs_prefetch_ahead(r);
-        kvs_prefetch_ahead(r + 32);
-        __m512 v[4];
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) v[k] = ld16(bf, r + 16 * k);
-#pragma GCC unroll 8
-        for (int h = 0; h < NH; h++) {
-            const __m512 a = _mm512_set1_ps(p[h * ps + t]);
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) c[h][k] = _mm512_fmadd_ps(a, v[k], c[h][k]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int h = 0; h < NH; h++)
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) _mm512_storeu_ps(o + h * os + 16 * k, c[h][k]);
 }
 
 /* One block for nh heads (1 .. 8; the callers split): the head count and
@@ -244,14 +247,6 @@ static void axpy_pass(int bf, int nh, float *o, size_t os, const float *p, size_
     }
 }
 
-static void axpy_row64_pass(int bf, int nh, float *o, size_t os, const float *p, size_t ps, const uint16_t *x,
-                            size_t rse, int nrows) {
-    switch (nh * 2 + (bf != 0)) {
-        A512_CASES(axpy_row64_blk, o, os, p, ps, x, rse, nrows, 64)
-    default: break;
-    }
-}
-
 /* Heads in passes of at most A512_HEADS, as even as possible (11: 6 + 5). */
 static int passes(int nh) { return (nh + A512_HEADS - 1) / A512_HEADS; }
 static int first(int nh, int nb, int b) { return (int)((long)nh * b / nb); }
@@ -271,16 +266,13 @@ void kvs_dot_cache_heads512(int bf, const float *q, size_t qstride, int nh, cons
 
 void kvs_axpy_cache_heads512(int bf, float *o, size_t ostride, int nh, const float *p, size_t pstride,
                              const uint16_t *x, size_t rstride, int nrows, int n) {
-    const int row64 = n == 64, nb = passes(nh);
+    const int nb = passes(nh);
     for (int t0 = 0; t0 < nrows; t0 += A512_ROWS) { /* blocks in row order */
         const int nr = nrows - t0 < A512_ROWS ? nrows - t0 : A512_ROWS;
         for (int b = 0; b < nb; b++) {
             const int h0 = first(nh, nb, b), h1 = first(nh, nb, b + 1);
-            float *ob = o + (size_t)h0 * ostride;
-            const float *pb = p + (size_t)h0 * pstride + t0;
-            const uint16_t *xb = x + (size_t)t0 * rstride;
-            if (row64) axpy_row64_pass(bf, h1 - h0, ob, ostride, pb, pstride, xb, rstride, nr);
-            else axpy_pass(bf, h1 - h0, ob, ostride, pb, pstride, xb, rstride, nr, n);
+            axpy_pass(bf, h1 - h0, o + (size_t)h0 * ostride, ostride, p + (size_t)h0 * pstride + t0, pstride,
+                      x + (size_t)t0 * rstride, rstride, nr, n);
         }
     }
 }

@@ -22,7 +22,7 @@ unset KVSIEVE_LIBRARY KVSIEVE_CLI PYTHONPATH PYTHONHOME
 
 step "building the wheel from $SRC"
 t0=$(date +%s)
-"$PY" -m pip wheel "$SRC" -w "$TMP/dist" --no-deps >"$TMP/build.log" 2>&1 ||
+"$PY" -m pip wheel -v "$SRC" -w "$TMP/dist" --no-deps >"$TMP/build.log" 2>&1 ||
   { tail -40 "$TMP/build.log" >&2; fail "pip wheel (log above)"; }
 shopt -s nullglob
 wheels=("$TMP"/dist/kvsieve-*.whl)

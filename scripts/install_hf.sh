@@ -2,11 +2,14 @@
 # install_hf.sh -- the Python environment of the transformers backend
 # (kvsieve-hf) and its tests: a virtual environment with torch, transformers
 # and friends at pinned versions, from the Python package index only, plus the
-# kvsieve binding (python/, installed editable so it finds the checkout's
-# build/lib/libkvsieve.so). Idempotent: a second run only checks the pins and
-# prints the interpreter's path. Nothing is downloaded at run time: the tests
-# build their tiny models from configs, and the real text model is the GGUF
-# that scripts/install_model.sh already installed.
+# kvsieve binding (python/, put on the venv's path by a .pth file, as the
+# editable install of python/pyproject.toml did, so it finds the checkout's
+# build/lib/libkvsieve.so; the wheel of the root pyproject.toml would build
+# the C project a second time) and a kvsieve-hf command. Idempotent: a second
+# run only checks the pins and prints the interpreter's path. Nothing is
+# downloaded at run time: the tests build their tiny models from configs, and
+# the real text model is the GGUF that scripts/install_model.sh already
+# installed.
 #
 # The venv lives at $KVS_HF_VENV (default ~/.cache/kvsieve/hf-venv). torch
 # from the package index is the CUDA build (about 3 GB with its nvidia-*
@@ -21,7 +24,7 @@ PY=${PYTHON:-python3}
 PINS=(torch==2.15.0 torchvision==0.29.2 transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0 pillow==13.0.0
       numpy==2.4.6 gguf==0.19.0 accelerate==1.15.0)
 STAMP="$VENV/.kvsieve-pins"
-want="${PINS[*]} $(sha256sum "$HERE/python/pyproject.toml" | cut -c1-16)"  # re-install when the pins or the package change
+want="${PINS[*]} pth:$HERE/python"  # re-install when the pins or the checkout change
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] &&
    "$VENV/bin/python" -c "import kvsieve, torch, transformers" 2>/dev/null; then
   echo "$VENV/bin/python"
@@ -32,6 +35,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 "$VENV/bin/python" -m pip install --quiet "${PINS[@]}" >&2
-"$VENV/bin/python" -m pip install --quiet --no-deps -e "$HERE/python" >&2
+"$VENV/bin/python" -m pip uninstall --quiet --yes kvsieve >/dev/null 2>&1 || true  # an older editable install
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$HERE/python" > "$SITE/kvsieve-checkout.pth"
+printf '#!/bin/sh\nexec "%s" -m kvsieve.hf "$@"\n' "$VENV/bin/python" > "$VENV/bin/kvsieve-hf"
+chmod +x "$VENV/bin/kvsieve-hf"
 echo "$want" > "$STAMP"
 echo "$VENV/bin/python"

@@ -72,7 +72,7 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     kvs_status rc = check_values(m, p, err);
     if (rc) return rc;
     const int L = s->n_layers, N = s->n_tokens, H = s->n_kv_heads, Hq = s->n_q_heads;
-    if (L < 1 || N < 1 || H < 1 || Hq < H || Hq % H != 0)
+    if (L < 1 || N < 1 || H < 1 || (Hq > 0 && (Hq < H || Hq % H != 0)))
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: bad shape L=%d N=%d Hkv=%d Hq=%d", m->name, L,
                           N, H, Hq);
     if (!comp->scorer || !comp->allocator || !comp->pick || comp->merge != KVS_MERGE_NONE)

@@ -7,7 +7,9 @@
  * -cos(k_j, a). Keys that point away from the common direction are
  * distinctive and kept. Reads only K. Cost two passes over K per head (the
  * anchor, then the cosines): 2 N d, the stated bound; fp32 rows in tiles of
- * 64 (scratch allocated once), anchor and norms accumulated in double.
+ * 64, the key norms of pass 1 kept for pass 2 ([N] floats; scratch
+ * allocated once); norms, dots and each tile's anchor sum in fp32, the
+ * anchor's running sum over tiles in double.
  * Decisions where sources disagree:
  *   - Anchor: the paper and kvpress average the NORMALISED keys (default,
  *     anchor = normalized); our brief said "the mean key", offered as
@@ -30,6 +32,8 @@ typedef struct {
     int raw;
     float *rows;    /* [KD_TILE][d] */
     double *anchor; /* [d] */
+    float *unit;    /* [d] the anchor, normalised */
+    float *norm;    /* [N] key norms */
 } keydiff_state;
 
 static void keydiff_destroy(void *state) {
@@ -37,6 +41,8 @@ static void keydiff_destroy(void *state) {
     if (!st) return;
     free(st->rows);
     free(st->anchor);
+    free(st->unit);
+    free(st->norm);
     free(st);
 }
 
@@ -47,18 +53,14 @@ static kvs_status keydiff_create(const kvs_part_ctx *c, void **state, kvs_err *e
     st->raw = kvs_part_param(c->m, c->p, "anchor", 0) != 0;
     st->rows = malloc(sizeof(float) * KD_TILE * (size_t)c->shape.head_dim);
     st->anchor = malloc(sizeof(double) * (size_t)c->shape.head_dim);
-    if (!st->rows || !st->anchor) {
+    st->unit = malloc(sizeof(float) * (size_t)c->shape.head_dim);
+    st->norm = malloc(sizeof(float) * (size_t)c->shape.n_tokens);
+    if (!st->rows || !st->anchor || !st->unit || !st->norm) {
         keydiff_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     }
     *state = st;
     return KVS_OK;
-}
-
-static double row_norm(const float *r, int d) {
-    double ss = 0.0;
-    for (int t = 0; t < d; t++) ss += (double)r[t] * r[t];
-    return sqrt(ss);
 }
 
 static kvs_status keydiff_score(void *state, int layer, const kvs_layer *in, float *scores,
@@ -70,32 +72,36 @@ static kvs_status keydiff_score(void *state, int layer, const kvs_layer *in, flo
     double *a = st->anchor;
     for (int h = 0; h < H; h++) {
         for (int t = 0; t < d; t++) a[t] = 0.0;
-        for (int n0 = 0; n0 < N; n0 += KD_TILE) { /* pass 1: the anchor (sum; scale is irrelevant) */
+        for (int n0 = 0; n0 < N; n0 += KD_TILE) { /* pass 1: norms and the anchor sum */
             const int cnt = N - n0 < KD_TILE ? N - n0 : KD_TILE;
             kvs_view_rows_f32(&in->k, h, n0, cnt, st->rows);
+            float *ts = st->unit; /* the tile's fp32 sum, added to the double anchor */
+            for (int t = 0; t < d; t++) ts[t] = 0.0f;
             for (int i = 0; i < cnt; i++) {
                 const float *r = st->rows + (size_t)i * d;
-                double s = 1.0;
-                if (!st->raw) {
-                    const double nr = row_norm(r, d);
-                    if (nr == 0.0) continue;
-                    s = 1.0 / nr;
-                }
-                for (int t = 0; t < d; t++) a[t] += s * r[t];
+                float ss = 0.0f;
+                for (int t = 0; t < d; t++) ss += r[t] * r[t];
+                const float nr = sqrtf(ss);
+                st->norm[n0 + i] = nr;
+                if (!st->raw && nr == 0.0f) continue;
+                const float s = st->raw ? 1.0f : 1.0f / nr;
+                for (int t = 0; t < d; t++) ts[t] += s * r[t];
             }
+            for (int t = 0; t < d; t++) a[t] += ts[t];
         }
         double na = 0.0;
         for (int t = 0; t < d; t++) na += a[t] * a[t];
         na = sqrt(na);
+        for (int t = 0; t < d; t++) st->unit[t] = na > 0.0 ? (float)(a[t] / na) : 0.0f;
         for (int n0 = 0; n0 < N; n0 += KD_TILE) { /* pass 2: -cos(k_j, a) */
             const int cnt = N - n0 < KD_TILE ? N - n0 : KD_TILE;
             kvs_view_rows_f32(&in->k, h, n0, cnt, st->rows);
             for (int i = 0; i < cnt; i++) {
                 const float *r = st->rows + (size_t)i * d;
-                double dot = 0.0;
-                for (int t = 0; t < d; t++) dot += (double)r[t] * a[t];
-                const double den = row_norm(r, d) * na;
-                scores[(size_t)h * N + n0 + i] = den > 0.0 ? (float)(-dot / den) : 0.0f;
+                float dot = 0.0f;
+                for (int t = 0; t < d; t++) dot += r[t] * st->unit[t];
+                const float nr = st->norm[n0 + i];
+                scores[(size_t)h * N + n0 + i] = nr > 0.0f && na > 0.0 ? -dot / nr : 0.0f;
             }
         }
     }

@@ -11,8 +11,9 @@
  * O(N) scratch and one pick workspace of N entries; nothing per token is
  * allocated in a loop.
  * GPU: a CUDA view is KVS_ERR_UNSUPPORTED "<method>: layer l: not
- * implemented on GPU" here; kvs_gpu_compress refuses composed methods by name
- * before any view is read (they have no GPU driver in this slice).
+ * implemented on GPU" here (observe, before any value is read);
+ * kernels' kvs_gpu_compress refuses composed methods by name ("method X has
+ * no GPU implementation (device ...)"): they have no GPU driver in this slice.
  * What it is not: no scoring, allocation or picking of its own (the parts).
  */
 #include "kvs_parts.h"
@@ -42,7 +43,11 @@ static kvs_status check_values(const kvs_method *m, const kvs_params *p, kvs_err
         if (ok && (d->type == KVS_PARAM_INT || d->type == KVS_PARAM_FLOAT))
             ok = x >= d->min && x <= d->max && (d->type == KVS_PARAM_FLOAT || x == floor(x));
         if (ok && d->type == KVS_PARAM_BOOL) ok = x == 0.0 || x == 1.0;
-        if (ok && d->type == KVS_PARAM_ENUM) ok = x >= d->min && x <= d->max && x == floor(x);
+        if (ok && d->type == KVS_PARAM_ENUM) {
+            int n_choices = 1;
+            for (const char *c = d->choices; c && *c; c++) n_choices += *c == '|';
+            ok = x >= 0 && x < n_choices && x == floor(x);
+        }
         if (!ok)
             return kvs_errorf(err, KVS_ERR_INVALID, "%s: parameter %s = %g is out of range", m->name,
                               d->name, x);

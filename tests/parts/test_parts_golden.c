@@ -1,6 +1,7 @@
 /*
  * test_parts_golden.c -- hand-checked plans of the knorm, keydiff and tova
- * presets on 1-layer toy caches (the expected sets computed by hand below).
+ * presets, and of the chunk pick rule, on 1-layer toy caches (the expected
+ * sets computed by hand below).
  */
 #include "kvs_parts.h"
 #include "m1_util.h"
@@ -150,7 +151,48 @@ static void golden_tova(void) {
     m1_cache_free(&c);
 }
 
+/* chunk pick rule (knorm scores, no protect rules, chunk = 3), L = 1,
+ * Hkv = 1, N = 8, d = 2; key norms 1 1 1 | 5 5 5 | 1.2 1.2 (chunks [0,3),
+ * [3,6), [6,8) from token 0). Scores -norm; chunk sums -3, -15, -2.4.
+ *   B = 4: chunk 2 first (sum -2.4 > -3; its MEAN -1.2 would rank it after
+ *          chunk 0's -1), taken whole (2), then 2 more: chunk 0 has 3 > 2,
+ *          so its best 2 (tie -> lower) 0, 1              -> {0, 1, 6, 7}
+ *   B = 5: chunk 2 whole, chunk 0 whole                    -> {0, 1, 2, 6, 7}
+ *   B = 1: chunk 2 (2 > 1): its best, tie -> 6             -> {6} */
+static const kvs_param_def chunk_params[] = {KVS_PARTS_P_CHUNK(3)};
+static const kvs_composition chunk_comp = {.scorer = &kvs_scorer_knorm,
+                                           .allocator = &kvs_alloc_uniform,
+                                           .pick = &kvs_pick_chunk};
+extern const kvs_method chunk_m;
+static kvs_status chunk_create(const kvs_params *p, const kvs_shape *s, void **st, kvs_err *e) {
+    return kvs_compose_create(&chunk_comp, &chunk_m, p, s, st, e);
+}
+const kvs_method chunk_m = {.name = "knorm_chunk", .params = chunk_params, .n_params = 1,
+                            .create = chunk_create, .observe = kvs_compose_observe,
+                            .select = kvs_compose_select, .destroy = kvs_compose_destroy};
+
+static void golden_chunk(void) {
+    m1_cache c;
+    m1_cache_init(&c, 1, 1, 1, 8, 0, 2);
+    const float norms[8] = {1, 1, 1, 5, 5, 5, 1.2f, 1.2f};
+    for (int n = 0; n < 8; n++) setk(&c, 0, n, norms[n], 0);
+    kvs_params p;
+    kvs_plan pl;
+    kvs_params_defaults(&chunk_m, &p);
+    run_B(&chunk_m, &p, &c, 4, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 1, 6, 7);
+    kvs_plan_free(&pl);
+    run_B(&chunk_m, &p, &c, 5, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 1, 2, 6, 7);
+    kvs_plan_free(&pl);
+    run_B(&chunk_m, &p, &c, 1, &pl);
+    CHECK_ROW(&pl, 0, 0, 6);
+    kvs_plan_free(&pl);
+    m1_cache_free(&c);
+}
+
 int main(void) {
+    golden_chunk();
     golden_knorm();
     golden_keydiff();
     golden_tova();

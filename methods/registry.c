@@ -4,9 +4,15 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kvs_parts.h" /* the presets of methods/parts/ */
+
 static const kvs_method *const registry[] = {
     &kvs_method_full,  &kvs_method_random, &kvs_method_streamingllm, &kvs_method_h2o,
     &kvs_method_snapkv, &kvs_method_lookm, &kvs_method_meda,        &kvs_method_flashcache,
+    /* methods as parts (methods/parts/presets.c) */
+    &kvs_preset_knorm, &kvs_preset_tova, &kvs_preset_keydiff, &kvs_preset_pyramidkv,
+    &kvs_preset_chunkkv, &kvs_preset_snapkv_parts, &kvs_preset_h2o_parts,
+    &kvs_preset_streamingllm_parts,
 };
 
 int kvs_methods_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

@@ -1,0 +1,211 @@
+/*
+ * compose.c -- a composition of parts run as one kvs_method.
+ *
+ * What it is: create (check the parameter values against their declared
+ * ranges, the composition's shape rules, create the scorer), observe (host
+ * views only, layers in order, shapes; the scorer writes the layer's
+ * [Hkv][N] scores), select (the allocator's layer budgets, then per layer the
+ * protect rules' prefix / suffix and the pick rule on what is between; see
+ * kvs_parts.h), destroy.
+ * Memory: the scores [L][Hkv][N] (O(N) per head, as h2o), the scorer's own
+ * O(N) scratch and one pick workspace of N entries; nothing per token is
+ * allocated in a loop.
+ * GPU: a CUDA view is KVS_ERR_UNSUPPORTED "<method>: layer l: not
+ * implemented on GPU" here (observe, before any value is read);
+ * kernels' kvs_gpu_compress refuses composed methods by name ("method X has
+ * no GPU implementation (device ...)"): they have no GPU driver in this slice.
+ * What it is not: no scoring, allocation or picking of its own (the parts).
+ */
+#include "kvs_parts.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const kvs_composition *comp;
+    kvs_part_ctx ctx;
+    kvs_params params; /* a copy: ctx.p points here */
+    void *scorer_state;
+    int n_observed;
+    float *scores; /* [L][Hkv][N] */
+    kvs_pick_ws ws;
+} compose_state;
+
+static kvs_status check_values(const kvs_method *m, const kvs_params *p, kvs_err *err) {
+    if (p->n != m->n_params)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: expected %d parameter values, got %d", m->name,
+                          m->n_params, p->n);
+    for (int i = 0; i < m->n_params; i++) {
+        const kvs_param_def *d = &m->params[i];
+        const double x = p->v[i];
+        int ok = !isnan(x);
+        if (ok && (d->type == KVS_PARAM_INT || d->type == KVS_PARAM_FLOAT))
+            ok = x >= d->min && x <= d->max && (d->type == KVS_PARAM_FLOAT || x == floor(x));
+        if (ok && d->type == KVS_PARAM_BOOL) ok = x == 0.0 || x == 1.0;
+        if (ok && d->type == KVS_PARAM_ENUM) {
+            int n_choices = 1;
+            for (const char *c = d->choices; c && *c; c++) n_choices += *c == '|';
+            ok = x >= 0 && x < n_choices && x == floor(x);
+        }
+        if (!ok)
+            return kvs_errorf(err, KVS_ERR_INVALID, "%s: parameter %s = %g is out of range", m->name,
+                              d->name, x);
+    }
+    return KVS_OK;
+}
+
+int kvs_compose_queries_wanted(const kvs_composition *comp, const kvs_method *m,
+                               const kvs_params *p, int N) {
+    return comp->scorer->queries_wanted ? comp->scorer->queries_wanted(m, p, N) : 0;
+}
+
+void kvs_compose_destroy(void *state) {
+    compose_state *st = state;
+    if (!st) return;
+    if (st->scorer_state) st->comp->scorer->destroy(st->scorer_state);
+    free(st->scores);
+    free(st->ws.pairs);
+    free(st->ws.ibuf);
+    free(st->ws.mask);
+    free(st);
+}
+
+kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, const kvs_params *p,
+                              const kvs_shape *s, void **state, kvs_err *err) {
+    *state = NULL;
+    kvs_status rc = check_values(m, p, err);
+    if (rc) return rc;
+    const int L = s->n_layers, N = s->n_tokens, H = s->n_kv_heads, Hq = s->n_q_heads;
+    if (L < 1 || N < 1 || H < 1 || (Hq > 0 && (Hq < H || Hq % H != 0)))
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: bad shape L=%d N=%d Hkv=%d Hq=%d", m->name, L,
+                          N, H, Hq);
+    if (!comp->scorer || !comp->allocator || !comp->pick || comp->merge != KVS_MERGE_NONE)
+        return kvs_errorf(err, KVS_ERR_INTERNAL,
+                          "%s: incomplete composition (scorer, allocator and pick rule are "
+                          "required; merge must be none in this slice)",
+                          m->name);
+    int sides[2] = {0, 0};
+    for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
+        if (sides[comp->keep[i]->side]++)
+            return kvs_errorf(err, KVS_ERR_INTERNAL,
+                              "%s: composition has two %s keep rules (at most one each)", m->name,
+                              comp->keep[i]->side == KVS_KEEP_PREFIX ? "prefix" : "suffix");
+    compose_state *st = calloc(1, sizeof *st);
+    if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", m->name);
+    st->comp = comp;
+    st->params = *p;
+    st->ctx.m = m;
+    st->ctx.p = &st->params;
+    st->ctx.shape = *s;
+    if (st->ctx.shape.threads < 1) st->ctx.shape.threads = 1;
+    st->scores = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
+    st->ws.pairs = malloc(sizeof(kvs_pick_pair) * (size_t)N);
+    st->ws.ibuf = malloc(sizeof(int32_t) * (size_t)N);
+    st->ws.mask = malloc((size_t)N);
+    if (!st->scores || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask) {
+        kvs_compose_destroy(st);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for [L=%d][Hkv=%d][N=%d] scores",
+                          m->name, L, H, N);
+    }
+    rc = comp->scorer->create(&st->ctx, &st->scorer_state, err);
+    if (rc) {
+        st->scorer_state = NULL;
+        kvs_compose_destroy(st);
+        return kvs_err_prefix(err, "%s: scorer %s", m->name, comp->scorer->name);
+    }
+    *state = st;
+    return KVS_OK;
+}
+
+kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
+                               const uint8_t *modality, kvs_err *err) {
+    (void)modality; /* no part of this slice reads it */
+    compose_state *st = state;
+    const char *mn = st->ctx.m->name;
+    const kvs_shape *s = &st->ctx.shape;
+    if (layer != st->n_observed || layer >= s->n_layers)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: observe(layer %d) out of order: expected layer %d of %d", mn, layer,
+                          st->n_observed, s->n_layers);
+    if (in->k.device != KVS_HOST || in->v.device != KVS_HOST ||
+        (in->q.data && in->q.device != KVS_HOST))
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "%s: layer %d: not implemented on GPU (composed methods have no GPU "
+                          "path yet); pass host views",
+                          mn, layer);
+    if (!in->k.data || !in->v.data || in->k.n_tokens != s->n_tokens ||
+        in->k.n_heads != s->n_kv_heads || in->k.head_dim != s->head_dim ||
+        in->v.n_tokens != s->n_tokens || in->v.n_heads != s->n_kv_heads)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: layer %d: K [%d][%d][%d] / V [%d][%d] do not match the shape "
+                          "[Hkv=%d][N=%d][d=%d]",
+                          mn, layer, in->k.n_heads, in->k.n_tokens, in->k.head_dim, in->v.n_heads,
+                          in->v.n_tokens, s->n_kv_heads, s->n_tokens, s->head_dim);
+    float *sc = st->scores + (size_t)layer * (size_t)s->n_kv_heads * (size_t)s->n_tokens;
+    kvs_status rc = st->comp->scorer->score(st->scorer_state, layer, in, sc, err);
+    if (rc) return rc;
+    st->n_observed++;
+    return KVS_OK;
+}
+
+/* Protected prefix p and suffix q of a layer with budget B < N. */
+static void protect(const compose_state *st, int N, int B, int *p, int *q) {
+    int room = B;
+    *p = *q = 0;
+    for (int i = 0; i < KVS_PARTS_MAX_KEEP && st->comp->keep[i]; i++) {
+        const kvs_keep_rule *r = st->comp->keep[i];
+        int c = r->count(&st->ctx, N, B);
+        if (c < 0) c = 0;
+        if (c > room) c = room;
+        room -= c;
+        if (r->side == KVS_KEEP_PREFIX) *p = c;
+        else *q = c;
+    }
+}
+
+kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {
+    compose_state *st = state;
+    const char *mn = st->ctx.m->name;
+    const int L = st->ctx.shape.n_layers, H = st->ctx.shape.n_kv_heads, N = st->ctx.shape.n_tokens;
+    if (st->n_observed != L)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: select after %d of %d layers were observed",
+                          mn, st->n_observed, L);
+    if (per_layer < 1 || per_layer > N)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: per-layer budget %d outside [1, N=%d]", mn,
+                          per_layer, N);
+    int *budgets = malloc(sizeof(int) * (size_t)L);
+    if (!budgets) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", mn);
+    kvs_status rc = st->comp->allocator->allocate(&st->ctx, per_layer, budgets, err);
+    if (rc) {
+        kvs_err_prefix(err, "%s: allocator %s", mn, st->comp->allocator->name);
+        goto cleanup;
+    }
+    rc = kvs_plan_init(out, mn, L, H, N, budgets, err);
+    if (rc) goto cleanup;
+    out->merge = st->comp->merge;
+    for (int l = 0; l < L && !rc; l++) {
+        const int B = budgets[l];
+        int p = 0, q = 0;
+        if (B < N) protect(st, N, B, &p, &q);
+        const int k = B - p - q;
+        for (int h = 0; h < H && !rc; h++) {
+            int32_t *row = out->layers[l].idx + (size_t)h * (size_t)B; /* [B] */
+            if (B >= N) {
+                for (int j = 0; j < N; j++) row[j] = j;
+                continue;
+            }
+            for (int i = 0; i < p; i++) row[i] = i;
+            if (k > 0) {
+                const float *sc = st->scores + ((size_t)l * H + h) * (size_t)N; /* [N] */
+                rc = st->comp->pick->pick(&st->ctx, sc, p, N - q, k, &st->ws, row + p, err);
+                if (rc) kvs_err_prefix(err, "%s: layer %d: KV head %d", mn, l, h);
+            }
+            for (int i = 0; i < q; i++) row[p + k + i] = N - q + i;
+        }
+    }
+    if (rc) kvs_plan_free(out);
+cleanup:
+    free(budgets);
+    return rc;
+}

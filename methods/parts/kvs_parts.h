@@ -1,0 +1,201 @@
+/*
+ * kvs_parts.h -- methods as compositions of named parts (issue #32, first slice).
+ *
+ * What it is: the four part interfaces a composed method is made of, the
+ * composition that turns them into an ordinary kvs_method (so kvs_compress
+ * checks every invariant of its plans), and the presets: a name for a
+ * composition with its paper's defaults.
+ *
+ *   scorer     per layer, per KV head, one fp32 score per token (higher =
+ *              keep): snapkv, h2o, tova, knorm, keydiff, random
+ *   allocator  splits the global budget L * B over layers: uniform, pyramid
+ *   keep rules protect rules (a prefix or a suffix of the prompt that is
+ *              always kept): sinks, window; and the pick rule, how the rest of
+ *              a head's budget is chosen among the unprotected tokens by
+ *              score: topk (token by token), chunk (whole chunks, ChunkKV)
+ *   merge      none only in this slice (the plan's merge field)
+ *
+ * Parameters are namespaced by name, not by prefix: a part reads the
+ * parameters it knows from the composed method's one flat table
+ * (kvs_part_param), so two parts that mean the same thing share one name
+ * (SnapKV's observation window is also the window that is always kept:
+ * both read `window`). A part parameter a preset does not declare takes the
+ * value the part documents as "absent" (a protect rule then protects
+ * nothing). The KVS_PARTS_P_* macros below are the declarations with their
+ * ranges; a preset lists the ones its parts read, with its own defaults.
+ *
+ * Selection of one (layer l, KV head h) with layer budget B_l:
+ *   B_l >= N: everything. Otherwise the protect rules, in the composition's
+ *   order, each take min(count, what is left of B_l) tokens at their end of
+ *   the prompt (sinks [0, p), window [N - q, N)); the pick rule chooses the
+ *   remaining B_l - p - q tokens of [p, N - q) by the layer's scores.
+ *   Every KV head of a layer keeps the same count B_l.
+ *
+ * What it is not: no GPU path (a composed method on a CUDA view fails with
+ * KVS_ERR_UNSUPPORTED naming the method and "not implemented on GPU";
+ * kernels' kvs_gpu_compress refuses it by name like every method without a
+ * GPU driver), no merging, no ragged per-head budgets (AdaKV, later).
+ */
+#ifndef KVS_PARTS_H
+#define KVS_PARTS_H
+
+#include "kvsieve.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What every part is told: the composed method (its name for messages, its
+ * parameter table), its parameter values, and the cache shape. */
+typedef struct {
+    const kvs_method *m;
+    const kvs_params *p;
+    kvs_shape shape;
+} kvs_part_ctx;
+
+/* Value of parameter `name` of method m, or `absent` when m does not declare it. */
+double kvs_part_param(const kvs_method *m, const kvs_params *p, const char *name, double absent);
+
+/* ---- scorers --------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    unsigned needs; /* KVS_NEED_* of the scorer */
+    /* Query rows it reads (the last ones); NULL: none. */
+    int (*queries_wanted)(const kvs_method *m, const kvs_params *p, int N);
+    kvs_status (*create)(const kvs_part_ctx *c, void **state, kvs_err *err);
+    /* Scores of one layer (host views, shapes already checked against the
+     * shape): scores is [Hkv][N], finite. */
+    kvs_status (*score)(void *state, int layer, const kvs_layer *in, float *scores, kvs_err *err);
+    void (*destroy)(void *state);
+} kvs_scorer;
+
+extern const kvs_scorer kvs_scorer_snapkv, kvs_scorer_h2o, kvs_scorer_tova, kvs_scorer_knorm,
+    kvs_scorer_keydiff, kvs_scorer_random;
+
+/* ---- allocators ------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    /* budgets [L], each in [1, N], summing exactly to L * per_layer.
+     * The interface grows here for the later slices: scores [L][Hkv][N] (or
+     * per-layer statistics) as input for data-driven allocators (DBA,
+     * entropy), and per-head budgets [L][Hkv] out for AdaKV (ragged heads). */
+    kvs_status (*allocate)(const kvs_part_ctx *c, int per_layer, int *budgets, kvs_err *err);
+} kvs_allocator;
+
+extern const kvs_allocator kvs_alloc_uniform, kvs_alloc_pyramid;
+
+/* The pyramid schedule alone (exposed for tests): budgets [L] from layer 0
+ * (bottom, most) to L - 1 (top, least); see alloc_pyramid.c. */
+kvs_status kvs_pyramid_budgets(int L, int N, int per_layer, int window, double beta, int *budgets,
+                               kvs_err *err);
+
+/* ---- keep rules ------------------------------------------------------------ */
+
+typedef enum { KVS_KEEP_PREFIX = 0, KVS_KEEP_SUFFIX = 1 } kvs_keep_side;
+
+/* A protect rule: `count` tokens at one end of the prompt, given the layer
+ * budget B (the composition clamps it to what is left of B). */
+typedef struct {
+    const char *name;
+    kvs_keep_side side;
+    int (*count)(const kvs_part_ctx *c, int N, int B);
+} kvs_keep_rule;
+
+extern const kvs_keep_rule kvs_keep_sinks, kvs_keep_window;
+
+/* Scratch a pick rule may use, allocated once per compression (sizes N). */
+typedef struct {
+    double key;
+    int32_t id;
+} kvs_pick_pair;
+typedef struct {
+    kvs_pick_pair *pairs; /* [N] */
+    int32_t *ibuf;        /* [N] */
+    uint8_t *mask;        /* [N] */
+} kvs_pick_ws;
+
+/* A pick rule: k tokens of the candidates [lo, hi) (0 < k <= hi - lo) by
+ * scores [N]; out [k] ascending, absolute token indices. */
+typedef struct {
+    const char *name;
+    kvs_status (*pick)(const kvs_part_ctx *c, const float *scores, int lo, int hi, int k,
+                       kvs_pick_ws *ws, int32_t *out, kvs_err *err);
+} kvs_pick_rule;
+
+extern const kvs_pick_rule kvs_pick_topk, kvs_pick_chunk;
+
+/* ---- the composition ------------------------------------------------------- */
+
+#define KVS_PARTS_MAX_KEEP 2 /* at most one prefix and one suffix rule */
+
+typedef struct {
+    const kvs_scorer *scorer;
+    const kvs_allocator *allocator;
+    const kvs_keep_rule *keep[KVS_PARTS_MAX_KEEP]; /* priority order; NULL ends */
+    const kvs_pick_rule *pick;
+    kvs_merge merge; /* KVS_MERGE_NONE only in this slice */
+} kvs_composition;
+
+/* The kvs_method entry points of a composition; m is the composed method
+ * (the preset) whose name and parameter table the parts read. A preset
+ * wraps create / queries_wanted (they take no method argument); observe,
+ * select and destroy are shared. */
+kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, const kvs_params *p,
+                              const kvs_shape *s, void **state, kvs_err *err);
+int kvs_compose_queries_wanted(const kvs_composition *comp, const kvs_method *m,
+                               const kvs_params *p, int N);
+kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
+                               const uint8_t *modality, kvs_err *err);
+kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err *err);
+void kvs_compose_destroy(void *state);
+
+/* ---- parameter declarations (name, type, default, range, help) ------------ */
+
+#define KVS_PARTS_IMAX 2147483647.0
+#define KVS_PARTS_P_WINDOW(def, lo, help) {"window", KVS_PARAM_INT, (def), (lo), KVS_PARTS_IMAX, NULL, help}
+#define KVS_PARTS_P_KERNEL(def) \
+    {"kernel", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
+     "pooling window k of the SnapKV votes along tokens (stride 1, centred, padding k/2)"}
+#define KVS_PARTS_P_POOL(def) \
+    {"pool", KVS_PARAM_ENUM, (def), 0, 1, "max|avg", \
+     "pooling of the SnapKV votes: max (ignores padding) or avg (divides by real elements)"}
+#define KVS_PARTS_P_NORMALIZE(def) \
+    {"normalize", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "divide each attention column sum by N - j, the number of queries that see token j"}
+#define KVS_PARTS_P_RECENT_FRAC(def) \
+    {"recent_frac", KVS_PARAM_FLOAT, (def), 0.0, 1.0, NULL, \
+     "share of the layer budget always kept as the recent window, floor(B * recent_frac)"}
+#define KVS_PARTS_P_SINKS(def) \
+    {"sinks", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
+     "attention-sink tokens always kept at the start of the prompt"}
+#define KVS_PARTS_P_BETA(def) \
+    {"beta", KVS_PARAM_FLOAT, (def), 1.0, 1e9, NULL, \
+     "PyramidKV steepness: the top layer gets 1/beta of the mean non-window budget"}
+#define KVS_PARTS_P_CHUNK(def) \
+    {"chunk", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
+     "ChunkKV chunk size c: tokens are kept in whole chunks of c, ranked by summed score"}
+#define KVS_PARTS_P_ANCHOR(def) \
+    {"anchor", KVS_PARAM_ENUM, (def), 0, 1, "normalized|raw", \
+     "KeyDiff anchor: mean of the L2-normalised keys (paper, kvpress) or of the raw keys"}
+#define KVS_PARTS_P_SEED(def) \
+    {"seed", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
+     "seed of the per-(layer, head) random score streams"}
+
+/* ---- presets ----------------------------------------------------------------- */
+
+extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
+    kvs_preset_pyramidkv, kvs_preset_chunkkv, kvs_preset_snapkv_parts, kvs_preset_h2o_parts,
+    kvs_preset_streamingllm_parts;
+
+/* The presets in table order, and the composition behind one (NULL if m is
+ * not a preset). */
+int kvs_parts_presets_count(void);
+const kvs_method *kvs_parts_preset_at(int i);
+const kvs_composition *kvs_parts_composition(const kvs_method *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,168 @@
+/*
+ * presets.c -- the preset table: a name for a composition with its paper's
+ * defaults. Each preset is an ordinary kvs_method (registered in
+ * methods/registry.c) whose parameter table lists the parameters its parts
+ * read (kvs_parts.h), with the preset's defaults and the parts' ranges.
+ *
+ *   snapkv_parts        snapkv scorer, uniform, window rule, topk: the plans
+ *                       of methods/snapkv.c bit for bit (tests/parts)
+ *   h2o_parts           h2o scorer, uniform, window rule (recent_frac 0.5),
+ *                       topk: methods/h2o.c bit for bit
+ *   streamingllm_parts  sinks 4 + window (recent_frac 1: the rest of the
+ *                       budget): methods/streamingllm.c bit for bit; with
+ *                       recent_frac < 1 the middle is filled at random
+ *                       (random scorer, seed 0), an ablation. No `rerotate`.
+ *   knorm               knorm scorer (arXiv 2406.11430), uniform, topk; sinks
+ *                       and window 0 by default (KnormPress keeps none)
+ *   tova                tova scorer (arXiv 2401.06104), window 1 (the newest
+ *                       token always stays, as in TOVA), topk
+ *   keydiff             keydiff scorer (arXiv 2504.15364), anchor normalized,
+ *                       sinks / window 0 by default (KeyDiffPress keeps none)
+ *   pyramidkv           snapkv scorer + pyramid allocator (arXiv 2406.02069);
+ *                       the official code's LongBench defaults: window 8,
+ *                       kernel 7, max pooling, beta 20
+ *   chunkkv             snapkv scorer + chunk pick rule (arXiv 2502.00299);
+ *                       chunk 10 (the paper's default); window 8, kernel 7,
+ *                       max pooling are the defaults of the code base it
+ *                       extends (KVCache-Factory), not checked against
+ *                       ChunkKV's own scripts
+ */
+#include "kvs_parts.h"
+
+#include <string.h>
+
+#define NPARAMS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* One preset: its composition, its create / queries_wanted wrappers (the
+ * kvs_method entry points take no method argument) and its kvs_method. */
+#define KVS_PRESET(id, NAME, SUMMARY, NEEDS, ...)                                              \
+    static const kvs_composition comp_##id = __VA_ARGS__;                                      \
+    static kvs_status create_##id(const kvs_params *p, const kvs_shape *s, void **state,      \
+                                  kvs_err *err) {                                              \
+        return kvs_compose_create(&comp_##id, &kvs_preset_##id, p, s, state, err);             \
+    }                                                                                          \
+    static int queries_##id(const kvs_params *p, int N) {                                      \
+        return kvs_compose_queries_wanted(&comp_##id, &kvs_preset_##id, p, N);                 \
+    }                                                                                          \
+    const kvs_method kvs_preset_##id = {                                                       \
+        .name = NAME,                                                                          \
+        .summary = SUMMARY,                                                                    \
+        .needs = NEEDS,                                                                        \
+        .params = params_##id,                                                                 \
+        .n_params = NPARAMS(params_##id),                                                      \
+        .queries_wanted = queries_##id,                                                        \
+        .create = create_##id,                                                                 \
+        .observe = kvs_compose_observe,                                                        \
+        .select = kvs_compose_select,                                                          \
+        .destroy = kvs_compose_destroy,                                                        \
+    };
+
+static const kvs_param_def params_snapkv_parts[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "observation window w: the last w prompt queries vote; the window is "
+                       "always kept"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+};
+KVS_PRESET(snapkv_parts, "snapkv_parts",
+           "SnapKV as parts: snapkv scorer + uniform + window rule + topk (== snapkv)",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_h2o_parts[] = {
+    KVS_PARTS_P_NORMALIZE(0),
+    KVS_PARTS_P_RECENT_FRAC(0.5),
+};
+KVS_PRESET(h2o_parts, "h2o_parts",
+           "H2O as parts: h2o scorer + uniform + window rule (recent_frac) + topk (== h2o)",
+           KVS_NEED_Q_ALL,
+           {.scorer = &kvs_scorer_h2o, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_streamingllm_parts[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_RECENT_FRAC(1.0),
+};
+KVS_PRESET(streamingllm_parts, "streamingllm_parts",
+           "StreamingLLM as parts: sinks rule + window rule (the rest) (== streamingllm)", 0,
+           {.scorer = &kvs_scorer_random, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks, &kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_knorm[] = {
+    KVS_PARTS_P_SINKS(0),
+    KVS_PARTS_P_WINDOW(0, 0, "recent tokens always kept (0: none, as KnormPress)"),
+};
+KVS_PRESET(knorm, "knorm", "Knorm: keys with the lowest L2 norm are kept (no queries)", 0,
+           {.scorer = &kvs_scorer_knorm, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks, &kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_tova[] = {
+    KVS_PARTS_P_WINDOW(1, 0, "recent tokens always kept (1: the newest token, as TOVA)"),
+};
+KVS_PRESET(tova, "tova", "TOVA: tokens the last query attends to most (GQA group mean)",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_tova, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_keydiff[] = {
+    KVS_PARTS_P_ANCHOR(0),
+    KVS_PARTS_P_SINKS(0),
+    KVS_PARTS_P_WINDOW(0, 0, "recent tokens always kept (0: none, as KeyDiffPress)"),
+};
+KVS_PRESET(keydiff, "keydiff", "KeyDiff: keys least similar to the head's mean key are kept", 0,
+           {.scorer = &kvs_scorer_keydiff, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks, &kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_pyramidkv[] = {
+    KVS_PARTS_P_WINDOW(8, 1,
+                       "observation window w (SnapKV votes), always kept in every layer"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_BETA(20),
+};
+KVS_PRESET(pyramidkv, "pyramidkv",
+           "PyramidKV: SnapKV votes + a linear layer schedule (more at the bottom)",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_pyramid,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_chunkkv[] = {
+    KVS_PARTS_P_WINDOW(8, 1, "observation window w (SnapKV votes), always kept"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_CHUNK(10),
+};
+KVS_PRESET(chunkkv, "chunkkv", "ChunkKV: SnapKV votes, tokens kept in whole chunks",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_chunk, .merge = KVS_MERGE_NONE})
+
+static const struct {
+    const kvs_method *m;
+    const kvs_composition *comp;
+} presets[] = {
+    {&kvs_preset_knorm, &comp_knorm},
+    {&kvs_preset_tova, &comp_tova},
+    {&kvs_preset_keydiff, &comp_keydiff},
+    {&kvs_preset_pyramidkv, &comp_pyramidkv},
+    {&kvs_preset_chunkkv, &comp_chunkkv},
+    {&kvs_preset_snapkv_parts, &comp_snapkv_parts},
+    {&kvs_preset_h2o_parts, &comp_h2o_parts},
+    {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},
+};
+
+int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
+
+const kvs_method *kvs_parts_preset_at(int i) {
+    return i >= 0 && i < kvs_parts_presets_count() ? presets[i].m : NULL;
+}
+
+const kvs_composition *kvs_parts_composition(const kvs_method *m) {
+    for (int i = 0; i < kvs_parts_presets_count(); i++)
+        if (presets[i].m == m) return presets[i].comp;
+    return NULL;
+}

@@ -1,0 +1,94 @@
+/*
+ * score_h2o.c -- scorer `h2o`: accumulated attention (heavy hitters).
+ *
+ * Paper: H2O, arXiv 2306.14048. Formula: every prefill query attends
+ * causally; key j scores the sum of the attention all N queries give it,
+ * averaged over the G query heads of its KV head (optionally divided by
+ * N - j, the number of queries that see it). Higher = keep.
+ * It computes exactly what methods/h2o.c (textprior.c) computes: core's
+ * kvs_attn_colsum_fused over all N queries, then the optional division in
+ * fp32, so the scores are bit-identical to h2o's.
+ * Parameters: normalize (bool, absent: false). Needs all N queries. Cost
+ * Hq * N^2 * d / 2 (one fused pass); memory [Hq][N] + the scores.
+ * Decisions where sources disagree: raw sums by default (the original code);
+ * `normalize` is the spec's option. H2O's recent window is not part of the
+ * scorer: compose it with the `window` keep rule (recent_frac = 0.5).
+ */
+#include "kvs_parts.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+typedef struct {
+    const kvs_part_ctx *c;
+    int normalize;
+    float *lse; /* [Hq][N] */
+} h2o_sc_state;
+
+static int h2o_sc_queries(const kvs_method *m, const kvs_params *p, int N) {
+    (void)m;
+    (void)p;
+    return N;
+}
+
+static void h2o_sc_destroy(void *state) {
+    h2o_sc_state *st = state;
+    if (!st) return;
+    free(st->lse);
+    free(st);
+}
+
+static kvs_status h2o_sc_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
+    if (c->shape.n_queries != c->shape.n_tokens)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "needs the queries of all N=%d prompt positions (KVS_NEED_Q_ALL) but "
+                          "got Nq=%d",
+                          c->shape.n_tokens, c->shape.n_queries);
+    h2o_sc_state *st = calloc(1, sizeof *st);
+    if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    st->c = c;
+    st->normalize = kvs_part_param(c->m, c->p, "normalize", 0) != 0;
+    st->lse = malloc(sizeof(float) * (size_t)c->shape.n_q_heads * (size_t)c->shape.n_tokens);
+    if (!st->lse) {
+        h2o_sc_destroy(st);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    }
+    *state = st;
+    return KVS_OK;
+}
+
+static kvs_status h2o_sc_score(void *state, int layer, const kvs_layer *in, float *scores,
+                               kvs_err *err) {
+    h2o_sc_state *st = state;
+    const char *mn = st->c->m->name;
+    const int N = st->c->shape.n_tokens, H = st->c->shape.n_kv_heads;
+    if (!in->q.data || in->q.n_tokens != N || in->q.n_heads != st->c->shape.n_q_heads)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: layer %d: needs the queries of all N=%d prompt positions "
+                          "(KVS_NEED_Q_ALL) but got Nq=%d",
+                          mn, layer, N, in->q.data ? in->q.n_tokens : 0);
+    kvs_status rc =
+        kvs_attn_colsum_fused(&in->q, &in->k, st->lse, scores, NULL, st->c->shape.threads, err);
+    if (rc) return kvs_err_prefix(err, "%s: layer %d", mn, layer);
+    for (int g = 0; g < H; g++) {
+        float *s = scores + (size_t)g * N; /* [N] */
+        for (int j = 0; j < N; j++) {
+            if (!isfinite(s[j]))
+                return kvs_errorf(err, KVS_ERR_NUMERIC,
+                                  "%s: layer %d: KV head %d: attention score of token %d is not "
+                                  "finite (logit overflow?)",
+                                  mn, layer, g, j);
+            if (st->normalize) s[j] /= (float)(N - j);
+        }
+    }
+    return KVS_OK;
+}
+
+const kvs_scorer kvs_scorer_h2o = {
+    .name = "h2o",
+    .needs = KVS_NEED_Q_ALL,
+    .queries_wanted = h2o_sc_queries,
+    .create = h2o_sc_create,
+    .score = h2o_sc_score,
+    .destroy = h2o_sc_destroy,
+};

@@ -105,8 +105,13 @@ static void run_arch(const char *arch, int ctype, int kv_head_dim) {
             for (int t = 0; t < X; t++) CHECK_OK(kvs_session_decode(b, toks[N + t], lb, &err), &err);
             CHECK_EQ_INT(kvs_session_n_past(a), N + X);
             double d = rel_diff(la, lb, V);
-            /* bf16 keeps 8 mantissa bits: a rounding flip of one cached value moves logits by ~1e-4 */
-            double tol = ctype == KVS_CACHE_BF16 ? 1e-3 : 1e-4;
+            /* Extend computes K/V through OpenBLAS's sgemm, decode through the engine's
+             * dot kernels, so the cached values can round the other way. bf16 keeps 8
+             * mantissa bits: one flip moves logits by ~1e-4. f16 keeps 11, but which
+             * values flip depends on the sgemm kernel OpenBLAS picks for the CPU: 2.0e-4
+             * on AMD EPYC (Haswell kernel), under 1e-4 on Sapphire Rapids. The greedy
+             * tokens below must still agree exactly. */
+            double tol = ctype == KVS_CACHE_BF16 ? 1e-3 : 5e-4;
             CHECK_MSG(d <= tol, "%s %s method %s local %d: extend differs from decode by %g", arch,
                       kvs_cache_type_name(ctype), methods[mi] ? methods[mi] : "none", local, d);
             /* greedy continuation: identical tokens */

@@ -495,7 +495,8 @@ int kvs_parallel_threads(int threads, int n_units);
  * not when the environment has KVSIEVE_PIN=0; returns 1 if pinned. Why: on a
  * small machine the kernel often starts a new thread on its creator's CPU and
  * wakes a sleeping one on its waker's, and the two then share one core for
- * milliseconds while another idles (docs/performance.md, section 5.5).
+ * milliseconds while another idles (docs/performance.md, "The engine against
+ * llama.cpp": pinned workers).
  * kvs_parallel_run's workers and the backend's pool call it. */
 int kvs_thread_pin(int i, int n, int avoid);
 

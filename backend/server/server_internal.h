@@ -1,5 +1,5 @@
 /*
- * server_internal.h -- what server.c and server_gen.c share (private).
+ * server_internal.h -- what the files of backend/server/ share (private).
  *
  * What it is: the server struct (slots, queue, drain state, metrics under one
  * mutex), the parsed generation request and its per-variant output, the
@@ -36,6 +36,9 @@ enum {
 };
 
 #define SRV_HIST_BUCKETS 13 /* compress_ms upper bounds, +Inf last */
+/* The upper bounds of its first SRV_HIST_BUCKETS - 1 buckets, ms (counters.c
+ * counts, server.c prints). */
+#define SRV_HIST_LE {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000}
 
 enum { SRV_CANCEL_DISCONNECT = 1, SRV_CANCEL_SHUTDOWN = 2, SRV_CANCEL_REASONS = 3 };
 

@@ -1,5 +1,5 @@
 /*
- * test_backend_argmax.c -- kvs_argmax (backend/simd.c), the greedy sampler
+ * test_backend_argmax.c -- kvs_argmax (backend/cpu/simd.c), the greedy sampler
  * of the server, `kvsieve bench` and `kvsieve generate`: on random rows of
  * every length 0..70 and a vocabulary-sized one, with ties, -0 / +0,
  * infinities and a NaN at every position class, it returns what the scalar

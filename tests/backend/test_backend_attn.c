@@ -1,5 +1,5 @@
 /*
- * test_backend_attn.c -- decode attention's row kernels (backend/simd.c,
+ * test_backend_attn.c -- decode attention's row kernels (backend/cpu/simd.c,
  * private): the group kernels, which take the query heads of one GQA group
  * over the same f16 / bf16 cache rows, against the one-head kernels
  * (kvs_dot_cache: q . k; kvs_axpy_cache: o += a x) bit for bit, for 1 to 11

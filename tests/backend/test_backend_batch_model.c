@@ -27,7 +27,7 @@
 #include "kvsieve_methods.h"
 #include "test_util.h"
 
-int kvs_dot_bs_engine(void); /* backend/dot_bs.c (private): 0 where the block-scale route is off */
+int kvs_dot_bs_engine(void); /* backend/cpu/features.c (private): 0 where the block-scale route is off */
 
 static const char *TEXT =
     "The lighthouse keeper wrote in his log every evening. On the first of March the wind came from the north and "

@@ -1,6 +1,6 @@
 /*
  * test_backend_bs.c -- the block-scale route of the Q8_0 / Q5_0 / Q4_K / Q6_K
- * dots (backend/dot_bs.c, with its AVX-512 VNNI engine, and dot_amx.c, its
+ * dots (backend/cpu/dot_bs.c, with its AVX-512 VNNI engine, and dot_amx.c, its
  * AMX-INT8 one). Everywhere: its plain C form kvs_dot_q8a_bs_ref is close to
  * the dequantised double dot (a wrong unpacking fails here), and the route is
  * only offered for Q8_0 / Q5_0 (and Q4_K / Q6_K, n a multiple of 256) rows of

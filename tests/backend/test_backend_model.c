@@ -31,7 +31,7 @@
 #include "test_util.h"
 #include "tiny_model.h"
 
-int kvs_dot_bs_engine(void); /* backend/dot_bs.c (private): 0 where the block-scale route is off */
+int kvs_dot_bs_engine(void); /* backend/cpu/features.c (private): 0 where the block-scale route is off */
 
 /* Token ids (no BOS) as llama.cpp's llama-tokenize gives them: the copy
  * vendored in llama-cpp-python 0.3.36 (scripts/bench_peer.sh builds it), run

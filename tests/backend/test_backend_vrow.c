@@ -1,6 +1,6 @@
 /*
  * test_backend_vrow.c -- the softmax row helpers of the attention passes
- * (backend/simd.c, private): kvs_vmax against the scalar loop it replaced,
+ * (backend/cpu/simd.c, private): kvs_vmax against the scalar loop it replaced,
  * `if (x[i] > m) m = x[i]` from m = -inf (NaN elements passed over), and
  * kvs_vscale against `x[i] *= a`, on rows of every length 0..70 and one of
  * 40,000, at every offset 0..7 (unaligned loads), with ties, signed zeros,

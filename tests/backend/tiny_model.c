@@ -1,7 +1,7 @@
 /*
  * tiny_model.c -- tiny GGUF models for the engine tests and a float64
  * reference forward pass (see tiny_model.h). The reference is written from
- * the architectures' definitions, not from backend/session.c: plain loops,
+ * the architectures' definitions, not from backend/model/session.c: plain loops,
  * doubles, exact tanh/exp, full causal attention with the sliding-window mask.
  */
 #include "tiny_model.h"

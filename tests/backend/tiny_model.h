@@ -2,7 +2,7 @@
  * tiny_model.h -- test helpers of the engine: tiny random-weight GGUF models
  * written with our own writer (gemma3, llama, qwen2 shapes; chosen weight
  * types), a small SentencePiece-style vocabulary, and a float64 reference
- * forward pass written independently of backend/session.c.
+ * forward pass written independently of backend/model/session.c.
  */
 #ifndef KVS_TINY_MODEL_H
 #define KVS_TINY_MODEL_H

@@ -3,8 +3,11 @@
  * against Q8 activations (kvs_q8a_block), one row or many, one column or
  * many, with a float structure of its own, on two engines: AVX-512 VNNI
  * (here) and AMX-INT8 tiles (dot_amx.c). Compiled with AVX-512 VNNI
- * (backend/CMakeLists.txt) and run only where kvs_dot_bs_engine() picks one
- * (AMX where the CPU has it, else VNNI; KVSIEVE_BS=0 turns both off).
+ * (backend/cpu/CMakeLists.txt) and run only where kvs_dot_bs_engine()
+ * (features.c) picks one (AMX where the CPU has it, else VNNI; KVSIEVE_BS=0
+ * turns both off); dispatch.c sends the calls.
+ * Reference: kvs_dot_q8a_bs_ref (dot.c, plain C); tests/backend/
+ * test_backend_bs.c checks both engines against it bit for bit.
  *
  * Why a route of its own: a batch of sequences (batched decode: a request's
  * variants and the slots) multiplies every weight block by many activation
@@ -31,8 +34,8 @@
  * two engines give the same bits; kvs_dot_q8a_bs_ref (dot.c, plain C) is the
  * tests' reference. It is not dot.c's float structure (vector lanes of
  * 4-product partial sums), so the route is a property of (type, n) and the
- * machine -- kvs_dot_bs_route -- and dot.c's entry points take it for every
- * call on such a matrix.
+ * machine -- kvs_dot_bs_route -- and dispatch.c's entry points take it for
+ * every call on such a matrix.
  *
  * The VNNI engine, many columns: vpdpbusd multiplies unsigned bytes by signed
  * ones, 4 per 32-bit lane. Columns in the lanes: the activations of 16 columns
@@ -51,47 +54,8 @@
  * on the number of columns, so a prompt's tokens get decode's bits.
  */
 #include <assert.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 
 #include "dot_bs.h"
-
-/* ---- which engine ------------------------------------------------------------
- * AMX where kvs_dot_amx_available(), else the AVX-512 VNNI engine where the
- * CPU has AVX512F, BW, VL and VNNI: on a 2-core Zen 4 it decodes 8-32
- * sequences 1.5-2.9x faster than dot.c's kernels, 2-4 at their speed, one
- * 0-10% slower (docs/performance.md, last section).
- * KVSIEVE_BS=0 turns the route off (dot.c's kernels take every call: A/B
- * measurements, and outputs bit for bit those of an AVX2-only machine).
- * Cached: a fact about this machine and process. */
-int kvs_dot_bs_vnni_available(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-
-static int bs_probe(void) {
-    const char *e = getenv("KVSIEVE_BS");
-    if (e && e[0] == '0') return 0;
-    if (kvs_dot_amx_available()) return 2;
-    return kvs_dot_bs_vnni_available() ? 1 : 0;
-}
-
-int kvs_dot_bs_engine(void) {
-    static atomic_int state; /* 0 not asked yet, else engine + 1 */
-    int s = atomic_load_explicit(&state, memory_order_acquire);
-    if (s == 0) {
-        s = bs_probe() + 1;
-        atomic_store_explicit(&state, s, memory_order_release);
-    }
-    return s - 1;
-}
-
-int kvs_dot_bs_route(int type, int64_t n) {
-    const int ok = type == KVS_GGML_Q8_0 || type == KVS_GGML_Q5_0
-                       ? n % 32 == 0
-                       : (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K) && n % 256 == 0;
-    return ok && n > 0 && n <= KVS_BS_NMAX && kvs_dot_bs_engine() > 0;
-}
 
 float kvs_dot_q8a_bs(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
     assert(kvs_dot_bs_route(type, n));
@@ -501,14 +465,4 @@ void kvs_dot_q8a_rows_bs_vnni(int type, const void *rows, size_t row_bytes, int6
         vnni_rows_one(type, ncols, rows, row_bytes, nrows, x, xstride, n, out, ostride);
     else
         vnni_rows_cols(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
-}
-
-void kvs_dot_q8a_rows_bs(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
-                         int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
-    assert(kvs_dot_bs_route(type, n));
-    /* AMX tiles from KVS_AMX_MIN_COLS columns (prefill's chunks, large batches); fewer take the VNNI kernels
-     * on AMX machines too: the same bits, and faster there (dot_amx.c) */
-    if (kvs_dot_bs_engine() == 2 && ncols >= KVS_AMX_MIN_COLS)
-        kvs_dot_amx_rows(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
-    else kvs_dot_q8a_rows_bs_vnni(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
 }

@@ -2,14 +2,17 @@
  * dot_amx.c -- the block-scale route's AMX-INT8 engine: Q8_0, Q5_0, Q4_K
  * and Q6_K weight rows against Q8 activations (kvs_q8a_block) on Intel AMX
  * tiles (Sapphire Rapids and later), one column or many. Compiled with
- * -mamx-tile -mamx-int8 and AVX-512 (backend/CMakeLists.txt) and run only
- * where kvs_dot_amx_available() says the CPU and the kernel allow it.
+ * -mamx-tile -mamx-int8 and AVX-512 (backend/cpu/CMakeLists.txt) and run only
+ * where kvs_dot_amx_available() (features.c) says the CPU and the kernel
+ * allow it.
  *
  * One tdpbssd makes 16 x 16 x 32 multiply-adds and gives each weight
  * block's integer dot exactly; the float steps after it are the route's
  * (dot_bs.c says which), so these kernels and the AVX-512 VNNI engine of
- * dot_bs.c give the same bits. Many columns, 16 in the lanes of a tile.
- * dot_bs.c sends calls here from KVS_AMX_MIN_COLS (32) columns only:
+ * dot_bs.c give the same bits (reference kvs_dot_q8a_bs_ref in dot.c;
+ * tests/backend/test_backend_bs.c checks both engines against it bit for
+ * bit). Many columns, 16 in the lanes of a tile.
+ * dispatch.c sends calls here from KVS_AMX_MIN_COLS (32) columns only:
  * prefill's chunks, and batches of 32 sequences and more. Measured on a
  * 2-core Sapphire Rapids VM (2026-12-04, `kvsieve bench --batch`, ms a decode
  * step, VNNI engine / these tiles): one sequence Gemma 3 13.0 / 18.9 and
@@ -29,53 +32,12 @@
  *
  * What it is not: no other types, no threading (forward.c splits rows).
  */
-#define _GNU_SOURCE /* syscall() */
 #include <assert.h>
-#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "dot_bs.h"
-
-
-/* ---- availability --------------------------------------------------------------
- * CPUID says whether the CPU has AMX-TILE, AMX-INT8 and AVX-512; XCR0 whether
- * the kernel saves tile state; Linux then hands out tile data only to a
- * process that asked (arch_prctl ARCH_REQ_XCOMP_PERM). KVSIEVE_AMX=0 turns
- * the route off (valgrind cannot decode AMX; A/B measurements). The answer
- * is cached: a fact about this machine and process, computed once. */
-#define KVS_ARCH_REQ_XCOMP_PERM 0x1023
-#define KVS_XFEATURE_XTILEDATA 18
-
-static int amx_probe(void) {
-    const char *e = getenv("KVSIEVE_AMX");
-    if (e && e[0] == '0') return 0;
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    int tile = (d >> 24) & 1, int8 = (d >> 25) & 1, f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    int vnni = (c >> 11) & 1;
-    if (!(tile && int8 && f && bw && vl && vnni)) return 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0; /* OSXSAVE */
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 0x600e6) != 0x600e6) return 0; /* SSE, AVX, AVX-512 and tile state enabled */
-    return syscall(SYS_arch_prctl, KVS_ARCH_REQ_XCOMP_PERM, KVS_XFEATURE_XTILEDATA) == 0;
-}
-
-int kvs_dot_amx_available(void) {
-    static atomic_int state; /* 0 not asked yet, 1 usable, -1 not */
-    int s = atomic_load_explicit(&state, memory_order_acquire);
-    if (s == 0) {
-        s = amx_probe() ? 1 : -1;
-        atomic_store_explicit(&state, s, memory_order_release);
-    }
-    return s > 0;
-}
 
 /* ---- tiles -------------------------------------------------------------------------
  * Two sets so that two blocks are in flight: tmm0 / tmm3 A, 16 weight rows of

@@ -14,10 +14,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine_private.h"
+#include "cpu_private.h"
 #include "quant_blocks.h"
 
-#define KVS_BS_NMAX 8192       /* longest row on the route (the stack panels of both engines) */
 #define KVS_BS_BP (128 * 1024) /* bytes of packed activations per pass */
 
 static inline int bsize(int type) { return type == KVS_GGML_Q8_0 ? 34 : 22; }
@@ -261,13 +260,5 @@ static inline void bs_pack(int q6, const kvs_q8a_block *x, int64_t xs, int ncols
         }
     }
 }
-
-/* The AMX engine (dot_amx.c): many columns, as kvs_dot_q8a_rows; only where
- * kvs_dot_amx_available() is 1. kvs_dot_q8a_rows_bs gives it calls of at
- * least KVS_AMX_MIN_COLS columns: below that the VNNI kernels were as fast or
- * faster on a 2-core Sapphire Rapids VM (dot_amx.c has the numbers). */
-#define KVS_AMX_MIN_COLS 32
-void kvs_dot_amx_rows(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t xs,
-                      int ncols, int64_t n, float *out, int64_t os);
 
 #endif /* KVS_DOT_BS_H */

@@ -2,8 +2,9 @@
  * attn512.c -- decode attention's GQA-group kernels (kvs_dot_cache_heads,
  * kvs_axpy_cache_heads of simd.c) again on AVX-512F, for f16 / bf16 cache
  * rows whose head size is a multiple of 32. Compiled with AVX-512 flags
- * (backend/CMakeLists.txt) and run only where kvs_attn512_available() finds
- * the instructions; simd.c calls in here and keeps every other case.
+ * (backend/cpu/CMakeLists.txt) and run only where kvs_attn512_available()
+ * (features.c) finds the instructions; dispatch.c sends calls here, simd.c
+ * (the reference) keeps every other case.
  *
  * Bit for bit simd.c's results, hence those of the one-head kernels
  * kvs_dot_cache / kvs_axpy_cache (test_backend_attn checks both paths):
@@ -29,7 +30,7 @@
  * AVX2. One-thread harnesses on a 2-core Sapphire Rapids VM, ns a row:
  *   - 7 heads, d 64, dot then axpy (a key + value row pair): rows in cache
  *     27 -> 23, streamed from 96 MiB 39 -> 32-34 (both with the spread
- *     prefetch of engine_private.h); the zmm reduction took the dot alone a
+ *     prefetch of cpu_private.h); the zmm reduction took the dot alone a
  *     further 13-19%.
  *   - four rows (2026-12-04 19:00 UTC), dot only, before / after: 4 heads of
  *     d 256 33.2 / 20.7 in cache, 33.3 / 22.3-25.0 streamed from 32 MiB; 2
@@ -39,16 +40,13 @@
  *     + 3) was 15.8 -> 13.2 in cache but no faster from memory (17.8 / 17.7-
  *     18.1 over 100 MiB), and Qwen2.5's full cache at 25K tokens decoded
  *     20.7-21.3 tok/s against 21.3-21.6 with two rows: not kept.
- * (docs/performance.md, the last subsections.)
  *
  * What it is not: no f32 rows, no other head sizes, no threads.
  */
 #include <immintrin.h>
-#include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
 
-#include "engine_private.h"
+#include "cpu_private.h"
 
 #define A512_HEADS 8      /* heads a pass: 2 rows x 8 accumulators (dot), 2 x 8 (axpy; 4 x 8 for rows of 64) */
 #define A512_DOT4_HEADS 4 /* up to this many heads the dot takes 4 rows at a time (16 accumulators) */
@@ -59,17 +57,6 @@
 #else
 #define A512_INLINE static inline
 #endif
-
-int kvs_attn512_available(void) {
-    static atomic_int state; /* 0 not asked yet, 1 no, 2 yes */
-    int s = atomic_load_explicit(&state, memory_order_acquire);
-    if (s == 0) {
-        const char *e = getenv("KVSIEVE_ATTN512");
-        s = (e && e[0] == '0') || !__builtin_cpu_supports("avx512f") ? 1 : 2;
-        atomic_store_explicit(&state, s, memory_order_release);
-    }
-    return s == 2;
-}
 
 A512_INLINE __m512 ld16(int bf, const uint16_t *p) {
     __m256i h = _mm256_loadu_si256((const __m256i *)p);

@@ -4,7 +4,8 @@
  * quantised type, one row at a time (kvs_dot_q8a) and rows against columns
  * in register tiles (kvs_dot_q8a_rows, batched decode), and the fp32 dots of
  * float rows. Scalar reference, AVX2 kernels, and the same kernels with AVX-512
- * VNNI (this file compiled again as dot_vnni.c; see "entry points").
+ * VNNI (this file compiled again as dot_vnni.c; see "entry points"). Which
+ * kernels a call runs: dispatch.c.
  * Block layouts: quant_blocks.h.
  * What it is not: no threading (forward.c splits rows over threads) and no
  * float matrix products.
@@ -13,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine_private.h"
+#include "cpu_private.h"
 #include "quant_blocks.h"
 
 /* ---- dot products: scalar (the reference; the VNNI build has no use for it) -- */
@@ -706,11 +707,12 @@ static void dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t n
 /* ---- entry points ---------------------------------------------------------------
  * This file is compiled twice: as itself (x86-64-v3: AVX2, FMA, F16C, or
  * scalar) and, where the compiler can, as dot_vnni.c with AVX-512 VNNI
- * (KVS_DOT_VNNI: only KVS_DP4 differs). The plain build's entry points run
- * the VNNI build's kernels on CPUs that have AVX512_VNNI and AVX512VL
- * (vpdpbusd on 256-bit vectors: one instruction for maddubs + madd), with
- * bit-identical results (KVS_DP4; tests/backend/test_backend_quant_cols.c
- * checks both builds against each other). */
+ * (KVS_DOT_VNNI: only KVS_DP4 differs). Each build exports its kernels under
+ * its own names (_base, _vnni); dispatch.c runs the VNNI build's on CPUs that
+ * have AVX512_VNNI and AVX512VL (vpdpbusd on 256-bit vectors: one instruction
+ * for maddubs + madd), with bit-identical results (KVS_DP4;
+ * tests/backend/test_backend_quant_cols.c checks both builds against each
+ * other). */
 #ifdef KVS_DOT_VNNI
 float kvs_dot_q8a_vnni(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
     return dot_q8a(type, row, x, n);
@@ -720,77 +722,12 @@ void kvs_dot_q8a_rows_vnni(int type, const void *rows, size_t row_bytes, int64_t
     dot_q8a_rows(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
 }
 #else
-int kvs_dot_vnni_available(void) {
-#if defined(KVS_HAVE_DOT_VNNI)
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-#else
-    return 0;
-#endif
-}
-
-#if !defined(KVS_HAVE_DOT_AMX)
-int kvs_dot_amx_available(void) { return 0; } /* this build has no AMX engine (dot_amx.c) */
-#endif
-#if !defined(KVS_HAVE_DOT_BS)
-/* This build has no block-scale route (dot_bs.c): it is never taken. */
-int kvs_dot_bs_engine(void) { return 0; }
-int kvs_dot_bs_vnni_available(void) { return 0; }
-int kvs_dot_bs_route(int type, int64_t n) {
-    (void)type, (void)n;
-    return 0;
-}
-float kvs_dot_q8a_bs(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
-    (void)type, (void)row, (void)x, (void)n;
-    assert(!"kvs_dot_q8a_bs without the block-scale route");
-    return NAN;
-}
-static void bs_unbuilt(int ncols, int64_t nrows, float *out, int64_t ostride) {
-    assert(!"kvs_dot_q8a_rows_bs without the block-scale route");
-    for (int c = 0; c < ncols; c++)
-        for (int64_t r = 0; r < nrows; r++) out[(int64_t)c * ostride + r] = NAN;
-}
-void kvs_dot_q8a_rows_bs(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
-                         int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
-    (void)type, (void)rows, (void)row_bytes, (void)x, (void)xstride, (void)n;
-    bs_unbuilt(ncols, nrows, out, ostride);
-}
-void kvs_dot_q8a_rows_bs_vnni(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
-                              int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
-    (void)type, (void)rows, (void)row_bytes, (void)x, (void)xstride, (void)n;
-    bs_unbuilt(ncols, nrows, out, ostride);
-}
-#endif
-
-float kvs_dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
-    if (kvs_dot_bs_route(type, n)) return kvs_dot_q8a_bs(type, row, x, n);
-#if defined(KVS_HAVE_DOT_VNNI)
-    if (kvs_dot_vnni_available()) return kvs_dot_q8a_vnni(type, row, x, n);
-#endif
+float kvs_dot_q8a_base(int type, const void *row, const kvs_q8a_block *x, int64_t n) {
     return dot_q8a(type, row, x, n);
 }
 
 void kvs_dot_q8a_rows_base(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
                            int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
     dot_q8a_rows(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
-}
-
-void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrows, const kvs_q8a_block *x,
-                      int64_t xstride, int ncols, int64_t n, float *out, int64_t ostride) {
-    if (kvs_dot_bs_route(type, n)) {
-        kvs_dot_q8a_rows_bs(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
-        return;
-    }
-#if defined(KVS_HAVE_DOT_VNNI)
-    if (kvs_dot_vnni_available()) {
-        kvs_dot_q8a_rows_vnni(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
-        return;
-    }
-#endif
-    dot_q8a_rows(type, rows, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
-}
-
-void kvs_dot_q8a_cols(int type, const void *row, const kvs_q8a_block *x, int64_t xstride, int ncols, int64_t n,
-                      float *y) {
-    kvs_dot_q8a_rows(type, row, 0, 1, x, xstride, ncols, n, y, 1);
 }
 #endif /* KVS_DOT_VNNI */

@@ -6,6 +6,8 @@
  * Also the KV cache row kernels (f32 / f16 / bf16 rows: conversion, dot with
  * an fp32 query, axpy into an fp32 output), one query head at a time or all
  * the heads of a GQA group per pass over the rows.
+ * These are the references of attn512.c's AVX-512F kernels, which give
+ * their bits (tests/backend/test_backend_attn.c); dispatch.c picks.
  * What it is not: no matrix products (OpenBLAS and quant.c).
  */
 #include <math.h>
@@ -16,7 +18,7 @@
 #define KVS_SIMD_AVX2 1
 #endif
 
-#include "engine_private.h"
+#include "cpu_private.h"
 
 #ifdef KVS_SIMD_AVX2
 static inline __m256 exp256(__m256 x) {
@@ -447,29 +449,17 @@ static int group_passes(int nh) { return (nh + KVS_GROUP_REGS - 1) / KVS_GROUP_R
 static int group_first(int nh, int nb, int b) { return (int)((long)nh * b / nb); }
 #endif
 
-#ifdef KVS_HAVE_ATTN512
-/* attn512.c takes f16/bf16 rows of a multiple of 32 elements on AVX-512F CPUs */
-static int use_attn512(int ctype, int n) { return ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available(); }
-#endif
-
-const char *kvs_attn_kernels(int ctype, int n) {
-#ifdef KVS_HAVE_ATTN512
-    if (use_attn512(ctype, n)) return "avx512f";
-#endif
+/* This file's kernels for the GQA group (dispatch.c sends f16/bf16 rows to
+ * attn512.c where the CPU has AVX-512F). */
+const char *kvs_attn_kernels_base(int ctype) {
 #ifdef KVS_SIMD_F16C
     if (ctype != KVS_CACHE_F32) return "avx2";
 #endif
     return "one head at a time";
 }
 
-void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
-                         int n, float scale, float *out, size_t ostride) {
-#ifdef KVS_HAVE_ATTN512
-    if (use_attn512(ctype, n)) {
-        kvs_dot_cache_heads512(ctype == KVS_CACHE_BF16, q, qstride, nh, k, rstride, nrows, n, scale, out, ostride);
-        return;
-    }
-#endif
+void kvs_dot_cache_heads_base(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride,
+                              int nrows, int n, float scale, float *out, size_t ostride) {
 #ifdef KVS_SIMD_F16C
     if (ctype != KVS_CACHE_F32) {
         const uint16_t *kh = k;
@@ -493,14 +483,8 @@ void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, cons
             out[(size_t)h * ostride + t] = kvs_dot_cache(ctype, q + (size_t)h * qstride, kb + (size_t)t * rb, n) * scale;
 }
 
-void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride, const void *x,
-                          size_t rstride, int nrows, int n) {
-#ifdef KVS_HAVE_ATTN512
-    if (use_attn512(ctype, n)) {
-        kvs_axpy_cache_heads512(ctype == KVS_CACHE_BF16, o, ostride, nh, p, pstride, x, rstride, nrows, n);
-        return;
-    }
-#endif
+void kvs_axpy_cache_heads_base(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride,
+                               const void *x, size_t rstride, int nrows, int n) {
 #ifdef KVS_SIMD_F16C
     if (ctype != KVS_CACHE_F32) {
         const uint16_t *xh = x;

@@ -1,7 +1,7 @@
 /*
  * quant_blocks.h -- the GGUF quantised block layouts and the small accessors
  * quant.c (dequantisation, quantisation) and dot.c (dot products) share.
- * Private to backend/.
+ * Private to backend/cpu/.
  *
  * Block layouts (as ggml defines them; our own code):
  *   Q8_0  32 values: f16 d, int8 q[32]                 x = d*q
@@ -26,7 +26,7 @@
 #define KVS_HAVE_AVX2 1
 #endif
 
-#include "kvs_backend.h"
+#include "kvs_cpu.h"
 
 static inline float h2f(const uint8_t *p) {
     uint16_t h;

@@ -1,6 +1,7 @@
 /*
  * kvs_backend.h -- the inference engine: GGUF models on the CPU with a ragged,
- * compressible KV cache. This header is the manual of backend/ (engine part).
+ * compressible KV cache. This header is the manual of backend/model/; the
+ * CPU kernels under it have their own (backend/cpu/kvs_cpu.h, included here).
  *
  * What it is: a GGUF loader (mmap), tensor formats F32 F16 BF16 Q8_0 Q5_0 Q4_1
  * Q4_K Q6_K (dequantisation and dot products), the tokenizer read from the GGUF
@@ -33,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvs_cpu.h" /* tensor types, quantised rows, dot products, KV cache row types */
 #include "kvsieve.h"
 
 #ifdef __cplusplus
@@ -43,25 +45,6 @@ extern "C" {
 /* GGUF files                                                                */
 /* ------------------------------------------------------------------------ */
 
-/* Tensor types (numbering as in GGUF files). */
-typedef enum {
-    KVS_GGML_F32 = 0,
-    KVS_GGML_F16 = 1,
-    KVS_GGML_Q4_0 = 2,
-    KVS_GGML_Q4_1 = 3,
-    KVS_GGML_Q5_0 = 6,
-    KVS_GGML_Q5_1 = 7,
-    KVS_GGML_Q8_0 = 8,
-    KVS_GGML_Q8_1 = 9,
-    KVS_GGML_Q2_K = 10,
-    KVS_GGML_Q3_K = 11,
-    KVS_GGML_Q4_K = 12,
-    KVS_GGML_Q5_K = 13,
-    KVS_GGML_Q6_K = 14,
-    KVS_GGML_Q8_K = 15,
-    KVS_GGML_BF16 = 30
-} kvs_ggml_type;
-
 /* Metadata value types (GGUF numbering). */
 typedef enum {
     KVS_GGUF_U8 = 0, KVS_GGUF_I8 = 1, KVS_GGUF_U16 = 2, KVS_GGUF_I16 = 3,
@@ -69,16 +52,6 @@ typedef enum {
     KVS_GGUF_STRING = 8, KVS_GGUF_ARRAY = 9, KVS_GGUF_U64 = 10, KVS_GGUF_I64 = 11,
     KVS_GGUF_F64 = 12
 } kvs_gguf_vtype;
-
-/* Name of a tensor type ("Q4_K"), or "?" when unknown. */
-const char *kvs_ggml_type_name(int type);
-/* 1 if this build can dequantise and multiply the type. */
-int kvs_ggml_type_supported(int type);
-/* Elements per block and bytes per block (0 for unknown types). */
-int kvs_ggml_blck_size(int type);
-size_t kvs_ggml_type_size(int type);
-/* Bytes of a row of n elements (n must be a multiple of the block size). */
-size_t kvs_ggml_row_size(int type, int64_t n);
 
 /* A string inside the mapping (not NUL-terminated). */
 typedef struct {
@@ -166,35 +139,6 @@ kvs_status kvs_gguf_writer_add_tensor(kvs_gguf_writer *w, const char *name, int 
 /* Serialise (version 3, alignment 32) to a malloc'd buffer or a file. */
 kvs_status kvs_gguf_writer_bytes(kvs_gguf_writer *w, uint8_t **out, size_t *n, kvs_err *err);
 kvs_status kvs_gguf_writer_write(kvs_gguf_writer *w, const char *path, kvs_err *err);
-
-/* ------------------------------------------------------------------------ */
-/* Quantised rows: dequantisation, quantisation (for tests), dot products    */
-/* ------------------------------------------------------------------------ */
-
-/* Row of n elements of `type` (n multiple of the block size) to fp32. */
-kvs_status kvs_dequant_row(int type, const void *src, float *dst, int64_t n, kvs_err *err);
-/* Reference quantiser (round to nearest; for tests and the writer): fp32 ->
- * row of `type`. dst holds kvs_ggml_row_size(type, n) bytes. */
-kvs_status kvs_quant_row(int type, const float *src, void *dst, int64_t n, kvs_err *err);
-
-/* Activations quantised for integer dot products: blocks of 32 with an fp32
- * scale, int8 values and per-16 sums. */
-typedef struct {
-    float d;
-    int16_t sum16[2];
-    int8_t q[32];
-} kvs_q8a_block;
-
-/* x [n] -> [n/32] blocks (n multiple of 32). */
-void kvs_q8a_quantize(const float *x, kvs_q8a_block *out, int64_t n);
-/* Dot of a weight row (type, n elements) with quantised activations. F32,
- * F16, BF16 rows use kvs_dot_f32 on the fp32 activations instead. */
-float kvs_dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t n);
-/* Dot of a weight row of any supported type with fp32 activations. */
-float kvs_dot_f32(int type, const void *row, const float *x, int64_t n);
-/* Greedy sampling: the first index of the largest of x[0..n), vectorised;
- * -1 when n <= 0 or any x is NaN. */
-int kvs_argmax(const float *x, int n);
 
 /* ------------------------------------------------------------------------ */
 /* Models                                                                    */
@@ -326,11 +270,8 @@ kvs_status kvs_chat_apply(const kvs_model *m, const kvs_chat_msg *msgs, int n,
 
 typedef struct kvs_session kvs_session;
 
-/* Element type of the KV cache. Attention always accumulates in fp32; f16 and
- * bf16 rows are converted in registers (decode) or per key tile (prefill).
- * 0 (a zero-initialised opts) is f16, as llama.cpp's default cache. */
-typedef enum { KVS_CACHE_F16 = 0, KVS_CACHE_BF16 = 1, KVS_CACHE_F32 = 2 } kvs_cache_type;
-/* "f16" "bf16" "f32" ("?" for anything else). */
+/* The KV cache's element type is kvs_cache_type (kvs_cpu.h).
+ * "f16" "bf16" "f32" ("?" for anything else). */
 const char *kvs_cache_type_name(int t);
 /* "f16" | "bf16" | "f32" -> *out; anything else is KVS_ERR_INVALID naming it. */
 kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err);

@@ -4,14 +4,13 @@
  * overrides applied to each experiment{} table, and the check of each
  * table into kvs_experiment (config_experiment.c).
  *
- * What it is: the entry points of kvs_eval.h's "Configs" section. The Lua
+ * What it is: kvs_config_load(_text) and kvs_config_free (kvs_eval.h). The Lua
  * side only collects tables; all checking happens afterwards in plain C,
  * so every error is a kvs_err naming file:line and the field.
  * What it is not: no grid expansion (grid.c), no running (runner.c).
  */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "config_internal.h"
-#include "kvs_formats.h"
 
 #include <errno.h>
 #include <lauxlib.h>

@@ -35,21 +35,6 @@ static kvs_status finish(kvs_cell *c, int len, kvs_err *err) {
     return KVS_OK;
 }
 
-/* The token limit of (method, shape) in an overhead experiment: a limit
- * for the shape wins over one for every shape; -1 = none, 0 = the method
- * does not run at this shape. */
-int kvs_overhead_limit(const kvs_experiment *e, const char *method, const char *shape) {
-    int any = -1, specific = -1;
-    for (int i = 0; i < e->n_limits; i++) {
-        if (strcmp(e->limits[i].method, method) != 0) continue;
-        if (!e->limits[i].shape[0])
-            any = e->limits[i].max_tokens;
-        else if (!strcmp(e->limits[i].shape, shape))
-            specific = e->limits[i].max_tokens;
-    }
-    return specific >= 0 ? specific : any;
-}
-
 /* Kind overhead: shape, length, dtype, device, threads, variant, budget.
  * The definition names everything that changes a timing: the input sets
  * (seeds), device, dtype, thread count, repetitions and warm-up. */

@@ -433,6 +433,8 @@ kvs_status kvs_report_decode(kvs_store *s, const kvs_report_opts *o, FILE *out, 
 kvs_status kvs_report_decode_plot(kvs_store *s, const kvs_report_opts *o, const char *path,
                                   int *n_files, kvs_err *err);
 
+/* ---- Statistics (stats.c: bootstrap CIs; the report's method comparisons) - */
+
 /* Mean and percentile-bootstrap 95% CI of x[0..n), deterministic in seed. */
 void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,
                       double *lo, double *hi);
@@ -443,8 +445,6 @@ void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, doub
  * (which favours short answers). */
 void kvs_bootstrap_ci_weighted(const double *x, const double *w, int n, int resamples,
                                uint64_t seed, double *mean, double *lo, double *hi);
-
-/* ---- Paired statistics (stats.c; the report's method comparisons) --------- */
 
 /* Exact two-sided McNemar test on b and c discordant pairs: Binomial(b + c,
  * 1/2), p = min(1, 2 P[X <= min(b, c)]); 1 when b + c = 0, NaN for b or c

@@ -821,6 +821,21 @@ cleanup:
 
 /* ---- entry points ------------------------------------------------------------------ */
 
+/* The token limit of (method, shape) in an overhead experiment: a limit
+ * for the shape wins over one for every shape; -1 = none, 0 = the method
+ * does not run at this shape. */
+int kvs_overhead_limit(const kvs_experiment *e, const char *method, const char *shape) {
+    int any = -1, specific = -1;
+    for (int i = 0; i < e->n_limits; i++) {
+        if (strcmp(e->limits[i].method, method) != 0) continue;
+        if (!e->limits[i].shape[0])
+            any = e->limits[i].max_tokens;
+        else if (!strcmp(e->limits[i].shape, shape))
+            specific = e->limits[i].max_tokens;
+    }
+    return specific >= 0 ? specific : any;
+}
+
 void kvs_overhead_label(const kvs_experiment *e, const kvs_cell *c, const char *budget, char *out,
                         size_t n) {
     int thr = e->n_thread_counts > 0 ? e->thread_counts[c->threads] : e->threads;

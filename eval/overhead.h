@@ -1,6 +1,7 @@
 /*
  * overhead.h -- private interface of eval/overhead.c (kind `overhead`, the
- * latency study of performance.md section 1) for eval/runner.c.
+ * latency study of performance.md section 1) for eval/runner.c, and the
+ * max_tokens rule for eval/grid.c (which cells exist).
  *
  * What it is: a context that holds the synthetic input sets of the current
  * (shape, N, dtype), the host copy bandwidth measured once per run, and the
@@ -29,8 +30,8 @@ kvs_status kvs_overhead_cell(kvs_overhead *x, const kvs_experiment *e, const kvs
  * the cells timed in this run to the log, free everything. NULL is fine. */
 void kvs_overhead_end(kvs_overhead *x);
 
-/* max_tokens of (method, shape) (grid.c): -1 none, 0 never, else the
- * largest N that runs. */
+/* max_tokens of (method, shape): -1 none, 0 never, else the largest N
+ * that runs (grid.c leaves the larger cells out; the input sets stop there). */
 int kvs_overhead_limit(const kvs_experiment *e, const char *method, const char *shape);
 
 /* "gemma3-270m N=8192 F16 cpu 2t  h2o  budget 0.2" */

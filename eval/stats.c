@@ -1,17 +1,83 @@
 /*
- * stats.c -- paired statistics for the report's method comparisons: exact
- * McNemar p-values, a paired sign-flip permutation test, Holm-Bonferroni
+ * stats.c -- the report's statistics: percentile-bootstrap CIs of a mean
+ * (plain and weighted) and, for the method comparisons, exact McNemar
+ * p-values, a paired sign-flip permutation test, Holm-Bonferroni
  * adjustment, paired bootstrap CIs and minimum detectable differences.
  *
  * What it is: small, deterministic functions of arrays (declared in
- * kvs_eval.h, "Paired statistics"); report.c pairs the cells by sample id
- * and calls them. What it is not: no SQL, no formatting, no pairing.
+ * kvs_eval.h, "Statistics"); the report files (report_data.c,
+ * report_paired.c, report_decode.c) gather and pair the cells and call them;
+ * nothing here calls back. What it is not: no SQL, no formatting, no pairing.
  * Randomness is splitmix64 from a caller's seed, so reports reproduce.
  */
 #include "kvs_eval.h"
 
 #include <math.h>
 #include <stdlib.h>
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Linear-interpolated quantile of sorted v[0..n). */
+static double quantile(const double *v, int n, double q) {
+    double pos = q * (n - 1);
+    int i = (int)floor(pos);
+    if (i >= n - 1) return v[n - 1];
+    double f = pos - i;
+    return v[i] + f * (v[i + 1] - v[i]);
+}
+
+void kvs_bootstrap_ci_weighted(const double *x, const double *w, int n, int resamples,
+                               uint64_t seed, double *mean, double *lo, double *hi) {
+    double s = 0, sw = 0;
+    for (int i = 0; i < n; i++) {
+        const double wi = w ? w[i] : 1.0;
+        s += x[i] * wi;
+        sw += wi;
+    }
+    *mean = n > 0 && sw > 0 ? s / sw : NAN;
+    if (n <= 1 || resamples < 2) {
+        *lo = *hi = *mean;
+        return;
+    }
+    double *m = malloc(sizeof *m * (size_t)resamples); /* [resamples] resample means */
+    if (!m) {
+        *lo = *hi = NAN;
+        return;
+    }
+    /* splitmix64 inlined (this loop is the cost of a large report); the
+     * index is a multiply-shift of the high 32 bits, unbiased enough for
+     * n < 2^32 and free of a division. */
+    uint64_t st = seed;
+    for (int b = 0; b < resamples; b++) {
+        double t = 0, tw = 0;
+        for (int i = 0; i < n; i++) {
+            uint64_t z = (st += 0x9e3779b97f4a7c15ULL);
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+            z ^= z >> 31;
+            const uint64_t k = ((z >> 32) * (uint64_t)n) >> 32;
+            if (w) {
+                t += x[k] * w[k];
+                tw += w[k];
+            } else {
+                t += x[k];
+            }
+        }
+        m[b] = w ? (tw > 0 ? t / tw : NAN) : t / n;
+    }
+    qsort(m, (size_t)resamples, sizeof *m, cmp_double);
+    *lo = quantile(m, resamples, 0.025);
+    *hi = quantile(m, resamples, 0.975);
+    free(m);
+}
+
+void kvs_bootstrap_ci(const double *x, int n, int resamples, uint64_t seed, double *mean,
+                      double *lo, double *hi) {
+    kvs_bootstrap_ci_weighted(x, NULL, n, resamples, seed, mean, lo, hi);
+}
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);

@@ -79,7 +79,7 @@ static void test_flashcache_layer(kvs_gpu_workspace *ws, uint64_t *rng) {
                 double *den = kg_alloc_poisoned(sizeof(double) * 4);
                 kvs_err err;
                 kvs_err_clear(&err);
-                CHECK_OK(kvs_gpu_flashcache_layer(ws, &c.dl[0], 0, omega, ddev, den, &err), &err);
+                CHECK_OK(kvs_gpu_lowpass_layer(ws, &c.dl[0], 0, omega, ddev, den, &err), &err);
                 CHECK_OK(kvs_gpu_sync(ws, &err), &err);
                 CHECK(!kg_download(got, ddev, sizeof(float) * (size_t)H * N) &&
                       !kg_download(ge, den, sizeof ge));

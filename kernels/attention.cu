@@ -30,7 +30,7 @@
 /* ------------------------------------------------------------------------ */
 
 /* Pass 1: lse [Hq][Nq]. grid (Nq/64, Hq, nsplit), block 16x16. With
- * nsplit > 1 (few query rows, e.g. SnapKV's window) block z covers key tiles
+ * nsplit > 1 (few query rows, e.g. an observation window) block z covers key tiles
  * [z * tps, (z + 1) * tps) and writes its running max / sum to part_m,
  * part_l [nsplit][Hq][Nq]; k_lse_combine finishes. */
 __global__ void __launch_bounds__(256)

@@ -9,7 +9,7 @@
  * 128) and the 16-bit type (fp16 / bf16), built on inline PTX
  * (mma.sync.aligned.m16n8k16 with fp32 accumulators, ldmatrix, cp.async,
  * ex2.approx), and their launchers.
- * What it is not: no fp32 path (kvs_kernels.cu keeps CUDA cores for fp32
+ * What it is not: no fp32 path (attention.cu keeps CUDA cores for fp32
  * caches and the wmma kernels as the alternative), no entropy pass, no
  * method logic.
  *

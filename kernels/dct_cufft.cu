@@ -25,7 +25,7 @@
 #include "dct_order.cuh"
 
 /* ------------------------------------------------------------------------ */
-/* DCT (Makhoul) and the fused FlashCache statistics                         */
+/* DCT (Makhoul) and the fused low-pass deviation statistics                 */
 /* ------------------------------------------------------------------------ */
 
 /* Reordered token positions: mk_pos / mk_tok (dct_order.cuh). */
@@ -114,7 +114,7 @@ __global__ void k_dct3_in(const float *X, cufftComplex *spec, int N, int Nh) {
     spec[col * Nh + m] = o;
 }
 
-/* FlashCache spectrum pass, in place on the half spectrum of every column:
+/* Low-pass spectrum pass, in place on the half spectrum of every column:
  * Parseval energies (low band m < omega and total; columns [0, cols_per_t)
  * are K, the rest V) into energy[0..4), then the spectrum of the HIGH band
  * (m >= omega) of the reordered signal, scaled by 1/N for C2R: its inverse

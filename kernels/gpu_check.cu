@@ -86,7 +86,7 @@ extern "C" kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err) {
                           "device)", e.layer, gerr_what(e.code), e.head, e.token, e.chan);
     case KVS_GERR_DEV:
         return kvs_errorf(err, KVS_ERR_NUMERIC,
-                          "flashcache: layer %d head %d: deviation of token %d is not finite "
+                          "layer %d head %d: DCT low-pass deviation of token %d is not finite "
                           "(values too large for fp32 squares)", e.layer, e.head, e.token);
     case KVS_GERR_LSE:
         return kvs_errorf(err, KVS_ERR_NUMERIC,

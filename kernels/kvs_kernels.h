@@ -1,17 +1,18 @@
 /*
- * kvs_kernels.h -- the CUDA path of kvsieve: device building blocks and the
- * GPU entry point of the compression methods. This header is the manual of
- * kernels/.
+ * kvs_kernels.h -- the CUDA path of kvsieve: device building blocks, the
+ * workspace they run in, and the staged steps the methods' GPU drivers
+ * (methods/gpu/, kvs_gpu_compress) are made of. This header is the manual
+ * of the device side of kernels/ (dct.h is the CPU DCT's).
+ *
+ * kernels/ is a folder of leaves: it calls core only and knows no method by
+ * name; which method runs which blocks, with which budgets, is decided in
+ * methods/gpu/.
  *
  * What it is:
- *   - kvs_gpu_compress: the same plan as kvs_compress (core + methods
- *     registry) for a cache whose K/V/Q views live in device memory
- *     (kvs_view.device == KVS_CUDA), fp32 / fp16 / bf16, fp32 accumulation.
- *     Implemented on the device: flashcache, snapkv, h2o, lookm, meda;
- *     full, random and streamingllm compute no scores (their plans are
- *     index arithmetic, taken from the CPU method itself after a
- *     device-side finiteness check). A method registered later without a
- *     GPU path is KVS_ERR_UNSUPPORTED naming the method and the device.
+ *   - The workspace (kvs_gpu_workspace_init) and, for method drivers, its
+ *     scratch, the device finiteness checks, segment top-k selection into
+ *     host indices, and the host copies a driver needs (section "for
+ *     method drivers").
  *   - kvs_gpu_apply_layer: compaction (gather) and cosine-argmax merging of
  *     one layer on the device, the device twin of core's kvs_apply.
  *   - The building blocks, exposed for the parity tests and the latency
@@ -21,7 +22,7 @@
  *     entropies, cosine-argmax assignment.
  *
  * Algorithms:
- *   - FlashCache's transform, two routes (kvs_gpu_workspace_dct_route);
+ *   - The DCT low-pass deviation, two routes (kvs_gpu_workspace_dct_route);
  *     both give dev [Hkv][N] and the four energies of
  *     kvs_gpu_lowpass_layer, fp32 arithmetic, fp64 energy sums:
  *     FFT route (default): Makhoul's N-point DCT on cuFFT real transforms
@@ -77,7 +78,7 @@
  *     memory, d in chunks of 64; fp32 caches on CUDA cores (the 64 x 64
  *     tiles). Never an N x N buffer: pass 1 writes
  *     lse [Hq][Nq] (one block per (query head, row tile); when that is too
- *     few blocks, e.g. SnapKV's 32-query window, the keys are split over
+ *     few blocks, e.g. a 32-query observation window, the keys are split over
  *     blocks and partial max / sum pairs combined, nsplit * Nq <= N);
  *     column sums run one block per (key tile, KV head, query head of the
  *     group) over every row, fp64 accumulators, then the GQA mean in head
@@ -89,13 +90,13 @@
  *     K and V into the kept rows and one finishing kernel per formula.
  *
  * Execution model: every call is asynchronous on the workspace's single
- * stream. Inside a method there is no host synchronisation except where a
- * host decision needs device numbers: flashcache with dba=true and meda copy
- * their per-layer statistics (4 resp. 6 doubles per layer) to the host once,
- * to run core's kvs_budget_allocate exactly as the CPU does; every method
- * synchronises once at the end to copy the plan's indices back and read the
- * device error record (NaN / Inf found on the device, naming layer, head,
- * token). The workspace is sized once for a maximal shape and never grows,
+ * stream, except the documented synchronous ones (kvs_gpu_sync,
+ * kvs_gpu_download, kvs_gpu_topk_segments, kvs_gpu_attn_entropies and the
+ * memory helpers). A driver synchronises only where a host decision needs
+ * device numbers (per-layer statistics for core's kvs_budget_allocate) and
+ * once at the end, when the selected indices come back and the device error
+ * record (NaN / Inf found on the device, naming layer, head, token) is
+ * read. The workspace is sized once for a maximal shape and never grows,
  * except for the GEMM route's basis (above), allocated when that route
  * first runs a shape.
  *
@@ -160,8 +161,7 @@ kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err);
  * queries. Returns the setting now in force. */
 int kvs_gpu_workspace_tensor_cores(kvs_gpu_workspace *ws, int on);
 /* The tensor-core kernel of the attention statistics passes
- * (kvs_gpu_attn_lse / kvs_gpu_attn_colsum, the h2o / lookm / snapkv / meda
- * scores) for fp16 / bf16 caches:
+ * (kvs_gpu_attn_lse / kvs_gpu_attn_colsum) for fp16 / bf16 caches:
  *   KVS_GPU_ATTN_WMMA (0), "wmma-smem": the 64 x 64 logit tile of the
  *     shared tile_dot, staged through shared memory (the older kernel);
  *   KVS_GPU_ATTN_MMA (1), "mma-reg" (default on sm_80+): FlashAttention-2
@@ -186,9 +186,8 @@ kvs_status kvs_gpu_workspace_attn_kernel(kvs_gpu_workspace *ws, int which, int *
 /* The kernel kvs_gpu_attn_lse / kvs_gpu_attn_colsum would run now for these
  * views: KVS_GPU_ATTN_MMA, KVS_GPU_ATTN_WMMA or KVS_GPU_ATTN_CUDA_CORES. */
 int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k);
-/* FlashCache's transform (kvs_gpu_lowpass_layer, hence
- * kvs_gpu_compress("flashcache"); the routes and their costs are under
- * "Algorithms" above):
+/* The route of the DCT low-pass deviation (kvs_gpu_lowpass_layer; the
+ * routes and their costs are under "Algorithms" above):
  *   KVS_GPU_DCT_FFT (0, default): cuFFT, Makhoul's algorithm;
  *   KVS_GPU_DCT_GEMM (1): truncated-basis GEMMs on cuBLAS, fp32 compute
  *     (plans as the CPU's, like the FFT route);
@@ -197,7 +196,7 @@ int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q, cons
  * `which` = 0, 1 or 2 sets it, -1 only queries; *in_force (may be NULL)
  * receives the setting. Selecting a GEMM route the first time creates the
  * workspace's cuBLAS handle (errors name cuBLAS's status); the basis is
- * built by the first flashcache call of each (N, omega). Another value is
+ * built by the first kvs_gpu_lowpass_prepare of each (N, omega). Another value is
  * KVS_ERR_INVALID; TF32 below sm_80 KVS_ERR_UNSUPPORTED. */
 enum { KVS_GPU_DCT_FFT = 0, KVS_GPU_DCT_GEMM = 1, KVS_GPU_DCT_GEMM_TF32 = 2 };
 kvs_status kvs_gpu_workspace_dct_route(kvs_gpu_workspace *ws, int which, int *in_force,
@@ -304,7 +303,7 @@ kvs_status kvs_gpu_dct2(kvs_gpu_workspace *ws, const float *x, float *X, int nco
 kvs_status kvs_gpu_dct3(kvs_gpu_workspace *ws, const float *X, float *x, int ncols, int N,
                         kvs_err *err);
 
-/* FlashCache statistics of one layer (K, V device views [Hkv][N][d]):
+/* The DCT low-pass deviation of one layer (K, V device views [Hkv][N][d]):
  * dev [Hkv][N] = mean_c (K - K_base)^2 + mean_c (V - V_base)^2 with the
  * low-pass keeping omega coefficients; energy[4] (device, fp64) receives
  * {low K, total K, low V, total V} (sum of squared orthonormal DCT-II
@@ -314,8 +313,7 @@ kvs_status kvs_gpu_dct3(kvs_gpu_workspace *ws, const float *X, float *x, int nco
  * basis above KVS_FC_GEMM_BASIS_CAP or beyond free device memory. `layer`
  * only names errors. */
 kvs_status kvs_gpu_lowpass_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
-                                    int layer, int omega, float *dev, double *energy,
-                                    kvs_err *err);
+                                 int layer, int omega, float *dev, double *energy, kvs_err *err);
 
 /* Top-k of each of S segments scores[s][0..n) (device, row stride n):
  * out[s][0..k) the indices of the k largest, ties to the lower index,

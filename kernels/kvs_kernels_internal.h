@@ -25,7 +25,7 @@ enum {
     KVS_GERR_K = 1,      /* NaN/Inf in K */
     KVS_GERR_V = 2,      /* NaN/Inf in V */
     KVS_GERR_Q = 3,      /* NaN/Inf in Q */
-    KVS_GERR_DEV = 4,    /* flashcache deviation not finite */
+    KVS_GERR_DEV = 4,    /* DCT low-pass deviation not finite */
     KVS_GERR_LSE = 5,    /* log-sum-exp not finite */
     KVS_GERR_SCORE = 6,  /* attention score / vote not finite */
     KVS_GERR_NAN = 7,    /* NaN score given to top-k */
@@ -54,7 +54,7 @@ struct kvs_gpu_workspace {
     int n_sm; /* streaming multiprocessors (launch sizing) */
     int tensor_cores; /* attention tiles of fp16 / bf16 inputs on tensor cores */
     int attn_kernel;  /* KVS_GPU_ATTN_WMMA or KVS_GPU_ATTN_MMA (kvs_gpu_workspace_attn_kernel) */
-    int dct_route;    /* KVS_GPU_DCT_* (kvs_gpu_workspace_dct_route): FlashCache's transform */
+    int dct_route;    /* KVS_GPU_DCT_* (kvs_gpu_workspace_dct_route): the DCT low-pass route */
     struct kvs_fc_gemm *fcg; /* the GEMM route's cuBLAS handle and cached basis (fc_gemm.cu);
                               * NULL until the route is first selected */
     int cc_major, cc_minor; /* compute capability */

@@ -106,14 +106,14 @@ kvs_status kvs_gpu_compress(const char *method, const kvs_params *p, const kvs_c
     g.c = c;
     g.ws = ws;
     const kvs_gpu_driver run = driver_of(m);
-    if ((st = gpu_prepare(&g, b, err))) goto cleanup;
-    if (!run) {
+    if (!run) { /* refused before any device work */
         st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
                         "not implemented on GPU (device %s); run it on host memory with "
                         "kvs_compress",
                         kvs_gpu_workspace_device(ws));
         goto cleanup;
     }
+    if ((st = gpu_prepare(&g, b, err))) goto cleanup;
     g.desc = calloc((size_t)g.shape.n_layers * (size_t)g.shape.n_kv_heads, sizeof *g.desc);
     if (!g.desc) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");

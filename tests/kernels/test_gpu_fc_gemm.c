@@ -1,7 +1,7 @@
 /*
  * test_gpu_fc_gemm.c -- FlashCache's truncated-basis GEMM route
  * (kvs_gpu_workspace_dct_route = KVS_GPU_DCT_GEMM, kernels/fc_gemm.cu)
- * against the CPU reference (methods/dct.h orthonormal DCT-II / DCT-III via
+ * against the CPU reference (kernels/dct.h orthonormal DCT-II / DCT-III via
  * kg_ref_flashcache): dev [H][N] within 1e-4 of the largest deviation, the
  * four energies within 1e-5 relative, on fresh random layers (white noise +
  * a smooth component + outlier tokens) in fp32 / fp16 / bf16, N in {1, 2,

@@ -1,6 +1,6 @@
 /*
  * test_gpu_kernels.c -- parity of every device building block with its CPU
- * reference: DCT-II / DCT-III (methods/dct.h), the fused FlashCache layer
+ * reference: DCT-II / DCT-III (kernels/dct.h), the fused FlashCache layer
  * statistics (dct.h-based reference), top-k (kvs_topk_indices, with forced
  * ties), pooling (kvs_pool1d_*), attention lse / column sums / entropies
  * (kvs_attn_*), cosine-argmax assignment (kvs_merge_assign) and compaction

@@ -7,6 +7,14 @@
  * kernels/ is a folder of leaves: it calls core only and knows no method by
  * name; which method runs which blocks, with which budgets, is decided in
  * methods/gpu/.
+ * Files, one building block each (each names its CPU reference):
+ * dct_cufft.cu (DCT on cuFFT), fc_gemm.cu (its truncated-basis GEMM route),
+ * lowpass_route.cu (the switch between the two), attention.cu and
+ * attn_mma.cu (attention statistics), pool.cu (score rows), topk.cu,
+ * merge.cu (compaction, merging), gpu_workspace.cu (devices, memory, the
+ * workspace), gpu_check.cu (errors, checks, the device error record);
+ * gpu_common.cuh holds the inline device helpers they share. Calls go one
+ * way, towards gpu_check.cu.
  *
  * What it is:
  *   - The workspace (kvs_gpu_workspace_init) and, for method drivers, its

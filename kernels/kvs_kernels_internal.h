@@ -118,11 +118,12 @@ kvs_status kvs_gpu_check_view(const kvs_gpu_workspace *ws, const kvs_view *v, co
  * length re-makes them). */
 kvs_status kvs_gpu_ensure_plans(kvs_gpu_workspace *ws, int N, int ncols, kvs_err *err);
 
-/* Launchers (async on ws->stream; 0 on success, else a cudaError_t). */
+/* Launchers (async on ws->stream; 0 on success, else a cudaError_t),
+ * grouped by the file that defines them. */
 /* The FFT route of the low-pass deviation of one layer: dev [Hkv][N],
  * energy [4] (zeroed here). */
 int kvs_launch_lowpass_layer(kvs_gpu_workspace *ws, const kvs_layer *ly, int layer, int omega,
-                                float *dev, double *energy);
+                             float *dev, double *energy);
 /* The two halves of it that the GEMM route (fc_gemm.cu) shares: K and V of
  * the layer -> ws->rin [2 H d][N] fp32 in Makhoul's reordered token order
  * (dct_order.cuh), flagging NaN / Inf; and dev [H][N] from reordered
@@ -138,13 +139,16 @@ int kvs_launch_check_finite(kvs_gpu_workspace *ws, const kvs_view *v, int code, 
 /* ---- pool.cu ---- */
 /* out[n] = sum_h dev[h][n] ([H][N] -> [N]) */
 int kvs_launch_head_sum(kvs_gpu_workspace *ws, const float *dev, int H, int N, float *out);
-/* ---- topk.cu ---- */
-int kvs_launch_topk(kvs_gpu_workspace *ws, const float *scores, const kvs_topk_desc *desc_dev,
-                    int nseg, int32_t *idx);
 /* Pools rows of x [rows][N] (first n of each row) into out rows of stride
  * out_stride, flagging non-finite inputs as KVS_GERR_SCORE for `layer`. */
 int kvs_launch_pool(kvs_gpu_workspace *ws, const float *x, int rows, int x_stride, int n, int k,
                     int is_max, float *out, int out_stride, int layer);
+/* Finite check, optional /(N - j), optional text boost, on scores [H][N]. */
+int kvs_launch_score_post(kvs_gpu_workspace *ws, float *scores, int H, int N, int normalize,
+                          int boost, const uint8_t *modality_dev, int layer);
+/* ---- topk.cu ---- */
+int kvs_launch_topk(kvs_gpu_workspace *ws, const float *scores, const kvs_topk_desc *desc_dev,
+                    int nseg, int32_t *idx);
 /* ---- attention.cu ---- */
 int kvs_launch_lse(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k, float *lse,
                    int layer);
@@ -153,9 +157,6 @@ int kvs_launch_lse_combine(kvs_gpu_workspace *ws, const float *part_m, const flo
                            int nsplit, int Hq, int Nq, float *lse, int layer);
 int kvs_launch_colsum(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
                       const float *lse, float *colsum);
-/* Finite check, optional /(N - j), optional text boost, on scores [H][N]. */
-int kvs_launch_score_post(kvs_gpu_workspace *ws, float *scores, int H, int N, int normalize,
-                          int boost, const uint8_t *modality_dev, int layer);
 /* Row entropies + reduction into stats [6] = {plain, e_tv, e_vt, n_tv, n_vt, 0}. */
 int kvs_launch_entropies(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
                          const float *lse, const uint8_t *modality_dev, double *stats, int layer);

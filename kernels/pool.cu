@@ -2,7 +2,8 @@
  * pool.cu -- row operations on score rows [rows][N] on the device:
  * 1-D pooling (max / avg, centred window), the per-row post-processing
  * (finiteness flag, 1/(N - j) normalisation, text boost) and sums over
- * heads. CPU reference: core's kvs_pool1d and the methods' host loops.
+ * heads. CPU reference: core's kvs_pool1d_max / kvs_pool1d_avg (core/select.c)
+ * and the score loops of the CPU methods that use these rows.
  *
  * What it is not: no attention, no selection.
  */

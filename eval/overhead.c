@@ -13,7 +13,7 @@
  * the same run, GFLOP/s for the attention passes, and on CPU the time of the
  * method's dominant term measured by a micro-benchmark in the same cell:
  *   flashcache            one orthonormal DCT-II + DCT-III pair over every
- *                         (layer, K|V, head, channel) column (methods/dct.h),
+ *                         (layer, K|V, head, channel) column (kernels/dct.h),
  *                         in L2-sized column groups, on the cell's threads;
  *   h2o, lookm, meda      one causal attention pass over all queries
  *                         (core's kvs_attn_colsum_fused, every layer);

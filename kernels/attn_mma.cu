@@ -9,7 +9,7 @@
  * 128) and the 16-bit type (fp16 / bf16), built on inline PTX
  * (mma.sync.aligned.m16n8k16 with fp32 accumulators, ldmatrix, cp.async,
  * ex2.approx), and their launchers.
- * What it is not: no fp32 path (kvs_kernels.cu keeps CUDA cores for fp32
+ * What it is not: no fp32 path (attention.cu keeps CUDA cores for fp32
  * caches and the wmma kernels as the alternative), no entropy pass, no
  * method logic.
  *
@@ -488,8 +488,9 @@ static void launch_col(const mma_args &a, dim3 grid, cudaStream_t s, const float
 }
 
 extern "C" int kvs_launch_lse_mma(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
-                                  float *lse, int layer) {
+                                  float *lse, int layer, int *nsplit_out) {
     const mma_args a = args_of(q, k);
+    *nsplit_out = 1;
     if (a.Nq <= 0) return 0;
     /* split the keys when there are too few (head, row tile) blocks to fill
      * the device; partials live in ws->lsepart [2][nsplit][Hq][Nq] with
@@ -512,9 +513,8 @@ extern "C" int kvs_launch_lse_mma(kvs_gpu_workspace *ws, const kvs_view *q, cons
     else if (a.D == 64) launch_lse<64, true>(a, grid, ws->stream, lse, layer, ws->errrec, tps, pm, pl);
     else if (!a.bf) launch_lse<128, false>(a, grid, ws->stream, lse, layer, ws->errrec, tps, pm, pl);
     else launch_lse<128, true>(a, grid, ws->stream, lse, layer, ws->errrec, tps, pm, pl);
-    int rc = (int)cudaGetLastError();
-    if (!rc && nsplit > 1) rc = kvs_launch_lse_combine(ws, pm, pl, nsplit, a.Hq, a.Nq, lse, layer);
-    return rc;
+    *nsplit_out = nsplit; /* the caller combines the partials when nsplit > 1 */
+    return (int)cudaGetLastError();
 }
 
 extern "C" int kvs_launch_colsum_mma(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,

@@ -1,7 +1,7 @@
 /*
  * attn_mma.h -- private to kernels/: the register-tiled (FlashAttention-2
  * style) attention statistics kernels of attn_mma.cu, called by the
- * launchers in kvs_kernels.cu when the workspace's attention kernel is
+ * launchers in attention.cu when the workspace's attention kernel is
  * KVS_GPU_ATTN_MMA and the views qualify (kvs_attn_mma_usable).
  *
  * What it is: plain C declarations (C and nvcc's C++). What it is not: no
@@ -32,20 +32,18 @@ int kvs_attn_mma_views_ok(const kvs_view *q, const kvs_view *k);
 int kvs_attn_mma_prepare(void);
 
 /* Pass 1 (lse [Hq][Nq], natural log, scale 1/sqrt(d)) with the mma kernel;
- * with few row tiles the keys are split and partial (max, sum) pairs go to
- * ws->lsepart, then kvs_launch_lse_combine. 0 or a cudaError_t. */
+ * with few row tiles the keys are split into *nsplit_out parts whose
+ * partial (max, sum) pairs go to ws->lsepart [2][nsplit][Hq][Nq]: the
+ * caller (attention.cu) then runs kvs_launch_lse_combine. 0 or a
+ * cudaError_t. */
 int kvs_launch_lse_mma(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k, float *lse,
-                       int layer);
+                       int layer, int *nsplit_out);
 
 /* Pass 2: colpart [Hq][N] (fp64 column sums per query head) with the mma
  * kernel; the caller runs the GQA mean (k_colsum_combine). 0 or a
  * cudaError_t. */
 int kvs_launch_colsum_mma(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
                           const float *lse, double *colpart);
-
-/* k_lse_combine of kvs_kernels.cu: lse [Hq][Nq] from nsplit partials. */
-int kvs_launch_lse_combine(kvs_gpu_workspace *ws, const float *part_m, const float *part_l,
-                           int nsplit, int Hq, int Nq, float *lse, int layer);
 
 #ifdef __cplusplus
 }

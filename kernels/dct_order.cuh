@@ -1,7 +1,7 @@
 /*
  * dct_order.cuh -- private to kernels/ (device code only): the even/odd
  * token reordering of Makhoul's DCT algorithm, shared by the FFT route
- * (kvs_kernels.cu: pack, residual, deviation) and the truncated-basis GEMM
+ * (dct_cufft.cu: pack, residual, deviation) and the truncated-basis GEMM
  * route (fc_gemm.cu: the basis is built in the same reordered token order,
  * so both routes reuse one pack kernel and one deviation kernel).
  *

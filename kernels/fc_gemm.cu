@@ -1,7 +1,7 @@
 /*
- * fc_gemm.cu -- FlashCache's truncated-basis GEMM route on cuBLAS, the
- * route switch (kvs_gpu_workspace_dct_route) and the dispatch of both routes
- * (kvs_fc_prepare / kvs_fc_layer, fc_gemm.h).
+ * fc_gemm.cu -- the DCT low-pass deviation's truncated-basis GEMM route on
+ * cuBLAS and the route setting (kvs_gpu_workspace_dct_route); the switch
+ * between the routes is lowpass_route.cu.
  *
  * The route, for one layer with x [2 H d][N] (every K|V, head, channel
  * column, fp32, in Makhoul's reordered token order: the FFT route's pack
@@ -31,8 +31,8 @@
  * .so.<CUDA major>): the FFT route, the default, then costs no process the
  * ~60 MB of cuBLAS / cuBLASLt pages a link-time dependency maps at start.
  *
- * What it is not: no FFT code (kvs_kernels.cu), no method logic
- * (gpu_compress.c), no host synchronisation (kvs_fc_prepare may allocate,
+ * What it is not: no FFT code (dct_cufft.cu), no method logic, no host
+ * synchronisation (kvs_fc_gemm_prepare may allocate,
  * which the CUDA runtime may serialise with the device).
  */
 #include <cublas_v2.h>
@@ -247,9 +247,8 @@ extern "C" kvs_status kvs_gpu_workspace_dct_route(kvs_gpu_workspace *ws, int whi
     return KVS_OK;
 }
 
-extern "C" kvs_status kvs_fc_prepare(kvs_gpu_workspace *ws, int N, int ncols, int omega,
-                                     kvs_err *err) {
-    if (ws->dct_route == KVS_GPU_DCT_FFT) return kvs_gpu_ensure_plans(ws, N, ncols, err);
+extern "C" kvs_status kvs_fc_gemm_prepare(kvs_gpu_workspace *ws, int N, int ncols, int omega,
+                                         kvs_err *err) {
     kvs_fc_gemm *g = ws->fcg;
     if (!g)
         return kvs_errorf(err, KVS_ERR_INTERNAL,
@@ -306,15 +305,15 @@ extern "C" kvs_status kvs_fc_prepare(kvs_gpu_workspace *ws, int N, int ncols, in
     return KVS_OK;
 }
 
-static kvs_status gemm_layer(kvs_gpu_workspace *ws, const kvs_layer *ly, int layer, int omega,
-                             float *dev, double *energy, kvs_err *err) {
+extern "C" kvs_status kvs_fc_gemm_layer(kvs_gpu_workspace *ws, const kvs_layer *ly, int layer,
+                                       int omega, float *dev, double *energy, kvs_err *err) {
     kvs_fc_gemm *g = ws->fcg;
     const int H = ly->k.n_heads, N = ly->k.n_tokens, d = ly->k.head_dim;
     const int ncols = 2 * H * d;
     if (!g || !g->basis || g->N != N || g->omega != omega)
         return kvs_errorf(err, KVS_ERR_INTERNAL,
                           "DCT GEMM route: layer %d: no basis for N=%d omega=%d "
-                          "(kvs_fc_prepare not called)", layer, N, omega);
+                          "(kvs_fc_gemm_prepare not called)", layer, N, omega);
     /* X_low [ncols][omega] in the spectrum buffer: [ncols][Nh] complex */
     assert((size_t)omega * (size_t)ncols <= 2 * (size_t)ws->ncols * (size_t)ws->Nh);
     float *xl = (float *)ws->spec;
@@ -347,15 +346,4 @@ static kvs_status gemm_layer(kvs_gpu_workspace *ws, const kvs_layer *ly, int lay
                       what, err);
     if (st) return st;
     return kvs_gpu_cuda_check(kvs_launch_fc_dev(ws, ws->rout, H, N, d, dev, layer), what, err);
-}
-
-extern "C" kvs_status kvs_fc_layer(kvs_gpu_workspace *ws, const kvs_layer *ly, int layer,
-                                   int omega, float *dev, double *energy, kvs_err *err) {
-    if (ws->dct_route == KVS_GPU_DCT_FFT) {
-        char what[96];
-        snprintf(what, sizeof what, "DCT FFT route: layer %d", layer);
-        return kvs_gpu_cuda_check(kvs_launch_flashcache_layer(ws, ly, layer, omega, dev, energy),
-                                  what, err);
-    }
-    return gemm_layer(ws, ly, layer, omega, dev, energy, err);
 }

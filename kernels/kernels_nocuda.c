@@ -79,13 +79,6 @@ kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err) {
 
 const char *kvs_gpu_workspace_device(const kvs_gpu_workspace *ws) { return "none (built without CUDA)"; }
 
-kvs_status kvs_gpu_compress(const char *method, const kvs_params *p,
-                            const kvs_cache_view *device_view, const kvs_budget *b,
-                            kvs_gpu_workspace *ws, kvs_plan *out, kvs_err *err) {
-    return kvs_errorf(err, KVS_ERR_UNSUPPORTED, "method %s (gpu): built without CUDA",
-                      method ? method : "?");
-}
-
 kvs_status kvs_gpu_apply_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
                                const kvs_plan *plan, int layer, float *k_out, float *v_out,
                                kvs_err *err) {
@@ -102,10 +95,10 @@ kvs_status kvs_gpu_dct3(kvs_gpu_workspace *ws, const float *X, float *x, int nco
     return no_cuda(err, "kvs_gpu_dct3");
 }
 
-kvs_status kvs_gpu_flashcache_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
+kvs_status kvs_gpu_lowpass_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
                                     int layer, int omega, float *dev, double *energy,
                                     kvs_err *err) {
-    return no_cuda(err, "kvs_gpu_flashcache_layer");
+    return no_cuda(err, "kvs_gpu_lowpass_layer");
 }
 
 kvs_status kvs_gpu_topk(kvs_gpu_workspace *ws, const float *scores, int S, int n, int k,
@@ -142,4 +135,72 @@ kvs_status kvs_gpu_merge_assign(kvs_gpu_workspace *ws, const kvs_view *k, int he
 kvs_status kvs_gpu_fill_random(kvs_gpu_workspace *ws, void *ptr, kvs_dtype t, size_t count,
                                uint64_t seed, float scale, kvs_err *err) {
     return no_cuda(err, "kvs_gpu_fill_random");
+}
+
+/* ---- for method drivers ---- */
+
+kvs_gpu_scratch kvs_gpu_workspace_scratch(kvs_gpu_workspace *ws) {
+    const kvs_gpu_scratch none = {0};
+    return none;
+}
+
+kvs_status kvs_gpu_begin(kvs_gpu_workspace *ws, const kvs_cache_view *c, const kvs_shape *s,
+                         kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_begin");
+}
+
+void kvs_gpu_reset(kvs_gpu_workspace *ws) { (void)ws; }
+
+kvs_status kvs_gpu_check_finite(kvs_gpu_workspace *ws, const kvs_cache_view *c, int n_layers,
+                                int q_rows, int skip_kv, kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_check_finite");
+}
+
+kvs_status kvs_gpu_upload_modality(kvs_gpu_workspace *ws, const uint8_t *modality, int N,
+                                   const uint8_t **dev, kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_upload_modality");
+}
+
+kvs_status kvs_gpu_download(kvs_gpu_workspace *ws, void *dst, const void *src, size_t bytes,
+                            kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_download");
+}
+
+kvs_status kvs_gpu_topk_segments(kvs_gpu_workspace *ws, const float *scores,
+                                 const kvs_topk_desc *desc, int nseg, int32_t *idx,
+                                 long long total, kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_topk_segments");
+}
+
+kvs_status kvs_gpu_lowpass_prepare(kvs_gpu_workspace *ws, int N, int ncols, int omega,
+                                   kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_lowpass_prepare");
+}
+
+kvs_status kvs_gpu_head_sum(kvs_gpu_workspace *ws, const float *x, int H, int N, float *out,
+                            kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_head_sum");
+}
+
+kvs_status kvs_gpu_pool_rows(kvs_gpu_workspace *ws, const float *x, int rows, int x_stride, int n,
+                             int k, int is_max, float *out, int out_stride, int layer,
+                             kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_pool_rows");
+}
+
+kvs_status kvs_gpu_attn_lse_at(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
+                               float *lse, int layer, kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_attn_lse_at");
+}
+
+kvs_status kvs_gpu_score_post(kvs_gpu_workspace *ws, float *scores, int H, int N, int normalize,
+                              int boost, const uint8_t *modality_dev, int layer, kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_score_post");
+}
+
+kvs_status kvs_gpu_attn_entropy_stats(kvs_gpu_workspace *ws, const kvs_view *q,
+                                      const kvs_view *k, const float *lse,
+                                      const uint8_t *modality_dev, double *stats, int layer,
+                                      kvs_err *err) {
+    return no_cuda(err, "kvs_gpu_attn_entropy_stats");
 }

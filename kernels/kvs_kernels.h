@@ -1,17 +1,26 @@
 /*
- * kvs_kernels.h -- the CUDA path of kvsieve: device building blocks and the
- * GPU entry point of the compression methods. This header is the manual of
- * kernels/.
+ * kvs_kernels.h -- the CUDA path of kvsieve: device building blocks, the
+ * workspace they run in, and the staged steps the methods' GPU drivers
+ * (methods/gpu/, kvs_gpu_compress) are made of. This header is the manual
+ * of the device side of kernels/ (dct.h is the CPU DCT's).
+ *
+ * kernels/ is a folder of leaves: it calls core only and knows no method by
+ * name; which method runs which blocks, with which budgets, is decided in
+ * methods/gpu/.
+ * Files, one building block each (each names its CPU reference):
+ * dct_cufft.cu (DCT on cuFFT), fc_gemm.cu (its truncated-basis GEMM route),
+ * lowpass_route.cu (the switch between the two), attention.cu and
+ * attn_mma.cu (attention statistics), pool.cu (score rows), topk.cu,
+ * merge.cu (compaction, merging), gpu_workspace.cu (devices, memory, the
+ * workspace), gpu_check.cu (errors, checks, the device error record);
+ * gpu_common.cuh holds the inline device helpers they share. Calls go one
+ * way, towards gpu_check.cu.
  *
  * What it is:
- *   - kvs_gpu_compress: the same plan as kvs_compress (core + methods
- *     registry) for a cache whose K/V/Q views live in device memory
- *     (kvs_view.device == KVS_CUDA), fp32 / fp16 / bf16, fp32 accumulation.
- *     Implemented on the device: flashcache, snapkv, h2o, lookm, meda;
- *     full, random and streamingllm compute no scores (their plans are
- *     index arithmetic, taken from the CPU method itself after a
- *     device-side finiteness check). A method registered later without a
- *     GPU path is KVS_ERR_UNSUPPORTED naming the method and the device.
+ *   - The workspace (kvs_gpu_workspace_init) and, for method drivers, its
+ *     scratch, the device finiteness checks, segment top-k selection into
+ *     host indices, and the host copies a driver needs (section "for
+ *     method drivers").
  *   - kvs_gpu_apply_layer: compaction (gather) and cosine-argmax merging of
  *     one layer on the device, the device twin of core's kvs_apply.
  *   - The building blocks, exposed for the parity tests and the latency
@@ -21,9 +30,9 @@
  *     entropies, cosine-argmax assignment.
  *
  * Algorithms:
- *   - FlashCache's transform, two routes (kvs_gpu_workspace_dct_route);
+ *   - The DCT low-pass deviation, two routes (kvs_gpu_workspace_dct_route);
  *     both give dev [Hkv][N] and the four energies of
- *     kvs_gpu_flashcache_layer, fp32 arithmetic, fp64 energy sums:
+ *     kvs_gpu_lowpass_layer, fp32 arithmetic, fp64 energy sums:
  *     FFT route (default): Makhoul's N-point DCT on cuFFT real transforms
  *     (R2C and C2R of length N, batched over every (K|V, head, channel)
  *     column of a layer in column-major [col][N] layout), any N >= 1. The
@@ -77,7 +86,7 @@
  *     memory, d in chunks of 64; fp32 caches on CUDA cores (the 64 x 64
  *     tiles). Never an N x N buffer: pass 1 writes
  *     lse [Hq][Nq] (one block per (query head, row tile); when that is too
- *     few blocks, e.g. SnapKV's 32-query window, the keys are split over
+ *     few blocks, e.g. a 32-query observation window, the keys are split over
  *     blocks and partial max / sum pairs combined, nsplit * Nq <= N);
  *     column sums run one block per (key tile, KV head, query head of the
  *     group) over every row, fp64 accumulators, then the GQA mean in head
@@ -89,13 +98,13 @@
  *     K and V into the kept rows and one finishing kernel per formula.
  *
  * Execution model: every call is asynchronous on the workspace's single
- * stream. Inside a method there is no host synchronisation except where a
- * host decision needs device numbers: flashcache with dba=true and meda copy
- * their per-layer statistics (4 resp. 6 doubles per layer) to the host once,
- * to run core's kvs_budget_allocate exactly as the CPU does; every method
- * synchronises once at the end to copy the plan's indices back and read the
- * device error record (NaN / Inf found on the device, naming layer, head,
- * token). The workspace is sized once for a maximal shape and never grows,
+ * stream, except the documented synchronous ones (kvs_gpu_sync,
+ * kvs_gpu_download, kvs_gpu_topk_segments, kvs_gpu_attn_entropies and the
+ * memory helpers). A driver synchronises only where a host decision needs
+ * device numbers (per-layer statistics for core's kvs_budget_allocate) and
+ * once at the end, when the selected indices come back and the device error
+ * record (NaN / Inf found on the device, naming layer, head, token) is
+ * read. The workspace is sized once for a maximal shape and never grows,
  * except for the GEMM route's basis (above), allocated when that route
  * first runs a shape.
  *
@@ -160,8 +169,7 @@ kvs_status kvs_gpu_sync(kvs_gpu_workspace *ws, kvs_err *err);
  * queries. Returns the setting now in force. */
 int kvs_gpu_workspace_tensor_cores(kvs_gpu_workspace *ws, int on);
 /* The tensor-core kernel of the attention statistics passes
- * (kvs_gpu_attn_lse / kvs_gpu_attn_colsum, the h2o / lookm / snapkv / meda
- * scores) for fp16 / bf16 caches:
+ * (kvs_gpu_attn_lse / kvs_gpu_attn_colsum) for fp16 / bf16 caches:
  *   KVS_GPU_ATTN_WMMA (0), "wmma-smem": the 64 x 64 logit tile of the
  *     shared tile_dot, staged through shared memory (the older kernel);
  *   KVS_GPU_ATTN_MMA (1), "mma-reg" (default on sm_80+): FlashAttention-2
@@ -186,9 +194,8 @@ kvs_status kvs_gpu_workspace_attn_kernel(kvs_gpu_workspace *ws, int which, int *
 /* The kernel kvs_gpu_attn_lse / kvs_gpu_attn_colsum would run now for these
  * views: KVS_GPU_ATTN_MMA, KVS_GPU_ATTN_WMMA or KVS_GPU_ATTN_CUDA_CORES. */
 int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k);
-/* FlashCache's transform (kvs_gpu_flashcache_layer, hence
- * kvs_gpu_compress("flashcache"); the routes and their costs are under
- * "Algorithms" above):
+/* The route of the DCT low-pass deviation (kvs_gpu_lowpass_layer; the
+ * routes and their costs are under "Algorithms" above):
  *   KVS_GPU_DCT_FFT (0, default): cuFFT, Makhoul's algorithm;
  *   KVS_GPU_DCT_GEMM (1): truncated-basis GEMMs on cuBLAS, fp32 compute
  *     (plans as the CPU's, like the FFT route);
@@ -197,7 +204,7 @@ int kvs_gpu_attn_kernel_for(const kvs_gpu_workspace *ws, const kvs_view *q, cons
  * `which` = 0, 1 or 2 sets it, -1 only queries; *in_force (may be NULL)
  * receives the setting. Selecting a GEMM route the first time creates the
  * workspace's cuBLAS handle (errors name cuBLAS's status); the basis is
- * built by the first flashcache call of each (N, omega). Another value is
+ * built by the first kvs_gpu_lowpass_prepare of each (N, omega). Another value is
  * KVS_ERR_INVALID; TF32 below sm_80 KVS_ERR_UNSUPPORTED. */
 enum { KVS_GPU_DCT_FFT = 0, KVS_GPU_DCT_GEMM = 1, KVS_GPU_DCT_GEMM_TF32 = 2 };
 kvs_status kvs_gpu_workspace_dct_route(kvs_gpu_workspace *ws, int which, int *in_force,
@@ -205,14 +212,86 @@ kvs_status kvs_gpu_workspace_dct_route(kvs_gpu_workspace *ws, int which, int *in
 /* Name of the workspace's device ("NVIDIA H200 (sm_90)"). */
 const char *kvs_gpu_workspace_device(const kvs_gpu_workspace *ws);
 
-/* ---- methods -------------------------------------------------------------- */
+/* ---- for method drivers (methods/gpu/): staged steps on the workspace ------- */
 
-/* Same contract as kvs_compress (core/kvsieve.h), device views. The plan is
- * host memory, identical to the CPU method's up to exact score ties that
- * fp32 rounding may order differently. Synchronises once at the end. */
-kvs_status kvs_gpu_compress(const char *method, const kvs_params *p,
-                            const kvs_cache_view *device_view, const kvs_budget *b,
-                            kvs_gpu_workspace *ws, kvs_plan *out, kvs_err *err);
+/* The workspace's device scratch a driver fills per layer and reads back:
+ * sized for the workspace's maximal shape (L, Hkv, Hq, N of
+ * kvs_gpu_workspace_init). */
+typedef struct {
+    float *scores;  /* [L][Hkv][N] per-layer scores */
+    float *sums;    /* [max(Hkv, L)][N] intermediate rows (column sums, layer sums) */
+    float *lse;     /* [Hq][N] */
+    double *energy; /* [L][4] */
+    double *stats;  /* [L][6] */
+} kvs_gpu_scratch;
+kvs_gpu_scratch kvs_gpu_workspace_scratch(kvs_gpu_workspace *ws);
+
+/* Before a driver's first step: every layer's K, V (and Q when recorded)
+ * are device views the workspace can take, the cache fits the workspace
+ * (L, Hkv, Hq), and the device error record is cleared. */
+kvs_status kvs_gpu_begin(kvs_gpu_workspace *ws, const kvs_cache_view *c, const kvs_shape *s,
+                         kvs_err *err);
+/* After a failed call: wait for the stream and clear the error record, so
+ * the next call starts clean (its own errors are dropped). */
+void kvs_gpu_reset(kvs_gpu_workspace *ws);
+
+/* Flags (for kvs_gpu_sync to report) the first NaN / Inf in K and V of
+ * every layer (unless skip_kv) and in the last q_rows query rows (0: none). */
+kvs_status kvs_gpu_check_finite(kvs_gpu_workspace *ws, const kvs_cache_view *c, int n_layers,
+                                int q_rows, int skip_kv, kvs_err *err);
+/* Copies modality (HOST [N], KVS_MOD_* values) to the workspace's device
+ * copy; *dev receives it. */
+kvs_status kvs_gpu_upload_modality(kvs_gpu_workspace *ws, const uint8_t *modality, int N,
+                                   const uint8_t **dev, kvs_err *err);
+/* Copies `bytes` of device memory to host memory after the stream's queued
+ * work and synchronises (kvs_gpu_sync: device-flagged errors reported). */
+kvs_status kvs_gpu_download(kvs_gpu_workspace *ws, void *dst, const void *src, size_t bytes,
+                            kvs_err *err);
+
+/* One top-k segment: the output row (at out_off of the indices) is
+ * [0, head_cnt) ++ top-k of scores[score_off + j], j in [lo, hi), ascending
+ * ++ [tail_start, tail_start + tail_cnt). Requires head_cnt <= lo and
+ * hi <= tail_start when both are used. layer / head name errors. */
+typedef struct {
+    long long score_off;
+    long long out_off;
+    int lo, hi, k;
+    int head_cnt, tail_start, tail_cnt;
+    int layer, head;
+} kvs_topk_desc;
+/* Top-k of nseg segments (desc HOST [nseg], at most L * Hkv of the
+ * workspace) over scores (device); the `total` indices come back to idx
+ * (HOST), after one sync that also reports what the device flagged. */
+kvs_status kvs_gpu_topk_segments(kvs_gpu_workspace *ws, const float *scores,
+                                 const kvs_topk_desc *desc, int nseg, int32_t *idx,
+                                 long long total, kvs_err *err);
+
+/* Before kvs_gpu_lowpass_layer on a new shape (host side, may allocate):
+ * the FFT route's cuFFT plans for (N, ncols) or the GEMM route's basis. */
+kvs_status kvs_gpu_lowpass_prepare(kvs_gpu_workspace *ws, int N, int ncols, int omega,
+                                   kvs_err *err);
+/* out[n] = sum_h x[h][n] (device [H][N] -> [N]). */
+kvs_status kvs_gpu_head_sum(kvs_gpu_workspace *ws, const float *x, int H, int N, float *out,
+                            kvs_err *err);
+/* kvs_gpu_pool1d on the first n entries of rows of stride x_stride into
+ * rows of stride out_stride, flagging non-finite inputs for `layer`. */
+kvs_status kvs_gpu_pool_rows(kvs_gpu_workspace *ws, const float *x, int rows, int x_stride, int n,
+                             int k, int is_max, float *out, int out_stride, int layer,
+                             kvs_err *err);
+/* kvs_gpu_attn_lse naming `layer` in what the device flags. */
+kvs_status kvs_gpu_attn_lse_at(kvs_gpu_workspace *ws, const kvs_view *q, const kvs_view *k,
+                               float *lse, int layer, kvs_err *err);
+/* On scores [H][N] (device), per row: flags a non-finite score; normalize:
+ * entry j divided by N - j (the queries that see key j); boost: the row's
+ * maximum added to every text token (modality_dev NULL: every token). */
+kvs_status kvs_gpu_score_post(kvs_gpu_workspace *ws, float *scores, int H, int N, int normalize,
+                              int boost, const uint8_t *modality_dev, int layer, kvs_err *err);
+/* Row entropies of one layer reduced into stats (device [6]) = {plain, e_tv,
+ * e_vt, n_tv, n_vt, 0} (kvs_gpu_attn_entropies without the sync). */
+kvs_status kvs_gpu_attn_entropy_stats(kvs_gpu_workspace *ws, const kvs_view *q,
+                                      const kvs_view *k, const float *lse,
+                                      const uint8_t *modality_dev, double *stats, int layer,
+                                      kvs_err *err);
 
 /* Compaction (+ merge when plan->merge != NONE) of one layer, the device
  * twin of kvs_apply: k_out, v_out are DEVICE [Hkv][B_l][d] fp32. Async. */
@@ -232,7 +311,7 @@ kvs_status kvs_gpu_dct2(kvs_gpu_workspace *ws, const float *x, float *X, int nco
 kvs_status kvs_gpu_dct3(kvs_gpu_workspace *ws, const float *X, float *x, int ncols, int N,
                         kvs_err *err);
 
-/* FlashCache statistics of one layer (K, V device views [Hkv][N][d]):
+/* The DCT low-pass deviation of one layer (K, V device views [Hkv][N][d]):
  * dev [Hkv][N] = mean_c (K - K_base)^2 + mean_c (V - V_base)^2 with the
  * low-pass keeping omega coefficients; energy[4] (device, fp64) receives
  * {low K, total K, low V, total V} (sum of squared orthonormal DCT-II
@@ -241,9 +320,8 @@ kvs_status kvs_gpu_dct3(kvs_gpu_workspace *ws, const float *X, float *x, int nco
  * the GEMM route builds its basis here when (N, omega) is new and refuses a
  * basis above KVS_FC_GEMM_BASIS_CAP or beyond free device memory. `layer`
  * only names errors. */
-kvs_status kvs_gpu_flashcache_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
-                                    int layer, int omega, float *dev, double *energy,
-                                    kvs_err *err);
+kvs_status kvs_gpu_lowpass_layer(kvs_gpu_workspace *ws, const kvs_layer *device_layer,
+                                 int layer, int omega, float *dev, double *energy, kvs_err *err);
 
 /* Top-k of each of S segments scores[s][0..n) (device, row stride n):
  * out[s][0..k) the indices of the k largest, ties to the lower index,

@@ -44,10 +44,10 @@
  * Memory: observe keeps Dev [L][Hkv][N] and four double energies per layer;
  * each worker's DCT plan holds one head's [d][N] permuted columns plus one
  * L2-sized column group's spectrum and base, reused for every head and
- * layer. The transform is kvs_dct_lowpass_sqres (methods/dct.h: Makhoul's
+ * layer. The transform is kvs_dct_lowpass_sqres (kernels/dct.h: Makhoul's
  * algorithm on FFTW real FFTs, fused with the low-pass, the energies and the
  * squared residual; bit for bit the unfused DCT-II / zeroing / DCT-III).
- * FFTW plans are made once in create() (methods/dct.c makes FFTW's planner
+ * FFTW plans are made once in create() (kernels/dct_plan.c makes FFTW's planner
  * thread-safe once per process).
  * Threads: observe gathers layers (their memory stays valid until select)
  * and transforms them C at a time (C ~ 8 units per worker / (2 Hkv), at
@@ -209,7 +209,7 @@ static kvs_status fc_column_block(const fc_state *st, fc_work *w, const kvs_view
     const int N = st->shape.n_tokens, d = st->shape.head_dim, omega = st->omega;
     /* DCT-II, lo = ||X[m < omega]||^2, base = DCT-III of the low band,
      * acc[n] = sum_c (x - base)^2, read from the view in L2-sized column
-     * groups (methods/dct.h). */
+     * groups (kernels/dct.h). */
     double lo = 0.0;
     float *acc = w->acc; /* [N] */
     kvs_status rc = kvs_dct_lowpass_sqres(w->plan, v, h, omega, &lo, acc, err);

@@ -11,6 +11,7 @@
 #define KVSIEVE_METHODS_H
 
 #include "kvsieve.h"
+#include "kvs_gpu_methods.h" /* kvs_gpu_compress: the methods on device views (gpu/) */
 
 #ifdef __cplusplus
 extern "C" {

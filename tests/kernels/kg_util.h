@@ -2,7 +2,7 @@
  * kg_util.h -- helpers shared by the GPU parity tests (tests/kernels/):
  * the skip rule, fresh seeds, caches mirrored on host and device in one
  * dtype (so CPU and GPU see the same rounded values), poisoning, reference
- * scores from the CPU helpers (core/ attention + select, methods/dct.h) for
+ * scores from the CPU helpers (core/ attention + select, kernels/dct.h) for
  * the tie-tolerant plan comparison, and the merge-aware cache comparison.
  *
  * What it is not: no reference of its own for any method: plans come from
@@ -289,7 +289,7 @@ static inline int kg_cmp_rows(const int32_t *a, const int32_t *b, int B, int N, 
 
 /* ---- reference scores from the CPU helpers ----------------------------------- */
 
-/* FlashCache deviation of one layer (host view, any dtype) via methods/dct.h:
+/* FlashCache deviation of one layer (host view, any dtype) via kernels/dct.h:
  * dev [H][N]; energies e[4] = {low K, tot K, low V, tot V}. */
 static inline int kg_ref_flashcache(const kvs_layer *ly, int omega, float *dev, double *e) {
     const int H = ly->k.n_heads, N = ly->k.n_tokens, d = ly->k.head_dim;

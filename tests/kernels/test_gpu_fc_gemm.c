@@ -1,7 +1,7 @@
 /*
  * test_gpu_fc_gemm.c -- FlashCache's truncated-basis GEMM route
  * (kvs_gpu_workspace_dct_route = KVS_GPU_DCT_GEMM, kernels/fc_gemm.cu)
- * against the CPU reference (methods/dct.h orthonormal DCT-II / DCT-III via
+ * against the CPU reference (kernels/dct.h orthonormal DCT-II / DCT-III via
  * kg_ref_flashcache): dev [H][N] within 1e-4 of the largest deviation, the
  * four energies within 1e-5 relative, on fresh random layers (white noise +
  * a smooth component + outlier tokens) in fp32 / fp16 / bf16, N in {1, 2,
@@ -83,7 +83,7 @@ out:
     return rc;
 }
 
-/* One run of kvs_gpu_flashcache_layer with `route` into poisoned outputs,
+/* One run of kvs_gpu_lowpass_layer with `route` into poisoned outputs,
  * downloaded into dev [H][N], e[4]. 0 on success. */
 static int run_route(kvs_gpu_workspace *ws, int route, const kvs_layer *dl, int omega, float *dev,
                      double *e) {
@@ -99,7 +99,7 @@ static int run_route(kvs_gpu_workspace *ws, int route, const kvs_layer *dl, int 
     double *den = kg_alloc_poisoned(sizeof(double) * 4);
     int rc = 1;
     if (ddev && den) {
-        st = kvs_gpu_flashcache_layer(ws, dl, 0, omega, ddev, den, &err);
+        st = kvs_gpu_lowpass_layer(ws, dl, 0, omega, ddev, den, &err);
         if (!st) st = kvs_gpu_sync(ws, &err);
         CHECK_MSG(st == KVS_OK, "route %d N=%d omega=%d: %s", route, N, omega, err.msg);
         if (!st)
@@ -224,30 +224,30 @@ static void test_errors(uint64_t *rng) {
     double *en = kg_alloc_poisoned(sizeof(double) * 4);
     CHECK(dev && en);
     if (dev && en) {
-        CHECK_FAILS(kvs_gpu_flashcache_layer(ws, &f.dev, 0, N, dev, en, &err), KVS_ERR_UNSUPPORTED,
+        CHECK_FAILS(kvs_gpu_lowpass_layer(ws, &f.dev, 0, N, dev, en, &err), KVS_ERR_UNSUPPORTED,
                     &err, "cap");
         CHECK_MSG(strstr(err.msg, "N=40000") && strstr(err.msg, "FFT route"),
                   "cap refusal must name N and the alternative: %s", err.msg);
-        CHECK_FAILS(kvs_gpu_flashcache_layer(ws, &f.dev, 0, 0, dev, en, &err), KVS_ERR_INVALID,
+        CHECK_FAILS(kvs_gpu_lowpass_layer(ws, &f.dev, 0, 0, dev, en, &err), KVS_ERR_INVALID,
                     &err, "omega");
         /* a basis that fits: the workspace still works (16 MB) */
-        CHECK_OK(kvs_gpu_flashcache_layer(ws, &f.dev, 0, 100, dev, en, &err), &err);
+        CHECK_OK(kvs_gpu_lowpass_layer(ws, &f.dev, 0, 100, dev, en, &err), &err);
         CHECK_OK(kvs_gpu_sync(ws, &err), &err);
         /* NaN in K with the GEMM route: the pack kernel flags it */
         const float nanv = NAN;
         CHECK_OK(kvs_gpu_memcpy_h2d((float *)f.dk + 777, &nanv, sizeof nanv, &err), &err);
-        kvs_status st = kvs_gpu_flashcache_layer(ws, &f.dev, 3, 100, dev, en, &err);
+        kvs_status st = kvs_gpu_lowpass_layer(ws, &f.dev, 3, 100, dev, en, &err);
         if (st == KVS_OK) st = kvs_gpu_sync(ws, &err);
         CHECK_MSG(st == KVS_ERR_NUMERIC && strstr(err.msg, "layer 3") &&
                       strstr(err.msg, "token 777"),
                   "NaN in K (gemm route): rc %d msg '%s'", (int)st, err.msg);
         const float one = 1.0f;
         CHECK_OK(kvs_gpu_memcpy_h2d((float *)f.dk + 777, &one, sizeof one, &err), &err);
-        CHECK_OK(kvs_gpu_flashcache_layer(ws, &f.dev, 0, 100, dev, en, &err), &err);
+        CHECK_OK(kvs_gpu_lowpass_layer(ws, &f.dev, 0, 100, dev, en, &err), &err);
         CHECK_OK(kvs_gpu_sync(ws, &err), &err);
         /* back to the FFT route: the same call runs there */
         CHECK_OK(kvs_gpu_workspace_dct_route(ws, KVS_GPU_DCT_FFT, &r, &err), &err);
-        CHECK_OK(kvs_gpu_flashcache_layer(ws, &f.dev, 0, N, dev, en, &err), &err);
+        CHECK_OK(kvs_gpu_lowpass_layer(ws, &f.dev, 0, N, dev, en, &err), &err);
         CHECK_OK(kvs_gpu_sync(ws, &err), &err);
     }
     kvs_gpu_free(dev);

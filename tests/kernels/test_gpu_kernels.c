@@ -1,6 +1,6 @@
 /*
  * test_gpu_kernels.c -- parity of every device building block with its CPU
- * reference: DCT-II / DCT-III (methods/dct.h), the fused FlashCache layer
+ * reference: DCT-II / DCT-III (kernels/dct.h), the fused FlashCache layer
  * statistics (dct.h-based reference), top-k (kvs_topk_indices, with forced
  * ties), pooling (kvs_pool1d_*), attention lse / column sums / entropies
  * (kvs_attn_*), cosine-argmax assignment (kvs_merge_assign) and compaction
@@ -79,7 +79,7 @@ static void test_flashcache_layer(kvs_gpu_workspace *ws, uint64_t *rng) {
                 double *den = kg_alloc_poisoned(sizeof(double) * 4);
                 kvs_err err;
                 kvs_err_clear(&err);
-                CHECK_OK(kvs_gpu_flashcache_layer(ws, &c.dl[0], 0, omega, ddev, den, &err), &err);
+                CHECK_OK(kvs_gpu_lowpass_layer(ws, &c.dl[0], 0, omega, ddev, den, &err), &err);
                 CHECK_OK(kvs_gpu_sync(ws, &err), &err);
                 CHECK(!kg_download(got, ddev, sizeof(float) * (size_t)H * N) &&
                       !kg_download(ge, den, sizeof ge));

@@ -269,6 +269,26 @@ static void test_errors(kvs_gpu_workspace *ws, uint64_t *rng) {
     kvs_params_defaults(fc, &p);
     CHECK_FAILS(kvs_gpu_compress("nope", &p, &c.dev, &b, ws, &plan, &err), KVS_ERR_NOTFOUND, &err,
                 "nope");
+    /* every registered method without a GPU driver (methods/gpu/gpu_compress.c)
+     * is refused by name, never run on the CPU */
+    static const char *const with_driver[] = {"full", "random", "streamingllm", "flashcache",
+                                              "snapkv", "h2o", "lookm", "meda"};
+    int refused = 0;
+    for (int i = 0; i < kvs_methods_count(); i++) {
+        const kvs_method *m = kvs_method_at(i);
+        int has = 0;
+        for (size_t j = 0; j < sizeof with_driver / sizeof with_driver[0]; j++)
+            if (!strcmp(m->name, with_driver[j])) has = 1;
+        if (has) continue;
+        kvs_params q;
+        kvs_params_defaults(m, &q);
+        CHECK_FAILS(kvs_gpu_compress(m->name, &q, &c.dev, &b, ws, &plan, &err),
+                    KVS_ERR_UNSUPPORTED, &err, "not implemented on GPU");
+        CHECK_MSG(strstr(err.msg, m->name) != NULL, "message does not name %s: %s", m->name,
+                  err.msg);
+        refused++;
+    }
+    printf("methods without a GPU driver, refused: %d\n", refused);
     /* a parameter set that does not fit the method */
     kvs_params pr;
     kvs_params_defaults(kvs_method_find("random"), &pr);

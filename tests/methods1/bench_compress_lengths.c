@@ -6,7 +6,7 @@
  * queries (SnapKV's window is 32).
  * What it is: a benchmark that prints a table (not a test; it asserts
  * nothing about time). Per N: FlashCache's first compress in this process
- * (its DCT plans come from methods/dct.c's plan cache, so the first call at a
+ * (its DCT plans come from kernels/dct_plan.c's plan cache, so the first call at a
  * new length pays FFTW's planning once) and the median and minimum of R
  * warm runs of each method, interleaved, through kvs_compress (create,
  * observe, select: what a server request pays), the DCT route and FFT

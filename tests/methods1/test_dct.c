@@ -1,5 +1,5 @@
 /*
- * test_dct.c -- methods/dct.h: the orthonormal DCT-II / DCT-III pair on
+ * test_dct.c -- kernels/dct.h: the orthonormal DCT-II / DCT-III pair on
  * [N][d] and [d][N] column batches, against a naive double-precision DCT
  * written here (small N) and against FFTW's own REDFT10 / REDFT01 kinds
  * (large N), plus round trip, Parseval, in-place use and the error paths;

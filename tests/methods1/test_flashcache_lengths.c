@@ -1,6 +1,6 @@
 /*
  * test_flashcache_lengths.c -- FlashCache at any prompt length: its plans on
- * fixed random caches must not change when methods/dct.c picks its route
+ * fixed random caches must not change when kernels/dct_plan.c picks its route
  * per N, and the DCT's Bluestein route must give the same deviation ranking
  * as the direct (Makhoul-on-FFTW) route up to float rounding.
  *

@@ -2,13 +2,14 @@
  * dct.h -- orthonormal DCT-II / DCT-III along the token axis, batched over
  * the d channels of one KV head (FFTW single precision).
  *
- * What it is: the transform FlashCache (methods/flashcache.c) uses, exposed so
- * the latency benchmark and the GPU parity tests can reuse exactly the same
- * CPU reference. Two layouts:
+ * What it is: a building block of kernels/ (CPU, in the library with and
+ * without CUDA): the transform of the DCT-based scorers in methods/, and the
+ * CPU reference of its cuFFT twin (dct_cufft.cu) for the parity tests and
+ * the latency benchmark. Two layouts:
  *   - row-major [N][d] (a head as the cache stores it): column c is the
  *     sequence x[n] = a[n*d + c], n = 0..N-1;
- *   - column-major [d][N] ("_cols"): column c is a[c*N + n] (what FlashCache
- *     works in after one transpose, so no further transposes are needed).
+ *   - column-major [d][N] ("_cols"): column c is a[c*N + n] (what a
+ *     low-pass scorer works in after one transpose, so no further transposes are needed).
  *
  *   DCT-II  (kvs_dct2_ortho*): X[m] = a_m sum_n x[n] cos(pi (2n+1) m / (2N)),
  *                              a_0 = sqrt(1/N), a_m = sqrt(2/N) for m > 0.
@@ -27,22 +28,24 @@
  * or 5 2^a, two real columns at a time and the tokens in up to 4 blocks
  * (shorter FFTs where the band is narrow), so a prime N costs 1.5-2.5x what
  * a smooth N does instead of FFTW's 10-20x slower Rader plans. The two routes
- * agree to float rounding (FlashCache's golden plan hashes, recorded before
+ * agree to float rounding (the DCT method's golden plan hashes, recorded before
  * either change, are unchanged). The tests cross-check both against a
  * float64 DCT and FFTW's r2r kinds.
- * Plans: FFTW plans are made once per process and size in a cache in dct.c
+ * Plans: FFTW plans are made once per process and size in a cache (dct_plan.c)
  * (under one mutex; never freed; FFTW's planner is process-global anyway),
  * so creating a kvs_dct_plan after the first of its size only allocates
  * scratch (Bluestein: and one FFT of its kernel).
  *
- * kvs_dct_lowpass_sqres is FlashCache's transform, low-pass and residual
+ * kvs_dct_lowpass_sqres is the transform, low-pass and residual of one head
  * fused over L2-sized column groups (bit for bit the unfused steps).
  * What it is not: no planning at execution time, no threads of its own, no
- * GPU code (kernels/ holds the cuFFT version).
+ * GPU code (dct_cufft.cu is the cuFFT version).
+ * Files: dct.c (the transforms), dct_plan.c (routes, the plan cache, plans),
+ * dct_fft.c (the FFT steps), dct_lowpass.c (the fused low-pass residual).
  *
  * Thread safety: kvs_dct_plan_create* and kvs_dct_plan_destroy may run on
  * any thread at any time (the cache's mutex serialises FFTW planning, and
- * dct.c makes FFTW's planner thread-safe for other FFTW users in the
+ * dct_plan.c makes FFTW's planner thread-safe for other FFTW users in the
  * process). A plan owns its scratch buffers, so one plan may be executed by
  * one thread at a time; threads that transform concurrently each need their
  * own plan. in and out may be the same buffer; any alignment is accepted.
@@ -106,7 +109,7 @@ kvs_status kvs_dct3_ortho_cols(kvs_dct_plan *p, const float *X, float *x, kvs_er
 /* Blocked transpose of a [rows][cols] matrix into [cols][rows] (out != in). */
 void kvs_transpose_f32(const float *in, int rows, int cols, float *out);
 
-/* FlashCache's low-pass residual of head `head` of a [N][d] view x (fp32,
+/* The low-pass residual of head `head` of a [N][d] view x (fp32,
  * fp16 or bf16, any strides), fused: with X the DCT-II of every column c,
  * base the DCT-III of X with X[m >= omega] = 0 (1 <= omega <= N):
  *   *lo    = sum_c sum_{m < omega} X_c[m]^2   (double; c, then m ascending)

@@ -90,7 +90,7 @@ static void handle_models(kvs_server *s, kvs_http_response *rs) {
     srv_json_response(rs, 200, root);
 }
 
-static void handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs) {
+void srv_handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs) {
     srv_error e = {0};
     kvs_err err = {0};
     int32_t *toks = NULL;
@@ -167,7 +167,7 @@ fail:
     srv_error_response(rs, &e);
 }
 
-static void handle_detokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs) {
+void srv_handle_detokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs) {
     srv_error e = {0};
     kvs_err err = {0};
     int32_t *toks = NULL;
@@ -420,8 +420,8 @@ static void on_request(void *user, const kvs_http_request *rq, kvs_http_response
         case EP_HEALTH: handle_health(s, rs); break;
         case EP_MODELS: handle_models(s, rs); break;
         case EP_METRICS: handle_metrics(s, rs); break;
-        case EP_TOKENIZE: handle_tokenize(s, rq, rs); break;
-        case EP_DETOKENIZE: handle_detokenize(s, rq, rs); break;
+        case EP_TOKENIZE: srv_handle_tokenize(s, rq, rs); break;
+        case EP_DETOKENIZE: srv_handle_detokenize(s, rq, rs); break;
         case EP_KV_DUMP: srv_handle_kv_dump(s, rq, rs); break;
         default: srv_handle_generate(s, ep, rq, rs); break;
         }

@@ -32,7 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void gen_req_free(gen_req *g) {
+void srv_gen_req_free(gen_req *g) {
     for (int i = 0; g->variants && i < g->n_variants; i++) free(g->variants[i].suffix);
     free(g->prompt);
     free(g->variants);
@@ -405,7 +405,7 @@ static int refuse_unsupported(const cJSON *root, srv_error *e) {
     return 0;
 }
 
-static int parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e) {
+int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e) {
     int stream = 0;
     if (refuse_unsupported(root, e)) return -1;
     if (srv_get_bool(root, "stream", "", 0, &stream, e)) return -1;
@@ -666,7 +666,7 @@ void srv_handle_generate(kvs_server *s, int ep, const kvs_http_request *rq, kvs_
     int n_outs = 0;
     cJSON *root = srv_parse_body(rq, &e);
     if (!root) goto fail;
-    if (parse_gen_request(s, ep, root, &g, &e)) goto fail;
+    if (srv_parse_gen_request(s, ep, root, &g, &e)) goto fail;
     n_outs = g.n_variants > 0 ? g.n_variants : 1;
     outs = calloc((size_t)n_outs, sizeof *outs);
     clean = calloc((size_t)n_outs, sizeof *clean);
@@ -701,7 +701,7 @@ cleanup:
         for (int i = 0; i < n_outs; i++) free(clean[i]);
     free(outs);
     free(clean);
-    gen_req_free(&g);
+    srv_gen_req_free(&g);
     cJSON_Delete(root);
 }
 
@@ -903,6 +903,6 @@ cleanup:
     kvs_session_free(ses);
     free(layers);
     free(layer_map);
-    gen_req_free(&g);
+    srv_gen_req_free(&g);
     cJSON_Delete(root);
 }

@@ -217,5 +217,11 @@ uint64_t srv_next_id(kvs_server *s);
 /* Endpoints in server_gen.c. */
 void srv_handle_generate(kvs_server *s, int ep, const kvs_http_request *rq, kvs_http_response *rs);
 void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
+/* Parse a generation body into g (free with srv_gen_req_free) and the token
+ * endpoints (server.c): no socket or scheduler needed, so tests/fuzz calls them. */
+int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e);
+void srv_gen_req_free(gen_req *g);
+void srv_handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
+void srv_handle_detokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
 
 #endif

@@ -6,14 +6,7 @@
  * SentencePiece only when x has no literal U+2581, which it cannot tell from a
  * space). Any crash, sanitizer report or mismatch aborts.
  *
- * Build (clang only; CMake adds target fuzz_tokenize when the compiler is clang),
- * from the repository root:
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -march=x86-64-v3 -D_POSIX_C_SOURCE=200809L -std=c11 \
- *     -Ibackend -Icore -Imethods -Itests/backend -I/usr/include/x86_64-linux-gnu/openblas-pthread \
- *     tests/backend/fuzz_tokenize.c tests/backend/tiny_model.c backend/[a-z]*.c core/[a-z]*.c methods/[a-z]*.c \
- *     -L/usr/lib/x86_64-linux-gnu/openblas-pthread -lopenblas -lfftw3f -lfftw3f_threads -lpthread -lm \
- *     -o fuzz_tokenize
- *   ./fuzz_tokenize -max_total_time=300 -max_len=512 corpus/
+ * Build and run: tests/fuzz/README.md.
  */
 #include <stdio.h>
 #include <stdlib.h>

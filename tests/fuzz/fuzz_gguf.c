@@ -4,11 +4,7 @@
  * and dequantise the first row of every tensor of a supported type. Any
  * crash, sanitizer report or hang is a bug; errors are expected.
  *
- * Build (clang only; CMake adds target fuzz_gguf when the compiler is clang):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -march=x86-64-v3 -std=c11 \
- *     -D_POSIX_C_SOURCE=200809L -Ibackend -Icore tests/backend/fuzz_gguf.c backend/gguf.c backend/quant.c \
- *     core/dtype.c core/error.c -lm -o fuzz_gguf
- *   ./fuzz_gguf -max_total_time=600 corpus/
+ * Build and run: tests/fuzz/README.md.
  */
 #include <stdint.h>
 #include <stdlib.h>

@@ -16,10 +16,12 @@
  * No package library, so no require and no C modules.
  */
 #define _XOPEN_SOURCE 700 /* realpath */
+#include "config_method.h"
 #include "kvs_datasets.h"
 #include "kvs_eval.h"
 #include "kvs_formats.h"
 #include "kvs_metrics.h"
+#include "kvs_parts.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -1099,22 +1101,28 @@ static kvs_status parse_methods(const vctx *v, int t, kvs_experiment *e) {
         char name[64];
         elem_name(name, sizeof name, "methods", is_list, i);
         list_get(L, idx, is_list, i);
-        if (lua_type(L, -1) != LUA_TSTRING) {
-            rc = ferr(v, e->line, name, KVS_ERR_INVALID, "expected a method name, got a %s",
+        kvs_err me = {0};
+        const kvs_method *m = NULL;
+        if (lua_type(L, -1) == LUA_TTABLE) { /* composed from parts (config_method.c) */
+            if (kvs_config_method_table(L, lua_gettop(L), e, &m, &me) != KVS_OK) {
+                lua_pop(L, 1);
+                rc = ferr(v, e->line, name, me.code, "%s", me.msg);
+                goto done;
+            }
+        } else if (lua_type(L, -1) != LUA_TSTRING) {
+            rc = ferr(v, e->line, name, KVS_ERR_INVALID,
+                      "expected a method name or a table composing one, got a %s",
                       type_name(L, -1));
             lua_pop(L, 1);
             goto done;
-        }
-        kvs_err me = {0};
-        const kvs_method *m = NULL;
-        if (kvs_method_lookup(lua_tostring(L, -1), &m, &me) != KVS_OK) {
+        } else if (kvs_method_lookup(lua_tostring(L, -1), &m, &me) != KVS_OK) {
             lua_pop(L, 1);
             rc = ferr(v, e->line, name, KVS_ERR_NOTFOUND, "%s", me.msg);
             goto done;
         }
         lua_pop(L, 1);
         for (int j = 0; j < n_methods; j++)
-            if (list[j] == m) {
+            if (list[j] == m || strcmp(list[j]->name, m->name) == 0) {
                 rc = ferr(v, e->line, name, KVS_ERR_INVALID, "method '%s' listed twice", m->name);
                 goto done;
             }
@@ -1179,7 +1187,8 @@ static kvs_status parse_methods(const vctx *v, int t, kvs_experiment *e) {
     }
     lua_pop(L, 1);
     for (int j = 0; !rc && j < n_methods; j++)
-        rc = add_variants(e, list[j], has[j] ? &sw[j] : NULL, v->err);
+        rc = list[j]->create == kvs_compose_dyn.create ? kvs_config_composed_variant(e, list[j], v->err)
+                                                       : add_variants(e, list[j], has[j] ? &sw[j] : NULL, v->err);
     free(sw);
     free(has);
     return rc;
@@ -1879,6 +1888,7 @@ static void free_experiment(kvs_experiment *e) {
     free(e->budgets);
     free(e->metrics);
     free(e->backend_urls);
+    kvs_config_composed_free(e);
 }
 
 void kvs_config_free(kvs_config *cfg) {

@@ -7,7 +7,8 @@
  * composition with its paper's defaults.
  *
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
- *              keep): snapkv, h2o, tova, knorm, keydiff, random
+ *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
+ *              expected_attention, lagkv
  *   allocator  splits the global budget L * B over layers: uniform, pyramid
  *   keep rules protect rules (a prefix or a suffix of the prompt that is
  *              always kept): sinks, window; and the pick rule, how the rest of
@@ -191,13 +192,19 @@ void kvs_compose_destroy(void *state);
 #define KVS_PARTS_P_VNORM(def) \
     {"use_vnorm", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
      "Expected Attention: rescale scores by the value norm, (score + epsilon) * ||v||"}
+#define KVS_PARTS_P_LAG(def) \
+    {"lag", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
+     "LagKV partition size: each partition is scored against the next one"}
+#define KVS_PARTS_P_CROSS(def) \
+    {"cross_scoring", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "LagKV: score by the statistics themselves, not by the rank within the partition"}
 #define KVS_PARTS_P_EPSILON(def) \
     {"epsilon", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
      "Expected Attention: added to the expected attention before the value-norm rescaling"}
 
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
-extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention;
+extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention, kvs_scorer_lagkv;
 
 typedef enum {
     KVS_PART_SCORER = 0,

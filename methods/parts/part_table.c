@@ -35,6 +35,11 @@ static const kvs_param_def p_expected[] = {
     KVS_PARTS_P_VNORM(1),
     KVS_PARTS_P_EPSILON(0.0),
 };
+static const kvs_param_def p_lagkv[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_LAG(128),
+    KVS_PARTS_P_CROSS(0),
+};
 static const kvs_param_def p_pyramid[] = {
     KVS_PARTS_P_BETA(20),
     KVS_PARTS_P_WINDOW(0, 0, "window w kept in every layer, added to each layer's share"),
@@ -67,6 +72,9 @@ static const kvs_part_info table[] = {
          "Expected Attention: softmax of the expected logits under the queries' mean and "
          "covariance, times ||v||",
          p_expected),
+    PART(KVS_PART_SCORER, "lagkv", &kvs_scorer_lagkv,
+         "LagKV: spread of each token's min-max normalised K and V against the next partition",
+         p_lagkv),
     /* allocators (append only) */
     PART0(KVS_PART_ALLOCATOR, "uniform", &kvs_alloc_uniform, "every layer gets the same budget"),
     PART(KVS_PART_ALLOCATOR, "pyramid", &kvs_alloc_pyramid,

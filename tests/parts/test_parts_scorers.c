@@ -1,6 +1,6 @@
 /*
- * test_parts_scorers.c -- the scorers expected_attention and flashcache
- * (methods/parts/score_expected_attention.c, score_flashcache.c), called
+ * test_parts_scorers.c -- the scorers expected_attention, lagkv and
+ * flashcache (methods/parts/score_*.c), called
  * directly on small caches:
  *   expected_attention
  *     - hand-checked: N = 3 keys, d = 2, two query rows q = (1,0), (3,2)
@@ -12,6 +12,12 @@
  *       equal the tova scorer's (last-query attention, GQA group mean);
  *     - scaling V by c scales the scores by c (epsilon 0); epsilon adds
  *       epsilon ||v|| ; sinks score the head's maximum;
+ *   lagkv
+ *     - hand-checked: fewer than s + 2L tokens (sinks 1, then the position
+ *       ramp); N = 5, L = 2: one partition scored against the next, ranks
+ *       and (cross_scoring) the mean softmax of the channel spreads;
+ *     - ranks are a permutation per partition, sinks and tail score 1,
+ *       per-channel shifts and positive scales change nothing;
  *   flashcache
  *     - K, V constant along tokens: nothing is an outlier (scores 0);
  *     - one spiked token scores highest in its head, and only there;
@@ -165,9 +171,105 @@ static void fc_props(void) {
     m1_cache_free(&c);
 }
 
+/* A method declaring lagkv's parameters (the scorer reads them by name). */
+static const kvs_param_def lag_params[] = {KVS_PARTS_P_SINKS(0), KVS_PARTS_P_LAG(2), KVS_PARTS_P_CROSS(0)};
+static const kvs_method lag_m = {.name = "t_lagkv", .params = lag_params, .n_params = 3};
+
+static void lag_hand(void) {
+    kvs_params p;
+    kvs_params_defaults(&lag_m, &p);
+    float sc[10];
+    /* N < s + 2L: sinks 1, then (j - s) / (N - s) */
+    {
+        m1_cache c;
+        m1_cache_init(&c, 1, 1, 1, 10, 0, 2);
+        m1_set(&lag_m, &p, "sinks", "2");
+        m1_set(&lag_m, &p, "lag", "8");
+        if (score_all(&kvs_scorer_lagkv, &lag_m, &p, &c, sc)) {
+            CHECK(sc[0] == 1.0f && sc[1] == 1.0f);
+            for (int j = 2; j < 10; j++) CHECK_NEAR(sc[j], (j - 2) / 8.0, 1e-7);
+        }
+        m1_cache_free(&c);
+    }
+    /* s = 0, L = 2, N = 5: partition {0, 1} against {2, 3}; tail [2, 5) = 1.
+     * K: (0,0), (1,0) vs reference (0,0), (2,2): x = (0,0) and (.5,0), sigma
+     * 0 and sqrt(.125); V all zero: constant channels give x = 0, softmax
+     * 1/2 each. Mean softmax: token 1 higher -> ranks 0 and 1 -> 0, 1/2. */
+    m1_cache c;
+    m1_cache_init(&c, 1, 1, 1, 5, 0, 2);
+    const float k[5][2] = {{0, 0}, {1, 0}, {0, 0}, {2, 2}, {7, -3}};
+    for (int j = 0; j < 5; j++) memcpy(m1_k(&c, 0, 0, j), k[j], sizeof k[j]);
+    m1_set(&lag_m, &p, "sinks", "0");
+    m1_set(&lag_m, &p, "lag", "2");
+    if (score_all(&kvs_scorer_lagkv, &lag_m, &p, &c, sc)) {
+        CHECK_NEAR(sc[0], 0.0, 0);
+        CHECK_NEAR(sc[1], 0.5, 0);
+        for (int j = 2; j < 5; j++) CHECK(sc[j] == 1.0f);
+    }
+    m1_set(&lag_m, &p, "cross_scoring", "true");
+    if (score_all(&kvs_scorer_lagkv, &lag_m, &p, &c, sc)) {
+        const double e = exp(sqrt(0.125)), p0 = 1 / (1 + e), p1 = e / (1 + e);
+        CHECK_NEAR(sc[0], (p0 + 0.5) / 2, 1e-6);
+        CHECK_NEAR(sc[1], (p1 + 0.5) / 2, 1e-6);
+    }
+    m1_cache_free(&c);
+}
+
+/* Ranks are a permutation of {0, 1/L, ..} in every scored partition; sinks
+ * and the tail score 1; per-channel shifts and positive scales of K and V
+ * change nothing (min-max normalisation). */
+static void lag_props(void) {
+    kvs_params p;
+    kvs_params_defaults(&lag_m, &p);
+    const int N = 103, d = 8, H = 2, s = 3, L = 10;
+    m1_set(&lag_m, &p, "sinks", "3");
+    m1_set(&lag_m, &p, "lag", "10");
+    m1_cache c;
+    m1_cache_init(&c, 2, H, H, N, 0, d);
+    m1_cache_fill_random(&c, 99);
+    const size_t n = (size_t)2 * H * N;
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    if (score_all(&kvs_scorer_lagkv, &lag_m, &p, &c, a)) {
+        const int e = s + ((N - s) / L) * L;
+        for (int r = 0; r < 2 * H; r++) {
+            const float *row = a + (size_t)r * N;
+            for (int j = 0; j < s; j++) CHECK(row[j] == 1.0f);
+            for (int j = e - L; j < N; j++) CHECK(row[j] == 1.0f);
+            for (int q = s; q < e - L; q += L) {
+                int seen[10] = {0};
+                for (int t = q; t < q + L; t++) {
+                    const int rk = (int)lround(row[t] * L);
+                    CHECK(rk >= 0 && rk < L && fabsf(row[t] - (float)rk / L) < 1e-7f);
+                    if (rk >= 0 && rk < L) seen[rk]++;
+                }
+                for (int i = 0; i < L; i++) CHECK_EQ_INT(seen[i], 1);
+            }
+        }
+    }
+    for (size_t i = 0; i < n * (size_t)d; i++) {
+        const int ch = (int)(i % (size_t)d);
+        c.k[i] = c.k[i] * (1.0f + 0.25f * (float)ch) + 3.0f * (float)ch;
+        c.v[i] = c.v[i] * 2.0f - 1.0f;
+    }
+    m1_set(&lag_m, &p, "cross_scoring", "true");
+    float *x = malloc(sizeof(float) * n);
+    if (score_all(&kvs_scorer_lagkv, &lag_m, &p, &c, b)) {
+        m1_set(&lag_m, &p, "cross_scoring", "false");
+        if (score_all(&kvs_scorer_lagkv, &lag_m, &p, &c, x))
+            for (size_t i = 0; i < n; i++) CHECK_NEAR(x[i], a[i], 0);
+        for (size_t i = 0; i < n; i++) CHECK(b[i] > 0.0f && b[i] <= 1.0f);
+    }
+    free(x);
+    free(a);
+    free(b);
+    m1_cache_free(&c);
+}
+
 int main(void) {
     ea_hand();
     ea_props();
     fc_props();
+    lag_hand();
+    lag_props();
     return kvs_test_finish("test_parts_scorers");
 }

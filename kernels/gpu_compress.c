@@ -463,6 +463,10 @@ kvs_status kvs_gpu_compress(const char *method, const kvs_params *p,
         return kvs_errorf(err, KVS_ERR_INVALID, "kvs_gpu_compress: NULL argument");
     memset(out, 0, sizeof *out);
     const kvs_method *m = NULL;
+    if (method[0] == '{') /* a composition's canonical JSON (methods/parts) */
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "method %.200s: composed methods have no GPU implementation; pass host views",
+                          method);
     kvs_status st = kvs_method_lookup(method, &m, err);
     if (st) return st;
     gctx g;

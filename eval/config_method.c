@@ -9,12 +9,15 @@
  * one, with the described values (a sweep over a composed method is a list
  * of compositions). Its cell identity is the method's name, the canonical
  * JSON; the label in reports is its `name` (or a short label of its parts).
- * What it is not: no validation of its own (the description's errors name
- * the field and the part), no sweeps.
+ * Its label must differ from every registered method's name and from the
+ * other compositions' labels (reports group results by label).
+ * What it is not: no validation of the description (its errors name the
+ * field and the part), no sweeps.
  */
 #include "config_method.h"
 
 #include "kvs_parts.h"
+#include "kvsieve_methods.h"
 
 #include <cjson/cJSON.h>
 #include <lauxlib.h>
@@ -106,6 +109,19 @@ kvs_status kvs_config_method_table(lua_State *L, int idx, kvs_experiment *e, con
     kvs_status rc = kvs_composed_from_cjson(o, &c, err);
     cJSON_Delete(o);
     if (rc) return rc;
+    /* reports group results by label: it must name this variant alone */
+    const char *label = kvs_composed_label(c);
+    int clash = kvs_method_find(label) != NULL;
+    for (int i = 0; i < e->n_composed && !clash; i++)
+        clash = strcmp(kvs_composed_label(e->composed[i]), label) == 0;
+    if (clash) {
+        rc = kvs_errorf(err, KVS_ERR_INVALID,
+                        "name: '%s' already names a method of this experiment or a registered "
+                        "method; give the composition another name",
+                        label);
+        kvs_composed_free(c);
+        return rc;
+    }
     kvs_composed **nc = realloc(e->composed, sizeof *nc * (size_t)(e->n_composed + 1));
     if (!nc) {
         kvs_composed_free(c);

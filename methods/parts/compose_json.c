@@ -212,14 +212,14 @@ static kvs_status apply_assign(kvs_composed *c, const kvs_part_info **owner, kvs
     return KVS_OK;
 }
 
+/* Every part's name joined by '+' ("knorm+uniform+sinks+topk"): never a
+ * registered method's name (those have no '+'), so a default label does not
+ * pass for a preset in reports. */
 static void short_label(const kvs_composition *comp, char *buf, size_t n) {
-    int w = snprintf(buf, n, "%s", comp->scorer->name);
-    if (comp->allocator != &kvs_alloc_uniform && w >= 0 && (size_t)w < n)
-        w += snprintf(buf + w, n - (size_t)w, "+%s", comp->allocator->name);
+    int w = snprintf(buf, n, "%s+%s", comp->scorer->name, comp->allocator->name);
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i] && w >= 0 && (size_t)w < n; i++)
         w += snprintf(buf + w, n - (size_t)w, "+%s", comp->keep[i]->name);
-    if (comp->pick != &kvs_pick_topk && w >= 0 && (size_t)w < n)
-        snprintf(buf + w, n - (size_t)w, "+%s", comp->pick->name);
+    if (w >= 0 && (size_t)w < n) snprintf(buf + w, n - (size_t)w, "+%s", comp->pick->name);
 }
 
 kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *err) {

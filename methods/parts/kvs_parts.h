@@ -261,8 +261,8 @@ extern const kvs_method kvs_compose_dyn;
 typedef struct kvs_composed kvs_composed;
 
 /* A description is a JSON object:
- *   {"name": "ada_tova",                  optional label (default: a short
- *                                         canonical string)
+ *   {"name": "ada_tova",                  optional label (default: the parts'
+ *                                         names joined by '+')
  *    "score": "tova",                     required: a scorer
  *    "allocate": "pyramid",               default "uniform"
  *    "keep": {"sinks": 4, "window": 8},   protect rules in priority order;

@@ -369,6 +369,11 @@ static void test_composed(void) {
     expect_error("comp_e3.lua", text, "methods[2]", "keep: sinks: a function cannot be part", 5);
     snprintf(text, sizeof text, COMPOSED_FMT, "{ score = \"snapkv\" }, { score = \"snapkv\", name = \"x\" }");
     expect_error("comp_e4.lua", text, "methods[3]", "listed twice", 5);
+    snprintf(text, sizeof text, COMPOSED_FMT, "{ score = \"tova\", name = \"snapkv\" }");
+    expect_error("comp_e5.lua", text, "methods[2]", "name: 'snapkv' already names a method", 5);
+    snprintf(text, sizeof text, COMPOSED_FMT,
+             "{ score = \"tova\", name = \"x\" }, { score = \"knorm\", name = \"x\" }");
+    expect_error("comp_e6.lua", text, "methods[3]", "name: 'x' already names", 5);
 }
 
 int main(int argc, char **argv) {

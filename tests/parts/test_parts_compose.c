@@ -81,7 +81,7 @@ static void test_identity(void) {
     if (a && b) {
         CHECK(strcmp(kvs_composed_method(a)->name, kvs_composed_method(b)->name) == 0);
         CHECK(strcmp(kvs_composed_label(b), "my_knorm") == 0);
-        CHECK(strcmp(kvs_composed_label(a), "knorm") == 0);
+        CHECK(strcmp(kvs_composed_label(a), "knorm+uniform+topk") == 0);
         CHECK_MSG(strcmp(kvs_composed_method(a)->name,
                          "{\"score\":\"knorm\",\"allocate\":\"uniform\",\"keep\":{},\"pick\":"
                          "\"topk\",\"merge\":\"none\",\"params\":{}}") == 0,

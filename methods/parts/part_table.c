@@ -30,13 +30,15 @@ static const kvs_param_def p_keydiff[] = {KVS_PARTS_P_ANCHOR(0)};
 static const kvs_param_def p_random[] = {KVS_PARTS_P_SEED(0)};
 static const kvs_param_def p_flashcache[] = {KVS_PARTS_P_GAMMA(0.2)};
 static const kvs_param_def p_expected[] = {
-    KVS_PARTS_P_SINKS(4),
+    {"sinks", KVS_PARAM_INT, 4, 0, KVS_PARTS_IMAX, NULL,
+     "first tokens left out of the query statistics and the softmax, scored as the maximum"},
     KVS_PARTS_P_COVARIANCE(1),
     KVS_PARTS_P_VNORM(1),
     KVS_PARTS_P_EPSILON(0.0),
 };
 static const kvs_param_def p_lagkv[] = {
-    KVS_PARTS_P_SINKS(4),
+    {"sinks", KVS_PARAM_INT, 4, 0, KVS_PARTS_IMAX, NULL,
+     "first tokens left out of the partitions, scored 1 (kept first)"},
     KVS_PARTS_P_LAG(128),
     KVS_PARTS_P_CROSS(0),
 };

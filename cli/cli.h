@@ -54,6 +54,7 @@ double kvs_peak_rss_mib(void);
 typedef struct {
     const kvs_method *method;
     kvs_params params;
+    struct kvs_composed *owned; /* a method composed from JSON, or NULL */
 } kvs_cli_variant;
 
 /* Fidelity of each variant on one prompt's cache: compress (timed), apply,
@@ -64,9 +65,12 @@ typedef struct {
 int kvs_cli_fidelity_table(const kvs_cache_view *c, const kvs_view *probes, const int32_t *outliers,
                            int n_outliers, const kvs_cli_variant *v, int n_variants, const kvs_budget *b,
                            int threads);
-/* Variants from "all" or "m1,m2" plus "method.name=value" parameter
+/* Variants from "all" or "m1,m2" (an entry may be a composed method's JSON
+ * object, commas inside it allowed) plus "method.name=value" parameter
  * settings; prints errors. out holds up to 64. */
 int kvs_cli_parse_variants(const char *list, const char *const *pkv, int n_pkv, kvs_cli_variant *out,
                            int *n_out);
+/* Frees the composed methods of variants. */
+void kvs_cli_variants_free(kvs_cli_variant *v, int n);
 
 #endif

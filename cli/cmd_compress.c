@@ -9,13 +9,16 @@
 
 #include "cli.h"
 #include "kvs_formats.h"
+#include "kvs_parts.h"
 #include "kvsieve_methods.h"
 
 static void compress_usage(FILE *f) {
     fprintf(f, "usage: kvsieve compress --kv DUMP --method M (--ratio R | --tokens T)\n"
                "         [--param name=value ...] [--plan PLAN.json] [--out COMPRESSED.safetensors]\n"
                "         [--dtype f32|f16|bf16] [--threads N] [--quiet]\n"
-               "  The compressed dump holds layers.{l}.k/v as [Hkv, B_l, d] (merged, for merging methods).\n");
+               "  The compressed dump holds layers.{l}.k/v as [Hkv, B_l, d] (merged, for merging methods).\n"
+               "  M is a method name or a method composed from parts (kvsieve methods lists them):\n"
+               "  --method '{\"score\":\"knorm\",\"allocate\":\"pyramid\",\"keep\":{\"sinks\":4}}'\n");
 }
 
 static int write_text(const char *path, const char *text) {
@@ -87,13 +90,14 @@ int kvs_cmd_compress(int argc, char **argv) {
 
     kvs_err err = {0};
     const kvs_method *m = NULL;
+    kvs_composed *owned = NULL; /* --method '{...}': composed from parts */
     kvs_params params;
     kvs_dump dump = {0};
     kvs_plan plan = {0};
     kvs_dense_cache cc = {0};
     char *json = NULL;
     int rc = 1, opened = 0;
-    if (kvs_method_lookup(method, &m, &err) != KVS_OK) goto fail;
+    if (kvs_method_resolve(method, &m, &owned, &err) != KVS_OK) goto fail;
     kvs_params_defaults(m, &params);
     for (int i = 0; i < n_params; i++)
         if (kvs_params_set_kv(m, &params, params_kv[i], &err) != KVS_OK) goto fail;
@@ -140,5 +144,6 @@ cleanup:
     kvs_dense_cache_free(&cc);
     kvs_plan_free(&plan);
     if (opened) kvs_dump_close(&dump);
+    kvs_composed_free(owned);
     return rc;
 }

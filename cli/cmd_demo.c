@@ -61,6 +61,7 @@ int kvs_cmd_demo(int argc, char **argv) {
     kvs_synth_defaults(&cfg);
     if (kvs_synth_preset(preset, &cfg, &err) != KVS_OK) {
         fprintf(stderr, "kvsieve demo: %s\n", err.msg);
+        kvs_cli_variants_free(variants, nv);
         return 2;
     }
     cfg.n_tokens = (int)n;
@@ -109,5 +110,6 @@ cleanup:
     free(layers);
     free(probes);
     kvs_dense_cache_free(&cache);
+    kvs_cli_variants_free(variants, nv);
     return rc;
 }

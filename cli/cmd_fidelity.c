@@ -7,11 +7,13 @@
 
 #include "cli.h"
 #include "kvs_formats.h"
+#include "kvs_parts.h"
 #include "kvsieve_methods.h"
 
 static void fidelity_usage(FILE *f) {
     fprintf(f, "usage: kvsieve fidelity --kv DUMP (--ratio R | --tokens T) [--methods all|m1,m2,...]\n"
                "         [--param method.name=value ...] [--threads N]\n"
+               "  A method may be composed from parts: '{\"score\":\"knorm\",\"keep\":{\"sinks\":4}}'.\n"
                "  Relative error of the attention output of the dump's probe queries (layers.{l}.probe),\n"
                "  full cache vs compressed, and how many planted outliers (`outliers`) each method kept.\n");
 }
@@ -23,23 +25,41 @@ int kvs_cli_parse_variants(const char *list, const char *const *pkv, int n_pkv, 
     if (!strcmp(list, "all")) {
         for (int i = 0; i < kvs_methods_count(); i++) out[n++].method = kvs_method_at(i);
     } else {
-        char buf[512];
+        char buf[4096];
+        if (strlen(list) >= sizeof buf) {
+            fprintf(stderr, "kvsieve: --methods: longer than %d characters\n", (int)sizeof buf - 1);
+            return 1;
+        }
         snprintf(buf, sizeof buf, "%s", list);
-        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-            if (n >= 64) break;
-            if (kvs_method_lookup(tok, &out[n].method, &err) != KVS_OK) {
-                fprintf(stderr, "kvsieve: --methods: %s\n", err.msg);
-                return 1;
+        /* split at commas outside {...}: a composed method's JSON has its own */
+        char *tok = buf;
+        for (int depth = 0, i = 0;; i++) {
+            const char ch = buf[i];
+            depth += (ch == '{') - (ch == '}');
+            if (ch && (ch != ',' || depth > 0)) continue;
+            buf[i] = 0;
+            if (*tok && n < 64) {
+                out[n].owned = NULL;
+                if (kvs_method_resolve(tok, &out[n].method, &out[n].owned, &err) != KVS_OK) {
+                    fprintf(stderr, "kvsieve: --methods: %s\n", err.msg);
+                    kvs_cli_variants_free(out, n);
+                    return 1;
+                }
+                n++;
             }
-            n++;
+            if (!ch) break;
+            tok = buf + i + 1;
         }
     }
+    for (int i = 0; i < n; i++)
+        if (!strcmp(list, "all")) out[i].owned = NULL;
     for (int i = 0; i < n; i++) kvs_params_defaults(out[i].method, &out[i].params);
     for (int j = 0; j < n_pkv; j++) {
         const char *dot = strchr(pkv[j], '.');
         char mname[64];
         if (!dot || dot - pkv[j] >= (long)sizeof mname) {
             fprintf(stderr, "kvsieve: --param '%s' must look like method.name=value\n", pkv[j]);
+            kvs_cli_variants_free(out, n);
             return 1;
         }
         memcpy(mname, pkv[j], (size_t)(dot - pkv[j]));
@@ -50,16 +70,25 @@ int kvs_cli_parse_variants(const char *list, const char *const *pkv, int n_pkv, 
             found = 1;
             if (kvs_params_set_kv(out[i].method, &out[i].params, dot + 1, &err) != KVS_OK) {
                 fprintf(stderr, "kvsieve: --param: %s\n", err.msg);
+                kvs_cli_variants_free(out, n);
                 return 1;
             }
         }
         if (!found) {
             fprintf(stderr, "kvsieve: --param '%s': method '%s' is not among --methods\n", pkv[j], mname);
+            kvs_cli_variants_free(out, n);
             return 1;
         }
     }
     *n_out = n;
     return 0;
+}
+
+void kvs_cli_variants_free(kvs_cli_variant *v, int n) {
+    for (int i = 0; i < n; i++) {
+        kvs_composed_free(v[i].owned);
+        v[i].owned = NULL;
+    }
 }
 
 int kvs_cmd_fidelity(int argc, char **argv) {
@@ -107,6 +136,7 @@ int kvs_cmd_fidelity(int argc, char **argv) {
     kvs_err err = {0};
     if (kvs_dump_open(kv, &dump, &err) != KVS_OK) {
         fprintf(stderr, "kvsieve fidelity: %s\n", err.msg);
+        kvs_cli_variants_free(variants, nv);
         return 1;
     }
     kvs_budget check = b;
@@ -114,6 +144,7 @@ int kvs_cmd_fidelity(int argc, char **argv) {
     if (kvs_budget_per_layer(&check, dump.shape.n_tokens, &per_layer, &err) != KVS_OK) {
         fprintf(stderr, "kvsieve fidelity: %s\n", err.msg);
         kvs_dump_close(&dump);
+        kvs_cli_variants_free(variants, nv);
         return 2;
     }
     printf("%s: %d layers, Hq %d, Hkv %d, d %d, N %d, Nq %d; budget %d tokens per layer\n\n", kv,
@@ -122,5 +153,6 @@ int kvs_cmd_fidelity(int argc, char **argv) {
     int rc = kvs_cli_fidelity_table(&dump.view, dump.probes, dump.outliers, dump.n_outliers, variants, nv, &b,
                                     (int)threads);
     kvs_dump_close(&dump);
+    kvs_cli_variants_free(variants, nv);
     return rc;
 }

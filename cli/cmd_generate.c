@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "kvs_backend.h"
+#include "kvs_parts.h"
 #include "kvsieve_methods.h"
 
 static void usage(FILE *f) {
@@ -22,7 +23,8 @@ static void usage(FILE *f) {
             "  --ctx N             context length (default: prompt + max tokens)\n"
             "  --cache-type T      KV cache element type: f16 (default), bf16, f32\n"
             "  --chat              wrap the prompt in the model's chat template\n"
-            "  --method M          compress the cache after prefill (see `kvsieve methods`)\n"
+            "  --method M          compress the cache after prefill (see `kvsieve methods`; a name or\n"
+            "                      a composition such as {\"score\":\"tova\",\"keep\":{\"sinks\":4}})\n"
             "  --ratio R | --tokens T   budget per layer (default ratio 0.5)\n"
             "  --param name=value  method parameter (repeatable)\n"
             "  --compress-local    also compress sliding-window layers\n"
@@ -113,8 +115,9 @@ int kvs_cmd_generate(int argc, char **argv) {
     kvs_err err = {0};
     kvs_compress_opts co;
     memset(&co, 0, sizeof co);
+    kvs_composed *owned = NULL; /* --method '{...}': composed from parts */
     if (method_name) {
-        if (kvs_method_lookup(method_name, &co.method, &err) != KVS_OK) {
+        if (kvs_method_resolve(method_name, &co.method, &owned, &err) != KVS_OK) {
             fprintf(stderr, "kvsieve generate: --method: %s\n", err.msg);
             return 2;
         }
@@ -122,6 +125,7 @@ int kvs_cmd_generate(int argc, char **argv) {
         for (int i = 0; i < n_params; i++)
             if (kvs_params_set_kv(co.method, &co.params, params[i], &err) != KVS_OK) {
                 fprintf(stderr, "kvsieve generate: --param: %s\n", err.msg);
+                kvs_composed_free(owned);
                 return 2;
             }
         if (tokens_budget > 0) co.budget.tokens = tokens_budget;
@@ -141,6 +145,7 @@ int kvs_cmd_generate(int argc, char **argv) {
     char *text = NULL;
     if (kvs_model_resolve(model_spec, path, sizeof path, &err) != KVS_OK) {
         fprintf(stderr, "kvsieve generate: %s\n", err.msg);
+        kvs_composed_free(owned);
         return 1;
     }
     kvs_model_opts mo = {(int)threads};
@@ -214,6 +219,7 @@ cleanup:
     free(toks);
     kvs_session_free(s);
     kvs_model_free(m);
+    kvs_composed_free(owned);
     return rc;
 }
 #endif

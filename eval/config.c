@@ -11,6 +11,7 @@
  */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "config_internal.h"
+#include "config_method.h"
 
 #include <errno.h>
 #include <lauxlib.h>
@@ -87,6 +88,7 @@ static void free_experiment(kvs_experiment *e) {
     free(e->budgets);
     free(e->metrics);
     free(e->backend_urls);
+    kvs_config_composed_free(e);
 }
 
 void kvs_config_free(kvs_config *cfg) {

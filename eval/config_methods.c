@@ -8,6 +8,8 @@
  * What it is not: no budgets (config_experiment.c), no grid (grid.c).
  */
 #include "config_internal.h"
+#include "config_method.h"
+#include "kvs_parts.h"
 
 #include <lua.h>
 #include <stdio.h>
@@ -167,22 +169,28 @@ static kvs_status parse_method_list(const vctx *v, int t, kvs_experiment *e,
         char name[64];
         kvs_cfg_elem_name(name, sizeof name, "methods", is_list, i);
         kvs_cfg_list_get(L, idx, is_list, i);
-        if (lua_type(L, -1) != LUA_TSTRING) {
-            rc = kvs_cfg_ferr(v, e->line, name, KVS_ERR_INVALID, "expected a method name, got a %s",
+        kvs_err me = {0};
+        const kvs_method *m = NULL;
+        if (lua_type(L, -1) == LUA_TTABLE) { /* composed from parts (config_method.c) */
+            if (kvs_config_method_table(L, lua_gettop(L), e, &m, &me) != KVS_OK) {
+                lua_pop(L, 1);
+                rc = kvs_cfg_ferr(v, e->line, name, me.code, "%s", me.msg);
+                goto done;
+            }
+        } else if (lua_type(L, -1) != LUA_TSTRING) {
+            rc = kvs_cfg_ferr(v, e->line, name, KVS_ERR_INVALID,
+                              "expected a method name or a table composing one, got a %s",
                               kvs_cfg_type_name(L, -1));
             lua_pop(L, 1);
             goto done;
-        }
-        kvs_err me = {0};
-        const kvs_method *m = NULL;
-        if (kvs_method_lookup(lua_tostring(L, -1), &m, &me) != KVS_OK) {
+        } else if (kvs_method_lookup(lua_tostring(L, -1), &m, &me) != KVS_OK) {
             lua_pop(L, 1);
             rc = kvs_cfg_ferr(v, e->line, name, KVS_ERR_NOTFOUND, "%s", me.msg);
             goto done;
         }
         lua_pop(L, 1);
         for (int j = 0; j < n_methods; j++)
-            if (list[j] == m) {
+            if (list[j] == m || strcmp(list[j]->name, m->name) == 0) {
                 rc = kvs_cfg_ferr(v, e->line, name, KVS_ERR_INVALID, "method '%s' listed twice", m->name);
                 goto done;
             }
@@ -258,7 +266,9 @@ kvs_status kvs_cfg_parse_methods(const vctx *v, int t, kvs_experiment *e) {
     }
     lua_pop(L, 1);
     for (int j = 0; !rc && j < n_methods; j++)
-        rc = add_variants(e, list[j], has[j] ? &sw[j] : NULL, v->err);
+        rc = list[j]->create == kvs_compose_dyn.create
+                 ? kvs_config_composed_variant(e, list[j], v->err)
+                 : add_variants(e, list[j], has[j] ? &sw[j] : NULL, v->err);
     free(sw);
     free(has);
     return rc;

@@ -91,6 +91,10 @@ typedef struct {
 
     int n_variants;
     kvs_variant *variants; /* methods x params sweep, registry order kept */
+    /* methods composed from parts in `methods` (tables), owned here
+     * (eval/config_method.c) */
+    int n_composed;
+    struct kvs_composed **composed;
     int n_budgets;
     kvs_budget *budgets;
 

@@ -34,6 +34,13 @@ const kvs_method *kvs_method_find(const char *name);
 /* Like find, but fills err with "unknown method 'x' (did you mean 'y'?
  * known: full, random, ...)" when unknown. */
 kvs_status kvs_method_lookup(const char *name, const kvs_method **out, kvs_err *err);
+/* A name, or a method composed from parts when text starts with '{' (a JSON
+ * description, methods/parts/kvs_parts.h): the front ends' one entry point.
+ * *owned is the composed method to free with kvs_composed_free (NULL for a
+ * registered one). */
+struct kvs_composed;
+kvs_status kvs_method_resolve(const char *text, const kvs_method **m, struct kvs_composed **owned,
+                              kvs_err *err);
 
 #ifdef __cplusplus
 }

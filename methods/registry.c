@@ -1,4 +1,5 @@
-/* registry.c -- the list of methods, in table order. */
+/* registry.c -- the list of methods, in table order, and the lookups: by
+ * name, or (kvs_method_resolve, kvs_parts.h) a name or a composition. */
 #include "kvsieve_methods.h"
 
 #include <stdio.h>
@@ -12,7 +13,7 @@ static const kvs_method *const registry[] = {
     /* methods as parts (methods/parts/presets.c); the *_parts compositions of the
      * monolithic methods are for tests/parts' bit-identity proof, not listed */
     &kvs_preset_knorm, &kvs_preset_tova, &kvs_preset_keydiff, &kvs_preset_pyramidkv,
-    &kvs_preset_chunkkv,
+    &kvs_preset_chunkkv, &kvs_preset_expected_attention, &kvs_preset_pyramid_tova,
 };
 
 int kvs_methods_count(void) { return (int)(sizeof registry / sizeof registry[0]); }
@@ -44,4 +45,17 @@ kvs_status kvs_method_lookup(const char *name, const kvs_method **out, kvs_err *
         return kvs_errorf(err, KVS_ERR_NOTFOUND, "unknown method '%s' (did you mean '%s'?); known: %s",
                           name ? name : "", best, known);
     return kvs_errorf(err, KVS_ERR_NOTFOUND, "unknown method '%s'; known: %s", name ? name : "", known);
+}
+
+kvs_status kvs_method_resolve(const char *text, const kvs_method **m, kvs_composed **owned,
+                              kvs_err *err) {
+    *m = NULL;
+    *owned = NULL;
+    if (text && text[0] == '{') {
+        kvs_status rc = kvs_composed_from_json(text, owned, err);
+        if (rc) return kvs_err_prefix(err, "composed method");
+        *m = kvs_composed_method(*owned);
+        return KVS_OK;
+    }
+    return kvs_method_lookup(text, m, err);
 }

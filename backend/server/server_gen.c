@@ -20,6 +20,7 @@
  * logits (the compression only changes what later tokens attend to).
  */
 #include "kvs_formats.h"
+#include "kvs_parts.h"
 #include "kvs_sampling.h"
 #include "kvsieve_methods.h"
 #include "server_internal.h"
@@ -33,7 +34,10 @@
 #include <unistd.h>
 
 void srv_gen_req_free(gen_req *g) {
-    for (int i = 0; g->variants && i < g->n_variants; i++) free(g->variants[i].suffix);
+    for (int i = 0; g->variants && i < g->n_variants; i++) {
+        free(g->variants[i].suffix);
+        kvs_composed_free(g->variants[i].owned);
+    }
     free(g->prompt);
     free(g->variants);
     srv_spans_free(g);
@@ -238,12 +242,11 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
     const char *name = srv_get_string(o, "name", field, "", e);
     if (!name) return -1;
     snprintf(v->name, sizeof v->name, "%s", name);
-    const char *method = srv_get_string(o, "method", field, NULL, e);
+    char mmsg[400];
     snprintf(f, sizeof f, "%s.method", field);
-    if (e->status) return -1;
-    if (!method) return srv_fail(e, 400, f, "%s is required", f);
+    if (srv_parse_method(o, field, v, mmsg, sizeof mmsg)) /* a name or a composition */
+        return srv_fail(e, 400, f, "%s", mmsg);
     kvs_err err = {0};
-    if (kvs_method_lookup(method, &v->method, &err) != KVS_OK) return srv_fail(e, 400, f, "%s: %s", f, err.msg);
     kvs_params_defaults(v->method, &v->params);
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(o, "params");
     if (params && !cJSON_IsNull(params)) {

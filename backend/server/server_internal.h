@@ -102,7 +102,13 @@ typedef struct {
     int compress_local;
     int32_t *suffix; /* [n_suffix] malloc'd: appended after the compression (query-agnostic) */
     int n_suffix;
+    struct kvs_composed *owned; /* method composed from parts (server_method.c), or NULL */
 } variant_req;
+
+/* kv_compression's `method` of object o (a name, or a composition as an
+ * object or its JSON text) into v->method / v->owned; -1 with a message in
+ * msg naming "<field>.method" otherwise (server_method.c). */
+int srv_parse_method(const cJSON *o, const char *field, variant_req *v, char *msg, size_t n);
 
 typedef struct {
     int start, end; /* byte offsets [start, end) into the prompt string */

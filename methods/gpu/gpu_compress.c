@@ -97,6 +97,10 @@ kvs_status kvs_gpu_compress(const char *method, const kvs_params *p, const kvs_c
         return kvs_errorf(err, KVS_ERR_INVALID, "kvs_gpu_compress: NULL argument");
     memset(out, 0, sizeof *out);
     const kvs_method *m = NULL;
+    if (method[0] == '{') /* a composition's canonical JSON (methods/parts): no driver yet */
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "method %.200s: not implemented on GPU (composed methods); pass host views",
+                          method);
     kvs_status st = kvs_method_lookup(method, &m, err);
     if (st) return st;
     kvs_gpu_ctx g;

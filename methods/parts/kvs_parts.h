@@ -7,7 +7,8 @@
  * composition with its paper's defaults.
  *
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
- *              keep): snapkv, h2o, tova, knorm, keydiff, random
+ *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
+ *              expected_attention, lagkv
  *   allocator  splits the global budget L * B over layers: uniform, pyramid
  *   keep rules protect rules (a prefix or a suffix of the prompt that is
  *              always kept): sinks, window; and the pick rule, how the rest of
@@ -182,12 +183,119 @@ void kvs_compose_destroy(void *state);
 #define KVS_PARTS_P_SEED(def) \
     {"seed", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
      "seed of the per-(layer, head) random score streams"}
+#define KVS_PARTS_P_GAMMA(def) \
+    {"gamma", KVS_PARAM_FLOAT, (def), 1e-9, 1.0, NULL, \
+     "FlashCache low-pass cut-off: omega = max(1, round(gamma * N)) DCT coefficients kept"}
+#define KVS_PARTS_P_COVARIANCE(def) \
+    {"use_covariance", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "Expected Attention: add the query covariance term k' S k / (2 d) to the logits"}
+#define KVS_PARTS_P_VNORM(def) \
+    {"use_vnorm", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "Expected Attention: rescale scores by the value norm, (score + epsilon) * ||v||"}
+#define KVS_PARTS_P_LAG(def) \
+    {"lag", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
+     "LagKV partition size: each partition is scored against the next one"}
+#define KVS_PARTS_P_CROSS(def) \
+    {"cross_scoring", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "LagKV: score by the statistics themselves, not by the rank within the partition"}
+#define KVS_PARTS_P_EPSILON(def) \
+    {"epsilon", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
+     "Expected Attention: added to the expected attention before the value-norm rescaling"}
+
+/* ---- parts a user may name (part_table.c) ---------------------------------- */
+
+extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention, kvs_scorer_lagkv;
+
+typedef enum {
+    KVS_PART_SCORER = 0,
+    KVS_PART_ALLOCATOR = 1,
+    KVS_PART_KEEP = 2,
+    KVS_PART_PICK = 3,
+} kvs_part_kind;
+
+/* One nameable part: its kind, the part itself (a kvs_scorer, kvs_allocator,
+ * kvs_keep_rule or kvs_pick_rule), a line of help and the parameters it
+ * reads, with the part's defaults and ranges (a preset may set other
+ * defaults). Parameters of the same name in two parts mean the same thing. */
+typedef struct {
+    kvs_part_kind kind;
+    const char *name;
+    const void *part;
+    const char *summary;
+    const kvs_param_def *params;
+    int n_params;
+} kvs_part_info;
+
+const char *kvs_part_kind_name(kvs_part_kind k); /* "scorer", "allocator", "keep", "pick" */
+/* Every nameable part, grouped by kind; within a kind the order is append
+ * only (a composed method's `parts` code is the index within its kind). */
+int kvs_parts_count(void);
+const kvs_part_info *kvs_part_at(int i);
+/* The i-th part of a kind (NULL past the end), the index of a part in its
+ * kind (-1 if unknown), and a lookup by name whose error names the kind and
+ * suggests a close name ("unknown scorer 'tovaa' (did you mean 'tova'?);
+ * known: ..."). */
+const kvs_part_info *kvs_part_of_kind(kvs_part_kind kind, int i);
+int kvs_part_index(kvs_part_kind kind, const void *part);
+kvs_status kvs_part_lookup(kvs_part_kind kind, const char *name, const kvs_part_info **out,
+                           kvs_err *err);
+
+/* ---- compositions by the user (compose_dyn.c, compose_json.c) -------------- */
+
+/* The parameter table of a composition: [0] is `parts`, an INT pinned to
+ * the composition's code (what lets the method's create, which sees only
+ * the parameter values, rebuild the composition), then the parameters of
+ * the scorer, the allocator, the keep rules and the pick rule in that
+ * order, each name once (a name read by two parts: the first part's
+ * default, the intersection of the ranges). owner[i] is the part that
+ * declared defs[i] first (NULL for `parts`). */
+kvs_status kvs_compose_table(const kvs_composition *comp, kvs_param_def defs[KVS_MAX_PARAMS],
+                             const kvs_part_info *owner[KVS_MAX_PARAMS], int *n, kvs_err *err);
+/* The entry points every composed method shares (compose_dyn.c): create
+ * decodes `parts` (the values' first parameter) back into the composition. */
+extern const kvs_method kvs_compose_dyn;
+
+/* A method composed at run time from a description. Its kvs_method's name
+ * is the canonical JSON of the composition (its identity: results keys and
+ * reports); its parameter defaults are the description's values. */
+typedef struct kvs_composed kvs_composed;
+
+/* A description is a JSON object:
+ *   {"name": "ada_tova",                  optional label (default: the parts'
+ *                                         names joined by '+')
+ *    "score": "tova",                     required: a scorer
+ *    "allocate": "pyramid",               default "uniform"
+ *    "keep": {"sinks": 4, "window": 8},   protect rules in priority order;
+ *                                         a number sets the rule's parameter
+ *                                         of its own name, true its default;
+ *                                         also a list ["sinks", "window"]
+ *    "pick": "chunk",                     default "topk"
+ *    "merge": "none",                     the only merge of this slice
+ *    "params": {"chunk": 16, ...}}        any parameter of the parts above
+ * Errors name the field and the part: "score: unknown scorer 'tovaa' (did
+ * you mean 'tova'?)", "params.chunk: 0 is out of range [1, ...] (pick
+ * chunk)". */
+struct cJSON;
+kvs_status kvs_composed_from_cjson(const struct cJSON *desc, kvs_composed **out, kvs_err *err);
+kvs_status kvs_composed_from_json(const char *text, kvs_composed **out, kvs_err *err);
+void kvs_composed_free(kvs_composed *c);
+const kvs_method *kvs_composed_method(const kvs_composed *c);
+const char *kvs_composed_label(const kvs_composed *c);
+
+/* kvs_method_resolve (methods/kvsieve_methods.h): a registered name or a
+ * description's text, the front ends' one entry point. */
+
+/* Canonical JSON of composition comp with method m's parameter values p
+ * (malloc'd; NULL when out of memory): keys score, allocate, keep, pick,
+ * merge, params in that order; keep maps each rule to its parameter of the
+ * same name; params holds the rest in table order, `parts` left out. */
+char *kvs_composition_json(const kvs_composition *comp, const kvs_method *m, const kvs_params *p);
 
 /* ---- presets ----------------------------------------------------------------- */
 
 extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_pyramidkv, kvs_preset_chunkkv, kvs_preset_snapkv_parts, kvs_preset_h2o_parts,
-    kvs_preset_streamingllm_parts;
+    kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

@@ -26,6 +26,12 @@
  *                       max pooling are the defaults of the code base it
  *                       extends (KVCache-Factory), not checked against
  *                       ChunkKV's own scripts
+ *   expected_attention  expected_attention scorer (arXiv 2510.00636), sinks 4
+ *                       (kvpress's n_sink) kept by the sinks rule, topk;
+ *                       covariance and value norms on, epsilon 0
+ *   pyramid_tova        tova scorer + pyramid allocator: PyramidKV's schedule
+ *                       (beta 20) with TOVA's window of 1 as the per-layer
+ *                       window w
  */
 #include "kvs_parts.h"
 
@@ -141,6 +147,29 @@ KVS_PRESET(chunkkv, "chunkkv", "ChunkKV: SnapKV votes, tokens kept in whole chun
            {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
             .keep = {&kvs_keep_window}, .pick = &kvs_pick_chunk, .merge = KVS_MERGE_NONE})
 
+static const kvs_param_def params_expected_attention[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_COVARIANCE(1),
+    KVS_PARTS_P_VNORM(1),
+    KVS_PARTS_P_EPSILON(0.0),
+};
+KVS_PRESET(expected_attention, "expected_attention",
+           "Expected Attention: softmax of the expected logits under the queries' mean and "
+           "covariance, times ||v||",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_expected_attention, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_pyramid_tova[] = {
+    KVS_PARTS_P_WINDOW(1, 0,
+                       "recent tokens kept in every layer (1: the newest token, as TOVA)"),
+    KVS_PARTS_P_BETA(20),
+};
+KVS_PRESET(pyramid_tova, "pyramid_tova",
+           "PyramidKV's layer schedule over TOVA's last-query attention", KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_tova, .allocator = &kvs_alloc_pyramid,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -150,6 +179,8 @@ static const struct {
     {&kvs_preset_keydiff, &comp_keydiff},
     {&kvs_preset_pyramidkv, &comp_pyramidkv},
     {&kvs_preset_chunkkv, &comp_chunkkv},
+    {&kvs_preset_expected_attention, &comp_expected_attention},
+    {&kvs_preset_pyramid_tova, &comp_pyramid_tova},
     {&kvs_preset_snapkv_parts, &comp_snapkv_parts},
     {&kvs_preset_h2o_parts, &comp_h2o_parts},
     {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_cli.sh KVSIEVE -- drives the real binary like a user would:
-#  1. `methods` lists the 13 methods;
+#  1. `methods` lists the 15 methods (presets with their composition) and the parts;
 #  2. synth + compress for every method at ratio 0.2 on several shapes: the
 #     plan JSON has exact budgets (sum = L * floor(0.2 N), equal counts per
 #     head, sorted unique indices in range), checked by an independent reader;
@@ -23,10 +23,10 @@ expect_fail() {
 
 # 1. methods
 out=$("$BIN" methods) || bad "methods failed"
-for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv; do
+for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova; do
   echo "$out" | grep -q "^$m\$" && ok || bad "methods does not list $m"
 done
-"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==13' && ok || bad "methods --json"
+"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==15' && ok || bad "methods --json"
 
 # 2. exact budgets on several shapes
 check_plan() { # plan.json L N ratio
@@ -50,7 +50,7 @@ for s in "${shapes[@]}"; do
   # shellcheck disable=SC2086
   "$BIN" synth $args --tokens "$N" --seed 3 --image-frac 0.3 --dtype f16 --out "$TMP/c.safetensors" >/dev/null \
     || { bad "synth $args"; continue; }
-  for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv; do
+  for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova; do
     if "$BIN" compress --kv "$TMP/c.safetensors" --method "$m" --ratio 0.2 --plan "$TMP/p.json" \
          --out "$TMP/o.safetensors" --quiet >"$TMP/out" 2>"$TMP/err"; then
       check_plan "$TMP/p.json" "$L" "$N" 0.2 && ok || bad "plan of $m on $args"
@@ -62,6 +62,59 @@ done
 "$BIN" fidelity --kv "$TMP/c.safetensors" --ratio 0.2 >"$TMP/out" 2>&1 && grep -q "| flashcache |" "$TMP/out" && ok \
   || { bad "fidelity"; cat "$TMP/out" >&2; }
 
+# 2b. methods composed from parts: --method '{...}' on compress and fidelity; the plan keeps
+# exact budgets, the sinks are kept, the method is named by its canonical JSON; a description of
+# a preset's composition gives the preset's plan; `methods` shows compositions and parts
+out=$("$BIN" methods) || bad "methods failed"
+echo "$out" | grep -qF 'composition: {"score":"snapkv","allocate":"pyramid","keep":{"window":8}' && ok \
+  || bad "methods does not show pyramidkv's composition"
+echo "$out" | grep -q '^scorer    expected_attention' && ok || bad "methods does not list the scorer parts"
+"$BIN" methods --json | python3 -c '
+import json, sys
+d = {m["name"]: m for m in json.load(sys.stdin)}
+assert d["tova"]["composition"]["score"] == "tova" and d["tova"]["composition"]["keep"] == {"window": 1}
+assert "composition" not in d["snapkv"] and d["snapkv"]["params"][0]["name"] == "window"' && ok \
+  || bad "methods --json compositions"
+"$BIN" methods --json --parts | python3 -c '
+import json, sys
+p = {(x["kind"], x["name"]): x for x in json.load(sys.stdin)}
+assert ("scorer", "flashcache") in p and ("pick", "chunk") in p and ("keep", "sinks") in p
+g = p[("scorer", "flashcache")]["params"][0]
+assert g["name"] == "gamma" and g["type"] == "float" and g["default"] == "0.2" and g["range"] == "[1e-09, 1]"' \
+  && ok || bad "methods --json --parts"
+C='{"name":"k4","score":"knorm","allocate":"pyramid","keep":{"sinks":4,"window":2},"pick":"chunk","params":{"chunk":3}}'
+if "$BIN" compress --kv "$TMP/c.safetensors" --method "$C" --ratio 0.2 --plan "$TMP/p.json" >"$TMP/out" 2>"$TMP/err"; then
+  check_plan "$TMP/p.json" "$L" "$N" 0.2 && ok || bad "plan of a composed method"
+  grep -qF '{"score":"knorm","allocate":"pyramid","keep":{"sinks":4,"window":2},"pick":"chunk","merge":"none","params":{"beta":20,"recent_frac":0,"chunk":3}} on' "$TMP/out" \
+    && ok || { bad "composed method not named by its canonical JSON"; cat "$TMP/out" >&2; }
+  python3 - "$TMP/p.json" "$N" <<'PY' && ok || bad "composed: sinks / window not kept"
+import json, sys
+p = json.load(open(sys.argv[1])); N = int(sys.argv[2])
+for l in p["layers"]:
+    B = l["budget"]; s = min(4, B); w = min(2, B - s)  # sinks first, then the window
+    for h in l["heads"]:
+        assert all(t in h for t in list(range(s)) + list(range(N - w, N))), (B, h[:6])
+PY
+else
+  bad "compress composed: $(cat "$TMP/err")"
+fi
+"$BIN" compress --kv "$TMP/c.safetensors" --method pyramidkv --ratio 0.2 --plan "$TMP/a.json" --quiet >/dev/null \
+  && "$BIN" compress --kv "$TMP/c.safetensors" --ratio 0.2 --plan "$TMP/b.json" --quiet \
+       --method '{"score":"snapkv","allocate":"pyramid","keep":{"window":8}}' >/dev/null \
+  && python3 -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); assert a["layers"]==b["layers"]' \
+       "$TMP/a.json" "$TMP/b.json" && ok || bad "composed pyramidkv != pyramidkv"
+"$BIN" fidelity --kv "$TMP/c.safetensors" --ratio 0.2 \
+  --methods 'tova,{"score":"tova","allocate":"pyramid","keep":{"window":1}},knorm' >"$TMP/out" 2>&1 \
+  && grep -qF '| {"score":"tova","allocate":"pyramid"' "$TMP/out" && grep -q "| knorm |" "$TMP/out" && ok \
+  || { bad "fidelity with a composed method"; cat "$TMP/out" >&2; }
+expect_fail "score: unknown scorer 'tovaa' (did you mean 'tova'?)" \
+  "$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":"tovaa"}' --ratio 0.2
+expect_fail "params.chunk: parameter chunk = 0 is out of range" \
+  "$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":"knorm","pick":"chunk","params":{"chunk":0}}' --ratio 0.2
+expect_fail "out of range" \
+  "$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":"knorm"}' --param parts=0 --ratio 0.2
+expect_fail "not valid JSON" "$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":' --ratio 0.2
+
 # 3. errors
 "$BIN" synth --preset tiny --tokens 64 --queries 8 --out "$TMP/w.safetensors" >/dev/null || bad "synth window"
 expect_fail "ratio" "$BIN" compress --kv "$TMP/w.safetensors" --method snapkv --ratio 0
@@ -71,6 +124,9 @@ expect_fail "did you mean 'gamma'" "$BIN" compress --kv "$TMP/w.safetensors" --m
 expect_fail "out of range" "$BIN" compress --kv "$TMP/w.safetensors" --method flashcache --ratio 0.2 --param gamma=2
 expect_fail "Nq=8" "$BIN" compress --kv "$TMP/w.safetensors" --method h2o --ratio 0.2
 expect_fail "window" "$BIN" compress --kv "$TMP/w.safetensors" --method snapkv --ratio 0.2 --param window=32
+"$BIN" synth --preset tiny --tokens 64 --queries none --out "$TMP/nq.safetensors" >/dev/null || bad "synth no queries"
+expect_fail "needs the queries" \
+  "$BIN" compress --kv "$TMP/nq.safetensors" --method '{"score":"expected_attention"}' --ratio 0.2
 head -c 100 "$TMP/w.safetensors" >"$TMP/trunc.safetensors"
 expect_fail "trunc.safetensors" "$BIN" compress --kv "$TMP/trunc.safetensors" --method full --ratio 0.2
 expect_fail "missing.safetensors" "$BIN" compress --kv "$TMP/missing.safetensors" --method full --ratio 0.2

@@ -1,8 +1,9 @@
 /* test_eval_config.c -- Lua configs: errors name file:line and the field
  * (syntax, unknown key with a suggestion, wrong type, out-of-range budget,
  * method parameters through the registry), grid counts and key stability,
- * -D overrides, and the sandbox (no os.execute/io.popen/require, io.open
- * read-only and only below the config's folder). */
+ * -D overrides, the sandbox (no os.execute/io.popen/require, io.open
+ * read-only and only below the config's folder), and methods composed from
+ * parts (a table in `methods`: label, identity, stable keys, errors). */
 #include "eval_test_util.h"
 #include "kvs_eval.h"
 #include "test_util.h"
@@ -281,6 +282,100 @@ static void test_shipped(const char *golden_dir) {
     kvs_config_free(&cfg);
 }
 
+/* A composed method in `methods` (a table): one variant labelled by its
+ * name, identified by its canonical JSON: the cell keys are stable across
+ * loads, do not depend on the label or on how the description is written,
+ * and change with the composition; errors name file:line, the list entry,
+ * the field and the part. */
+static const char *COMPOSED_FMT =
+    "experiment {\n"
+    "  name = \"comp\",\n"
+    "  kind = \"fidelity\",\n"
+    "  dataset = synthetic { shape = \"tiny\", n_tokens = 64, seeds = { 1 } },\n"
+    "  methods = { \"snapkv\", %s },\n"
+    "  budgets = { 0.2, 0.5 },\n"
+    "}\n";
+
+static int composed_keys(const char *name, const char *table, kvs_config *cfg, kvs_cell **cells,
+                         int *n) {
+    char text[1024];
+    snprintf(text, sizeof text, COMPOSED_FMT, table);
+    kvs_err err = {0};
+    CHECK_OK(load(name, text, NULL, 0, cfg, &err), &err);
+    if (err.code) return 0;
+    CHECK_OK(kvs_grid_expand(&cfg->experiments[0], cells, n, &err), &err);
+    if (err.code) {
+        kvs_config_free(cfg);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_composed(void) {
+    kvs_config a, b, c, d;
+    kvs_cell *ca, *cb, *cc, *cd;
+    int na, nb, nc, nd;
+    const char *ta = "{ name = \"ada_tova\", score = \"tova\", allocate = \"pyramid\", "
+                     "keep = { sinks = 4, window = 8 }, pick = \"chunk\", params = { chunk = 5 } }";
+    /* the same composition written otherwise (defaults spelled out, keep as
+     * a list plus params) and under another name */
+    const char *tb = "{ name = \"other\", score = \"tova\", allocate = \"pyramid\", "
+                     "keep = { \"sinks\", \"window\" }, pick = \"chunk\", merge = \"none\", "
+                     "params = { chunk = 5, sinks = 4, window = 8, beta = 20 } }";
+    const char *tc = "{ score = \"tova\", allocate = \"pyramid\", keep = { sinks = 4, window = 8 }, "
+                     "pick = \"chunk\", params = { chunk = 6 } }";
+    if (!composed_keys("comp_a.lua", ta, &a, &ca, &na)) return;
+    kvs_experiment *e = &a.experiments[0];
+    CHECK_EQ_INT(e->n_variants, 2);
+    CHECK_EQ_INT(na, 4);
+    CHECK(!strcmp(e->variants[1].label, "ada_tova"));
+    const char *want = "{\"score\":\"tova\",\"allocate\":\"pyramid\",\"keep\":{\"sinks\":4,"
+                       "\"window\":8},\"pick\":\"chunk\",\"merge\":\"none\",\"params\":{"
+                       "\"beta\":20,\"recent_frac\":0,\"chunk\":5}}";
+    CHECK_MSG(!strcmp(e->variants[1].method->name, want), "composed name: %s",
+              e->variants[1].method->name);
+    CHECK(strstr(e->variants[1].params_json, "\"chunk\":\"5\"") != NULL);
+    CHECK(strstr(ca[2].def, want) != NULL); /* the cell's definition holds the identity */
+    if (composed_keys("comp_a2.lua", ta, &d, &cd, &nd)) { /* stable across loads */
+        CHECK_EQ_INT(nd, na);
+        for (int i = 0; i < na && i < nd; i++) CHECK(!strcmp(ca[i].key, cd[i].key));
+        free(cd);
+        kvs_config_free(&d);
+    }
+    if (composed_keys("comp_b.lua", tb, &b, &cb, &nb)) { /* label / spelling: same keys */
+        CHECK(!strcmp(b.experiments[0].variants[1].label, "other"));
+        CHECK_EQ_INT(nb, na);
+        for (int i = 0; i < na && i < nb; i++) CHECK(!strcmp(ca[i].key, cb[i].key));
+        free(cb);
+        kvs_config_free(&b);
+    }
+    if (composed_keys("comp_c.lua", tc, &c, &cc, &nc)) { /* another chunk: other keys */
+        CHECK(!strcmp(c.experiments[0].variants[1].label, "tova+pyramid+sinks+window+chunk"));
+        CHECK(!strcmp(ca[0].key, cc[0].key)); /* snapkv's cells unchanged */
+        CHECK(strcmp(ca[2].key, cc[2].key) != 0);
+        free(cc);
+        kvs_config_free(&c);
+    }
+    free(ca);
+    kvs_config_free(&a);
+    char text[1024];
+    snprintf(text, sizeof text, COMPOSED_FMT, "{ score = \"tovaa\" }");
+    expect_error("comp_e1.lua", text, "methods[2]", "score: unknown scorer 'tovaa' (did you mean 'tova'?)",
+                 5);
+    snprintf(text, sizeof text, COMPOSED_FMT, "{ score = \"snapkv\", params = { window = 0 } }");
+    expect_error("comp_e2.lua", text, "params.window: parameter window = 0 is out of range",
+                 "(read by scorer snapkv)", 5);
+    snprintf(text, sizeof text, COMPOSED_FMT, "{ score = \"snapkv\", keep = { sinks = print } }");
+    expect_error("comp_e3.lua", text, "methods[2]", "keep: sinks: a function cannot be part", 5);
+    snprintf(text, sizeof text, COMPOSED_FMT, "{ score = \"snapkv\" }, { score = \"snapkv\", name = \"x\" }");
+    expect_error("comp_e4.lua", text, "methods[3]", "listed twice", 5);
+    snprintf(text, sizeof text, COMPOSED_FMT, "{ score = \"tova\", name = \"snapkv\" }");
+    expect_error("comp_e5.lua", text, "methods[2]", "name: 'snapkv' already names a method", 5);
+    snprintf(text, sizeof text, COMPOSED_FMT,
+             "{ score = \"tova\", name = \"x\" }, { score = \"knorm\", name = \"x\" }");
+    expect_error("comp_e6.lua", text, "methods[3]", "name: 'x' already names", 5);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) test_shipped(argv[1]);
     if (eval_tmpdir(dir, "cfg")) {
@@ -291,6 +386,7 @@ int main(int argc, char **argv) {
     test_grid();
     test_kinds();
     test_sandbox();
+    test_composed();
     eval_rmdir(dir);
     return kvs_test_finish("test_eval_config");
 }

@@ -9,7 +9,8 @@
  * seeded sampling reproducibility, stop strings, the OpenAI endpoints, the
  * kv_compression extension (one object and variants: one prefill, checked on
  * /metrics; the "full" variant reproduces the plain output; per-layer kv
- * statistics), /kv/dump read back with kvs_dump_open, bad requests (4xx
+ * statistics; a method composed from parts, as an object or its JSON
+ * text), /kv/dump read back with kvs_dump_open, bad requests (4xx
  * naming the field; 413 over the body limit), concurrent requests beyond the slots, and the drain on
  * stop (a request in flight completes).
  * Not covered: the real model (integration tests), SIGTERM delivery itself
@@ -507,6 +508,68 @@ static void test_variants(void) {
     cJSON_Delete(r);
 }
 
+/* kv_compression.method composed from parts: an object, or its canonical
+ * JSON as a string, both run the composition (kv.method is the canonical
+ * JSON); the description of pyramidkv's composition decodes what pyramidkv
+ * decodes and keeps the same cache; errors name the field and the part. */
+static void test_composed_method(void) {
+    long st;
+    const char *prompt = "the cat is on the cat a cat is an cat the cat on a cat is the cat an cat on the "
+                         "cat is a cat the cat is on an cat";
+    const char *desc = "{\"score\": \"snapkv\", \"allocate\": \"pyramid\", \"keep\": {\"window\": 8}}";
+    const char *canon = "{\"score\":\"snapkv\",\"allocate\":\"pyramid\",\"keep\":{\"window\":8},"
+                        "\"pick\":\"topk\",\"merge\":\"none\",\"params\":{\"kernel\":7,\"pool\":\"max\","
+                        "\"beta\":20,\"recent_frac\":0}}";
+    char req[2048];
+    snprintf(req, sizeof req,
+             "{\"prompt\": \"%s\", \"n_predict\": 8, \"kv_compression\": {\"method\": \"pyramidkv\", "
+             "\"ratio\": 0.5}}",
+             prompt);
+    cJSON *ref = call_json("POST", "/completion", req, &st);
+    CHECK_EQ_INT(st, 200);
+    snprintf(req, sizeof req,
+             "{\"prompt\": \"%s\", \"n_predict\": 8, \"kv_compression\": {\"method\": %s, \"ratio\": 0.5, "
+             "\"name\": \"pyr\"}}",
+             prompt, desc);
+    cJSON *r = call_json("POST", "/completion", req, &st);
+    CHECK_EQ_INT(st, 200);
+    const cJSON *kv = r ? obj(r, "kv") : NULL;
+    CHECK_MSG(kv && strcmp(str(kv, "method"), canon) == 0, "kv.method: %s", kv ? str(kv, "method") : "-");
+    CHECK(r && ref && cJSON_Compare(obj(r, "tokens"), obj(ref, "tokens"), 1));
+    const cJSON *la = ref ? obj(obj(ref, "kv"), "layers") : NULL, *lb = obj(kv, "layers");
+    CHECK_EQ_INT(cJSON_GetArraySize(lb), g_spec.n_layers);
+    for (int l = 0; la && lb && l < g_spec.n_layers; l++)
+        CHECK_MSG(num(cJSON_GetArrayItem(la, l), "tokens_after") == num(cJSON_GetArrayItem(lb, l), "tokens_after"),
+                  "layer %d: composed pyramidkv keeps another count", l);
+    /* the canonical JSON as a string: the same method (what the eval client sends) */
+    cJSON *jr = cJSON_CreateObject();
+    cJSON_AddStringToObject(jr, "prompt", prompt);
+    cJSON_AddNumberToObject(jr, "n_predict", 8);
+    cJSON *kc = cJSON_AddObjectToObject(jr, "kv_compression");
+    cJSON_AddStringToObject(kc, "method", canon);
+    cJSON_AddNumberToObject(kc, "ratio", 0.5);
+    char *text = cJSON_PrintUnformatted(jr);
+    cJSON *r2 = call_json("POST", "/completion", text, &st);
+    CHECK_EQ_INT(st, 200);
+    CHECK(r2 && r && cJSON_Compare(obj(r2, "tokens"), obj(r, "tokens"), 1));
+    CHECK(r2 && strcmp(str(obj(r2, "kv"), "method"), canon) == 0);
+    cJSON_free(text);
+    cJSON_Delete(jr);
+    cJSON_Delete(r2);
+    cJSON_Delete(r);
+    cJSON_Delete(ref);
+    expect_error("/completion",
+                 "{\"prompt\": \"hi\", \"kv_compression\": {\"method\": {\"score\": \"snapk\"}, \"ratio\": 0.5}}",
+                 400, "kv_compression.method", "score: unknown scorer 'snapk' (did you mean 'snapkv'?)");
+    expect_error("/completion",
+                 "{\"prompt\": \"hi\", \"kv_compression\": {\"variants\": [{\"method\": \"full\"}, "
+                 "{\"method\": {\"score\": \"knorm\", \"pick\": \"chunk\", \"params\": {\"chunk\": 0}}, "
+                 "\"ratio\": 0.5}]}}",
+                 400, "kv_compression.variants[1].method", "(read by pick chunk)");
+    expect_error("/completion", "{\"prompt\": \"hi\", \"kv_compression\": {\"method\": 3, \"ratio\": 0.5}}",
+                 400, "kv_compression.method", "a method name or an object");
+}
+
 static void test_dump(void) {
     char *body = NULL;
     size_t len = 0;
@@ -759,6 +822,7 @@ int main(int argc, char **argv) {
     test_basic(m);
     test_completion(m);
     test_variants();
+    test_composed_method();
     test_dump();
     test_bad_requests();
     test_queue();

@@ -1,0 +1,147 @@
+/*
+ * part_table.c -- the parts a user may name in a composed method, with the
+ * parameters each reads (kvs_parts.h).
+ *
+ * What it is: one table of every scorer, allocator, keep rule and pick rule
+ * by kind, each with a line of help and its parameter declarations (the
+ * part's own defaults and ranges; a preset may pick other defaults), and the
+ * lookups over it (by kind and index, by part, by name with a close-name
+ * suggestion).
+ * Order: within a kind the table is append only. A composed method stores
+ * its composition as the indices of its parts within their kinds (the
+ * `parts` code, compose_dyn.c), and that code is part of a results key.
+ * What it is not: no composition (compose_dyn.c, compose_json.c), no part
+ * code (the part files).
+ */
+#include "kvs_parts.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define NP(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const kvs_param_def p_snapkv[] = {
+    KVS_PARTS_P_WINDOW(32, 1, "observation window w: the last w prompt queries vote"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+};
+static const kvs_param_def p_h2o[] = {KVS_PARTS_P_NORMALIZE(0)};
+static const kvs_param_def p_keydiff[] = {KVS_PARTS_P_ANCHOR(0)};
+static const kvs_param_def p_random[] = {KVS_PARTS_P_SEED(0)};
+static const kvs_param_def p_flashcache[] = {KVS_PARTS_P_GAMMA(0.2)};
+static const kvs_param_def p_expected[] = {
+    {"sinks", KVS_PARAM_INT, 4, 0, KVS_PARTS_IMAX, NULL,
+     "first tokens left out of the query statistics and the softmax, scored as the maximum"},
+    KVS_PARTS_P_COVARIANCE(1),
+    KVS_PARTS_P_VNORM(1),
+    KVS_PARTS_P_EPSILON(0.0),
+};
+static const kvs_param_def p_lagkv[] = {
+    {"sinks", KVS_PARAM_INT, 4, 0, KVS_PARTS_IMAX, NULL,
+     "first tokens left out of the partitions, scored 1 (kept first)"},
+    KVS_PARTS_P_LAG(128),
+    KVS_PARTS_P_CROSS(0),
+};
+static const kvs_param_def p_pyramid[] = {
+    KVS_PARTS_P_BETA(20),
+    KVS_PARTS_P_WINDOW(0, 0, "window w kept in every layer, added to each layer's share"),
+};
+static const kvs_param_def p_sinks[] = {KVS_PARTS_P_SINKS(0)};
+static const kvs_param_def p_window[] = {
+    KVS_PARTS_P_WINDOW(0, 0, "recent tokens always kept"),
+    KVS_PARTS_P_RECENT_FRAC(0.0),
+};
+static const kvs_param_def p_chunk[] = {KVS_PARTS_P_CHUNK(10)};
+
+#define PART(K, N, P, S, T) {K, N, P, S, T, NP(T)}
+#define PART0(K, N, P, S) {K, N, P, S, NULL, 0}
+
+static const kvs_part_info table[] = {
+    /* scorers (append only) */
+    PART(KVS_PART_SCORER, "snapkv", &kvs_scorer_snapkv,
+         "SnapKV votes: attention of the last w queries, pooled along tokens", p_snapkv),
+    PART(KVS_PART_SCORER, "h2o", &kvs_scorer_h2o,
+         "H2O: accumulated attention of every prompt query", p_h2o),
+    PART0(KVS_PART_SCORER, "tova", &kvs_scorer_tova, "TOVA: attention of the last query"),
+    PART0(KVS_PART_SCORER, "knorm", &kvs_scorer_knorm, "Knorm: minus the key's L2 norm"),
+    PART(KVS_PART_SCORER, "keydiff", &kvs_scorer_keydiff,
+         "KeyDiff: minus the key's cosine to the head's mean key", p_keydiff),
+    PART(KVS_PART_SCORER, "random", &kvs_scorer_random, "uniform random scores (seeded)",
+         p_random),
+    PART(KVS_PART_SCORER, "flashcache", &kvs_scorer_flashcache,
+         "FlashCache: squared residual of K and V after a DCT low-pass", p_flashcache),
+    PART(KVS_PART_SCORER, "expected_attention", &kvs_scorer_expected_attention,
+         "Expected Attention: softmax of the expected logits under the queries' mean and "
+         "covariance, times ||v||",
+         p_expected),
+    PART(KVS_PART_SCORER, "lagkv", &kvs_scorer_lagkv,
+         "LagKV: spread of each token's min-max normalised K and V against the next partition",
+         p_lagkv),
+    /* allocators (append only) */
+    PART0(KVS_PART_ALLOCATOR, "uniform", &kvs_alloc_uniform, "every layer gets the same budget"),
+    PART(KVS_PART_ALLOCATOR, "pyramid", &kvs_alloc_pyramid,
+         "PyramidKV: a linear schedule, most at the bottom layer", p_pyramid),
+    /* keep rules (append only) */
+    PART(KVS_PART_KEEP, "sinks", &kvs_keep_sinks, "the first `sinks` tokens are kept", p_sinks),
+    PART(KVS_PART_KEEP, "window", &kvs_keep_window,
+         "the last max(window, floor(B * recent_frac)) tokens are kept", p_window),
+    /* pick rules (append only) */
+    PART0(KVS_PART_PICK, "topk", &kvs_pick_topk, "the best-scored tokens, one by one"),
+    PART(KVS_PART_PICK, "chunk", &kvs_pick_chunk,
+         "ChunkKV: whole chunks of `chunk` tokens by summed score", p_chunk),
+};
+
+const char *kvs_part_kind_name(kvs_part_kind k) {
+    switch (k) {
+    case KVS_PART_SCORER: return "scorer";
+    case KVS_PART_ALLOCATOR: return "allocator";
+    case KVS_PART_KEEP: return "keep";
+    case KVS_PART_PICK: return "pick";
+    }
+    return "?";
+}
+
+int kvs_parts_count(void) { return NP(table); }
+
+const kvs_part_info *kvs_part_at(int i) { return i >= 0 && i < NP(table) ? &table[i] : NULL; }
+
+const kvs_part_info *kvs_part_of_kind(kvs_part_kind kind, int i) {
+    for (int j = 0; j < NP(table); j++)
+        if (table[j].kind == kind && i-- == 0) return &table[j];
+    return NULL;
+}
+
+int kvs_part_index(kvs_part_kind kind, const void *part) {
+    int i = 0;
+    for (int j = 0; j < NP(table); j++) {
+        if (table[j].kind != kind) continue;
+        if (table[j].part == part) return i;
+        i++;
+    }
+    return -1;
+}
+
+kvs_status kvs_part_lookup(kvs_part_kind kind, const char *name, const kvs_part_info **out,
+                           kvs_err *err) {
+    *out = NULL;
+    char known[512] = "";
+    const char *best = NULL;
+    int bestd = 4;
+    for (int j = 0; j < NP(table); j++) {
+        if (table[j].kind != kind) continue;
+        if (name && strcmp(table[j].name, name) == 0) {
+            *out = &table[j];
+            return KVS_OK;
+        }
+        const int d = kvs_edit_distance(name ? name : "", table[j].name);
+        if (d < bestd) bestd = d, best = table[j].name;
+        if (known[0]) strncat(known, ", ", sizeof known - strlen(known) - 1);
+        strncat(known, table[j].name, sizeof known - strlen(known) - 1);
+    }
+    const char *kn = kvs_part_kind_name(kind);
+    if (best)
+        return kvs_errorf(err, KVS_ERR_NOTFOUND, "unknown %s '%s' (did you mean '%s'?); known: %s",
+                          kn, name ? name : "", best, known);
+    return kvs_errorf(err, KVS_ERR_NOTFOUND, "unknown %s '%s'; known: %s", kn, name ? name : "",
+                      known);
+}

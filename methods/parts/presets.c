@@ -26,6 +26,12 @@
  *                       max pooling are the defaults of the code base it
  *                       extends (KVCache-Factory), not checked against
  *                       ChunkKV's own scripts
+ *   adakv               snapkv scorer + uniform + adakv head allocator
+ *                       (arXiv 2407.11550): SnapKV's defaults (window 32,
+ *                       kernel 7, max pooling, so AdaKV and SnapKV at one
+ *                       ratio keep the same bytes), alpha 0.2 (kvpress)
+ *   ada_pyramidkv       pyramidkv's layer schedule and defaults + adakv
+ *                       heads (the official code's pyram_mode)
  */
 #include "kvs_parts.h"
 
@@ -141,6 +147,36 @@ KVS_PRESET(chunkkv, "chunkkv", "ChunkKV: SnapKV votes, tokens kept in whole chun
            {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
             .keep = {&kvs_keep_window}, .pick = &kvs_pick_chunk, .merge = KVS_MERGE_NONE})
 
+static const kvs_param_def params_adakv[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "observation window w: the last w prompt queries vote; the window is "
+                       "always kept by every head"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_ALPHA(0.2),
+};
+KVS_PRESET(adakv, "adakv",
+           "AdaKV: SnapKV votes, one top-k over all heads of a layer (ragged per-head budgets)",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .heads = &kvs_heads_adakv, .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_ada_pyramidkv[] = {
+    KVS_PARTS_P_WINDOW(8, 1,
+                       "observation window w (SnapKV votes), always kept in every layer and head"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_BETA(20),
+    KVS_PARTS_P_ALPHA(0.2),
+};
+KVS_PRESET(ada_pyramidkv, "ada_pyramidkv",
+           "AdaKV on PyramidKV: pyramid layer schedule, then AdaKV's split over heads",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_pyramid,
+            .heads = &kvs_heads_adakv, .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -150,6 +186,8 @@ static const struct {
     {&kvs_preset_keydiff, &comp_keydiff},
     {&kvs_preset_pyramidkv, &comp_pyramidkv},
     {&kvs_preset_chunkkv, &comp_chunkkv},
+    {&kvs_preset_adakv, &comp_adakv},
+    {&kvs_preset_ada_pyramidkv, &comp_ada_pyramidkv},
     {&kvs_preset_snapkv_parts, &comp_snapkv_parts},
     {&kvs_preset_h2o_parts, &comp_h2o_parts},
     {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},

@@ -444,7 +444,9 @@ typedef struct {
  * buffers reallocated to kept + remaining context (bytes really freed); the
  * fp32 rows of kvs_apply are written back in the cache type. Does not trim
  * sliding-window layers (kvs_session_compress does, or kvs_session_trim_local).
- * The session must hold an uncompressed prefill cache. stats may be NULL. */
+ * The session must hold an uncompressed prefill cache. stats may be NULL.
+ * A plan whose heads keep different counts (kvs_plan_is_ragged: adakv) is
+ * KVS_ERR_UNSUPPORTED: the cache holds one length per layer. */
 kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map,
                                   kvs_kv_stats *stats, kvs_err *err);
 

@@ -442,6 +442,11 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
     const int D = MI->head_dim, Hkv = MI->n_kv_heads;
     kvs_status st = kvs_plan_check(plan, err);
     if (st) return st;
+    if (kvs_plan_is_ragged(plan)) /* kv_layer keeps one length per layer: no silent padding */
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "apply plan: plan of %s keeps different counts per KV head (ragged); the engine's "
+                          "cache holds one length per layer, ragged heads are not implemented in the engine",
+                          plan->method);
     if (plan->n_kv_heads != Hkv || plan->n_tokens != s->n_prompt || plan->n_layers < 1 ||
         plan->n_layers > MI->n_layers)
         return kvs_errorf(err, KVS_ERR_INVALID,

@@ -28,7 +28,7 @@ from kvsieve import KvsError, Strided
 CLI = os.environ.get("KVSIEVE_CLI")
 HEADER = os.environ.get("KVSIEVE_ABI_HEADER")
 METHODS = ["full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
-           "knorm", "tova", "keydiff", "pyramidkv", "chunkkv"]
+           "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "adakv", "ada_pyramidkv"]
 
 
 def synth(L=2, Hkv=2, Hq=4, N=48, Nq=48, d=8, seed=1):

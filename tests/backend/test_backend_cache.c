@@ -123,6 +123,12 @@ int main(void) {
         CHECK_OK(kvs_session_copy(w, s, &err), &err);
         kvs_err_clear(&err);
         kvs_status rc = kvs_session_compress(w, &co, &st, &err);
+        if (rc == KVS_ERR_UNSUPPORTED && strstr(err.msg, "ragged")) {
+            /* head-adaptive methods (adakv): the engine refuses ragged plans by
+             * name (one length per layer), never pads them silently */
+            CHECK(!strncmp(meth->name, "ada", 3));
+            continue;
+        }
         CHECK_MSG(rc == KVS_OK, "method %s: %s", meth->name, err.msg);
         if (rc) continue;
         CHECK(st.compress_ms >= 0);

@@ -38,8 +38,11 @@ assert p["n_tokens"] == N and len(p["layers"]) == L, "shape"
 want = L * (N if p["method"] == "full" else B)
 assert sum(l["budget"] for l in p["layers"]) == want, "global budget %d != %d" % (sum(l["budget"] for l in p["layers"]), want)
 for li, l in enumerate(p["layers"]):
-    for h in l["heads"]:
-        assert len(h) == l["budget"], "layer %d: head count %d != budget %d" % (li, len(h), l["budget"])
+    # ragged layers: head h keeps counts[h], the counts sum to heads x budget
+    cnt = l.get("counts", [l["budget"]] * len(l["heads"]))
+    assert sum(cnt) == len(l["heads"]) * l["budget"], "layer %d: counts sum %d" % (li, sum(cnt))
+    for h, c in zip(l["heads"], cnt):
+        assert len(h) == c, "layer %d: head count %d != %d" % (li, len(h), c)
         assert all(0 <= i < N for i in h), "range"
         assert all(a < b for a, b in zip(h, h[1:])), "sorted unique"
 PY
@@ -51,8 +54,10 @@ for s in "${shapes[@]}"; do
   "$BIN" synth $args --tokens "$N" --seed 3 --image-frac 0.3 --dtype f16 --out "$TMP/c.safetensors" >/dev/null \
     || { bad "synth $args"; continue; }
   for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv adakv ada_pyramidkv; do
+    outarg=(--out "$TMP/o.safetensors")
+    case $m in ada*) outarg=() ;; esac # ragged plans: the [Hkv, B, d] dump cannot hold them (refused below)
     if "$BIN" compress --kv "$TMP/c.safetensors" --method "$m" --ratio 0.2 --plan "$TMP/p.json" \
-         --out "$TMP/o.safetensors" --quiet >"$TMP/out" 2>"$TMP/err"; then
+         "${outarg[@]}" --quiet >"$TMP/out" 2>"$TMP/err"; then
       check_plan "$TMP/p.json" "$L" "$N" 0.2 && ok || bad "plan of $m on $args"
     else
       bad "compress $m on $args: $(cat "$TMP/err")"
@@ -61,6 +66,14 @@ for s in "${shapes[@]}"; do
 done
 "$BIN" fidelity --kv "$TMP/c.safetensors" --ratio 0.2 >"$TMP/out" 2>&1 && grep -q "| flashcache |" "$TMP/out" && ok \
   || { bad "fidelity"; cat "$TMP/out" >&2; }
+
+# AdaKV and SnapKV at one ratio keep the same KV bytes (ragged heads vs equal heads)
+"$BIN" compress --kv "$TMP/c.safetensors" --method adakv --ratio 0.25 >"$TMP/ada" 2>&1 || bad "adakv bytes"
+"$BIN" compress --kv "$TMP/c.safetensors" --method snapkv --ratio 0.25 >"$TMP/snap" 2>&1 || bad "snapkv bytes"
+ab=$(grep -o 'kept KV bytes [0-9]* of [0-9]*' "$TMP/ada"); sb=$(grep -o 'kept KV bytes [0-9]* of [0-9]*' "$TMP/snap")
+[ -n "$ab" ] && [ "$ab" = "$sb" ] && grep -q "ragged heads" "$TMP/ada" && grep -q "equal heads" "$TMP/snap" && ok \
+  || bad "adakv vs snapkv bytes: '$ab' vs '$sb'"
+expect_fail "ragged" "$BIN" compress --kv "$TMP/c.safetensors" --method adakv --ratio 0.25 --out "$TMP/o.safetensors"
 
 # 3. errors
 "$BIN" synth --preset tiny --tokens 64 --queries 8 --out "$TMP/w.safetensors" >/dev/null || bad "synth window"

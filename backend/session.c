@@ -52,6 +52,7 @@ static void kv_layer_free(kv_layer *c) {
     free(c->v);
     free(c->pos);
     free(c->q);
+    free(c->lag);
     memset(c, 0, sizeof *c);
 }
 
@@ -201,6 +202,8 @@ void kvs_session_reset(kvs_session *s) {
         free(c->q);
         c->q = NULL;
         c->nq = 0;
+        free(c->lag);
+        c->lag = NULL;
         if (c->cap != s->n_ctx) {
             kvs_status st = kv_alloc(c, MI->n_kv_heads, MI->head_dim, s->n_ctx, s->esz, NULL);
             if (st) c->cap = 0; /* next prefill reports the allocation failure */
@@ -338,6 +341,8 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         c->nq = 0;
         c->len = 0;
         c->compressed = c->bounded = 0;
+        free(c->lag);
+        c->lag = NULL;
     }
     dst->n_past = dst->n_prompt = 0;
     for (int l = 0; l < MI->n_layers; l++) {
@@ -360,6 +365,14 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         c->len = a->len;
         c->compressed = a->compressed;
         c->bounded = a->bounded;
+        if (a->lag) { /* ragged heads (the rows past a head's own are never read) */
+            c->lag = malloc(sizeof(int32_t) * (size_t)Hkv);
+            if (!c->lag) {
+                kvs_session_reset(dst);
+                return kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory for head lags");
+            }
+            memcpy(c->lag, a->lag, sizeof(int32_t) * (size_t)Hkv);
+        }
         if (a->q) {
             c->q = malloc((size_t)Hq * a->nq * D * 4);
             if (!c->q) {
@@ -423,6 +436,13 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
         st->tokens_after[l] = c->len;
         st->bytes_before[l] = (int64_t)s->n_prompt * row_bytes(s);
         st->bytes_after[l] = (int64_t)c->len * row_bytes(s);
+        if (c->lag) { /* ragged heads: each head's own rows (K and V) */
+            int64_t lagged = 0;
+            for (int g = 0; g < MI->n_kv_heads; g++) lagged += c->lag[g];
+            st->bytes_after[l] -= lagged * MI->head_dim * 2 * (int64_t)s->esz;
+            /* the mean per head, exact: the heads' rows sum to Hkv x that */
+            st->tokens_after[l] = ((int64_t)MI->n_kv_heads * c->len - lagged) / MI->n_kv_heads;
+        }
         if (st->is_local[l]) {
             st->bytes_before_local += st->bytes_before[l];
             st->bytes_after_local += st->bytes_after[l];
@@ -442,11 +462,6 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
     const int D = MI->head_dim, Hkv = MI->n_kv_heads;
     kvs_status st = kvs_plan_check(plan, err);
     if (st) return st;
-    if (kvs_plan_is_ragged(plan)) /* kv_layer keeps one length per layer: no silent padding */
-        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
-                          "apply plan: plan of %s keeps different counts per KV head (ragged); the engine's "
-                          "cache holds one length per layer, ragged heads are not implemented in the engine",
-                          plan->method);
     if (plan->n_kv_heads != Hkv || plan->n_tokens != s->n_prompt || plan->n_layers < 1 ||
         plan->n_layers > MI->n_layers)
         return kvs_errorf(err, KVS_ERR_INVALID,
@@ -475,6 +490,14 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
                             c->len, s->n_prompt);
             goto cleanup;
         }
+        if (plan->layers[pl].counts && s->m->layers[l].is_local) {
+            /* the sliding-window trim drops rows of all heads at once */
+            st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                            "apply plan: plan of %s keeps different counts per KV head in sliding-window layer %d; "
+                            "ragged heads are implemented for global layers only",
+                            plan->method, l);
+            goto cleanup;
+        }
         views[pl].k = (kvs_view){c->k, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
         views[pl].v = (kvs_view){c->v, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
         views[pl].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, D, 0, D};
@@ -486,24 +509,38 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
         int l = layer_map[pl];
         kv_layer *c = &s->kv[l];
         const kvs_dense_layer *dl = &dense.layers[pl];
-        int B = plan->layers[pl].budget;
-        assert(dl->n_tokens == B && dl->n_kv_heads == Hkv && dl->head_dim == D);
+        /* len = the longest head; a ragged head g holds len - lag[g] rows */
+        int B = 0;
+        for (int g = 0; g < Hkv; g++) {
+            int Bg;
+            kvs_plan_head(plan, pl, g, &Bg);
+            B = Bg > B ? Bg : B;
+        }
+        assert(dl->n_kv_heads == Hkv && dl->head_dim == D);
         int cap = B + room;
         uint8_t *nk = malloc((size_t)Hkv * cap * D * s->esz), *nv = malloc((size_t)Hkv * cap * D * s->esz);
         int32_t *np = malloc((size_t)Hkv * cap * 4);
-        if (!nk || !nv || !np) {
+        int32_t *lag = plan->layers[pl].counts ? malloc(sizeof(int32_t) * (size_t)Hkv) : NULL; /* [Hkv] */
+        if (!nk || !nv || !np || (plan->layers[pl].counts && !lag)) {
             free(nk);
             free(nv);
             free(np);
+            free(lag);
             st = kvs_errorf(err, KVS_ERR_NOMEM, "apply plan: layer %d: out of memory", l);
             goto cleanup;
         }
         for (int g = 0; g < Hkv; g++) {
+            int Bg;
+            const int32_t *row = kvs_plan_head(plan, pl, g, &Bg);
+            const int64_t off = kvs_dense_head(dl, g, NULL);
             /* kvs_apply's dense output is fp32: back to the cache type */
-            kvs_cache_from_f32(s->ctype, dl->k + (size_t)g * B * D, nk + (size_t)g * cap * D * s->esz, B * D);
-            kvs_cache_from_f32(s->ctype, dl->v + (size_t)g * B * D, nv + (size_t)g * cap * D * s->esz, B * D);
-            for (int i = 0; i < B; i++) np[(size_t)g * cap + i] = plan->layers[pl].idx[(size_t)g * B + i];
+            kvs_cache_from_f32(s->ctype, dl->k + (size_t)off * D, nk + (size_t)g * cap * D * s->esz, Bg * D);
+            kvs_cache_from_f32(s->ctype, dl->v + (size_t)off * D, nv + (size_t)g * cap * D * s->esz, Bg * D);
+            for (int i = 0; i < Bg; i++) np[(size_t)g * cap + i] = row[i];
+            if (lag) lag[g] = B - Bg;
         }
+        free(c->lag);
+        c->lag = lag;
         free(c->k);
         free(c->v);
         free(c->pos);

@@ -22,7 +22,13 @@ typedef struct {
     int bounded;    /* sliding-window layer trimmed to its window: cap <= window + slack, old rows dropped */
     float *q;       /* [Hq][nq][D] recorded queries (post-RoPE, fp32), or NULL */
     int nq;
+    int32_t *lag;   /* [Hkv] or NULL: after a ragged plan (per-head counts) head g holds
+                       len - lag[g] rows; every step appends one row to every head, so
+                       the lags stay fixed; attention reads only a head's own rows */
 } kv_layer;
+
+/* Rows head g of layer c holds fewer than c->len (0 unless ragged). */
+static inline int kvs_kv_lag(const kv_layer *c, int g) { return c->lag ? c->lag[g] : 0; }
 
 /* Decode scratch for up to cap sequences (allocated once). */
 typedef struct {

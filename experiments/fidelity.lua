@@ -22,7 +22,7 @@ experiment {
     probes   = 16,
   },
   methods = { "full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
-              "knorm", "tova", "keydiff", "pyramidkv", "chunkkv" },
+              "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "adakv", "ada_pyramidkv" },
   budgets = { 0.1, 0.2, 0.5 },
   params  = { flashcache = { gamma = { 0.1, 0.2 } } },
   threads = 2,

@@ -161,7 +161,7 @@ typedef struct {
 /* The first row of KV head g of layer c (len rows) that a query at position
  * pos sees: 0, or in a sliding-window layer the first inside the window. */
 static int att_first_row(const kv_layer *c, int g, int len, int pos, int window) {
-    return window <= 0 ? 0 : kvs_kv_first_visible(c->pos + (size_t)g * c->cap, len, pos, window);
+    return window <= 0 ? 0 : kvs_kv_first_visible(kvs_kv_pos(c, g), len, pos, window);
 }
 
 /* Jobs are (sequence, KV head, part of its query heads): the heads of a job
@@ -320,7 +320,7 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
                 const int row = c->len - kvs_kv_lag(c, g); /* ragged heads: after the head's own rows */
                 kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, row), D);
                 kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, row), D);
-                c->pos[(size_t)g * c->cap + row] = pos;
+                kvs_kv_pos(c, g)[row] = pos;
             }
             c->len++;
             db->lim[i] = c->len;
@@ -616,7 +616,7 @@ static void at_run(void *arg, int ith, int nth) {
     int conv_g = -1, conv_lo = 0, conv_hi = 0; /* rows of KV head conv_g already in the fp32 tiles */
     for (int job = ith; job < Hq * ntile; job += nth) {
         int h = job / ntile, t0 = (job % ntile) * KVS_QTILE, g = h / G;
-        const int32_t *P = c->pos + (size_t)g * c->cap;
+        const int32_t *P = kvs_kv_pos(c, g);
         const int len0 = j->len0 - kvs_kv_lag(c, g); /* rows of head g before the chunk */
         int tq = T - t0 < KVS_QTILE ? T - t0 : KVS_QTILE;
         int pf = j->p0 + t0, kmax = len0 + t0 + tq;
@@ -700,7 +700,7 @@ static void ew_run(void *arg, int ith, int nth) {
                 const int row = j->len0 - kvs_kv_lag(c, g) + t; /* ragged heads: each after its own rows */
                 kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, row), D);
                 kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, row), D);
-                c->pos[(size_t)g * c->cap + row] = p;
+                kvs_kv_pos(c, g)[row] = p;
             }
             int first = j->n_total - c->nq; /* record queries of positions [n_total - nq, n_total) */
             if (j->rec && c->q && p >= first)

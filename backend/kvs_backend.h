@@ -449,9 +449,8 @@ typedef struct {
  * The session must hold an uncompressed prefill cache. stats may be NULL.
  * A ragged plan (kvs_plan_is_ragged: adakv) gives each KV head of a global
  * layer its own row count: every head stores and attends to only its kept
- * rows (no mask); the layer's buffer is sized by its longest head plus the
- * room to decode, so a short head's unused capacity is the longest head's
- * surplus, and bytes_after counts each head's own rows. Ragged counts on a
+ * rows (no mask, no padding): the heads are packed, each with its kept rows
+ * plus the room to decode, and bytes_after counts each head's own rows. Ragged counts on a
  * sliding-window layer are KVS_ERR_UNSUPPORTED (the trim drops rows of all
  * heads at once). */
 kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map,

@@ -661,6 +661,11 @@ kvs_abi_status kvs_abi_plan_indices(kvs_abi_ctx *c, const kvs_abi_plan *p, int32
     kvs_err *err = &c->err;
     kvs_status st = plan_check(c, p, 1, layer, err);
     if (st) return st;
+    if (p->plan.layers[layer].counts)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "layer %d: indices out: the layer's heads keep different counts (ragged plan of %s); "
+                          "read kvs_abi_plan_head_counts and kvs_abi_plan_head_indices",
+                          (int)layer, p->method);
     const int H = p->plan.n_kv_heads, B = p->plan.layers[layer].budget;
     const int32_t *idx = p->plan.layers[layer].idx; /* [H][B] */
     const int64_t dims[2] = {H, B};
@@ -704,6 +709,46 @@ kvs_abi_status kvs_abi_plan_indices(kvs_abi_ctx *c, const kvs_abi_plan *p, int32
 #endif
 }
 
+kvs_abi_status kvs_abi_plan_head_counts(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t layer, int32_t *out,
+                                        int64_t cap) {
+    CTX_ENTER(c);
+    kvs_status st = plan_check(c, p, 1, layer, &c->err);
+    if (st) return st;
+    const int H = p->plan.n_kv_heads;
+    if (!out || cap < H)
+        return kvs_errorf(&c->err, KVS_ERR_INVALID, "kvs_abi_plan_head_counts: out holds %lld, need %d",
+                          out ? (long long)cap : 0LL, H);
+    for (int h = 0; h < H; h++) kvs_plan_head(&p->plan, layer, h, &out[h]);
+    return KVS_ABI_OK;
+}
+
+kvs_abi_status kvs_abi_plan_head_indices(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t layer, int32_t head,
+                                         const kvs_abi_tensor *out) {
+    CTX_ENTER(c);
+    kvs_err *err = &c->err;
+    kvs_status st = plan_check(c, p, 1, layer, err);
+    if (st) return st;
+    if (head < 0 || head >= p->plan.n_kv_heads)
+        return kvs_errorf(err, KVS_ERR_INVALID, "head indices: layer %d: head %d outside [0, %d)", (int)layer,
+                          (int)head, p->plan.n_kv_heads);
+    int B;
+    const int32_t *row = kvs_plan_head(&p->plan, layer, head, &B); /* [B] */
+    char what[64];
+    snprintf(what, sizeof what, "layer %d: head %d: indices out", (int)layer, (int)head);
+    const int64_t dims[1] = {B};
+    int64_t s1[1];
+    kvs_abi_tensor ot;
+    if ((st = abi_read_struct(out, sizeof ot, sizeof ot, &ot, what, err))) return st;
+    if ((st = abi_check_out(out, what, (1u << KVS_ABI_I32) | (1u << KVS_ABI_I64), KVS_ABI_HOST, 0, 1, dims, s1,
+                            err)))
+        return st;
+    for (int b = 0; b < B; b++) {
+        if (ot.dtype == KVS_ABI_I64) ((int64_t *)ot.data)[b * s1[0]] = row[b];
+        else ((int32_t *)ot.data)[b * s1[0]] = row[b];
+    }
+    return KVS_ABI_OK;
+}
+
 kvs_abi_status kvs_abi_plan_merge_map(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t layer, int32_t head,
                                       const kvs_abi_tensor *out) {
     CTX_ENTER(c);
@@ -711,16 +756,17 @@ kvs_abi_status kvs_abi_plan_merge_map(kvs_abi_ctx *c, const kvs_abi_plan *p, int
     kvs_status st = plan_check(c, p, 1, layer, err);
     if (st) return st;
     if ((st = plan_needs_cache(c, p, err))) return st;
-    const int H = p->plan.n_kv_heads, N = p->plan.n_tokens, B = p->plan.layers[layer].budget;
+    const int H = p->plan.n_kv_heads, N = p->plan.n_tokens;
     if (head < 0 || head >= H)
         return kvs_errorf(err, KVS_ERR_INVALID, "merge map: layer %d: head %d outside [0, %d)", (int)layer,
                           (int)head, H);
+    int B;
+    const int32_t *kept = kvs_plan_head(&p->plan, layer, head, &B); /* [B], ragged plans too */
     char what[64];
     snprintf(what, sizeof what, "layer %d: head %d: merge map out", (int)layer, (int)head);
     const int64_t dims[1] = {N};
     int64_t s[1];
     if ((st = abi_check_out(out, what, 1u << KVS_ABI_I32, KVS_ABI_HOST, 0, 1, dims, s, err))) return st;
-    const int32_t *kept = p->plan.layers[layer].idx + (size_t)head * B;
     int32_t *assign = malloc(sizeof(int32_t) * (size_t)N); /* [N] */
     if (!assign) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: no memory", what);
     const kvs_view *k = &c->views[layer].k;
@@ -822,6 +868,11 @@ kvs_abi_status kvs_abi_apply(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t laye
     if (st) return st;
     if ((st = plan_needs_cache(c, p, err))) return st;
     const kvs_layer *ly = &c->views[layer];
+    if (p->plan.layers[layer].counts)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "layer %d: the layer's heads keep different counts (ragged plan of %s): apply head by "
+                          "head with kvs_abi_apply_head",
+                          (int)layer, p->method);
     const int H = p->plan.n_kv_heads, B = p->plan.layers[layer].budget, d = ly->k.head_dim;
     const int dev = ly->k.device == KVS_CUDA ? KVS_ABI_CUDA : KVS_ABI_HOST;
     const int dev_index = c->layers[layer].device_index;
@@ -873,6 +924,58 @@ kvs_abi_status kvs_abi_apply(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t laye
         return kvs_errorf(err, KVS_ERR_UNSUPPORTED, "CUDA cache, but libkvsieve was built without CUDA");
 #endif
     }
+    c->stats.apply_calls++;
+    c->stats.apply_ms += kvs_now_ms() - t0;
+    return KVS_ABI_OK;
+}
+
+kvs_abi_status kvs_abi_apply_head(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t layer, int32_t head,
+                                  const kvs_abi_tensor *k_out, const kvs_abi_tensor *v_out) {
+    CTX_ENTER(c);
+    kvs_err *err = &c->err;
+    kvs_status st = plan_check(c, p, 1, layer, err);
+    if (st) return st;
+    if ((st = plan_needs_cache(c, p, err))) return st;
+    const kvs_layer *ly = &c->views[layer];
+    if (head < 0 || head >= p->plan.n_kv_heads)
+        return kvs_errorf(err, KVS_ERR_INVALID, "apply head: layer %d: head %d outside [0, %d)", (int)layer,
+                          (int)head, p->plan.n_kv_heads);
+    if (ly->k.device != KVS_HOST)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "apply head: layer %d: CUDA cache; the per-head apply is host only", (int)layer);
+    const int d = ly->k.head_dim;
+    int B;
+    int32_t *row = kvs_plan_head(&p->plan, layer, head, &B); /* [B] */
+    const int64_t dims[2] = {B, d};
+    int64_t sk2[2], sv2[2];
+    const unsigned allowed = (1u << KVS_ABI_F32) | (1u << KVS_ABI_F16) | (1u << KVS_ABI_BF16);
+    char what[64];
+    snprintf(what, sizeof what, "layer %d: head %d: k_out", (int)layer, (int)head);
+    if ((st = abi_check_out(k_out, what, allowed, KVS_ABI_HOST, 0, 2, dims, sk2, err))) return st;
+    snprintf(what, sizeof what, "layer %d: head %d: v_out", (int)layer, (int)head);
+    if ((st = abi_check_out(v_out, what, allowed, KVS_ABI_HOST, 0, 2, dims, sv2, err))) return st;
+    const double t0 = kvs_now_ms();
+    /* One head as a one-head cache and plan: kvs_apply's own unit (gather,
+     * merge) on exactly the rows this head keeps. */
+    const size_t es = kvs_dtype_size(ly->k.dtype);
+    kvs_layer one = *ly;
+    one.k.data = (const char *)ly->k.data + (size_t)head * (size_t)ly->k.s_head * es;
+    one.v.data = (const char *)ly->v.data + (size_t)head * (size_t)ly->v.s_head * kvs_dtype_size(ly->v.dtype);
+    one.k.n_heads = one.v.n_heads = 1;
+    one.q = (kvs_view){0};
+    const kvs_cache_view cv = {.n_layers = 1, .layers = &one, .modality = NULL};
+    kvs_plan_layer pl = {.budget = B, .idx = row, .counts = NULL};
+    kvs_plan sub = p->plan;
+    sub.n_layers = 1;
+    sub.n_kv_heads = 1;
+    sub.layers = &pl;
+    if ((st = kvs_apply_into(&cv, &sub, 1, &c->scratch, err))) {
+        kvs_err_prefix(err, "layer %d: head %d", (int)layer, (int)head);
+        return st;
+    }
+    const int64_t sk[3] = {0, sk2[0], sk2[1]}, sv[3] = {0, sv2[0], sv2[1]};
+    write_rows(c->scratch.layers[0].k, 1, B, d, k_out, sk);
+    write_rows(c->scratch.layers[0].v, 1, B, d, v_out, sv);
     c->stats.apply_calls++;
     c->stats.apply_ms += kvs_now_ms() - t0;
     return KVS_ABI_OK;

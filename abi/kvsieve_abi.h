@@ -302,6 +302,18 @@ KVS_ABI_API kvs_abi_status kvs_abi_plan_budgets(kvs_abi_ctx *ctx, const kvs_abi_
  * (copied host to device, synchronously). */
 KVS_ABI_API kvs_abi_status kvs_abi_plan_indices(kvs_abi_ctx *ctx, const kvs_abi_plan *plan,
                                                 int32_t layer, const kvs_abi_tensor *out);
+/* Ragged plans (head-adaptive methods such as adakv): the KV heads of a
+ * layer may keep different counts (their sum is Hkv * B_l, so budgets mean
+ * the same as for other plans). kvs_abi_plan_head_counts writes the Hkv
+ * counts of layer `layer` into out[0 .. Hkv) (cap >= Hkv; every count is
+ * B_l for a dense layer). kvs_abi_plan_indices and kvs_abi_apply refuse a
+ * ragged layer (KVS_ABI_ERR_UNSUPPORTED naming these functions); read it
+ * head by head: kvs_abi_plan_head_indices writes head `head`'s kept tokens
+ * (ascending) into `out` ([count] I32 or I64, host, any stride). */
+KVS_ABI_API kvs_abi_status kvs_abi_plan_head_counts(kvs_abi_ctx *ctx, const kvs_abi_plan *plan, int32_t layer,
+                                                    int32_t *out, int64_t cap);
+KVS_ABI_API kvs_abi_status kvs_abi_plan_head_indices(kvs_abi_ctx *ctx, const kvs_abi_plan *plan,
+                                                     int32_t layer, int32_t head, const kvs_abi_tensor *out);
 /* The merge map of (layer, head) into `out` ([N] I32, host, any stride):
  * for a kept token -1; for an evicted token the slot in [0, B_l) of the
  * kept token it is merged into (its most cosine-similar kept key, ties to
@@ -311,7 +323,7 @@ KVS_ABI_API kvs_abi_status kvs_abi_plan_merge_map(kvs_abi_ctx *ctx, const kvs_ab
                                                   int32_t layer, int32_t head, const kvs_abi_tensor *out);
 /* The plan as the JSON `kvsieve compress --plan` writes (same text for the
  * same plan): {"method", "params", "n_tokens", "merge", "layers": [{"budget",
- * "heads": [[...], ...]}, ...]}. Size query and short buffer as
+ * "heads": [[...], ...]}, ...]}; a ragged layer adds "counts": [...]. Size query and short buffer as
  * kvs_abi_methods_json. */
 KVS_ABI_API kvs_abi_status kvs_abi_plan_json(kvs_abi_ctx *ctx, const kvs_abi_plan *plan, char *buf,
                                              size_t cap, size_t *len);
@@ -332,6 +344,12 @@ KVS_ABI_API kvs_abi_status kvs_abi_plan_json(kvs_abi_ctx *ctx, const kvs_abi_pla
  *     "built without CUDA"). */
 KVS_ABI_API kvs_abi_status kvs_abi_apply(kvs_abi_ctx *ctx, const kvs_abi_plan *plan, int32_t layer,
                                          const kvs_abi_tensor *k_out, const kvs_abi_tensor *v_out);
+/* kvs_abi_apply for one KV head of any plan (ragged or not): k_out / v_out
+ * [count][d] (or [1][count][d]), host, F32 / F16 / BF16, any strides; rows
+ * as kvs_abi_apply's row b of that head. Host caches only. */
+KVS_ABI_API kvs_abi_status kvs_abi_apply_head(kvs_abi_ctx *ctx, const kvs_abi_plan *plan, int32_t layer,
+                                              int32_t head, const kvs_abi_tensor *k_out,
+                                              const kvs_abi_tensor *v_out);
 
 #ifdef __cplusplus
 }

@@ -113,6 +113,29 @@ int kvs_cmd_compress(int argc, char **argv) {
         printf("layer budgets (tokens per KV head):");
         for (int l = 0; l < plan.n_layers; l++) printf("%s%d", l ? " " : " ", plan.layers[l].budget);
         printf("\n");
+        if (kvs_plan_is_ragged(&plan)) { /* per-head counts: the spread of each layer */
+            printf("ragged heads (min..max tokens per KV head):");
+            for (int l = 0; l < plan.n_layers; l++) {
+                int lo = dump.shape.n_tokens, hi = 0, c;
+                for (int h = 0; h < plan.n_kv_heads; h++) {
+                    kvs_plan_head(&plan, l, h, &c);
+                    lo = c < lo ? c : lo;
+                    hi = c > hi ? c : hi;
+                }
+                printf(" %d..%d", lo, hi);
+            }
+            printf("\n");
+        }
+    }
+    {
+        /* real bytes: kept rows per head x d x element size x 2 (K and V) */
+        const kvs_dtype dt = dump.view.layers[0].k.dtype;
+        const int d = dump.shape.head_dim;
+        const int64_t full = (int64_t)plan.n_layers * plan.n_kv_heads * dump.shape.n_tokens * d *
+                             (int64_t)kvs_dtype_size(dt) * 2;
+        printf("kept KV bytes %lld of %lld (%s, %s heads)\n",
+               (long long)kvs_plan_kv_bytes(&plan, d, kvs_dtype_size(dt)), (long long)full,
+               kvs_dtype_name(dt), kvs_plan_is_ragged(&plan) ? "ragged" : "equal");
     }
     printf("kept %lld of %lld tokens (%.2f%%); compress %.1f ms on %ld thread(s); peak RSS %.0f MiB\n",
            (long long)kvs_plan_total(&plan), (long long)plan.n_layers * dump.shape.n_tokens,

@@ -1,6 +1,8 @@
 /*
  * apply.c -- turn a plan into a compacted cache: gather the kept rows of
- * every layer and KV head into owned fp32 [Hkv][B_l][d] buffers and, when
+ * every layer and KV head into owned fp32 [Hkv][B_l][d] buffers (ragged
+ * plan layers: each head's own count, heads packed, the plan's counts
+ * copied to the layer) and, when
  * the plan asks for it, merge every evicted token into its most similar
  * kept token first (LOOK-M / MEDA, spec/methods.md).
  *
@@ -234,10 +236,12 @@ static kvs_status apply_unit(void *job, int tid, int u, kvs_err *err) {
     apply_job *j = job;
     const int l = u / j->n_kv_heads, h = u % j->n_kv_heads;
     const kvs_layer *ly = &j->in->layers[l];
-    const int N = j->plan->n_tokens, B = j->plan->layers[l].budget, d = ly->k.head_dim;
-    const int32_t *kept = j->plan->layers[l].idx + (size_t)h * B;
+    const int N = j->plan->n_tokens, d = ly->k.head_dim;
+    int B;
+    const int32_t *kept = kvs_plan_head(j->plan, l, h, &B); /* [B]: this head's count (ragged or not) */
     kvs_dense_layer *dl = &j->out->layers[l];
-    float *kk = dl->k + (size_t)h * B * d, *vv = dl->v + (size_t)h * B * d; /* [B][d] */
+    const int64_t off = kvs_dense_head(dl, h, NULL); /* the same packing as the plan's idx */
+    float *kk = dl->k + (size_t)off * d, *vv = dl->v + (size_t)off * d; /* [B][d] */
     kvs_view_gather_f32(&ly->k, h, kept, B, kk);
     kvs_view_gather_f32(&ly->v, h, kept, B, vv);
     if (j->plan->merge == KVS_MERGE_NONE || B == N) return KVS_OK;
@@ -284,6 +288,13 @@ static kvs_status out_reserve(const kvs_cache_view *in, const kvs_plan *plan, kv
             if (!dl->k || !dl->v)
                 return kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: layer %d: no memory for %d x %d x %d",
                                   l, Hkv, B, d);
+        }
+        free(dl->counts);
+        dl->counts = NULL;
+        if (plan->layers[l].counts) {
+            dl->counts = malloc(sizeof(int32_t) * (size_t)Hkv); /* [Hkv] */
+            if (!dl->counts) return kvs_errorf(err, KVS_ERR_NOMEM, "kvs_apply: layer %d: no memory for counts", l);
+            memcpy(dl->counts, plan->layers[l].counts, sizeof(int32_t) * (size_t)Hkv);
         }
         free(dl->q); /* queries are not carried over */
         dl->q = NULL;

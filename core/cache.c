@@ -219,6 +219,7 @@ void kvs_dense_cache_free(kvs_dense_cache *c) {
             free(c->layers[l].k);
             free(c->layers[l].v);
             free(c->layers[l].q);
+            free(c->layers[l].counts);
         }
         free(c->layers);
     }
@@ -241,6 +242,8 @@ kvs_status kvs_dense_cache_view(const kvs_dense_cache *c, kvs_cache_view *out,
                               l, d->n_tokens, c->n_tokens);
         if (!d->k || !d->v)
             return kvs_errorf(err, KVS_ERR_INVALID, "layer %d: dense K or V is NULL", l);
+        if (d->counts)
+            return kvs_errorf(err, KVS_ERR_INVALID, "layer %d: ragged heads have no [H][N][d] view", l);
         kvs_layer *o = &layers_storage[l];
         memset(o, 0, sizeof *o);
         o->k = kvs_view_make(d->k, KVS_F32, d->n_kv_heads, d->n_tokens, d->head_dim);
@@ -254,4 +257,15 @@ kvs_status kvs_dense_cache_view(const kvs_dense_cache *c, kvs_cache_view *out,
     out->layers = layers_storage;
     out->modality = c->modality;
     return KVS_OK;
+}
+
+int64_t kvs_dense_head(const kvs_dense_layer *dl, int h, int *rows) {
+    if (!dl->counts) {
+        if (rows) *rows = dl->n_tokens;
+        return (int64_t)h * dl->n_tokens;
+    }
+    int64_t off = 0;
+    for (int g = 0; g < h; g++) off += dl->counts[g];
+    if (rows) *rows = dl->counts[h];
+    return off;
 }

@@ -86,6 +86,11 @@ kvs_status kvs_fidelity_layer(const kvs_view *probes, const kvs_layer *full,
                           "kvs_fidelity_layer: compressed layer [%d][%d][%d]%s does not fit the full "
                           "layer [%d][%d][%d]", comp->n_kv_heads, B, comp->head_dim,
                           (!comp->k || !comp->v) ? " without k/v data" : "", Hkv, N, d);
+    for (int g = 0; comp->counts && g < Hkv; g++)
+        if (comp->counts[g] < 1 || comp->counts[g] > N)
+            return kvs_errorf(err, KVS_ERR_INVALID,
+                              "kvs_fidelity_layer: compressed head %d holds %d rows (need [1, N = %d])", g,
+                              (int)comp->counts[g], N);
     const int G = Hq / Hkv;
     const float scale = (float)(1.0 / sqrt((double)d));
     const size_t nd = (size_t)N * (size_t)d;
@@ -103,14 +108,16 @@ kvs_status kvs_fidelity_layer(const kvs_view *probes, const kvs_layer *full,
     for (int g = 0; g < Hkv; g++) {
         kvs_view_rows_f32(&full->k, g, 0, N, kf);
         kvs_view_rows_f32(&full->v, g, 0, N, vf);
-        const float *ck = comp->k + (size_t)g * B * d, *cv = comp->v + (size_t)g * B * d;
+        int Bg;
+        const int64_t off = kvs_dense_head(comp, g, &Bg); /* ragged layers: head g's own rows */
+        const float *ck = comp->k + (size_t)off * d, *cv = comp->v + (size_t)off * d;
         for (int hl = 0; hl < G; hl++) {
             const int h = g * G + hl;
             for (int p0 = 0; p0 < P; p0 += PB) {
                 const int np = P - p0 < PB ? P - p0 : PB;
                 kvs_view_rows_f32(probes, h, p0, np, pr);
                 attend(pr, np, kf, vf, N, d, scale, lg, of);
-                attend(pr, np, ck, cv, B, d, scale, lg, oc);
+                attend(pr, np, ck, cv, Bg, d, scale, lg, oc);
                 for (int r = 0; r < np; r++) {
                     double nf = 0.0, ne = 0.0;
                     for (int c = 0; c < d; c++) {

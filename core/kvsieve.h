@@ -163,14 +163,22 @@ kvs_status kvs_cache_check_finite(const kvs_cache_view *c, int q_rows, int threa
 /* Owned fp32 storage for one layer; budgets may differ across layers.
  * k, v are [Hkv][n_tokens][d]; q is [Hq][n_queries][d] or NULL. cap is the
  * number of floats allocated in k and in v each (kvs_apply_into reuses
- * buffers that are large enough); 0 means exactly Hkv * n_tokens * d. */
+ * buffers that are large enough); 0 means exactly Hkv * n_tokens * d.
+ * Ragged layers (the result of a ragged plan): counts [Hkv] is non-NULL,
+ * head h holds counts[h] rows and the heads are packed one after the other
+ * (head h starts at row sum_{g<h} counts[g]); sum counts = Hkv * n_tokens,
+ * so n_tokens is the mean rows per head. kvs_dense_head finds a head. */
 typedef struct {
     int n_tokens, n_kv_heads, head_dim;
     float *k, *v;
     int64_t cap;
     int n_q_heads, n_queries;
     float *q;
+    int32_t *counts; /* [Hkv] rows per head, or NULL: every head has n_tokens */
 } kvs_dense_layer;
+
+/* Row offset of head h in a dense layer (ragged or not) and its row count. */
+int64_t kvs_dense_head(const kvs_dense_layer *dl, int h, int *rows);
 
 typedef struct {
     int n_layers;
@@ -246,11 +254,19 @@ typedef enum {
 
 const char *kvs_merge_name(kvs_merge m); /* "none", "pivotal", ... */
 
-/* Per layer: each of the Hkv heads keeps budget tokens; idx is
- * [Hkv][budget], each row sorted ascending and unique, values in [0, N). */
+/* Per layer: the layer keeps Hkv * budget (token, head) rows in all.
+ * Dense layer (counts NULL): each of the Hkv heads keeps budget tokens; idx
+ * is [Hkv][budget]. Ragged layer (counts non-NULL, [Hkv]): head h keeps
+ * counts[h] tokens in [1, N], sum_h counts[h] = Hkv * budget (so budget is
+ * the mean per head and every budget sum means the same as for dense
+ * plans); idx holds the heads' rows one after the other (head h starts at
+ * sum_{g<h} counts[g]). Each row is sorted ascending and unique, values in
+ * [0, N). A dense plan is a ragged plan with equal counts and costs nothing
+ * extra; kvs_plan_head finds a head's row either way. */
 typedef struct {
     int budget;
     int32_t *idx;
+    int32_t *counts; /* [Hkv] or NULL (dense) */
 } kvs_plan_layer;
 
 typedef struct {
@@ -265,10 +281,22 @@ typedef struct {
 /* Allocate a plan with the given per-layer budgets (idx uninitialised). */
 kvs_status kvs_plan_init(kvs_plan *p, const char *method, int L, int Hkv, int N,
                          const int *budgets, kvs_err *err);
+/* A ragged plan: counts is [L][Hkv] (each in [1, N]; each layer's sum a
+ * multiple of Hkv, budget = sum / Hkv). Layers whose counts are all equal
+ * are stored dense (counts NULL). idx uninitialised. */
+kvs_status kvs_plan_init_ragged(kvs_plan *p, const char *method, int L, int Hkv, int N,
+                                const int *counts, kvs_err *err);
 void kvs_plan_free(kvs_plan *p);
-/* Checks every invariant: counts, sorted, unique, in range. */
+/* Checks every invariant: counts, sums, sorted, unique, in range. */
 kvs_status kvs_plan_check(const kvs_plan *p, kvs_err *err);
 int64_t kvs_plan_total(const kvs_plan *p); /* sum of per-layer budgets */
+/* Row of KV head h of layer l ([*count] indices, writable by the plan's
+ * filler) and its count; O(Hkv) for ragged layers. */
+int32_t *kvs_plan_head(const kvs_plan *p, int l, int h, int *count);
+int kvs_plan_is_ragged(const kvs_plan *p); /* 1 if any layer has counts */
+/* Bytes the kept rows take: sum over (layer, head) of kept rows x d x
+ * elem_size x 2 (K and V). */
+int64_t kvs_plan_kv_bytes(const kvs_plan *p, int head_dim, size_t elem_size);
 
 /* ------------------------------------------------------------------------ */
 /* The method contract                                                       */
@@ -329,7 +357,8 @@ kvs_status kvs_compress(const kvs_method *m, const kvs_params *p, const kvs_cach
 /* Apply: compaction and merging                                             */
 /* ------------------------------------------------------------------------ */
 
-/* Gather the kept rows of every layer (fp32 out, [Hkv][B_l][d]); when
+/* Gather the kept rows of every layer (fp32 out, [Hkv][B_l][d]; a ragged
+ * plan layer gives a ragged dense layer, counts copied); when
  * plan->merge != NONE every evicted token of a head is first assigned to the
  * kept token of that head whose KEY has the highest cosine similarity (ties:
  * lower kept index) and K and V are merged with the plan's formula, in fp32.

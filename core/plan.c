@@ -2,8 +2,9 @@
  * plan.c -- kvs_plan: allocation, invariant checks, totals, outlier retention.
  *
  * What it is: the owner of plan memory and the single checker of its
- * invariants (per layer a budget in [1, N]; per KV head `budget` indices,
- * strictly ascending, in [0, N)). Methods fill plans; everyone else checks.
+ * invariants (per layer a budget in [1, N]; per KV head `budget` indices, or
+ * counts[h] in [1, N] summing to Hkv * budget for a ragged layer, strictly
+ * ascending, in [0, N)). Methods fill plans; everyone else checks.
  * What it is not: no selection (methods), no compaction (apply.c).
  */
 #include "kvsieve.h"
@@ -54,10 +55,85 @@ nomem:
     return kvs_errorf(err, KVS_ERR_NOMEM, "plan: out of memory for %d layers x %d heads", L, Hkv);
 }
 
+kvs_status kvs_plan_init_ragged(kvs_plan *p, const char *method, int L, int Hkv, int N,
+                                const int *counts, kvs_err *err) {
+    if (!p) return kvs_errorf(err, KVS_ERR_INVALID, "plan: NULL plan");
+    memset(p, 0, sizeof *p);
+    if (!counts) return kvs_errorf(err, KVS_ERR_INVALID, "plan: NULL counts");
+    if (L < 1 || Hkv < 1 || N < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID, "plan: shape L = %d, Hkv = %d, N = %d (all need >= 1)", L,
+                          Hkv, N);
+    int *budgets = malloc(sizeof(int) * (size_t)L); /* [L] */
+    if (!budgets) return kvs_errorf(err, KVS_ERR_NOMEM, "plan: out of memory");
+    for (int l = 0; l < L; l++) {
+        int64_t sum = 0;
+        for (int h = 0; h < Hkv; h++) {
+            const int c = counts[(size_t)l * Hkv + h];
+            if (c < 1 || c > N) {
+                free(budgets);
+                return kvs_errorf(err, KVS_ERR_INVALID, "plan: layer %d head %d: count %d is not in [1, N = %d]",
+                                  l, h, c, N);
+            }
+            sum += c;
+        }
+        if (sum % Hkv) {
+            free(budgets);
+            return kvs_errorf(err, KVS_ERR_INVALID,
+                              "plan: layer %d: counts sum to %lld, not a multiple of Hkv = %d", l, (long long)sum,
+                              Hkv);
+        }
+        budgets[l] = (int)(sum / Hkv);
+    }
+    kvs_status st = kvs_plan_init(p, method, L, Hkv, N, budgets, err);
+    free(budgets);
+    if (st) return st;
+    for (int l = 0; l < L; l++) {
+        const int *c = counts + (size_t)l * Hkv;
+        int equal = 1;
+        for (int h = 1; h < Hkv; h++) equal &= c[h] == c[0];
+        if (equal) continue; /* stored dense */
+        p->layers[l].counts = malloc(sizeof(int32_t) * (size_t)Hkv); /* [Hkv] */
+        if (!p->layers[l].counts) {
+            kvs_plan_free(p);
+            return kvs_errorf(err, KVS_ERR_NOMEM, "plan: out of memory for the counts of layer %d", l);
+        }
+        for (int h = 0; h < Hkv; h++) p->layers[l].counts[h] = c[h];
+    }
+    return KVS_OK;
+}
+
+int32_t *kvs_plan_head(const kvs_plan *p, int l, int h, int *count) {
+    const kvs_plan_layer *pl = &p->layers[l];
+    assert(h >= 0 && h < p->n_kv_heads);
+    if (!pl->counts) {
+        if (count) *count = pl->budget;
+        return pl->idx + (size_t)h * (size_t)pl->budget;
+    }
+    size_t off = 0;
+    for (int g = 0; g < h; g++) off += (size_t)pl->counts[g];
+    if (count) *count = pl->counts[h];
+    return pl->idx + off;
+}
+
+int kvs_plan_is_ragged(const kvs_plan *p) {
+    if (!p || !p->layers) return 0;
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->layers[l].counts) return 1;
+    return 0;
+}
+
+int64_t kvs_plan_kv_bytes(const kvs_plan *p, int head_dim, size_t elem_size) {
+    /* sum_h counts[h] = Hkv * budget in every layer, ragged or not */
+    return kvs_plan_total(p) * (int64_t)p->n_kv_heads * head_dim * (int64_t)elem_size * 2;
+}
+
 void kvs_plan_free(kvs_plan *p) {
     if (!p) return;
     if (p->layers)
-        for (int l = 0; l < p->n_layers; l++) free(p->layers[l].idx);
+        for (int l = 0; l < p->n_layers; l++) {
+            free(p->layers[l].idx);
+            free(p->layers[l].counts);
+        }
     free(p->layers);
     memset(p, 0, sizeof *p);
 }
@@ -82,9 +158,24 @@ kvs_status kvs_plan_check(const kvs_plan *p, kvs_err *err) {
             return kvs_errorf(err, KVS_ERR_INVALID, "plan: layer %d: budget %d is not in [1, N = %d]", l, B,
                               N);
         if (!pl->idx) return kvs_errorf(err, KVS_ERR_INVALID, "plan: layer %d: no index array", l);
+        if (pl->counts) {
+            int64_t sum = 0;
+            for (int h = 0; h < p->n_kv_heads; h++) {
+                if (pl->counts[h] < 1 || pl->counts[h] > N)
+                    return kvs_errorf(err, KVS_ERR_INVALID,
+                                      "plan: layer %d head %d: count %d is not in [1, N = %d]", l, h,
+                                      (int)pl->counts[h], N);
+                sum += pl->counts[h];
+            }
+            if (sum != (int64_t)p->n_kv_heads * B)
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "plan: layer %d: head counts sum to %lld, not Hkv x budget = %d x %d", l,
+                                  (long long)sum, p->n_kv_heads, B);
+        }
         for (int h = 0; h < p->n_kv_heads; h++) {
-            const int32_t *row = pl->idx + (size_t)h * (size_t)B; /* [B] */
-            for (int i = 0; i < B; i++) {
+            int Bh;
+            const int32_t *row = kvs_plan_head(p, l, h, &Bh); /* [Bh] */
+            for (int i = 0; i < Bh; i++) {
                 if (row[i] < 0 || row[i] >= N)
                     return kvs_errorf(err, KVS_ERR_INVALID,
                                       "plan: layer %d head %d: index %d at slot %d is out of range [0, %d)",
@@ -123,12 +214,12 @@ double kvs_plan_retention(const kvs_plan *p, const int32_t *outliers, int M) {
     if (!p || !p->layers || !outliers || M <= 0) return NAN;
     int64_t kept = 0, all = 0;
     for (int l = 0; l < p->n_layers; l++) {
-        const kvs_plan_layer *pl = &p->layers[l];
         for (int h = 0; h < p->n_kv_heads; h++) {
-            const int32_t *row = pl->idx + (size_t)h * (size_t)pl->budget; /* [B] sorted */
+            int Bh;
+            const int32_t *row = kvs_plan_head(p, l, h, &Bh); /* [Bh] sorted */
             for (int i = 0; i < M; i++) {
                 all++;
-                kept += contains(row, pl->budget, outliers[i]); /* out-of-range ids are never kept */
+                kept += contains(row, Bh, outliers[i]); /* out-of-range ids are never kept */
             }
         }
     }

@@ -483,10 +483,10 @@ static kvs_status gather_unit(void *job, int tid, int u, kvs_err *err) {
     const int l = u / 2, is_v = u % 2;
     const kvs_view *x = is_v ? &g->ly[l].v : &g->ly[l].k;
     g->sink[tid] ^= read_words(x);
-    const kvs_plan_layer *pl = &g->p->layers[l];
-    const int Hkv = x->n_heads, d = x->head_dim, B = pl->budget;
+    const int Hkv = x->n_heads, d = x->head_dim;
     for (int h = 0; h < Hkv; h++) {
-        const int32_t *idx = pl->idx + (size_t)h * B;
+        int B;
+        const int32_t *idx = kvs_plan_head(g->p, l, h, &B); /* [B]: ragged plans, each head its own */
         float *o = g->out + (((size_t)(2 * l + is_v) * Hkv + h) * g->maxB) * d; /* [B][d] */
         kvs_view_gather_f32(x, h, idx, B, o);
     }
@@ -604,7 +604,10 @@ static kvs_status run_cpu(kvs_overhead *x, const kvs_experiment *e, const kvs_ce
     } else {
         int maxB = 1;
         for (int l = 0; l < L; l++)
-            if (last.layers[l].budget > maxB) maxB = last.layers[l].budget;
+            for (int h = 0; h < in->Hkv; h++) /* the largest head (ragged plans) */
+                maxB = last.layers[l].counts && last.layers[l].counts[h] > maxB ? last.layers[l].counts[h]
+                       : last.layers[l].budget > maxB                            ? last.layers[l].budget
+                                                                                 : maxB;
         scratch = malloc(sizeof *scratch * 2 * (size_t)L * in->Hkv * maxB * in->d); /* [L][2][Hkv][maxB][d] */
     }
     if (dk != DOM_DCT && !scratch) {
@@ -613,7 +616,10 @@ static kvs_status run_cpu(kvs_overhead *x, const kvs_experiment *e, const kvs_ce
     }
     int maxB = 1;
     for (int l = 0; l < L; l++)
-        if (last.layers[l].budget > maxB) maxB = last.layers[l].budget;
+        for (int h = 0; h < in->Hkv; h++)
+            maxB = last.layers[l].counts && last.layers[l].counts[h] > maxB ? last.layers[l].counts[h]
+                   : last.layers[l].budget > maxB                            ? last.layers[l].budget
+                                                                             : maxB;
     for (int it = 0; it < 1 + DR; it++) {
         int s = it % S;
         const kvs_layer *ly = &work[(size_t)s * L];

@@ -330,6 +330,12 @@ kvs_status kvs_dump_write(const char *path, const kvs_dense_cache *c, kvs_dtype 
                             ly->n_kv_heads, ly->n_tokens, ly->head_dim);
             goto cleanup;
         }
+        if (ly->counts) { /* [Hkv, B_l, d] cannot hold heads of different lengths */
+            st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                            "%s: layer %d has ragged per-head counts; the dump format is [Hkv, B, d] only",
+                            path, l);
+            goto cleanup;
+        }
         size_t kv = (size_t)ly->n_kv_heads * (size_t)ly->n_tokens * (size_t)ly->head_dim;
         const float *srcs[4] = {ly->k, ly->v, ly->q, probes ? probes[l] : NULL};
         int64_t shp[4][3] = {{ly->n_kv_heads, ly->n_tokens, ly->head_dim},

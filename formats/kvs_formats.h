@@ -102,6 +102,8 @@ kvs_status kvs_dump_write(const char *path, const kvs_dense_cache *c, kvs_dtype 
 
 /* {"method": M, "params": {...}, "n_tokens": N, "merge": "none",
  *  "layers": [{"budget": B_l, "heads": [[...], ...]}, ...]}
+ * A ragged layer adds "counts": [c_0, ..., c_{Hkv-1}] (sum Hkv * B_l) and
+ * head h's array holds c_h indices; files without "counts" are dense.
  * Returns malloc'd text (caller frees) or NULL on allocation failure. */
 char *kvs_plan_to_json(const kvs_plan *p, const kvs_method *m, const kvs_params *params);
 /* Parse and check (kvs_plan_check) a plan; errors name the JSON field. */

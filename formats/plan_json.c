@@ -100,12 +100,22 @@ char *kvs_plan_to_json(const kvs_plan *p, const kvs_method *m, const kvs_params 
         const kvs_plan_layer *pl = &p->layers[l];
         sb_str(&lay, l ? ",\n{\"budget\":" : "\n{\"budget\":");
         sb_int(&lay, pl->budget);
+        if (pl->counts) { /* ragged layer: each head's count */
+            sb_str(&lay, ",\"counts\":[");
+            for (int h = 0; h < p->n_kv_heads; h++) {
+                if (h) sb_put(&lay, ",", 1);
+                sb_int(&lay, pl->counts[h]);
+            }
+            sb_str(&lay, "]");
+        }
         sb_str(&lay, ",\"heads\":[");
         for (int h = 0; h < p->n_kv_heads; h++) {
+            int Bh;
+            const int32_t *row = kvs_plan_head(p, l, h, &Bh);
             sb_str(&lay, h ? ",[" : "[");
-            for (int i = 0; i < pl->budget; i++) {
+            for (int i = 0; i < Bh; i++) {
                 if (i) sb_put(&lay, ",", 1);
-                sb_int(&lay, pl->idx[(size_t)h * (size_t)pl->budget + (size_t)i]);
+                sb_int(&lay, row[i]);
             }
             sb_str(&lay, "]");
         }
@@ -136,7 +146,7 @@ kvs_status kvs_plan_from_json(const char *text, kvs_plan *p, kvs_err *err) {
     assert(p);
     memset(p, 0, sizeof *p);
     kvs_status st = KVS_OK;
-    int *budgets = NULL;
+    int *budgets = NULL, *counts = NULL;
     cJSON *root = text ? cJSON_Parse(text) : NULL;
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
@@ -264,9 +274,47 @@ kvs_status kvs_plan_from_json(const char *text, kvs_plan *p, kvs_err *err) {
             goto cleanup;
         }
         budgets[l] = (int)B;
+        if (!counts) {
+            counts = malloc(sizeof(int) * (size_t)L * (size_t)Hkv); /* [L][Hkv] */
+            if (!counts) {
+                st = kvs_errorf(err, KVS_ERR_NOMEM, "plan: out of memory for %d x %d counts", L, Hkv);
+                goto cleanup;
+            }
+        }
+        int *cl = counts + (size_t)l * Hkv;
+        const cJSON *jc = cJSON_GetObjectItemCaseSensitive(ly, "counts");
+        if (!jc)
+            for (int h = 0; h < Hkv; h++) cl[h] = (int)B; /* dense layer (and every older file) */
+        else {
+            if (!cJSON_IsArray(jc) || cJSON_GetArraySize(jc) != Hkv) {
+                st = kvs_errorf(err, KVS_ERR_FORMAT, "plan: layers[%d].counts: must be an array of %d counts",
+                                l, Hkv);
+                goto cleanup;
+            }
+            long long sum = 0;
+            int h = 0;
+            const cJSON *x;
+            cJSON_ArrayForEach(x, jc) {
+                long long c;
+                if (!json_int(x, 1, N, &c)) {
+                    st = kvs_errorf(err, KVS_ERR_FORMAT,
+                                    "plan: layers[%d].counts[%d]: not an integer in [1, n_tokens = %lld]", l, h,
+                                    N);
+                    goto cleanup;
+                }
+                cl[h++] = (int)c;
+                sum += c;
+            }
+            if (sum != (long long)Hkv * B) {
+                st = kvs_errorf(err, KVS_ERR_FORMAT,
+                                "plan: layers[%d].counts: sum %lld is not heads x budget = %d x %lld", l, sum,
+                                Hkv, B);
+                goto cleanup;
+            }
+        }
         l++;
     }
-    st = kvs_plan_init(p, jm->valuestring, L, Hkv, (int)N, budgets, err);
+    st = kvs_plan_init_ragged(p, jm->valuestring, L, Hkv, (int)N, counts, err);
     if (st) {
         kvs_err_prefix(err, "plan");
         goto cleanup;
@@ -276,17 +324,18 @@ kvs_status kvs_plan_from_json(const char *text, kvs_plan *p, kvs_err *err) {
     l = 0;
     cJSON_ArrayForEach(ly, jl) {
         const cJSON *jh = cJSON_GetObjectItemCaseSensitive(ly, "heads");
-        int B = budgets[l];
         int h = 0;
         const cJSON *row;
         cJSON_ArrayForEach(row, jh) {
+            int B;
+            int32_t *dst = kvs_plan_head(p, l, h, &B);
             if (!cJSON_IsArray(row) || cJSON_GetArraySize(row) != B) {
                 st = kvs_errorf(err, KVS_ERR_FORMAT,
-                                "plan: layers[%d].heads[%d]: must be an array of budget = %d indices (has %d)",
-                                l, h, B, cJSON_IsArray(row) ? cJSON_GetArraySize(row) : -1);
+                                "plan: layers[%d].heads[%d]: must be an array of %s = %d indices (has %d)",
+                                l, h, p->layers[l].counts ? "counts[h]" : "budget", B,
+                                cJSON_IsArray(row) ? cJSON_GetArraySize(row) : -1);
                 goto cleanup;
             }
-            int32_t *dst = p->layers[l].idx + (size_t)h * (size_t)B;
             int i = 0;
             const cJSON *x;
             cJSON_ArrayForEach(x, row) {
@@ -319,6 +368,7 @@ kvs_status kvs_plan_from_json(const char *text, kvs_plan *p, kvs_err *err) {
 
 cleanup:
     free(budgets);
+    free(counts);
     cJSON_Delete(root);
     if (st && p->layers) kvs_plan_free(p);
     if (st) memset(p, 0, sizeof *p);

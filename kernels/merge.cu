@@ -234,6 +234,10 @@ extern "C" kvs_status kvs_gpu_apply_layer(kvs_gpu_workspace *ws, const kvs_layer
     if (plan->merge < KVS_MERGE_NONE || plan->merge > KVS_MERGE_WEIGHTED)
         return kvs_errorf(err, KVS_ERR_INVALID, "kvs_gpu_apply_layer: unknown merge %d",
                           (int)plan->merge);
+    if (plan->layers[layer].counts)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "kvs_gpu_apply_layer: layer %d: ragged per-head counts are not implemented "
+                          "on GPU (apply the plan on the host)", layer);
     if (B < 1 || B > N || !plan->layers[layer].idx)
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "kvs_gpu_apply_layer: layer %d: budget %d outside [1, N = %d]", layer, B,

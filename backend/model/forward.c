@@ -161,7 +161,7 @@ typedef struct {
 /* The first row of KV head g of layer c (len rows) that a query at position
  * pos sees: 0, or in a sliding-window layer the first inside the window. */
 static int att_first_row(const kv_layer *c, int g, int len, int pos, int window) {
-    return window <= 0 ? 0 : kvs_kv_first_visible(c->pos + (size_t)g * c->cap, len, pos, window);
+    return window <= 0 ? 0 : kvs_kv_first_visible(kvs_kv_pos(c, g), len, pos, window);
 }
 
 /* Jobs are (sequence, KV head, part of its query heads): the heads of a job
@@ -183,7 +183,7 @@ static void att_run(void *arg, int ith, int nth) {
         int h0 = g * G + G * part / ns, nh = g * G + G * (part + 1) / ns - h0;
         const kvs_session *s = j->ss[i];
         const kv_layer *c = &s->kv[j->l];
-        const int ct = s->ctype, pos = j->db->pos[i], len = j->db->lim[i];
+        const int ct = s->ctype, pos = j->db->pos[i], len = j->db->lim[i] - kvs_kv_lag(c, g);
         const uint8_t *K = kvs_kv_row(s, c, c->k, g, 0), *V = kvs_kv_row(s, c, c->v, g, 0);
         const int j0 = att_first_row(c, g, len, pos, j->window);
         /* head h0 + k's scores at sc + k * scs, indexed by row */
@@ -229,7 +229,7 @@ static void att_split_run(void *arg, int ith, int nth) {
         const int g = j->phase == 1 ? job % Hq / G : job % (Hkv * P) / P, part = job % P;
         const kvs_session *s = j->ss[i];
         const kv_layer *c = &s->kv[j->l];
-        const int ct = s->ctype, len = j->db->lim[i];
+        const int ct = s->ctype, len = j->db->lim[i] - kvs_kv_lag(c, g);
         const int j0 = att_first_row(c, g, len, j->db->pos[i], j->window);
         float *sc = s->scores + (size_t)g * G * s->n_ctx; /* head g G + k's scores at sc + k n_ctx */
         const float *qh = j->db->q + ((size_t)i * Hq + (size_t)g * G) * D;
@@ -317,9 +317,10 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
                            (size_t)D * 4);
             assert(c->len < c->cap);
             for (int g = 0; g < Hkv; g++) {
-                kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, c->len), D);
-                kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, c->len), D);
-                c->pos[(size_t)g * c->cap + c->len] = pos;
+                const int row = c->len - kvs_kv_lag(c, g); /* ragged heads: after the head's own rows */
+                kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, row), D);
+                kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, row), D);
+                kvs_kv_pos(c, g)[row] = pos;
             }
             c->len++;
             db->lim[i] = c->len;
@@ -615,9 +616,10 @@ static void at_run(void *arg, int ith, int nth) {
     int conv_g = -1, conv_lo = 0, conv_hi = 0; /* rows of KV head conv_g already in the fp32 tiles */
     for (int job = ith; job < Hq * ntile; job += nth) {
         int h = job / ntile, t0 = (job % ntile) * KVS_QTILE, g = h / G;
-        const int32_t *P = c->pos + (size_t)g * c->cap;
+        const int32_t *P = kvs_kv_pos(c, g);
+        const int len0 = j->len0 - kvs_kv_lag(c, g); /* rows of head g before the chunk */
         int tq = T - t0 < KVS_QTILE ? T - t0 : KVS_QTILE;
-        int pf = j->p0 + t0, kmax = j->len0 + t0 + tq;
+        int pf = j->p0 + t0, kmax = len0 + t0 + tq;
         int kmin = j->window > 0 ? first_in_window(P, 0, kmax, pf, j->window) : 0;
         int nk = kmax - kmin;
         assert(nk <= b->kmax);
@@ -644,8 +646,8 @@ static void at_run(void *arg, int ith, int nth) {
         for (int i = 0; i < tq; i++) {
             float *r = S + (size_t)i * nk;
             int p = pf + i;
-            if (j->window > 0) lo = first_in_window(P, lo, j->len0 + t0 + i + 1, p, j->window);
-            int a = lo - kmin, e = j->len0 + t0 + i + 1 - kmin; /* valid keys [a, e) */
+            if (j->window > 0) lo = first_in_window(P, lo, len0 + t0 + i + 1, p, j->window);
+            int a = lo - kmin, e = len0 + t0 + i + 1 - kmin; /* valid keys [a, e) */
             assert(0 <= a && a <= e && e <= nk);
             const float mx = kvs_vmax(r + a, e - a);
             double sum = kvs_vexp_sub(r + a, e - a, mx);
@@ -693,11 +695,12 @@ static void ew_run(void *arg, int ith, int nth) {
             for (int h = 0; h < Hkv; h++) rope_apply(k + (size_t)h * D, D, b->cs + tab, b->sn + tab, m->rope_neox);
             /* cache K, V of position p at row len0 + t */
             kv_layer *c = j->c;
-            int p = j->p0 + t, row = j->len0 + t;
+            int p = j->p0 + t;
             for (int g = 0; g < Hkv; g++) {
+                const int row = j->len0 - kvs_kv_lag(c, g) + t; /* ragged heads: each after its own rows */
                 kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, row), D);
                 kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, row), D);
-                c->pos[(size_t)g * c->cap + row] = p;
+                kvs_kv_pos(c, g)[row] = p;
             }
             int first = j->n_total - c->nq; /* record queries of positions [n_total - nq, n_total) */
             if (j->rec && c->q && p >= first)

@@ -370,6 +370,8 @@ typedef struct {
     int n_prompt; /* prompt length the cache was built from */
     int is_local[KVS_MAX_LAYERS];
     int compressed[KVS_MAX_LAYERS];
+    /* rows per KV head; a layer with ragged heads: the mean (exact, the
+     * heads' rows sum to Hkv x tokens_after); bytes: each head's own rows */
     int64_t tokens_before[KVS_MAX_LAYERS], tokens_after[KVS_MAX_LAYERS];
     int64_t bytes_before[KVS_MAX_LAYERS], bytes_after[KVS_MAX_LAYERS];
     int64_t bytes_before_local, bytes_after_local, bytes_before_global, bytes_after_global;
@@ -385,7 +387,13 @@ typedef struct {
  * buffers reallocated to kept + remaining context (bytes really freed); the
  * fp32 rows of kvs_apply are written back in the cache type. Does not trim
  * sliding-window layers (kvs_session_compress does, or kvs_session_trim_local).
- * The session must hold an uncompressed prefill cache. stats may be NULL. */
+ * The session must hold an uncompressed prefill cache. stats may be NULL.
+ * A ragged plan (kvs_plan_is_ragged: adakv) gives each KV head of a global
+ * layer its own row count: every head stores and attends to only its kept
+ * rows (no mask, no padding): the heads are packed, each with its kept rows
+ * plus the room to decode, and bytes_after counts each head's own rows. Ragged counts on a
+ * sliding-window layer are KVS_ERR_UNSUPPORTED (the trim drops rows of all
+ * heads at once). */
 kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map,
                                   kvs_kv_stats *stats, kvs_err *err);
 

@@ -52,6 +52,7 @@ static void kv_layer_free(kv_layer *c) {
     free(c->v);
     free(c->pos);
     free(c->q);
+    free(c->lag);
     memset(c, 0, sizeof *c);
 }
 
@@ -118,17 +119,24 @@ void kvs_session_free(kvs_session *s) {
     free(s);
 }
 
-/* (Re)allocate a layer's buffers with capacity cap (contents undefined). */
-static kvs_status kv_alloc(kv_layer *c, int Hkv, int D, int cap, size_t esz, kvs_err *err) {
+/* (Re)allocate a layer's buffers with capacity cap (contents undefined);
+ * lag [Hkv] (or NULL) packs ragged heads: head g gets cap - lag[g] rows, and
+ * the layer keeps a copy of lag. */
+static kvs_status kv_alloc(kv_layer *c, int Hkv, int D, int cap, const int32_t *lag, size_t esz, kvs_err *err) {
     free(c->k);
     free(c->v);
     free(c->pos);
-    c->k = malloc((size_t)Hkv * cap * D * esz);
-    c->v = malloc((size_t)Hkv * cap * D * esz);
-    c->pos = malloc((size_t)Hkv * cap * sizeof(int32_t));
+    free(c->lag);
+    c->lag = NULL;
+    size_t rows = (size_t)Hkv * cap;
+    for (int g = 0; lag && g < Hkv; g++) rows -= (size_t)lag[g];
+    c->k = malloc(rows * D * esz);
+    c->v = malloc(rows * D * esz);
+    c->pos = malloc(rows * sizeof(int32_t));
+    if (lag && (c->lag = malloc(sizeof(int32_t) * (size_t)Hkv))) memcpy(c->lag, lag, sizeof(int32_t) * (size_t)Hkv);
     c->cap = cap;
     c->len = 0;
-    if (!c->k || !c->v || !c->pos) {
+    if (!c->k || !c->v || !c->pos || (lag && !c->lag)) {
         c->cap = 0; /* kvs_session_reset reallocates; prefill reports it */
         return kvs_errorf(err, KVS_ERR_NOMEM, "KV cache: out of memory for %d positions", cap);
     }
@@ -184,7 +192,7 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
     }
     /* capacity n_ctx per layer: pages are only committed when written */
     for (int l = 0; l < L; l++)
-        if ((st = kv_alloc(&s->kv[l], Hkv, D, s->n_ctx, s->esz, err))) goto cleanup;
+        if ((st = kv_alloc(&s->kv[l], Hkv, D, s->n_ctx, NULL, s->esz, err))) goto cleanup;
     /* the pool parallelises sgemm calls itself (each thread its own block) */
     openblas_set_num_threads(1);
     *out = s;
@@ -201,8 +209,11 @@ void kvs_session_reset(kvs_session *s) {
         free(c->q);
         c->q = NULL;
         c->nq = 0;
-        if (c->cap != s->n_ctx) {
-            kvs_status st = kv_alloc(c, MI->n_kv_heads, MI->head_dim, s->n_ctx, s->esz, NULL);
+        const int packed = c->lag != NULL; /* ragged buffers are smaller than Hkv x cap */
+        free(c->lag);
+        c->lag = NULL;
+        if (c->cap != s->n_ctx || packed) {
+            kvs_status st = kv_alloc(c, MI->n_kv_heads, MI->head_dim, s->n_ctx, NULL, s->esz, NULL);
             if (st) c->cap = 0; /* next prefill reports the allocation failure */
         }
         c->len = 0;
@@ -239,7 +250,7 @@ static int window_cap(const kvs_session *s) {
 static int kv_droppable(const kvs_session *s, const kv_layer *c, int p) {
     const int Hkv = s->m->info.n_kv_heads, W = s->m->info.sliding_window;
     int drop = c->len;
-    for (int g = 0; g < Hkv && drop > 0; g++) drop = kvs_kv_first_visible(c->pos + (size_t)g * c->cap, drop, p, W);
+    for (int g = 0; g < Hkv && drop > 0; g++) drop = kvs_kv_first_visible(kvs_kv_pos(c, g), drop, p, W);
     return drop;
 }
 
@@ -252,7 +263,7 @@ static void kv_drop_old(const kvs_session *s, kv_layer *c, int p) {
     for (int g = 0; g < Hkv; g++) {
         memmove(kvs_kv_row(s, c, c->k, g, 0), kvs_kv_row(s, c, c->k, g, drop), (size_t)keep * D * s->esz);
         memmove(kvs_kv_row(s, c, c->v, g, 0), kvs_kv_row(s, c, c->v, g, drop), (size_t)keep * D * s->esz);
-        int32_t *P = c->pos + (size_t)g * c->cap;
+        int32_t *P = kvs_kv_pos(c, g);
         memmove(P, P + drop, (size_t)keep * sizeof *P);
     }
     c->len = keep;
@@ -301,7 +312,7 @@ kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
         for (int g = 0; g < Hkv; g++) {
             memcpy(kvs_kv_row(s, &n, n.k, g, 0), kvs_kv_row(s, c, c->k, g, 0), (size_t)c->len * D * s->esz);
             memcpy(kvs_kv_row(s, &n, n.v, g, 0), kvs_kv_row(s, c, c->v, g, 0), (size_t)c->len * D * s->esz);
-            memcpy(n.pos + (size_t)g * cap, c->pos + (size_t)g * c->cap, (size_t)c->len * sizeof(int32_t));
+            memcpy(kvs_kv_pos(&n, g), kvs_kv_pos(c, g), (size_t)c->len * sizeof(int32_t));
         }
         free(c->k);
         free(c->v);
@@ -338,6 +349,9 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         c->nq = 0;
         c->len = 0;
         c->compressed = c->bounded = 0;
+        if (c->lag) c->cap = -1; /* packed (smaller) buffers: reallocate below */
+        free(c->lag);
+        c->lag = NULL;
     }
     dst->n_past = dst->n_prompt = 0;
     for (int l = 0; l < MI->n_layers; l++) {
@@ -345,17 +359,18 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         kv_layer *c = &dst->kv[l];
         int cap = a->len + (dst->n_ctx - src->n_past);
         if (a->bounded && cap > window_cap(src)) cap = a->len < window_cap(src) ? window_cap(src) : a->len + 1;
-        if (c->cap != cap) {
-            kvs_status st = kv_alloc(c, Hkv, D, cap, dst->esz, err);
+        if (c->cap != cap || a->lag) {
+            kvs_status st = kv_alloc(c, Hkv, D, cap, a->lag, dst->esz, err);
             if (st) {
                 kvs_session_reset(dst);
                 return st;
             }
         }
-        for (int g = 0; g < Hkv; g++) {
-            memcpy(kvs_kv_row(dst, c, c->k, g, 0), kvs_kv_row(src, a, a->k, g, 0), (size_t)a->len * D * src->esz);
-            memcpy(kvs_kv_row(dst, c, c->v, g, 0), kvs_kv_row(src, a, a->v, g, 0), (size_t)a->len * D * src->esz);
-            memcpy(c->pos + (size_t)g * cap, a->pos + (size_t)g * a->cap, (size_t)a->len * 4);
+        for (int g = 0; g < Hkv; g++) { /* each head's own rows */
+            const size_t rows = (size_t)(a->len - kvs_kv_lag(a, g));
+            memcpy(kvs_kv_row(dst, c, c->k, g, 0), kvs_kv_row(src, a, a->k, g, 0), rows * D * src->esz);
+            memcpy(kvs_kv_row(dst, c, c->v, g, 0), kvs_kv_row(src, a, a->v, g, 0), rows * D * src->esz);
+            memcpy(kvs_kv_pos(c, g), kvs_kv_pos(a, g), rows * 4);
         }
         c->len = a->len;
         c->compressed = a->compressed;
@@ -423,6 +438,13 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
         st->tokens_after[l] = c->len;
         st->bytes_before[l] = (int64_t)s->n_prompt * row_bytes(s);
         st->bytes_after[l] = (int64_t)c->len * row_bytes(s);
+        if (c->lag) { /* ragged heads: each head's own rows (K and V) */
+            int64_t lagged = 0;
+            for (int g = 0; g < MI->n_kv_heads; g++) lagged += c->lag[g];
+            st->bytes_after[l] -= lagged * MI->head_dim * 2 * (int64_t)s->esz;
+            /* the mean per head, exact: the heads' rows sum to Hkv x that */
+            st->tokens_after[l] = ((int64_t)MI->n_kv_heads * c->len - lagged) / MI->n_kv_heads;
+        }
         if (st->is_local[l]) {
             st->bytes_before_local += st->bytes_before[l];
             st->bytes_after_local += st->bytes_after[l];
@@ -470,6 +492,14 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
                             c->len, s->n_prompt);
             goto cleanup;
         }
+        if (plan->layers[pl].counts && s->m->layers[l].is_local) {
+            /* the sliding-window trim drops rows of all heads at once */
+            st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                            "apply plan: plan of %s keeps different counts per KV head in sliding-window layer %d; "
+                            "ragged heads are implemented for global layers only",
+                            plan->method, l);
+            goto cleanup;
+        }
         views[pl].k = (kvs_view){c->k, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
         views[pl].v = (kvs_view){c->v, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
         views[pl].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, D, 0, D};
@@ -481,33 +511,55 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
         int l = layer_map[pl];
         kv_layer *c = &s->kv[l];
         const kvs_dense_layer *dl = &dense.layers[pl];
-        int B = plan->layers[pl].budget;
-        assert(dl->n_tokens == B && dl->n_kv_heads == Hkv && dl->head_dim == D);
+        /* len = the longest head; a ragged head g holds len - lag[g] rows */
+        int B = 0;
+        for (int g = 0; g < Hkv; g++) {
+            int Bg;
+            kvs_plan_head(plan, pl, g, &Bg);
+            B = Bg > B ? Bg : B;
+        }
+        assert(dl->n_kv_heads == Hkv && dl->head_dim == D);
         int cap = B + room;
-        uint8_t *nk = malloc((size_t)Hkv * cap * D * s->esz), *nv = malloc((size_t)Hkv * cap * D * s->esz);
-        int32_t *np = malloc((size_t)Hkv * cap * 4);
-        if (!nk || !nv || !np) {
-            free(nk);
-            free(nv);
-            free(np);
+        int32_t *lag = plan->layers[pl].counts ? malloc(sizeof(int32_t) * (size_t)Hkv) : NULL; /* [Hkv] */
+        if (plan->layers[pl].counts && !lag) {
             st = kvs_errorf(err, KVS_ERR_NOMEM, "apply plan: layer %d: out of memory", l);
             goto cleanup;
         }
-        for (int g = 0; g < Hkv; g++) {
-            /* kvs_apply's dense output is fp32: back to the cache type */
-            kvs_cache_from_f32(s->ctype, dl->k + (size_t)g * B * D, nk + (size_t)g * cap * D * s->esz, B * D);
-            kvs_cache_from_f32(s->ctype, dl->v + (size_t)g * B * D, nv + (size_t)g * cap * D * s->esz, B * D);
-            for (int i = 0; i < B; i++) np[(size_t)g * cap + i] = plan->layers[pl].idx[(size_t)g * B + i];
+        for (int g = 0; lag && g < Hkv; g++) {
+            int Bg;
+            kvs_plan_head(plan, pl, g, &Bg);
+            lag[g] = B - Bg;
         }
+        /* the new buffers: each head its kept rows plus the room to decode
+         * (ragged heads packed, kv_alloc), then the kept rows */
+        kv_layer n = {0};
+        st = kv_alloc(&n, Hkv, D, cap, lag, s->esz, err);
+        free(lag);
+        if (st) {
+            kv_layer_free(&n);
+            kvs_err_prefix(err, "apply plan: layer %d", l);
+            goto cleanup;
+        }
+        for (int g = 0; g < Hkv; g++) {
+            int Bg;
+            const int32_t *row = kvs_plan_head(plan, pl, g, &Bg);
+            const int64_t off = kvs_dense_head(dl, g, NULL);
+            /* kvs_apply's dense output is fp32: back to the cache type */
+            kvs_cache_from_f32(s->ctype, dl->k + (size_t)off * D, kvs_kv_row(s, &n, n.k, g, 0), Bg * D);
+            kvs_cache_from_f32(s->ctype, dl->v + (size_t)off * D, kvs_kv_row(s, &n, n.v, g, 0), Bg * D);
+            memcpy(kvs_kv_pos(&n, g), row, sizeof(int32_t) * (size_t)Bg);
+        }
+        free(c->lag);
         free(c->k);
         free(c->v);
         free(c->pos);
         free(c->q);
         c->q = NULL;
         c->nq = 0;
-        c->k = nk;
-        c->v = nv;
-        c->pos = np;
+        c->lag = n.lag;
+        c->k = n.k;
+        c->v = n.v;
+        c->pos = n.pos;
         c->cap = cap;
         c->len = B;
         c->compressed = 1;

@@ -22,7 +22,26 @@ typedef struct {
     int bounded;    /* sliding-window layer trimmed to its window: cap <= window + slack, old rows dropped */
     float *q;       /* [Hq][nq][D] recorded queries (post-RoPE, fp32), or NULL */
     int nq;
+    int32_t *lag;   /* [Hkv] or NULL: after a ragged plan (per-head counts) head g holds
+                       len - lag[g] rows in a capacity of cap - lag[g] (heads packed one
+                       after the other: only each head's own rows are stored); every step
+                       appends one row to every head, so the lags stay fixed; attention
+                       reads only a head's own rows */
 } kv_layer;
+
+/* Rows head g of layer c holds fewer than c->len (0 unless ragged). */
+static inline int kvs_kv_lag(const kv_layer *c, int g) { return c->lag ? c->lag[g] : 0; }
+
+/* First row of head g in layer c's buffers: g * cap, or packed after the
+ * shorter capacities of the heads before it (ragged). */
+static inline size_t kvs_kv_off(const kv_layer *c, int g) {
+    size_t off = (size_t)g * c->cap;
+    for (int i = 0; c->lag && i < g; i++) off -= (size_t)c->lag[i];
+    return off;
+}
+
+/* Original positions of head g's rows. */
+static inline int32_t *kvs_kv_pos(const kv_layer *c, int g) { return c->pos + kvs_kv_off(c, g); }
 
 /* Decode scratch for up to cap sequences (allocated once). */
 typedef struct {
@@ -70,7 +89,7 @@ static inline int kvs_kv_first_visible(const int32_t *P, int n, int pos, int win
 
 /* Row n of KV head g (K or V buffer of layer c). */
 static inline uint8_t *kvs_kv_row(const kvs_session *s, const kv_layer *c, uint8_t *base, int g, int n) {
-    return base + ((size_t)g * c->cap + (size_t)n) * s->m->info.head_dim * s->esz;
+    return base + (kvs_kv_off(c, g) + (size_t)n) * s->m->info.head_dim * s->esz;
 }
 
 /* session.c */

@@ -143,13 +143,16 @@ int srv_span_kept(const kvs_server *s, const gen_req *g, const kvs_plan *plan, c
     for (int i = 0; i < g->n_spans * L; i++) o->span_kept[i] = 1.0;
     if (!plan) return 0;
     for (int pl = 0; pl < plan->n_layers; pl++) {
-        const int l = layer_map[pl], B = plan->layers[pl].budget, H = plan->n_kv_heads;
+        const int l = layer_map[pl], H = plan->n_kv_heads;
         for (int k = 0; k < g->n_spans; k++) {
             const kv_span *p = &g->spans[k];
             if (p->n_tokens == 0) continue;
             long long kept = 0;
-            for (int h = 0; h < H; h++)
-                for (int j = 0; j < B; j++) kept += p->in[plan->layers[pl].idx[(size_t)h * B + j]];
+            for (int h = 0; h < H; h++) {
+                int B;
+                const int32_t *row = kvs_plan_head(plan, pl, h, &B); /* ragged plans: each head's count */
+                for (int j = 0; j < B; j++) kept += p->in[row[j]];
+            }
             o->span_kept[(size_t)k * L + l] = (double)kept / ((double)H * p->n_tokens);
         }
     }

@@ -4,9 +4,10 @@
  * What it is: create (check the parameter values against their declared
  * ranges, the composition's shape rules, create the scorer), observe (host
  * views only, layers in order, shapes; the scorer writes the layer's
- * [Hkv][N] scores), select (the allocator's layer budgets, then per layer the
- * protect rules' prefix / suffix and the pick rule on what is between; see
- * kvs_parts.h), destroy.
+ * [Hkv][N] scores), select (the allocator's layer budgets, the head
+ * allocator's per-head counts when the composition has one (a ragged plan),
+ * then per layer the protect rules' prefix / suffix and the pick rule on
+ * what is between; see kvs_parts.h), destroy.
  * Memory: the scores [L][Hkv][N] (O(N) per head, as h2o), the scorer's own
  * O(N) scratch and one pick workspace of N entries; nothing per token is
  * allocated in a loop.
@@ -174,23 +175,49 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
     if (per_layer < 1 || per_layer > N)
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: per-layer budget %d outside [1, N=%d]", mn,
                           per_layer, N);
-    int *budgets = malloc(sizeof(int) * (size_t)L);
+    int *budgets = malloc(sizeof(int) * (size_t)L), *counts = NULL;
     if (!budgets) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", mn);
     kvs_status rc = st->comp->allocator->allocate(&st->ctx, per_layer, budgets, err);
     if (rc) {
         kvs_err_prefix(err, "%s: allocator %s", mn, st->comp->allocator->name);
         goto cleanup;
     }
-    rc = kvs_plan_init(out, mn, L, H, N, budgets, err);
+    if (st->comp->heads) {
+        counts = malloc(sizeof(int) * (size_t)L * (size_t)H); /* [L][Hkv] */
+        if (!counts) {
+            rc = kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", mn);
+            goto cleanup;
+        }
+        for (int l = 0; l < L && !rc; l++) {
+            const int B = budgets[l];
+            int *cl = counts + (size_t)l * H, p = 0, q = 0;
+            if (B < N) protect(st, N, B, &p, &q);
+            const int k = B - p - q;
+            if (B >= N || k < 1) { /* nothing to move between heads */
+                for (int h = 0; h < H; h++) cl[h] = B;
+                continue;
+            }
+            const float *sc = st->scores + (size_t)l * H * (size_t)N; /* [Hkv][N] */
+            rc = st->comp->heads->split(&st->ctx, l, sc, p, N - q, k, cl, err);
+            if (rc) {
+                kvs_err_prefix(err, "%s: head allocator %s", mn, st->comp->heads->name);
+                goto cleanup;
+            }
+            for (int h = 0; h < H; h++) cl[h] += p + q;
+        }
+        rc = kvs_plan_init_ragged(out, mn, L, H, N, counts, err);
+    } else
+        rc = kvs_plan_init(out, mn, L, H, N, budgets, err);
     if (rc) goto cleanup;
     out->merge = st->comp->merge;
     for (int l = 0; l < L && !rc; l++) {
         const int B = budgets[l];
         int p = 0, q = 0;
         if (B < N) protect(st, N, B, &p, &q);
-        const int k = B - p - q;
         for (int h = 0; h < H && !rc; h++) {
-            int32_t *row = out->layers[l].idx + (size_t)h * (size_t)B; /* [B] */
+            int Bh;
+            int32_t *row = kvs_plan_head(out, l, h, &Bh); /* [Bh]; Bh == B without a head allocator */
+            const int k = Bh - p - q;
             if (B >= N) {
                 for (int j = 0; j < N; j++) row[j] = j;
                 continue;
@@ -207,5 +234,6 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
     if (rc) kvs_plan_free(out);
 cleanup:
     free(budgets);
+    free(counts);
     return rc;
 }

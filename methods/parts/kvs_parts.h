@@ -10,6 +10,8 @@
  *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
  *              expected_attention, lagkv
  *   allocator  splits the global budget L * B over layers: uniform, pyramid
+ *   head allocator (optional) splits a layer's budget over its KV heads by
+ *              the layer's scores: adakv (ragged per-head counts)
  *   keep rules protect rules (a prefix or a suffix of the prompt that is
  *              always kept): sinks, window; and the pick rule, how the rest of
  *              a head's budget is chosen among the unprotected tokens by
@@ -30,12 +32,19 @@
  *   order, each take min(count, what is left of B_l) tokens at their end of
  *   the prompt (sinks [0, p), window [N - q, N)); the pick rule chooses the
  *   remaining B_l - p - q tokens of [p, N - q) by the layer's scores.
- *   Every KV head of a layer keeps the same count B_l.
+ *   Without a head allocator every KV head of a layer keeps the same count
+ *   B_l. With one (per-head counts, ragged plans), the protect rules stay
+ *   per layer: p and q are computed from B_l as above and every head keeps
+ *   the same prefix and suffix; only the pick budget moves between heads:
+ *   the head allocator splits Hkv * (B_l - p - q) over the heads by the
+ *   layer's [Hkv][N] scores (head h picks k_h of [p, N - q), sum exact), so
+ *   head h keeps p + k_h + q tokens and the layer keeps Hkv * B_l rows, as
+ *   without it. The pick rule then picks k_h tokens of head h.
  *
  * What it is not: no GPU path (a composed method on a CUDA view fails with
  * KVS_ERR_UNSUPPORTED naming the method and "not implemented on GPU";
  * kernels' kvs_gpu_compress refuses it by name like every method without a
- * GPU driver), no merging, no ragged per-head budgets (AdaKV, later).
+ * GPU driver), no merging.
  */
 #ifndef KVS_PARTS_H
 #define KVS_PARTS_H
@@ -87,6 +96,23 @@ typedef struct {
 
 extern const kvs_allocator kvs_alloc_uniform, kvs_alloc_pyramid;
 
+/* A head allocator: splits layer `layer`'s pick budget over its KV heads.
+ * scores [Hkv][N] are the layer's (finite); every head's candidates are
+ * [lo, hi); k (1 <= k <= hi - lo) is the mean per head. counts [Hkv] out,
+ * each in [1, hi - lo], summing exactly to Hkv * k. Any scorer composes
+ * with it. */
+typedef struct {
+    const char *name;
+    kvs_status (*split)(const kvs_part_ctx *c, int layer, const float *scores, int lo, int hi,
+                        int k, int *counts, kvs_err *err);
+} kvs_head_allocator;
+
+extern const kvs_head_allocator kvs_heads_adakv;
+
+/* AdaKV's split alone (exposed for tests): see alloc_adakv.c. */
+kvs_status kvs_adakv_split(const float *scores, int Hkv, int N, int lo, int hi, int k, double alpha,
+                           int *counts, kvs_err *err);
+
 /* The pyramid schedule alone (exposed for tests): budgets [L] from layer 0
  * (bottom, most) to L - 1 (top, least); see alloc_pyramid.c. */
 kvs_status kvs_pyramid_budgets(int L, int N, int per_layer, int window, double beta, int *budgets,
@@ -134,6 +160,7 @@ extern const kvs_pick_rule kvs_pick_topk, kvs_pick_chunk;
 typedef struct {
     const kvs_scorer *scorer;
     const kvs_allocator *allocator;
+    const kvs_head_allocator *heads;               /* NULL: equal counts per head */
     const kvs_keep_rule *keep[KVS_PARTS_MAX_KEEP]; /* priority order; NULL ends */
     const kvs_pick_rule *pick;
     kvs_merge merge; /* KVS_MERGE_NONE only in this slice */
@@ -180,6 +207,9 @@ void kvs_compose_destroy(void *state);
 #define KVS_PARTS_P_ANCHOR(def) \
     {"anchor", KVS_PARAM_ENUM, (def), 0, 1, "normalized|raw", \
      "KeyDiff anchor: mean of the L2-normalised keys (paper, kvpress) or of the raw keys"}
+#define KVS_PARTS_P_ALPHA(def) \
+    {"alpha", KVS_PARAM_FLOAT, (def), 0.0, 1.0, NULL, \
+     "AdaKV safeguard: every head keeps at least floor(alpha * b) of the layer's mean pick budget b"}
 #define KVS_PARTS_P_SEED(def) \
     {"seed", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
      "seed of the per-(layer, head) random score streams"}
@@ -295,7 +325,8 @@ char *kvs_composition_json(const kvs_composition *comp, const kvs_method *m, con
 
 extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_pyramidkv, kvs_preset_chunkkv, kvs_preset_snapkv_parts, kvs_preset_h2o_parts,
-    kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova;
+    kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova,
+    kvs_preset_adakv, kvs_preset_ada_pyramidkv;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

@@ -32,6 +32,12 @@
  *   pyramid_tova        tova scorer + pyramid allocator: PyramidKV's schedule
  *                       (beta 20) with TOVA's window of 1 as the per-layer
  *                       window w
+ *   adakv               snapkv scorer + uniform + adakv head allocator
+ *                       (arXiv 2407.11550): SnapKV's defaults (window 32,
+ *                       kernel 7, max pooling, so AdaKV and SnapKV at one
+ *                       ratio keep the same bytes), alpha 0.2 (kvpress)
+ *   ada_pyramidkv       pyramidkv's layer schedule and defaults + adakv
+ *                       heads (the official code's pyram_mode)
  */
 #include "kvs_parts.h"
 
@@ -169,6 +175,35 @@ KVS_PRESET(pyramid_tova, "pyramid_tova",
            "PyramidKV's layer schedule over TOVA's last-query attention", KVS_NEED_Q_WINDOW,
            {.scorer = &kvs_scorer_tova, .allocator = &kvs_alloc_pyramid,
             .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+static const kvs_param_def params_adakv[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "observation window w: the last w prompt queries vote; the window is "
+                       "always kept by every head"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_ALPHA(0.2),
+};
+KVS_PRESET(adakv, "adakv",
+           "AdaKV: SnapKV votes, one top-k over all heads of a layer (ragged per-head budgets)",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .heads = &kvs_heads_adakv, .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_ada_pyramidkv[] = {
+    KVS_PARTS_P_WINDOW(8, 1,
+                       "observation window w (SnapKV votes), always kept in every layer and head"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_BETA(20),
+    KVS_PARTS_P_ALPHA(0.2),
+};
+KVS_PRESET(ada_pyramidkv, "ada_pyramidkv",
+           "AdaKV on PyramidKV: pyramid layer schedule, then AdaKV's split over heads",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_pyramid,
+            .heads = &kvs_heads_adakv, .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
 
 static const struct {
     const kvs_method *m;
@@ -181,6 +216,8 @@ static const struct {
     {&kvs_preset_chunkkv, &comp_chunkkv},
     {&kvs_preset_expected_attention, &comp_expected_attention},
     {&kvs_preset_pyramid_tova, &comp_pyramid_tova},
+    {&kvs_preset_adakv, &comp_adakv},
+    {&kvs_preset_ada_pyramidkv, &comp_ada_pyramidkv},
     {&kvs_preset_snapkv_parts, &comp_snapkv_parts},
     {&kvs_preset_h2o_parts, &comp_h2o_parts},
     {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},

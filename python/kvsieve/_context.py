@@ -132,6 +132,15 @@ class Context:
                                             ctypes.byref(tv)))
         del kk, kv
 
+    def apply_head(self, plan, layer, head, k_out, v_out):
+        """apply for one KV head of any plan (ragged or not): k_out, v_out
+        [c_h][d] (or [1][c_h][d]), host F32/F16/BF16; host caches only."""
+        tk, kk = describe(k_out, "layer %d: head %d: k_out" % (layer, head), writable=True)
+        tv, kv = describe(v_out, "layer %d: head %d: v_out" % (layer, head), writable=True)
+        self._check(self._lib.kvs_abi_apply_head(self._handle(), plan._handle(), int(layer), int(head),
+                                                 ctypes.byref(tk), ctypes.byref(tv)))
+        del kk, kv
+
     def apply_lists(self, plan, layer, dtype="f32"):
         """apply into fresh host buffers: (k, v) as flat array.array ('f' for
         f32, 'H' holding f16 / bf16 bits), [Hkv][B_l][d] row-major."""
@@ -216,10 +225,33 @@ class Plan:
         self._ctx._check(self._ctx._lib.kvs_abi_plan_budgets(self._ctx._handle(), self._handle(), out, L))
         return list(out)
 
+    def head_counts(self, layer):
+        """Tokens kept by each KV head of `layer` (all B_l unless the layer is
+        ragged: head-adaptive methods such as adakv; they sum to Hkv * B_l)."""
+        H = self.info()["n_kv_heads"]
+        out = (ctypes.c_int32 * H)()
+        self._ctx._check(self._ctx._lib.kvs_abi_plan_head_counts(self._ctx._handle(), self._handle(), int(layer),
+                                                                 out, H))
+        return list(out)
+
+    def head_indices(self, layer, head):
+        """Kept token indices of one KV head (ascending), any plan."""
+        if not 0 <= layer < self.n_layers:
+            raise _lib.KvsError(1, "plan of %s: layer %d outside [0, %d)" % (self.method, layer, self.n_layers))
+        c = self.head_counts(layer)[head] if 0 <= head < self.info()["n_kv_heads"] else 1
+        buf = array.array("i", bytes(4 * c))
+        t, keep = describe(Strided(buf, (c,), "i32"), "head indices out", writable=True)
+        self._ctx._check(self._ctx._lib.kvs_abi_plan_head_indices(self._ctx._handle(), self._handle(), int(layer),
+                                                                  int(head), ctypes.byref(t)))
+        del keep
+        return list(buf)
+
     def indices(self, layer, out=None):
         """Kept token indices of `layer`: [Hkv][B_l] lists (each ascending), or
         written into `out` (a torch / numpy / Strided int32 or int64 tensor of
-        that shape, host or CUDA), which is returned."""
+        that shape, host or CUDA), which is returned. A ragged layer (heads
+        with different counts) returns lists of each head's own length and
+        refuses `out` (no [Hkv][B_l] shape holds it)."""
         if out is not None:
             t, keep = describe(out, "layer %d: indices out" % layer, writable=True)
             self._ctx._check(self._ctx._lib.kvs_abi_plan_indices(self._ctx._handle(), self._handle(),
@@ -229,6 +261,9 @@ class Plan:
         if not 0 <= layer < self.n_layers:  # the library would say so too; B_l is needed first
             raise _lib.KvsError(1, "plan of %s: layer %d outside [0, %d)" % (self.method, layer, self.n_layers))
         H, B = self.info()["n_kv_heads"], self.budgets[layer]
+        counts = self.head_counts(layer)
+        if any(c != B for c in counts):
+            return [self.head_indices(layer, h) for h in range(H)]
         buf = array.array("i", bytes(4 * H * B))
         self.indices(layer, Strided(buf, (H, B), "i32"))
         return [list(buf[h * B:(h + 1) * B]) for h in range(H)]

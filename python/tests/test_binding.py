@@ -28,7 +28,9 @@ from kvsieve import KvsError, Strided
 CLI = os.environ.get("KVSIEVE_CLI")
 HEADER = os.environ.get("KVSIEVE_ABI_HEADER")
 METHODS = ["full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
-           "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention", "pyramid_tova"]
+           "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention", "pyramid_tova",
+           "adakv", "ada_pyramidkv"]
+RAGGED = {"adakv", "ada_pyramidkv"}  # head-adaptive: plans with per-head counts
 
 
 def synth(L=2, Hkv=2, Hq=4, N=48, Nq=48, d=8, seed=1):
@@ -62,9 +64,11 @@ def check_invariants(test, plan, L, N, per_layer, keeps_all):
     for l, B in enumerate(budgets):
         test.assertTrue(1 <= B <= N)
         rows = plan.indices(l)
+        counts = plan.head_counts(l)  # ragged layers (adakv): each head its own count, summing to Hkv * B
         test.assertEqual(len(rows), plan.info()["n_kv_heads"])
-        for row in rows:
-            test.assertEqual(len(row), B)
+        test.assertEqual(sum(counts), len(rows) * B)
+        for row, c in zip(rows, counts):
+            test.assertEqual(len(row), c)
             test.assertEqual(row, sorted(set(row)), "layer %d: not sorted and unique" % l)
             test.assertTrue(0 <= row[0] and row[-1] < N)
 
@@ -213,13 +217,17 @@ class TestAgainstCli(unittest.TestCase):
                 for flag, value in budgets:
                     pj = os.path.join(self.tmp, "p.json")
                     out = os.path.join(self.tmp, "out.safetensors")
+                    # ragged plans (per-head counts): the [Hkv, B, d] dump cannot hold them
                     self.run_cli("compress", "--kv", dump, "--method", m, flag, value, "--plan", pj,
-                                 "--out", out, "--quiet")
+                                 *(() if m in RAGGED else ("--out", out)), "--quiet")
                     plan = ctx.compress(m, **{flag[2:]: float(value) if flag == "--ratio" else int(value)})
                     with open(pj) as fh:
                         cli_text = fh.read()
                     self.assertEqual(plan.to_dict(), json.loads(cli_text), "%s %s %s" % (m, flag, value))
                     self.assertEqual(plan.to_json().strip(), cli_text.strip())
+                    if m in RAGGED:
+                        self.check_ragged(ctx, plan, f, L, dtype, json.loads(cli_text))
+                        continue
                     # apply in the dump's dtype equals the CLI's compressed dump, byte for byte
                     comp = kvsieve.safetensors.load(out)
                     for l in range(L):
@@ -231,6 +239,28 @@ class TestAgainstCli(unittest.TestCase):
                         ctx.apply(plan, l, Strided(kb, (H, B, d), dtype), Strided(vb, (H, B, d), dtype))
                         self.assertEqual(bytes(kb), bytes(ck.buffer), "%s layer %d: K" % (m, l))
                         self.assertEqual(bytes(vb), bytes(comp["layers.%d.v" % l].buffer))
+
+    def check_ragged(self, ctx, plan, f, L, dtype, cli):
+        """Per-head counts and indices as the CLI's JSON; apply_head of a
+        non-merging plan is the kept rows' bytes of the input."""
+        es = 4 if dtype == "f32" else 2
+        ragged = 0
+        for l in range(L):
+            counts = plan.head_counts(l)
+            self.assertEqual(counts, cli["layers"][l].get("counts", counts))
+            ragged += "counts" in cli["layers"][l]
+            k_in = f["layers.%d.k" % l]
+            H, N, d = k_in.shape
+            for h in range(H):
+                rows = plan.head_indices(l, h)
+                self.assertEqual(rows, cli["layers"][l]["heads"][h])
+                kb, vb = bytearray(len(rows) * d * es), bytearray(len(rows) * d * es)
+                ctx.apply_head(plan, l, h, Strided(kb, (len(rows), d), dtype), Strided(vb, (len(rows), d), dtype))
+                src = bytes(k_in.buffer)
+                want = b"".join(src[((h * N + t) * d) * es:((h * N + t + 1) * d) * es] for t in rows)
+                self.assertEqual(bytes(kb), want, "%s layer %d head %d: K" % (plan.method, l, h))
+        if plan.method == "ada_pyramidkv":  # window 8 < budget here (adakv's 32 covers the whole budget at N = 96)
+            self.assertGreater(ragged, 0, "%s: no ragged layer" % plan.method)
 
     def test_f16_ratio(self):
         self.compare_dump("f16", 3, [("--ratio", "0.25")])

@@ -47,6 +47,7 @@
 static kvs_err *ep(kvs_err *e) { return e; }
 
 static int n_compared = 0; /* (cache, method, budget) cases where both succeeded */
+static int n_ragged = 0;   /* ragged plan layers checked through the per-head accessors */
 
 /* A tensor descriptor of a [H][N][d] block with element strides s. */
 static kvs_abi_tensor tensor3(const void *data, int dtype, int64_t H, int64_t N, int64_t d, int64_t s0,
@@ -256,6 +257,32 @@ static void compare_one(kvs_abi_ctx *ctx, const cache *c, const kvs_method *m, c
     for (int l = 0; l < ref.n_layers; l++) {
         const int B = ref.layers[l].budget, H = ref.n_kv_heads;
         CHECK_EQ_INT(budgets[l], B);
+        /* per-head counts (every plan) and, for a ragged layer, head by head */
+        int32_t hc[64];
+        ABI_OK(ctx, kvs_abi_plan_head_counts(ctx, p, l, hc, 64));
+        for (int h = 0; h < H; h++) {
+            int Bh;
+            const int32_t *row = kvs_plan_head(&ref, l, h, &Bh);
+            CHECK_EQ_INT(hc[h], Bh);
+            if (!ref.layers[l].counts) continue;
+            int64_t *hi = malloc(sizeof(int64_t) * (size_t)Bh);
+            kvs_abi_tensor th = KVS_ABI_INIT(kvs_abi_tensor);
+            th.dtype = KVS_ABI_I64, th.data = hi, th.ndim = 1, th.shape[0] = Bh, th.strides[0] = 1;
+            ABI_OK(ctx, kvs_abi_plan_head_indices(ctx, p, l, h, &th));
+            int same = 1;
+            for (int i = 0; i < Bh; i++) same &= hi[i] == row[i];
+            CHECK_MSG(same, "%s layer %d head %d: head indices differ", m->name, l, h);
+            free(hi);
+        }
+        if (ref.layers[l].counts) {
+            n_ragged++;
+            kvs_abi_tensor tr = KVS_ABI_INIT(kvs_abi_tensor);
+            int32_t dummy[1];
+            tr.dtype = KVS_ABI_I32, tr.data = dummy, tr.ndim = 2, tr.shape[0] = H, tr.shape[1] = B;
+            tr.strides[0] = B, tr.strides[1] = 1;
+            ABI_FAILS(ctx, kvs_abi_plan_indices(ctx, p, l, &tr), KVS_ABI_ERR_UNSUPPORTED, "kvs_abi_plan_head_indices");
+            continue;
+        }
         int32_t *i32 = malloc(sizeof(int32_t) * (size_t)H * B);
         int64_t *i64 = malloc(sizeof(int64_t) * (size_t)H * B * 2);
         kvs_abi_tensor t = KVS_ABI_INIT(kvs_abi_tensor);
@@ -294,6 +321,32 @@ static void compare_one(kvs_abi_ctx *ctx, const cache *c, const kvs_method *m, c
     for (int l = 0; l < ref.n_layers && ap.layers; l++) {
         const int B = ref.layers[l].budget, H = ref.n_kv_heads, d = c->d;
         const size_t n = (size_t)H * B * d;
+        if (ref.layers[l].counts) { /* ragged: kvs_abi_apply refuses, kvs_abi_apply_head per head */
+            float *ko = malloc(4 * n), *vo = malloc(4 * n);
+            kvs_abi_tensor kt = contig3(ko, KVS_ABI_F32, H, B, d), vt = contig3(vo, KVS_ABI_F32, H, B, d);
+            ABI_FAILS(ctx, kvs_abi_apply(ctx, p, l, &kt, &vt), KVS_ABI_ERR_UNSUPPORTED, "kvs_abi_apply_head");
+            for (int h = 0; h < H; h++) {
+                int Bh;
+                const int64_t off = kvs_dense_head(&ap.layers[l], h, &Bh);
+                kvs_abi_tensor kh = contig3(ko, KVS_ABI_F32, 1, Bh, d), vh = contig3(vo, KVS_ABI_F32, 1, Bh, d);
+                ABI_OK(ctx, kvs_abi_apply_head(ctx, p, l, h, &kh, &vh));
+                CHECK_MSG(memcmp(ko, ap.layers[l].k + off * d, 4 * (size_t)Bh * d) == 0 &&
+                              memcmp(vo, ap.layers[l].v + off * d, 4 * (size_t)Bh * d) == 0,
+                          "%s layer %d head %d: apply_head differs from kvs_apply", m->name, l, h);
+                int32_t *map = malloc(sizeof(int32_t) * (size_t)c->N);
+                kvs_abi_tensor mt = KVS_ABI_INIT(kvs_abi_tensor);
+                mt.dtype = KVS_ABI_I32, mt.data = map, mt.ndim = 1, mt.shape[0] = c->N, mt.strides[0] = 1;
+                ABI_OK(ctx, kvs_abi_plan_merge_map(ctx, p, l, h, &mt));
+                const int32_t *kept = kvs_plan_head(&ref, l, h, NULL);
+                int ok = 1;
+                for (int i = 0; i < Bh; i++) ok &= map[kept[i]] == -1;
+                CHECK_MSG(ok, "%s layer %d head %d: merge map misses a kept token", m->name, l, h);
+                free(map);
+            }
+            free(ko);
+            free(vo);
+            continue;
+        }
         float *ko = malloc(4 * n), *vo = malloc(4 * n);
         kvs_abi_tensor kt = contig3(ko, KVS_ABI_F32, H, B, d), vt = contig3(vo, KVS_ABI_F32, H, B, d);
         ABI_OK(ctx, kvs_abi_apply(ctx, p, l, &kt, &vt));
@@ -395,6 +448,8 @@ static void test_plans_equal(void) {
     /* Every case compressed (the caches carry all queries): 3 dtypes x 4
      * layouts x (2 budgets per method + 3 parameter cases). */
     CHECK_EQ_INT(n_compared, 3 * 4 * (2 * kvs_methods_count() + 3));
+    /* adakv / ada_pyramidkv made ragged layers, read through the per-head accessors */
+    CHECK_MSG(n_ragged > 0, "no ragged plan layer was checked");
 }
 
 /* ---- version, listing, queries ------------------------------------------- */

@@ -55,6 +55,8 @@ static kvs_status prep(kvs_session *s, const int32_t *toks, int n, const char *m
     co.method = kvs_method_find(method);
     if (!co.method) return kvs_errorf(err, KVS_ERR_NOTFOUND, "method %s", method);
     kvs_params_defaults(co.method, &co.params);
+    /* adakv: a window below the budget, so the heads' counts differ (ragged) */
+    if (!strcmp(method, "adakv") && (st = kvs_params_set(co.method, &co.params, "window", "4", err))) return st;
     co.budget.ratio = ratio;
     co.compress_local = local;
     return kvs_session_compress(s, &co, NULL, err);
@@ -94,9 +96,10 @@ static void run_arch(const char *arch, int ctype, int kv_head_dim) {
     if (!a || !b || !la || !lb || !lbat) goto done;
 
     /* (1) extend after compression == decode one by one */
-    static const char *methods[] = {NULL, "streamingllm", "snapkv", "h2o"};
-    for (int mi = 0; mi < 4; mi++) {
-        for (int local = 0; local < 2; local++) {
+    /* adakv: ragged heads (global layers only: ragged sliding-window layers are refused) */
+    static const char *methods[] = {NULL, "streamingllm", "snapkv", "h2o", "adakv"};
+    for (int mi = 0; mi < 5; mi++) {
+        for (int local = 0; local < 2 - (mi == 4); local++) {
             const int N = 30, X = 70; /* X > 64: the sgemm chunk path */
             CHECK_OK(prep(a, toks, N, methods[mi], 0.4, local, &err), &err);
             CHECK_OK(kvs_session_copy(b, a, &err), &err);

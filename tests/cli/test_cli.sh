@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_cli.sh KVSIEVE -- drives the real binary like a user would:
-#  1. `methods` lists the 15 methods (presets with their composition) and the parts;
+#  1. `methods` lists the 17 methods (presets with their composition) and the parts;
 #  2. synth + compress for every method at ratio 0.2 on several shapes: the
 #     plan JSON has exact budgets (sum = L * floor(0.2 N), equal counts per
 #     head, sorted unique indices in range), checked by an independent reader;
@@ -23,10 +23,10 @@ expect_fail() {
 
 # 1. methods
 out=$("$BIN" methods) || bad "methods failed"
-for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova; do
+for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv; do
   echo "$out" | grep -q "^$m\$" && ok || bad "methods does not list $m"
 done
-"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==15' && ok || bad "methods --json"
+"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==17' && ok || bad "methods --json"
 
 # 2. exact budgets on several shapes
 check_plan() { # plan.json L N ratio
@@ -38,8 +38,11 @@ assert p["n_tokens"] == N and len(p["layers"]) == L, "shape"
 want = L * (N if p["method"] == "full" else B)
 assert sum(l["budget"] for l in p["layers"]) == want, "global budget %d != %d" % (sum(l["budget"] for l in p["layers"]), want)
 for li, l in enumerate(p["layers"]):
-    for h in l["heads"]:
-        assert len(h) == l["budget"], "layer %d: head count %d != budget %d" % (li, len(h), l["budget"])
+    # ragged layers: head h keeps counts[h], the counts sum to heads x budget
+    cnt = l.get("counts", [l["budget"]] * len(l["heads"]))
+    assert sum(cnt) == len(l["heads"]) * l["budget"], "layer %d: counts sum %d" % (li, sum(cnt))
+    for h, c in zip(l["heads"], cnt):
+        assert len(h) == c, "layer %d: head count %d != %d" % (li, len(h), c)
         assert all(0 <= i < N for i in h), "range"
         assert all(a < b for a, b in zip(h, h[1:])), "sorted unique"
 PY
@@ -50,9 +53,11 @@ for s in "${shapes[@]}"; do
   # shellcheck disable=SC2086
   "$BIN" synth $args --tokens "$N" --seed 3 --image-frac 0.3 --dtype f16 --out "$TMP/c.safetensors" >/dev/null \
     || { bad "synth $args"; continue; }
-  for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova; do
+  for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv; do
+    outarg=(--out "$TMP/o.safetensors")
+    case $m in ada*) outarg=() ;; esac # ragged plans: the [Hkv, B, d] dump cannot hold them (refused below)
     if "$BIN" compress --kv "$TMP/c.safetensors" --method "$m" --ratio 0.2 --plan "$TMP/p.json" \
-         --out "$TMP/o.safetensors" --quiet >"$TMP/out" 2>"$TMP/err"; then
+         "${outarg[@]}" --quiet >"$TMP/out" 2>"$TMP/err"; then
       check_plan "$TMP/p.json" "$L" "$N" 0.2 && ok || bad "plan of $m on $args"
     else
       bad "compress $m on $args: $(cat "$TMP/err")"
@@ -114,6 +119,13 @@ expect_fail "params.chunk: parameter chunk = 0 is out of range" \
 expect_fail "out of range" \
   "$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":"knorm"}' --param parts=0 --ratio 0.2
 expect_fail "not valid JSON" "$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":' --ratio 0.2
+# AdaKV and SnapKV at one ratio keep the same KV bytes (ragged heads vs equal heads)
+"$BIN" compress --kv "$TMP/c.safetensors" --method adakv --ratio 0.25 >"$TMP/ada" 2>&1 || bad "adakv bytes"
+"$BIN" compress --kv "$TMP/c.safetensors" --method snapkv --ratio 0.25 >"$TMP/snap" 2>&1 || bad "snapkv bytes"
+ab=$(grep -o 'kept KV bytes [0-9]* of [0-9]*' "$TMP/ada"); sb=$(grep -o 'kept KV bytes [0-9]* of [0-9]*' "$TMP/snap")
+[ -n "$ab" ] && [ "$ab" = "$sb" ] && grep -q "ragged heads" "$TMP/ada" && grep -q "equal heads" "$TMP/snap" && ok \
+  || bad "adakv vs snapkv bytes: '$ab' vs '$sb'"
+expect_fail "ragged" "$BIN" compress --kv "$TMP/c.safetensors" --method adakv --ratio 0.25 --out "$TMP/o.safetensors"
 
 # 3. errors
 "$BIN" synth --preset tiny --tokens 64 --queries 8 --out "$TMP/w.safetensors" >/dev/null || bad "synth window"

@@ -136,6 +136,10 @@ static inline int m1_plans_equal(const kvs_plan *a, const kvs_plan *b) {
         return 0;
     for (int l = 0; l < a->n_layers; l++) {
         if (a->layers[l].budget != b->layers[l].budget) return 0;
+        if (!a->layers[l].counts != !b->layers[l].counts) return 0;
+        if (a->layers[l].counts &&
+            memcmp(a->layers[l].counts, b->layers[l].counts, sizeof(int32_t) * (size_t)a->n_kv_heads))
+            return 0;
         if (memcmp(a->layers[l].idx, b->layers[l].idx,
                    sizeof(int32_t) * (size_t)a->layers[l].budget * (size_t)a->n_kv_heads))
             return 0;
@@ -145,8 +149,8 @@ static inline int m1_plans_equal(const kvs_plan *a, const kvs_plan *b) {
 
 /* 1 if token t is kept in layer l head h. */
 static inline int m1_kept(const kvs_plan *p, int l, int h, int t) {
-    const int B = p->layers[l].budget;
-    const int32_t *row = p->layers[l].idx + (int64_t)h * B;
+    int B;
+    const int32_t *row = kvs_plan_head(p, l, h, &B); /* ragged plans too */
     for (int i = 0; i < B; i++)
         if (row[i] == t) return 1;
     return 0;

@@ -323,6 +323,14 @@ class Engine:
         plan = ctx.compress(variant.method, variant.params, ratio=variant.ratio, tokens=variant.tokens)
         info = plan.info()
         budgets = plan.budgets
+        for l in range(self.n_layers):
+            if len(set(plan.head_counts(l))) > 1:
+                # transformers' cache holds [1, H, B, d] per layer: equal lengths per head. Padding with a
+                # per-head mask would report padded bytes; the kvsieve engine stores ragged heads instead.
+                raise ValueError("kvsieve-hf: plan of %s keeps different counts per KV head in layer %d "
+                                 "(ragged); transformers' cache needs equal lengths per head; run it with "
+                                 "`kvsieve generate` / `kvsieve serve`, whose engine stores ragged heads"
+                                 % (variant.method, l))
         _sync(self.device)
         t0 = _now()
         with torch.inference_mode():

@@ -14,7 +14,7 @@ static const kvs_method *const registry[] = {
      * monolithic methods are for tests/parts' bit-identity proof, not listed */
     &kvs_preset_knorm, &kvs_preset_tova, &kvs_preset_keydiff, &kvs_preset_pyramidkv,
     &kvs_preset_chunkkv, &kvs_preset_expected_attention, &kvs_preset_pyramid_tova,
-    &kvs_preset_adakv, &kvs_preset_ada_pyramidkv,
+    &kvs_preset_adakv, &kvs_preset_ada_pyramidkv, &kvs_preset_ada_flashcache,
 };
 
 int kvs_methods_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

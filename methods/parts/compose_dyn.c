@@ -5,7 +5,8 @@
  * What it is: kvs_compose_table (the composition's parameters: `parts` then
  * each part's, kvs_parts.h), the `parts` code (the index of each part within
  * its kind, radix 32: scorer + 32 (allocator + 32 (keep1 + 32 (keep2 + 32
- * pick))), a keep slot 0 when empty, else 1 + the rule's index), and
+ * (pick + 32 heads)))), a keep or heads slot 0 when empty, else 1 + the
+ * part's index; a composition without heads keeps its code), and
  * kvs_compose_dyn, the entry points every composed method shares.
  * Why a code: a kvs_method's create sees only the parameter values, not the
  * method; the code, an INT parameter whose range is the one value, carries
@@ -58,7 +59,7 @@ static kvs_status add_part(const kvs_part_info *pi, kvs_param_def *defs, const k
 }
 
 static double comp_code(const kvs_composition *comp, kvs_err *err, int *ok) {
-    int idx[5];
+    int idx[6];
     idx[0] = kvs_part_index(KVS_PART_SCORER, comp->scorer);
     idx[1] = kvs_part_index(KVS_PART_ALLOCATOR, comp->allocator);
     for (int i = 0; i < 2; i++) {
@@ -67,8 +68,10 @@ static double comp_code(const kvs_composition *comp, kvs_err *err, int *ok) {
         if (r && idx[2 + i] == 0) idx[2 + i] = -1;
     }
     idx[4] = kvs_part_index(KVS_PART_PICK, comp->pick);
+    idx[5] = comp->heads ? 1 + kvs_part_index(KVS_PART_HEADS, comp->heads) : 0;
+    if (comp->heads && idx[5] == 0) idx[5] = -1;
     double code = 0.0;
-    for (int i = 4; i >= 0; i--) {
+    for (int i = 5; i >= 0; i--) {
         if (idx[i] < 0 || idx[i] >= RADIX) {
             *ok = 0;
             kvs_errorf(err, KVS_ERR_INTERNAL, "composition holds a part that is not in the part table");
@@ -89,14 +92,16 @@ kvs_status kvs_compose_table(const kvs_composition *comp, kvs_param_def defs[KVS
     defs[0] = (kvs_param_def){"parts", KVS_PARAM_INT, code, code, code, NULL, code_help};
     owner[0] = NULL;
     *n = 1;
-    const kvs_part_info *pis[5] = {NULL};
+    const kvs_part_info *pis[6] = {NULL};
     pis[0] = kvs_part_of_kind(KVS_PART_SCORER, kvs_part_index(KVS_PART_SCORER, comp->scorer));
     pis[1] = kvs_part_of_kind(KVS_PART_ALLOCATOR,
                               kvs_part_index(KVS_PART_ALLOCATOR, comp->allocator));
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
         pis[2 + i] = kvs_part_of_kind(KVS_PART_KEEP, kvs_part_index(KVS_PART_KEEP, comp->keep[i]));
     pis[4] = kvs_part_of_kind(KVS_PART_PICK, kvs_part_index(KVS_PART_PICK, comp->pick));
-    for (int i = 0; i < 5; i++) {
+    if (comp->heads)
+        pis[5] = kvs_part_of_kind(KVS_PART_HEADS, kvs_part_index(KVS_PART_HEADS, comp->heads));
+    for (int i = 0; i < 6; i++) {
         if (!pis[i]) continue;
         kvs_status rc = add_part(pis[i], defs, owner, n, err);
         if (rc) return rc;
@@ -110,17 +115,18 @@ static kvs_status decode(const kvs_params *p, kvs_composition *comp, kvs_err *er
     if (p->n < 1)
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: no `parts` parameter");
     double x = p->v[0];
-    if (!(x >= 0 && x < pow(RADIX, 5)) || x != floor(x))
+    if (!(x >= 0 && x < pow(RADIX, 6)) || x != floor(x))
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: parts = %g is not a code", x);
     long long c = (long long)x;
-    int idx[5];
-    for (int i = 0; i < 5; i++) idx[i] = (int)(c % RADIX), c /= RADIX;
+    int idx[6];
+    for (int i = 0; i < 6; i++) idx[i] = (int)(c % RADIX), c /= RADIX;
     const kvs_part_info *s = kvs_part_of_kind(KVS_PART_SCORER, idx[0]);
     const kvs_part_info *a = kvs_part_of_kind(KVS_PART_ALLOCATOR, idx[1]);
     const kvs_part_info *k1 = idx[2] ? kvs_part_of_kind(KVS_PART_KEEP, idx[2] - 1) : NULL;
     const kvs_part_info *k2 = idx[3] ? kvs_part_of_kind(KVS_PART_KEEP, idx[3] - 1) : NULL;
     const kvs_part_info *pk = kvs_part_of_kind(KVS_PART_PICK, idx[4]);
-    if (!s || !a || !pk || (idx[2] && !k1) || (idx[3] && !k2) || (!k1 && k2))
+    const kvs_part_info *hd = idx[5] ? kvs_part_of_kind(KVS_PART_HEADS, idx[5] - 1) : NULL;
+    if (!s || !a || !pk || (idx[2] && !k1) || (idx[3] && !k2) || (!k1 && k2) || (idx[5] && !hd))
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: parts = %g names no composition",
                           x);
     comp->scorer = s->part;
@@ -128,6 +134,7 @@ static kvs_status decode(const kvs_params *p, kvs_composition *comp, kvs_err *er
     comp->keep[0] = k1 ? k1->part : NULL;
     if (KVS_PARTS_MAX_KEEP > 1) comp->keep[1] = k2 ? k2->part : NULL;
     comp->pick = pk->part;
+    comp->heads = hd ? hd->part : NULL;
     comp->merge = KVS_MERGE_NONE;
     return KVS_OK;
 }

@@ -64,6 +64,8 @@ char *kvs_composition_json(const kvs_composition *comp, const kvs_method *m, con
     if (!o) return NULL;
     cJSON_AddStringToObject(o, "score", comp->scorer->name);
     cJSON_AddStringToObject(o, "allocate", comp->allocator->name);
+    if (comp->heads) /* absent when equal: older canonical names stay as they were */
+        cJSON_AddStringToObject(o, "heads", comp->heads->name);
     cJSON *keep = cJSON_AddObjectToObject(o, "keep");
     for (int i = 0; keep && i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++) {
         const int j = kvs_param_index(m, comp->keep[i]->name);
@@ -219,7 +221,9 @@ static void short_label(const kvs_composition *comp, char *buf, size_t n) {
     int w = snprintf(buf, n, "%s+%s", comp->scorer->name, comp->allocator->name);
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i] && w >= 0 && (size_t)w < n; i++)
         w += snprintf(buf + w, n - (size_t)w, "+%s", comp->keep[i]->name);
-    if (w >= 0 && (size_t)w < n) snprintf(buf + w, n - (size_t)w, "+%s", comp->pick->name);
+    if (w >= 0 && (size_t)w < n) w += snprintf(buf + w, n - (size_t)w, "+%s", comp->pick->name);
+    if (comp->heads && w >= 0 && (size_t)w < n)
+        snprintf(buf + w, n - (size_t)w, "+%s", comp->heads->name);
 }
 
 kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *err) {
@@ -228,7 +232,7 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "a composed method is an object {score, allocate, keep, pick, merge, "
                           "params, name}");
-    static const char *const known[] = {"name", "score", "allocate", "keep",
+    static const char *const known[] = {"name", "score", "allocate", "heads", "keep",
                                         "pick", "merge", "params",   NULL};
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
@@ -236,17 +240,29 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
         for (int k = 0; known[k]; k++) ok |= strcmp(it->string, known[k]) == 0;
         if (!ok)
             return kvs_errorf(err, KVS_ERR_INVALID,
-                              "%s: unknown field (known: name, score, allocate, keep, pick, merge, "
-                              "params)",
+                              "%s: unknown field (known: name, score, allocate, heads, keep, pick, "
+                              "merge, params)",
                               it->string);
     }
     kvs_composed *c = calloc(1, sizeof *c);
     if (!c) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     assign as[32];
     int na = 0;
-    const kvs_part_info *s = NULL, *a = NULL, *pk = NULL;
+    const kvs_part_info *s = NULL, *a = NULL, *pk = NULL, *hd = NULL;
     kvs_status rc = part_field(o, "score", KVS_PART_SCORER, NULL, &s, err);
-    if (!rc) rc = part_field(o, "allocate", KVS_PART_ALLOCATOR, "uniform", &a, err);
+    /* "allocate": "adakv" is short for uniform layers with AdaKV's heads (the
+     * issue's spelling); "heads" composes a head allocator with any layer one */
+    const cJSON *alloc = cJSON_GetObjectItemCaseSensitive(o, "allocate");
+    const int ada_short = cJSON_IsString(alloc) && kvs_part_lookup(KVS_PART_HEADS, alloc->valuestring, &hd, NULL) == KVS_OK;
+    if (!rc && ada_short && cJSON_GetObjectItemCaseSensitive(o, "heads"))
+        rc = kvs_errorf(err, KVS_ERR_INVALID, "heads: given twice (\"allocate\": \"%s\" already chose the heads)",
+                        alloc->valuestring);
+    if (!rc && ada_short) rc = kvs_part_lookup(KVS_PART_ALLOCATOR, "uniform", &a, err);
+    else if (!rc) rc = part_field(o, "allocate", KVS_PART_ALLOCATOR, "uniform", &a, err);
+    const cJSON *heads = cJSON_GetObjectItemCaseSensitive(o, "heads");
+    if (!rc && heads && !cJSON_IsNull(heads) &&
+        !(cJSON_IsString(heads) && strcmp(heads->valuestring, "equal") == 0))
+        rc = part_field(o, "heads", KVS_PART_HEADS, NULL, &hd, err);
     if (!rc) rc = part_field(o, "pick", KVS_PART_PICK, "topk", &pk, err);
     if (!rc) rc = parse_keep(cJSON_GetObjectItemCaseSensitive(o, "keep"), &c->comp, as, &na, err);
     const cJSON *merge = cJSON_GetObjectItemCaseSensitive(o, "merge");
@@ -278,6 +294,7 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
     c->comp.scorer = s->part;
     c->comp.allocator = a->part;
     c->comp.pick = pk->part;
+    c->comp.heads = hd ? hd->part : NULL;
     c->comp.merge = KVS_MERGE_NONE;
     const kvs_part_info *owner[KVS_MAX_PARAMS];
     int n = 0;

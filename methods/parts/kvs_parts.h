@@ -241,6 +241,7 @@ typedef enum {
     KVS_PART_ALLOCATOR = 1,
     KVS_PART_KEEP = 2,
     KVS_PART_PICK = 3,
+    KVS_PART_HEADS = 4, /* head allocators (kvs_head_allocator): ragged per-head counts */
 } kvs_part_kind;
 
 /* One nameable part: its kind, the part itself (a kvs_scorer, kvs_allocator,
@@ -256,7 +257,7 @@ typedef struct {
     int n_params;
 } kvs_part_info;
 
-const char *kvs_part_kind_name(kvs_part_kind k); /* "scorer", "allocator", "keep", "pick" */
+const char *kvs_part_kind_name(kvs_part_kind k); /* "scorer", "allocator", "keep", "pick", "heads" */
 /* Every nameable part, grouped by kind; within a kind the order is append
  * only (a composed method's `parts` code is the index within its kind). */
 int kvs_parts_count(void);
@@ -326,7 +327,7 @@ char *kvs_composition_json(const kvs_composition *comp, const kvs_method *m, con
 extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_pyramidkv, kvs_preset_chunkkv, kvs_preset_snapkv_parts, kvs_preset_h2o_parts,
     kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova,
-    kvs_preset_adakv, kvs_preset_ada_pyramidkv;
+    kvs_preset_adakv, kvs_preset_ada_pyramidkv, kvs_preset_ada_flashcache;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

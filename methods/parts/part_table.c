@@ -52,6 +52,7 @@ static const kvs_param_def p_window[] = {
     KVS_PARTS_P_RECENT_FRAC(0.0),
 };
 static const kvs_param_def p_chunk[] = {KVS_PARTS_P_CHUNK(10)};
+static const kvs_param_def p_adakv[] = {KVS_PARTS_P_ALPHA(0.2)};
 
 #define PART(K, N, P, S, T) {K, N, P, S, T, NP(T)}
 #define PART0(K, N, P, S) {K, N, P, S, NULL, 0}
@@ -89,6 +90,10 @@ static const kvs_part_info table[] = {
     PART0(KVS_PART_PICK, "topk", &kvs_pick_topk, "the best-scored tokens, one by one"),
     PART(KVS_PART_PICK, "chunk", &kvs_pick_chunk,
          "ChunkKV: whole chunks of `chunk` tokens by summed score", p_chunk),
+    /* head allocators (append only; none: every head keeps the layer's count) */
+    PART(KVS_PART_HEADS, "adakv", &kvs_heads_adakv,
+         "AdaKV: a floor of alpha * b per head, the rest by one top-k over all heads (ragged)",
+         p_adakv),
 };
 
 const char *kvs_part_kind_name(kvs_part_kind k) {
@@ -97,6 +102,7 @@ const char *kvs_part_kind_name(kvs_part_kind k) {
     case KVS_PART_ALLOCATOR: return "allocator";
     case KVS_PART_KEEP: return "keep";
     case KVS_PART_PICK: return "pick";
+    case KVS_PART_HEADS: return "heads";
     }
     return "?";
 }

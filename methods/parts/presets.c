@@ -36,6 +36,9 @@
  *                       (arXiv 2407.11550): SnapKV's defaults (window 32,
  *                       kernel 7, max pooling, so AdaKV and SnapKV at one
  *                       ratio keep the same bytes), alpha 0.2 (kvpress)
+ *   ada_flashcache      flashcache scorer (gamma 0.2) + uniform + adakv heads
+ *                       (alpha 0.2), no forced tokens (FlashCache's defaults):
+ *                       the composition the issue names, not a published one
  *   ada_pyramidkv       pyramidkv's layer schedule and defaults + adakv
  *                       heads (the official code's pyram_mode)
  */
@@ -205,6 +208,15 @@ KVS_PRESET(ada_pyramidkv, "ada_pyramidkv",
             .heads = &kvs_heads_adakv, .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk,
             .merge = KVS_MERGE_NONE})
 
+static const kvs_param_def params_ada_flashcache[] = {
+    KVS_PARTS_P_GAMMA(0.2),
+    KVS_PARTS_P_ALPHA(0.2),
+};
+KVS_PRESET(ada_flashcache, "ada_flashcache",
+           "Ada-FlashCache: FlashCache's DCT outlier score, AdaKV's split over heads (ragged)", 0,
+           {.scorer = &kvs_scorer_flashcache, .allocator = &kvs_alloc_uniform,
+            .heads = &kvs_heads_adakv, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -218,6 +230,7 @@ static const struct {
     {&kvs_preset_pyramid_tova, &comp_pyramid_tova},
     {&kvs_preset_adakv, &comp_adakv},
     {&kvs_preset_ada_pyramidkv, &comp_ada_pyramidkv},
+    {&kvs_preset_ada_flashcache, &comp_ada_flashcache},
     {&kvs_preset_snapkv_parts, &comp_snapkv_parts},
     {&kvs_preset_h2o_parts, &comp_h2o_parts},
     {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},

@@ -29,8 +29,8 @@ CLI = os.environ.get("KVSIEVE_CLI")
 HEADER = os.environ.get("KVSIEVE_ABI_HEADER")
 METHODS = ["full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
            "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention", "pyramid_tova",
-           "adakv", "ada_pyramidkv"]
-RAGGED = {"adakv", "ada_pyramidkv"}  # head-adaptive: plans with per-head counts
+           "adakv", "ada_pyramidkv", "ada_flashcache"]
+RAGGED = {"adakv", "ada_pyramidkv", "ada_flashcache"}  # head-adaptive: plans with per-head counts
 
 
 def synth(L=2, Hkv=2, Hq=4, N=48, Nq=48, d=8, seed=1):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_cli.sh KVSIEVE -- drives the real binary like a user would:
-#  1. `methods` lists the 17 methods (presets with their composition) and the parts;
+#  1. `methods` lists the 18 methods (presets with their composition) and the parts;
 #  2. synth + compress for every method at ratio 0.2 on several shapes: the
 #     plan JSON has exact budgets (sum = L * floor(0.2 N), equal counts per
 #     head, sorted unique indices in range), checked by an independent reader;
@@ -23,10 +23,10 @@ expect_fail() {
 
 # 1. methods
 out=$("$BIN" methods) || bad "methods failed"
-for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv; do
+for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv ada_flashcache; do
   echo "$out" | grep -q "^$m\$" && ok || bad "methods does not list $m"
 done
-"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==17' && ok || bad "methods --json"
+"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==18' && ok || bad "methods --json"
 
 # 2. exact budgets on several shapes
 check_plan() { # plan.json L N ratio
@@ -53,7 +53,7 @@ for s in "${shapes[@]}"; do
   # shellcheck disable=SC2086
   "$BIN" synth $args --tokens "$N" --seed 3 --image-frac 0.3 --dtype f16 --out "$TMP/c.safetensors" >/dev/null \
     || { bad "synth $args"; continue; }
-  for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv; do
+  for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv ada_flashcache; do
     outarg=(--out "$TMP/o.safetensors")
     case $m in ada*) outarg=() ;; esac # ragged plans: the [Hkv, B, d] dump cannot hold them (refused below)
     if "$BIN" compress --kv "$TMP/c.safetensors" --method "$m" --ratio 0.2 --plan "$TMP/p.json" \
@@ -126,6 +126,17 @@ ab=$(grep -o 'kept KV bytes [0-9]* of [0-9]*' "$TMP/ada"); sb=$(grep -o 'kept KV
 [ -n "$ab" ] && [ "$ab" = "$sb" ] && grep -q "ragged heads" "$TMP/ada" && grep -q "equal heads" "$TMP/snap" && ok \
   || bad "adakv vs snapkv bytes: '$ab' vs '$sb'"
 expect_fail "ragged" "$BIN" compress --kv "$TMP/c.safetensors" --method adakv --ratio 0.25 --out "$TMP/o.safetensors"
+# the head allocator composes: "allocate": "adakv" (uniform layers, AdaKV heads) gives adakv's plan;
+# "heads" puts it over any scorer and layer allocator; a wrong name is refused naming the field
+"$BIN" compress --kv "$TMP/c.safetensors" --method adakv --ratio 0.25 --plan "$TMP/pa.json" --quiet >/dev/null 2>&1 \
+  && "$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":"snapkv","allocate":"adakv","keep":{"window":32}}' \
+       --ratio 0.25 --plan "$TMP/pb.json" --quiet >/dev/null 2>&1 \
+  && python3 -c 'import json,sys; a,b=(json.load(open(f))["layers"] for f in sys.argv[1:]); assert a==b' "$TMP/pa.json" "$TMP/pb.json" \
+  && ok || bad "allocate adakv composition differs from the adakv preset"
+"$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":"tova","allocate":"pyramid","heads":"adakv","keep":{"window":1}}' \
+  --ratio 0.25 >"$TMP/out" 2>&1 && grep -q "ragged heads" "$TMP/out" && ok || bad "heads adakv over tova + pyramid"
+expect_fail "heads: unknown heads 'adakvv' (did you mean 'adakv'?)" \
+  "$BIN" compress --kv "$TMP/c.safetensors" --method '{"score":"tova","heads":"adakvv"}' --ratio 0.2
 
 # 3. errors
 "$BIN" synth --preset tiny --tokens 64 --queries 8 --out "$TMP/w.safetensors" >/dev/null || bad "synth window"

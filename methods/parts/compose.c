@@ -13,8 +13,8 @@
  * allocated in a loop.
  * GPU: a CUDA view is KVS_ERR_UNSUPPORTED "<method>: layer l: not
  * implemented on GPU" here (observe, before any value is read);
- * kernels' kvs_gpu_compress refuses composed methods by name ("method X has
- * no GPU implementation (device ...)"): they have no GPU driver in this slice.
+ * kvs_gpu_compress (methods/gpu/) refuses composed methods before any device
+ * work ("not implemented on GPU"): they have no GPU driver yet.
  * What it is not: no scoring, allocation or picking of its own (the parts).
  */
 #include "kvs_parts.h"

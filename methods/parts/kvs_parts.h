@@ -43,8 +43,8 @@
  *
  * What it is not: no GPU path (a composed method on a CUDA view fails with
  * KVS_ERR_UNSUPPORTED naming the method and "not implemented on GPU";
- * kernels' kvs_gpu_compress refuses it by name like every method without a
- * GPU driver), no merging.
+ * kvs_gpu_compress (methods/gpu/) refuses it like every method without a GPU
+ * driver), no merging.
  */
 #ifndef KVS_PARTS_H
 #define KVS_PARTS_H

@@ -1,0 +1,32 @@
+-- methods.lua: every method `kvsieve methods` lists, at one budget (0.25),
+-- on the quick start's needle grid, answered by the default model (Gemma 3
+-- 270M) through the embedded backend. The quick start compares the paper's
+-- eight; this config puts the presets built from parts (methods/parts/:
+-- knorm, tova, keydiff, pyramidkv, chunkkv, expected_attention, pyramid_tova,
+-- adakv, ada_pyramidkv, ada_flashcache) beside them on the same prompts.
+--
+--   kvsieve run experiments/methods.lua         -- prints the table
+--   kvsieve report --experiment methods         -- the same table again
+--
+-- Gemma 3 compresses its global-attention layers only (every sixth layer);
+-- the prompts (about 768 and 1536 tokens) are longer than its 512-token
+-- sliding window, so only those layers can reach the needle. Head-adaptive
+-- presets (ada*) keep ragged per-head counts: Gemma 3 270M has one KV head,
+-- so on this model they keep what their non-adaptive twins keep; the
+-- difference shows on models with several KV heads (-D model=qwen2.5-0.5b).
+-- A composed method is a table: { score = "tova", allocate = "pyramid",
+-- heads = "adakv", keep = { window = 1 } } (docs/methods.md, Composing a method).
+
+experiment {
+  name    = "methods",
+  kind    = "task",
+  description = "needle in a haystack: every preset at kept ratio 0.25, default model, embedded backend",
+  backend = { embedded = true, model = "default" },
+  dataset = niah { lengths = { 768, 1536 }, depths = { 0.1, 0.3, 0.5, 0.7, 0.9 }, per_cell = 3, seed = 7 },
+  methods = { "full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
+              "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention",
+              "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache" },
+  budgets = { 0.25 },
+  metrics = { "needle" },
+  n_predict = 16,
+}

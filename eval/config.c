@@ -152,16 +152,24 @@ kvs_status kvs_config_load_text(const char *path, const char *text, const char *
         }
     }
 
-    long ticks = 0;
-    L = kvs_cfg_sandbox_open(cfg->dir, &ticks);
+    kvs_cfg_meter meter = {0, 0};
+    L = kvs_cfg_sandbox_open(cfg->dir, &meter);
     if (!L) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "cannot create a Lua state");
         goto cleanup;
     }
     char chunkname[1100];
     snprintf(chunkname, sizeof chunkname, "@%s", path);
-    if (luaL_loadbufferx(L, text, tl, chunkname, "t") != LUA_OK ||
-        lua_pcall(L, 0, 0, 0) != LUA_OK) {
+    int lst = luaL_loadbufferx(L, text, tl, chunkname, "t");
+    if (lst == LUA_OK) lst = lua_pcall(L, 0, 0, 0);
+    if (lst == LUA_ERRMEM) { /* no position: the failed allocation has none */
+        rc = kvs_errorf(err, KVS_ERR_INVALID,
+                        "%s: the config used more than %zu MiB of memory (a runaway table or "
+                        "string.rep?)",
+                        path, KVS_CFG_MEM_LIMIT >> 20);
+        goto cleanup;
+    }
+    if (lst != LUA_OK) {
         const char *m = lua_tostring(L, -1);
         rc = kvs_errorf(err, KVS_ERR_INVALID, "%s", m ? m : "error in config (no message)");
         goto cleanup;

@@ -21,10 +21,20 @@
 /* Registry key of the list experiment{} appends its tables to. */
 #define KVS_CFG_REG_LIST "kvsieve.experiments"
 
+/* What a config's run has used: instructions (in millions, capped at 200)
+ * and bytes of Lua memory (capped at KVS_CFG_MEM_LIMIT: a description never
+ * needs more, and a runaway one must fail with an error, not take the
+ * machine's memory). */
+#define KVS_CFG_MEM_LIMIT ((size_t)256 << 20)
+typedef struct {
+    long ticks;
+    size_t bytes;
+} kvs_cfg_meter;
+
 /* A fresh sandboxed state whose code may read files below `dir` (resolved);
- * *ticks counts its instructions (in millions) and must outlive it. NULL when
- * out of memory. */
-lua_State *kvs_cfg_sandbox_open(const char *dir, long *ticks);
+ * *meter counts what it uses and must outlive it (lua_close included). NULL
+ * when out of memory. */
+lua_State *kvs_cfg_sandbox_open(const char *dir, kvs_cfg_meter *meter);
 
 /* ---- reading fields (config_field.c) ---------------------------------------- */
 

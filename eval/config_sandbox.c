@@ -168,10 +168,26 @@ static void open_sandbox(lua_State *L, const char *dir) {
     }
 }
 
-lua_State *kvs_cfg_sandbox_open(const char *dir, long *ticks) {
-    lua_State *L = luaL_newstate();
+/* Lua's allocator with a ceiling: past KVS_CFG_MEM_LIMIT an allocation
+ * fails, and Lua raises a memory error (LUA_ERRMEM) the loader reports. */
+static void *l_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    kvs_cfg_meter *m = ud;
+    const size_t old = ptr ? osize : 0; /* without ptr, osize is a type tag */
+    if (nsize == 0) {
+        m->bytes -= old;
+        free(ptr);
+        return NULL;
+    }
+    if (nsize > old && m->bytes - old + nsize > KVS_CFG_MEM_LIMIT) return NULL;
+    void *p = realloc(ptr, nsize);
+    if (p) m->bytes = m->bytes - old + nsize;
+    return p;
+}
+
+lua_State *kvs_cfg_sandbox_open(const char *dir, kvs_cfg_meter *meter) {
+    lua_State *L = lua_newstate(l_alloc, meter);
     if (!L) return NULL;
-    *(long **)lua_getextraspace(L) = ticks;
+    *(long **)lua_getextraspace(L) = &meter->ticks;
     lua_sethook(L, l_count_hook, LUA_MASKCOUNT, HOOK_EVERY);
     open_sandbox(L, dir);
     return L;

@@ -255,6 +255,13 @@ static void test_sandbox(void) {
                 KVS_ERR_INVALID, &err, "loop.lua:2: the config ran for more than");
     CHECK_FAILS(load("none.lua", "local x = 1\n", NULL, 0, &cfg, &err), KVS_ERR_INVALID, &err,
                 "no experiment{...}");
+    /* memory: one huge string, and a table growing until the ceiling (before the
+     * instruction cap); each an error naming the file, never the machine's memory */
+    CHECK_FAILS(load("rep.lua", "local s = string.rep(\"x\", 1 << 30)\n", NULL, 0, &cfg, &err),
+                KVS_ERR_INVALID, &err, "rep.lua: the config used more than 256 MiB of memory");
+    CHECK_FAILS(load("grow.lua", "local t = {}\nfor i = 1, 1e9 do t[i] = string.rep(\"y\", 4000) .. i end\n",
+                     NULL, 0, &cfg, &err),
+                KVS_ERR_INVALID, &err, "grow.lua: the config used more than 256 MiB of memory");
 }
 
 /* The shipped experiments/fidelity.lua loads and has the documented grid. */

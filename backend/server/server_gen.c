@@ -212,14 +212,6 @@ done:
     return rc;
 }
 
-/* A parameter value given as JSON -> the text kvs_params_set reads. */
-static int param_text(const cJSON *v, char *buf, size_t n) {
-    if (cJSON_IsBool(v)) snprintf(buf, n, "%s", cJSON_IsTrue(v) ? "true" : "false");
-    else if (cJSON_IsNumber(v)) snprintf(buf, n, "%.17g", v->valuedouble);
-    else if (cJSON_IsString(v)) snprintf(buf, n, "%s", v->valuestring);
-    else return -1;
-    return 0;
-}
 
 static int parse_variant(const kvs_server *s, const cJSON *o, const char *field, variant_req *v,
                          srv_error *e) {
@@ -255,7 +247,7 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
         cJSON_ArrayForEach(it, params) {
             char pf[224], txt[128];
             snprintf(pf, sizeof pf, "%s.params.%s", field, it->string);
-            if (param_text(it, txt, sizeof txt))
+            if (kvs_json_param_text(it, txt, sizeof txt))
                 return srv_fail(e, 400, pf, "%s must be a number, a boolean or a string", pf);
             kvs_err_clear(&err);
             if (kvs_params_set(v->method, &v->params, it->string, txt, &err) != KVS_OK)

@@ -167,7 +167,7 @@ static kvs_status parse_keep(const cJSON *keep, kvs_composition *comp, assign *a
     return KVS_OK;
 }
 
-static int param_text(const cJSON *v, char *buf, size_t n) {
+int kvs_json_param_text(const struct cJSON *v, char *buf, size_t n) {
     if (cJSON_IsBool(v)) snprintf(buf, n, "%s", cJSON_IsTrue(v) ? "true" : "false");
     else if (cJSON_IsNumber(v)) snprintf(buf, n, "%.17g", v->valuedouble);
     else if (cJSON_IsString(v)) snprintf(buf, n, "%s", v->valuestring);
@@ -201,7 +201,7 @@ static kvs_status apply_assign(kvs_composed *c, const kvs_part_info **owner, kvs
                           a->name, list[0] ? list : "none");
     }
     char txt[128];
-    if (param_text(a->value, txt, sizeof txt))
+    if (kvs_json_param_text(a->value, txt, sizeof txt))
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: expected a number, a boolean or a string",
                           a->field);
     kvs_err e2 = {0};

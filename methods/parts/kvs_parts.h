@@ -295,7 +295,10 @@ typedef struct kvs_composed kvs_composed;
  *   {"name": "ada_tova",                  optional label (default: the parts'
  *                                         names joined by '+')
  *    "score": "tova",                     required: a scorer
- *    "allocate": "pyramid",               default "uniform"
+ *    "allocate": "pyramid",               default "uniform" ("adakv": uniform
+ *                                         with "heads": "adakv")
+ *    "heads": "adakv",                    a head allocator (ragged counts);
+ *                                         default "equal" (absent)
  *    "keep": {"sinks": 4, "window": 8},   protect rules in priority order;
  *                                         a number sets the rule's parameter
  *                                         of its own name, true its default;
@@ -309,6 +312,9 @@ typedef struct kvs_composed kvs_composed;
 struct cJSON;
 kvs_status kvs_composed_from_cjson(const struct cJSON *desc, kvs_composed **out, kvs_err *err);
 kvs_status kvs_composed_from_json(const char *text, kvs_composed **out, kvs_err *err);
+/* A parameter value given as JSON (bool, number, string) as the text
+ * kvs_params_set reads ("true", "0.25", "max"); -1 for other JSON types. */
+int kvs_json_param_text(const struct cJSON *v, char *buf, size_t n);
 void kvs_composed_free(kvs_composed *c);
 const kvs_method *kvs_composed_method(const kvs_composed *c);
 const char *kvs_composed_label(const kvs_composed *c);

@@ -54,6 +54,7 @@ void srv_error_response(kvs_http_response *resp, const srv_error *e) {
     cJSON_AddStringToObject(o, "message", e->msg);
     if (e->field[0]) cJSON_AddStringToObject(o, "field", e->field);
     cJSON_AddStringToObject(o, "type", e->status >= 500   ? "server_error"
+                                       : e->status == 401 ? "authentication_error"
                                        : e->status == 404 ? "not_found_error"
                                        : e->status == 503 ? "unavailable_error"
                                                           : "invalid_request_error");

@@ -31,6 +31,7 @@ enum {
     EP_V1_COMPLETIONS,
     EP_V1_CHAT,
     EP_KV_DUMP,
+    EP_TOKENIZER_INFO,
     EP_OTHER,
     EP_COUNT
 };
@@ -72,6 +73,7 @@ struct kvs_server {
     kvs_server_config cfg;
     char host[256];
     char alias[128];
+    char *api_key; /* malloc'd copy of cfg.api_key, or NULL: no authentication */
     kvs_http *http;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* broadcast on every change of the fields below */

@@ -70,6 +70,19 @@
  *                       false), plus timings, kv and [variants]. Chat applies
  *                       the model family's template (kvs_chat_apply); message
  *                       content is text or an array of {type: "text", text}.
+ *                       With echo, logprobs or several prompts (logprobs.c), vLLM's
+ *                       shape: prompt as text, [text], [ids] or [[ids]] (at most 64),
+ *                       one choices[i] with its index per prompt; logprobs N (0..20):
+ *                       choices[].logprobs = {tokens, token_logprobs, top_logprobs
+ *                       ([{text: logprob}]: the chosen token and the top N),
+ *                       text_offset (code points of the token texts before)}, over
+ *                       the prompt too with echo (its first token null); max_tokens
+ *                       (default 16; 0 with echo: the prompt only). Greedy only
+ *                       (temperature 0), no stop strings, no kv_compression (400
+ *                       naming the field). Every position's logits come from the
+ *                       decode kernels (prefill the first token, decode the rest);
+ *                       log-probs are log-softmax in double, printed with 17 digits
+ *                       (they read back bit-identical), -inf clamped to -9999.0.
  *   POST /kv/dump       {prompt, queries=0 (-1 all, k last k), dtype=F32|F16|BF16,
  *                        include_local=true} -> safetensors bytes in the
  *                       formats/kvs_formats.h dump layout (metadata: model,
@@ -106,7 +119,8 @@
  *   401 missing or wrong API key, 404 unknown path, 405 wrong method, 413 body too large, 503 draining or
  *   queue full (Retry-After) or cancelled by the shutdown, 500 engine failure. A prompt longer than the context is 400, never
  *   truncated. Options this server does not implement (penalties, min_p,
- *   typical_p, mirostat, logprobs / n_probs, echo, best_of, grammar,
+ *   typical_p, mirostat, n_probs, logprobs and echo (except on /v1/completions),
+ *   best_of, grammar,
  *   json_schema, tools, logit_bias, response_format other than text) are
  *   refused with 400 naming them unless given their neutral value; other
  *   unknown top-level fields are ignored, unknown fields inside

@@ -97,6 +97,12 @@ static int parse_prompt(const kvs_server *s, const cJSON *root, gen_req *g, srv_
                                 cJSON_GetArraySize(p));
             return tokenize_text(s, first->valuestring, add_bos, "prompt[0]", &g->prompt, &g->n_prompt, e);
         }
+        if (first && cJSON_IsArray(first)) { /* [[ids]] (lm-eval's batch of one); several: logprobs.c */
+            if (cJSON_GetArraySize(p) != 1)
+                return srv_fail(e, 400, "prompt", "prompt: only one prompt per request is supported here, got %d",
+                                cJSON_GetArraySize(p));
+            return parse_token_array(s, first, "prompt[0]", &g->prompt, &g->n_prompt, e);
+        }
         return parse_token_array(s, p, "prompt", &g->prompt, &g->n_prompt, e);
     }
     return srv_fail(e, 400, "prompt", "prompt must be a string or an array of token ids");
@@ -365,7 +371,7 @@ static int parse_stop(const cJSON *root, gen_req *g, srv_error *e) {
 
 /* Sampling and output options this server does not implement are refused
  * when set to anything but their neutral value, never silently ignored. */
-static int refuse_unsupported(const cJSON *root, srv_error *e) {
+int srv_refuse_unsupported(const cJSON *root, int scoring, srv_error *e) {
     static const struct {
         const char *name;
         double neutral;
@@ -380,7 +386,7 @@ static int refuse_unsupported(const cJSON *root, srv_error *e) {
             return srv_fail(e, 400, nums[i].name, msg, nums[i].name);
     }
     static const char *const flags[] = {"logprobs", "echo"};
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < (scoring ? 0 : 2); i++) {
         const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, flags[i]);
         if (it && !cJSON_IsNull(it) && !cJSON_IsFalse(it) && !(cJSON_IsNumber(it) && it->valuedouble == 0))
             return srv_fail(e, 400, flags[i], msg, flags[i]);
@@ -410,7 +416,7 @@ static int refuse_unsupported(const cJSON *root, srv_error *e) {
 
 int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e) {
     int stream = 0;
-    if (refuse_unsupported(root, e)) return -1;
+    if (srv_refuse_unsupported(root, 0, e)) return -1;
     if (srv_get_bool(root, "stream", "", 0, &stream, e)) return -1;
     if (stream) return srv_fail(e, 400, "stream", "stream: streaming responses are not supported; send stream: false");
     if (ep != EP_COMPLETION) {
@@ -669,6 +675,10 @@ void srv_handle_generate(kvs_server *s, int ep, const kvs_http_request *rq, kvs_
     int n_outs = 0;
     cJSON *root = srv_parse_body(rq, &e);
     if (!root) goto fail;
+    if (ep == EP_V1_COMPLETIONS && srv_wants_scoring(root)) { /* echo, logprobs, several prompts */
+        srv_handle_scoring(s, root, rq, rs);
+        goto cleanup;
+    }
     if (srv_parse_gen_request(s, ep, root, &g, &e)) goto fail;
     n_outs = g.n_variants > 0 ? g.n_variants : 1;
     outs = calloc((size_t)n_outs, sizeof *outs);

@@ -225,6 +225,13 @@ uint64_t srv_next_id(kvs_server *s);
 /* Endpoints in server_gen.c. */
 void srv_handle_generate(kvs_server *s, int ep, const kvs_http_request *rq, kvs_http_response *rs);
 void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
+/* Options this server does not implement, refused with 400 unless neutral
+ * (scoring: echo and logprobs are allowed). */
+int srv_refuse_unsupported(const cJSON *root, int scoring, srv_error *e);
+/* /v1/completions with echo, logprobs or several prompts (logprobs.c):
+ * srv_wants_scoring says whether root asks for it. */
+int srv_wants_scoring(const cJSON *root);
+void srv_handle_scoring(kvs_server *s, const cJSON *root, const kvs_http_request *rq, kvs_http_response *rs);
 /* Parse a generation body into g (free with srv_gen_req_free) and the token
  * endpoints (server.c): no socket or scheduler needed, so tests/fuzz calls them. */
 int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e);

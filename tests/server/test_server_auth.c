@@ -11,10 +11,20 @@
  * (eos/bos/pad tokens and ids, max_model_len), POST /tokenize with
  * {prompt, add_special_tokens} (the eos text encodes to the eos id, as
  * lm-eval derives eos_token_id), POST /detokenize answering both prompt and
- * content, llama-server's shapes unchanged.
- * Not covered: the generation endpoints in depth (test_server_http.c).
+ * content, llama-server's shapes unchanged. /v1/completions with echo and
+ * logprobs (lm-eval's loglikelihood request: [[ids]], echo, logprobs 1,
+ * max_tokens 1): every prompt position's log-prob equals log-softmax (double)
+ * of the logits an in-process session of the engine gives on the same path
+ * (prefill the first token, decode the rest), bit for bit, and is within 2e-3
+ * of the prefill of each prefix; the first token's is null; the chosen token's
+ * top_logprobs value is bit-identical to its token_logprobs value; greedy
+ * tokens are the argmax; several prompts give one choice per prompt equal to
+ * asking for each alone; max_tokens 0 with echo; refusals naming the field.
+ * Not covered: the generation endpoints in depth (test_server_http.c); the
+ * -inf clamp (no finite model gives -inf logits).
  */
 #include "kvs_backend.h"
+#include "kvs_cpu.h"
 #include "kvs_server.h"
 #include "test_util.h"
 #include "backend/tiny_model.h"
@@ -240,6 +250,162 @@ static void test_tokenizer(const kvs_model *m) {
     cJSON_Delete(info);
 }
 
+/* log-softmax in double of logits[V] at token t */
+static double ref_lp(const float *x, int V, int t) {
+    double m = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++)
+        if (x[i] > m) m = x[i];
+    for (int i = 0; i < V; i++) sum += exp((double)x[i] - m);
+    return (double)x[t] - (m + log(sum));
+}
+
+static cJSON *complete(const char *json, long *st) { return call("POST", "/v1/completions", json, KEY, st); }
+
+static void test_logprobs(kvs_model *m) {
+    kvs_err err = {0};
+    const int V = kvs_model_get_info(m)->n_vocab;
+    const char *text = "The quick brown fox jumps over the lazy dog";
+    int32_t *P = NULL;
+    int n = 0;
+    CHECK_OK(kvs_tokenize(m, text, strlen(text), 1, 1, &P, &n, &err), &err);
+    if (!P) return;
+    CHECK(n > 4 && n < 60);
+    /* the reference on the server's path: prefill P[0], then decode one by one */
+    float *L = malloc((size_t)(n + 1) * V * sizeof *L); /* row i: logits after P[0..i] */
+    kvs_session_opts so = {0};
+    so.n_ctx = 96;
+    so.n_threads = 1;
+    kvs_session *ses = NULL;
+    CHECK_OK(kvs_session_new(m, &so, &ses, &err), &err);
+    if (!ses || !L) return;
+    CHECK_OK(kvs_session_prefill(ses, P, 1, NULL, L, &err), &err);
+    for (int i = 1; i < n; i++) CHECK_OK(kvs_session_decode(ses, P[i], L + (size_t)i * V, &err), &err);
+    const int32_t gen = kvs_argmax(L + (size_t)(n - 1) * V, V);
+
+    /* lm-eval's loglikelihood request */
+    cJSON *req = cJSON_CreateObject();
+    cJSON *outer = cJSON_AddArrayToObject(req, "prompt"), *inner = cJSON_CreateArray();
+    cJSON_AddItemToArray(outer, inner);
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(inner, cJSON_CreateNumber(P[i]));
+    cJSON_AddNumberToObject(req, "temperature", 0);
+    cJSON_AddNumberToObject(req, "max_tokens", 1);
+    cJSON_AddNumberToObject(req, "logprobs", 1);
+    cJSON_AddBoolToObject(req, "echo", 1);
+    cJSON_AddNumberToObject(req, "seed", 1234);
+    cJSON_AddStringToObject(req, "model", "x");
+    char *js = cJSON_PrintUnformatted(req);
+    long st;
+    cJSON *r = complete(js, &st);
+    const cJSON *ch = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
+    const cJSON *lo = ch ? obj(ch, "logprobs") : NULL;
+    CHECK_MSG(st == 200 && lo, "echo + logprobs: status %ld", st);
+    if (lo) {
+        const cJSON *tl = obj(lo, "token_logprobs"), *tp = obj(lo, "top_logprobs"), *tk = obj(lo, "tokens"),
+                    *to = obj(lo, "text_offset");
+        CHECK_MSG(cJSON_GetArraySize(tl) == n + 1 && cJSON_GetArraySize(tp) == n + 1 &&
+                      cJSON_GetArraySize(tk) == n + 1 && cJSON_GetArraySize(to) == n + 1,
+                  "logprobs arrays of %d, want %d", cJSON_GetArraySize(tl), n + 1);
+        CHECK(cJSON_IsNull(cJSON_GetArrayItem(tl, 0)) && cJSON_IsNull(cJSON_GetArrayItem(tp, 0)));
+        CHECK(num(ch, "index") == 0);
+        int exact = 0, near = 0;
+        float *pre = malloc((size_t)V * sizeof *pre);
+        for (int i = 1; i <= n && pre; i++) {
+            const int32_t t = i < n ? P[i] : gen;
+            const float *row = L + (size_t)(i - 1) * V;
+            const double got = cJSON_GetArrayItem(tl, i)->valuedouble;
+            exact += got == ref_lp(row, V, t);
+            /* the same prefix through the prefill kernels */
+            kvs_session_reset(ses);
+            CHECK_OK(kvs_session_prefill(ses, P, i, NULL, pre, &err), &err);
+            near += fabs(got - ref_lp(pre, V, t)) < 2e-3;
+            /* top_logprobs: the chosen token's value bit-identical; the max is the argmax's */
+            const cJSON *d = cJSON_GetArrayItem(tp, i), *it;
+            double best = -INFINITY, chosen = NAN;
+            cJSON_ArrayForEach(it, d) {
+                if (it->valuedouble > best) best = it->valuedouble;
+                if (it->valuedouble == got) chosen = got;
+            }
+            CHECK_MSG(chosen == got, "position %d: token_logprobs %.17g not among top_logprobs", i, got);
+            CHECK_MSG(best == ref_lp(row, V, kvs_argmax(row, V)), "position %d: top value %.17g is not the argmax's", i,
+                      best);
+            if (t == kvs_argmax(row, V)) CHECK_MSG(got == best, "position %d: greedy token not recognised", i);
+        }
+        free(pre);
+        CHECK_MSG(exact == n, "%d of %d log-probs bit-identical to the in-process decode path", exact, n);
+        CHECK_MSG(near == n, "%d of %d log-probs within 2e-3 of the prefill of the prefix", near, n);
+        CHECK(cJSON_GetArrayItem(to, 0)->valuedouble == 0 && cJSON_GetArrayItem(to, n)->valuedouble > 0);
+        const cJSON *u = obj(r, "usage");
+        CHECK(num(u, "prompt_tokens") == n && num(u, "completion_tokens") == 1);
+    }
+    cJSON_Delete(r);
+
+    /* several prompts (texts): one choice each, equal to asking for each alone */
+    const char *two = "{\"prompt\": [\"Hello world\", \"The quick brown\"], \"max_tokens\": 3, \"logprobs\": 2, "
+                      "\"temperature\": 0}";
+    r = complete(two, &st);
+    CHECK_MSG(st == 200 && r && cJSON_GetArraySize(obj(r, "choices")) == 2, "two prompts: %ld", st);
+    const char *alone[2] = {"{\"prompt\": \"Hello world\", \"max_tokens\": 3, \"logprobs\": 2}",
+                            "{\"prompt\": [\"The quick brown\"], \"max_tokens\": 3, \"logprobs\": 2}"};
+    for (int k = 0; k < 2 && r; k++) {
+        const cJSON *c = cJSON_GetArrayItem(obj(r, "choices"), k);
+        long st1;
+        cJSON *r1 = complete(alone[k], &st1);
+        const cJSON *c1 = r1 ? cJSON_GetArrayItem(obj(r1, "choices"), 0) : NULL;
+        CHECK(c && c1 && num(c, "index") == k);
+        char *a = c ? cJSON_PrintUnformatted(obj(c, "logprobs")) : NULL, *b = c1 ? cJSON_PrintUnformatted(obj(c1, "logprobs")) : NULL;
+        CHECK_MSG(a && b && !strcmp(a, b) && !strcmp(str(c, "text"), str(c1, "text")), "prompt %d alone differs", k);
+        const cJSON *tl = obj(obj(c, "logprobs"), "token_logprobs");
+        CHECK(cJSON_GetArraySize(tl) >= 1 && cJSON_GetArraySize(tl) <= 3 && !cJSON_IsNull(cJSON_GetArrayItem(tl, 0)));
+        free(a);
+        free(b);
+        cJSON_Delete(r1);
+    }
+    cJSON_Delete(r);
+
+    /* echo with max_tokens 0: the prompt only; no logprobs asked: null */
+    r = complete("{\"prompt\": \"Hello world\", \"max_tokens\": 0, \"echo\": true}", &st);
+    ch = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
+    CHECK_MSG(st == 200 && ch && cJSON_IsNull(obj(ch, "logprobs")) && str(ch, "text") && !strcmp(str(ch, "text"), "Hello world"),
+              "echo, max_tokens 0: %ld '%s'", st, ch && str(ch, "text") ? str(ch, "text") : "");
+    cJSON_Delete(r);
+    /* [[ids]] without echo or logprobs: the plain path */
+    cJSON_DeleteItemFromObject(req, "echo");
+    cJSON_DeleteItemFromObject(req, "logprobs");
+    free(js);
+    js = cJSON_PrintUnformatted(req);
+    r = complete(js, &st);
+    ch = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
+    CHECK_MSG(st == 200 && ch && str(ch, "text"), "[[ids]] plain: %ld", st);
+    cJSON_Delete(r);
+
+    static const struct {
+        const char *body, *field;
+    } bad[] = {
+        {"{\"prompt\": \"a\", \"echo\": true, \"temperature\": 0.5}", "temperature"},
+        {"{\"prompt\": \"a\", \"logprobs\": 21}", "logprobs"},
+        {"{\"prompt\": \"a\", \"logprobs\": 1, \"stop\": [\"x\"]}", "stop"},
+        {"{\"prompt\": \"a\", \"logprobs\": 1, \"kv_compression\": {\"method\": \"snapkv\"}}", "kv_compression"},
+        {"{\"prompt\": [\"a\", 5], \"logprobs\": 1}", "prompt[1]"},
+        {"{\"prompt\": [[1, 2], [99999]], \"logprobs\": 1}", "prompt[1]"},
+        {"{\"prompt\": \"a\", \"logprobs\": 1, \"max_tokens\": 200}", "prompt"},
+        {"{\"prompt\": \"a\", \"logprobs\": 1, \"max_tokens\": 0}", "max_tokens"},
+        {"{\"prompt\": \"a\", \"echo\": true, \"presence_penalty\": 1}", "presence_penalty"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = complete(bad[i].body, &st);
+        const cJSON *e = r ? obj(r, "error") : NULL;
+        CHECK_MSG(st == 400 && e && str(e, "field") && !strcmp(str(e, "field"), bad[i].field),
+                  "%s: status %ld, field %s, want 400 %s", bad[i].body, st, e && str(e, "field") ? str(e, "field") : "-",
+                  bad[i].field);
+        cJSON_Delete(r);
+    }
+    free(js);
+    cJSON_Delete(req);
+    kvs_session_free(ses);
+    free(L);
+    free(P);
+}
+
 int main(void) {
     kvs_err err_ = {0}, *err = &err_;
     tiny_spec spec = tiny_default("gemma3");
@@ -271,6 +437,7 @@ int main(void) {
     g_port = kvs_server_port(srv);
     test_api_key();
     test_tokenizer(m);
+    test_logprobs(m);
 done:
     kvs_server_stop(srv);
     kvs_model_free(m);

@@ -71,7 +71,8 @@
  *                       the model family's template (kvs_chat_apply); message
  *                       content is text or an array of {type: "text", text}.
  *                       With echo, logprobs or several prompts (logprobs.c), vLLM's
- *                       shape: prompt as text, [text], [ids] or [[ids]] (at most 64),
+ *                       shape: prompt as text, [text], [ids] or [[ids]] (at most 64,
+ *                       32768 tokens with max_tokens; run alone between decode steps),
  *                       one choices[i] with its index per prompt; logprobs N (0..20):
  *                       choices[].logprobs = {tokens, token_logprobs, top_logprobs
  *                       ([{text: logprob}]: the chosen token and the top N),

@@ -14,7 +14,8 @@
  * token_logprobs and in its top_logprobs entry, so they are bit-identical.
  * What it is not: sampling (temperature must be 0), stop strings,
  * kv_compression or streaming with these options (each refused with 400
- * naming the field); the plain single-prompt path (server_gen.c).
+ * naming the field); more than 64 prompts or LP_MAX_TOKENS tokens in all (400:
+ * the request runs alone while the other requests' decoding waits); the plain single-prompt path (server_gen.c).
  */
 #include "server_internal.h"
 
@@ -25,6 +26,9 @@
 
 #define LP_MAX_PROMPTS 64
 #define LP_MAX_TOP 20
+/* tokens (prompts + max_tokens) of one request at most: it runs alone on the
+ * scheduler thread, so the other requests' decoding waits for it */
+#define LP_MAX_TOKENS 32768
 #define LP_FLOOR (-9999.0) /* vLLM's clamp of -inf */
 
 typedef struct {
@@ -143,6 +147,7 @@ static int parse_scoring(kvs_server *s, const cJSON *root, lp_req *r, srv_error 
     r->n_seqs = n;
     const int add_bos = kvs_model_special(s->model)->add_bos;
     const int cap_top = r->n_top > 0 ? r->n_top : 1;
+    long long total = 0;
     for (int i = 0; i < n; i++) {
         char f[48];
         snprintf(f, sizeof f, list ? "prompt[%d]" : "prompt", i);
@@ -152,6 +157,11 @@ static int parse_scoring(kvs_server *s, const cJSON *root, lp_req *r, srv_error 
         if (q->n_prompt + r->max_tokens > s->cfg.n_ctx)
             return srv_fail(e, 400, f, "%s: %d tokens + max_tokens %d exceed the context of %d; it is not truncated",
                             f, q->n_prompt, r->max_tokens, s->cfg.n_ctx);
+        total += q->n_prompt + r->max_tokens;
+        if (total > LP_MAX_TOKENS)
+            return srv_fail(e, 400, "prompt", "prompt: the prompts and max_tokens add up to more than %d tokens "
+                            "in one request (they run alone, between the other requests' decode steps); "
+                            "split the request", LP_MAX_TOKENS);
         size_t cap = (size_t)q->n_prompt + (size_t)r->max_tokens;
         int32_t *nt = realloc(q->toks, cap * sizeof *nt);
         if (nt) q->toks = nt;

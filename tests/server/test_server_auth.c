@@ -399,6 +399,14 @@ static void test_logprobs(kvs_model *m) {
                   bad[i].field);
         cJSON_Delete(r);
     }
+    /* more than 64 prompts */
+    char many[1024] = "{\"logprobs\": 0, \"prompt\": [\"a\"";
+    for (int i = 1; i < 65; i++) strcat(many, ", \"a\"");
+    strcat(many, "]}");
+    r = complete(many, &st);
+    CHECK_MSG(st == 400 && r && str(obj(r, "error"), "message") && strstr(str(obj(r, "error"), "message"), "at most 64"),
+              "65 prompts: %ld", st);
+    cJSON_Delete(r);
     free(js);
     cJSON_Delete(req);
     kvs_session_free(ses);

@@ -23,6 +23,7 @@ static void serve_usage(FILE *f) {
             "                     [--threads N] [--ctx N] [--slots N] [--alias NAME] [--queue N]\n"
             "                     [--batch N] [--n-predict-max N] [--drain-timeout S] [--max-conn N]\n"
             "                     [--cache-type f16|bf16|f32] [--api-key KEY]\n"
+            "                     [--prepend-bos]\n"
             "  --model    a GGUF file, or `default` (Gemma 3 270M Q4_K_M, see the README)\n"
             "  --host     address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port     TCP port (default 8080; 0 picks a free one and prints it)\n"
@@ -42,6 +43,8 @@ static void serve_usage(FILE *f) {
             "  --cache-type  KV cache element type: f16 (default), bf16, f32\n"
             "  --api-key  require `Authorization: Bearer KEY` on every endpoint but /health\n"
             "             (401 otherwise); default: the KVSIEVE_API_KEY environment variable\n"
+            "  --prepend-bos  token-id prompts without BOS get it (models whose tokenizer adds\n"
+            "             BOS; lm-eval's remote tokenizer sends ids without it); not echoed\n"
             "SIGTERM or SIGINT drains (for at most --drain-timeout) and exits.\n");
 }
 
@@ -86,6 +89,8 @@ int kvs_cmd_serve(int argc, char **argv) {
                 fprintf(stderr, "kvsieve serve: --cache-type: %s\n", e.msg);
                 return 2;
             }
+        } else if (!strcmp(a, "--prepend-bos")) {
+            cfg.prepend_bos = 1;
         } else if (!strcmp(a, "--api-key")) {
             if (!(cfg.api_key = kvs_arg_value(argc, argv, &i))) return 2;
             if (!cfg.api_key[0]) {

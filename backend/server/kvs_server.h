@@ -158,6 +158,9 @@ typedef struct {
     double drain_timeout_s; /* kvs_server_stop waits this long for the requests in flight
                                (default 10), then cancels what is left */
     int cache_type;    /* kvs_cache_type of every session's KV cache (default 0: f16) */
+    int prepend_bos;   /* 1: a prompt given as token ids that does not start with BOS gets it, for
+                          a model whose tokenizer adds BOS (lm-eval's remote tokenizer sends ids
+                          without it); echo does not show the added position */
     const char *api_key; /* NULL or "": no authentication; else every endpoint but GET /health
                             (and /v1/health) needs `Authorization: Bearer KEY` (or `X-Api-Key:
                             KEY`, as llama-server also takes); others get 401 before any work */

@@ -38,6 +38,7 @@ typedef struct {
     int32_t *top;  /* [n_prompt + cap_gen][n_top] the top tokens at each position */
     double *top_lp;
     int eog;       /* generation ended on an end-of-generation token */
+    int skip;      /* 1: BOS was prepended (--prepend-bos); not echoed */
 } lp_seq;
 
 typedef struct {
@@ -90,6 +91,12 @@ static int parse_one(kvs_server *s, const cJSON *p, const char *field, int add_b
             }
             t[i++] = (int32_t)it->valuedouble;
         }
+        int added = srv_prepend_bos(s, &t, &n);
+        if (added < 0) {
+            free(t);
+            return srv_fail(e, 500, "", "out of memory");
+        }
+        q->skip = added;
     } else {
         return srv_fail(e, 400, field, "%s must be a string or an array of token ids", field);
     }
@@ -313,7 +320,7 @@ static void top_put(cJSON *o, const char *key, double v, double *vals, int *n_va
 
 static cJSON *choice_json(kvs_server *s, const lp_req *r, const lp_seq *q, int index, srv_error *e) {
     kvs_err err = {0};
-    const int first = r->echo ? 0 : q->n_prompt, end = q->n_prompt + q->n_gen;
+    const int first = r->echo ? q->skip : q->n_prompt, end = q->n_prompt + q->n_gen;
     char *text = NULL, *clean = NULL;
     int n_text = end - first - (q->eog ? 1 : 0); /* the end-of-generation token is not text */
     if (kvs_detokenize(s->model, q->toks + first, n_text, 0, &text, &err) != KVS_OK) {
@@ -400,7 +407,7 @@ void srv_handle_scoring(kvs_server *s, const cJSON *root, const kvs_http_request
         cJSON *c = choice_json(s, &r, &r.seqs[i], i, &e);
         if (!c) goto fail;
         cJSON_AddItemToArray(choices, c);
-        n_prompt += r.seqs[i].n_prompt;
+        n_prompt += r.seqs[i].n_prompt - r.seqs[i].skip;
         n_gen += r.seqs[i].n_gen;
     }
     cJSON *u = cJSON_AddObjectToObject(out, "usage");

@@ -253,3 +253,15 @@ int srv_refuse_unsupported(const cJSON *root, int scoring, srv_error *e) {
     }
     return 0;
 }
+
+int srv_prepend_bos(const kvs_server *s, int32_t **toks, int *n) {
+    const kvs_special_tokens *sp = kvs_model_special(s->model);
+    if (!s->cfg.prepend_bos || !sp->add_bos || sp->bos < 0 || *n < 1 || (*toks)[0] == sp->bos) return 0;
+    int32_t *t = realloc(*toks, (size_t)(*n + 1) * sizeof *t);
+    if (!t) return -1;
+    memmove(t + 1, t, (size_t)*n * sizeof *t);
+    t[0] = sp->bos;
+    *toks = t;
+    (*n)++;
+    return 1;
+}

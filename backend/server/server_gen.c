@@ -70,6 +70,10 @@ static int parse_token_array(const kvs_server *s, const cJSON *arr, const char *
         }
         t[i++] = (int32_t)it->valuedouble;
     }
+    if (srv_prepend_bos(s, &t, &n) < 0) {
+        free(t);
+        return srv_fail(e, 500, "", "out of memory");
+    }
     *out = t;
     *n_out = n;
     return 0;

@@ -225,6 +225,10 @@ uint64_t srv_next_id(kvs_server *s);
 /* Endpoints in server_gen.c. */
 void srv_handle_generate(kvs_server *s, int ep, const kvs_http_request *rq, kvs_http_response *rs);
 void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
+/* --prepend-bos: a token-id prompt of a model whose tokenizer adds BOS gets
+ * BOS in front when it does not start with it (request.c). Returns 1 when
+ * prepended, 0 when not, -1 out of memory. */
+int srv_prepend_bos(const kvs_server *s, int32_t **toks, int *n);
 /* Options this server does not implement, refused with 400 unless neutral
  * (scoring: echo and logprobs are allowed). */
 int srv_refuse_unsupported(const cJSON *root, int scoring, srv_error *e);

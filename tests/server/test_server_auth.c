@@ -19,7 +19,8 @@
  * of the prefill of each prefix; the first token's is null; the chosen token's
  * top_logprobs value is bit-identical to its token_logprobs value; greedy
  * tokens are the argmax; several prompts give one choice per prompt equal to
- * asking for each alone; max_tokens 0 with echo; refusals naming the field.
+ * asking for each alone; max_tokens 0 with echo; prepend_bos (ids without
+ * BOS scored after it, not echoed); refusals naming the field.
  * Not covered: the generation endpoints in depth (test_server_http.c); the
  * -inf clamp (no finite model gives -inf logits).
  */
@@ -336,6 +337,26 @@ static void test_logprobs(kvs_model *m) {
         CHECK(cJSON_GetArrayItem(to, 0)->valuedouble == 0 && cJSON_GetArrayItem(to, n)->valuedouble > 0);
         const cJSON *u = obj(r, "usage");
         CHECK(num(u, "prompt_tokens") == n && num(u, "completion_tokens") == 1);
+        /* --prepend-bos: the same ids without BOS are scored after BOS, which is not echoed */
+        cJSON *req2 = cJSON_Duplicate(req, 1);
+        cJSON_DeleteItemFromArray(cJSON_GetArrayItem(obj(req2, "prompt"), 0), 0);
+        char *js2 = cJSON_PrintUnformatted(req2);
+        long st2;
+        cJSON *r2 = complete(js2, &st2);
+        const cJSON *lo2 = r2 ? obj(cJSON_GetArrayItem(obj(r2, "choices"), 0), "logprobs") : NULL;
+        const cJSON *tl2 = obj(lo2, "token_logprobs");
+        CHECK_MSG(st2 == 200 && cJSON_GetArraySize(tl2) == n, "without BOS: %ld, %d entries, want %d", st2,
+                  cJSON_GetArraySize(tl2), n);
+        int same = 0;
+        for (int i = 0; i < n && cJSON_GetArraySize(tl2) == n; i++) {
+            const cJSON *a = cJSON_GetArrayItem(tl2, i), *b = cJSON_GetArrayItem(tl, i + 1);
+            same += cJSON_IsNumber(a) && a->valuedouble == b->valuedouble;
+        }
+        CHECK_MSG(same == n, "without BOS: %d of %d log-probs equal those after the BOS", same, n);
+        CHECK(cJSON_GetArrayItem(obj(lo2, "text_offset"), 0) && cJSON_GetArrayItem(obj(lo2, "text_offset"), 0)->valuedouble == 0);
+        cJSON_Delete(r2);
+        free(js2);
+        cJSON_Delete(req2);
     }
     cJSON_Delete(r);
 
@@ -439,6 +460,7 @@ int main(void) {
     cfg.n_ctx = 96;
     char key[] = "s3cret-key";
     cfg.api_key = key;
+    cfg.prepend_bos = 1;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) goto done;
     key[0] = 'X'; /* the server keeps its own copy */

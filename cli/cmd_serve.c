@@ -22,7 +22,8 @@ static void serve_usage(FILE *f) {
             "usage: kvsieve serve --model PATH|default [--host 127.0.0.1] [--port 8080]\n"
             "                     [--threads N] [--ctx N] [--slots N] [--alias NAME] [--queue N]\n"
             "                     [--batch N] [--n-predict-max N] [--drain-timeout S] [--max-conn N]\n"
-            "                     [--cache-type f16|bf16|f32]\n"
+            "                     [--cache-type f16|bf16|f32] [--api-key KEY]\n"
+            "                     [--prepend-bos]\n"
             "  --model    a GGUF file, or `default` (Gemma 3 270M Q4_K_M, see the README)\n"
             "  --host     address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port     TCP port (default 8080; 0 picks a free one and prints it)\n"
@@ -40,6 +41,10 @@ static void serve_usage(FILE *f) {
             "             then the rest is cancelled (503) and the server exits 0\n"
             "  --max-conn simultaneous connections (default 512; polled, so > 1024 works)\n"
             "  --cache-type  KV cache element type: f16 (default), bf16, f32\n"
+            "  --api-key  require `Authorization: Bearer KEY` on every endpoint but /health\n"
+            "             (401 otherwise); default: the KVSIEVE_API_KEY environment variable\n"
+            "  --prepend-bos  token-id prompts without BOS get it (models whose tokenizer adds\n"
+            "             BOS; lm-eval's remote tokenizer sends ids without it); not echoed\n"
             "SIGTERM or SIGINT drains (for at most --drain-timeout) and exits.\n");
 }
 
@@ -84,6 +89,14 @@ int kvs_cmd_serve(int argc, char **argv) {
                 fprintf(stderr, "kvsieve serve: --cache-type: %s\n", e.msg);
                 return 2;
             }
+        } else if (!strcmp(a, "--prepend-bos")) {
+            cfg.prepend_bos = 1;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!(cfg.api_key = kvs_arg_value(argc, argv, &i))) return 2;
+            if (!cfg.api_key[0]) {
+                fprintf(stderr, "kvsieve serve: --api-key must not be empty\n");
+                return 2;
+            }
         } else if (!strcmp(a, "--max-conn")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 20, &max_conn)) return 2;
         } else {
@@ -96,6 +109,10 @@ int kvs_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvsieve serve: --model is required (a GGUF path or `default`)\n");
         serve_usage(stderr);
         return 2;
+    }
+    if (!cfg.api_key) { /* as llama-server reads LLAMA_API_KEY */
+        const char *k = getenv("KVSIEVE_API_KEY");
+        if (k && k[0]) cfg.api_key = k;
     }
     cfg.port = (int)port;
     cfg.threads = (int)threads;
@@ -142,9 +159,9 @@ int kvs_cmd_serve(int argc, char **argv) {
         goto cleanup;
     }
     int v6 = strchr(cfg.host, ':') != NULL; /* an IPv6 literal goes in brackets in a URL */
-    fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld, %s KV cache)\n",
+    fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld, %s KV cache%s)\n",
             v6 ? "[" : "", cfg.host, v6 ? "]" : "", kvs_server_port(srv), cfg.slots, threads,
-            kvs_cache_type_name(cfg.cache_type));
+            kvs_cache_type_name(cfg.cache_type), cfg.api_key ? ", API key required" : "");
     fflush(stderr);
     int sig = 0;
     if (sigwait(&stop_set, &sig) != 0) {

@@ -122,7 +122,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return send_response(conn, 413, body, len, "application/json", 0);
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    kvs_http_request req = {method, url, r->buf ? r->buf : "", r->len, ci ? (int)ci->connect_fd : -1};
+    kvs_http_request req = {method, url, r->buf ? r->buf : "", r->len, ci ? (int)ci->connect_fd : -1,
+                            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+                            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Api-Key")};
     if (r->buf) r->buf[r->len] = '\0';
     kvs_http_response resp = {500, NULL, 0, "application/json", 0};
     h->handler(h->user, &req, &resp);

@@ -23,6 +23,8 @@ typedef struct {
     const char *body;   /* NUL-terminated, body_len bytes before the NUL */
     size_t body_len;
     int fd; /* the client's socket (read-only use: poll it to see the client hang up) */
+    const char *authorization; /* the Authorization header, or NULL */
+    const char *x_api_key;     /* the X-Api-Key header, or NULL */
 } kvs_http_request;
 
 typedef struct {

@@ -42,9 +42,16 @@
  *                       kvsieve_batch_size (sequences in the batch now),
  *                       kvsieve_batch_steps_total, kvsieve_batch_seq_steps_total
  *                       (their sum of batch sizes: the mean batch is the ratio)
- *   POST /tokenize      {content, add_special=false, with_pieces=false,
- *                        parse_special=true} -> {tokens: [id] | [{id, piece}]}
- *   POST /detokenize    {tokens: [id]} -> {content}
+ *   GET  /tokenizer_info  vLLM's: {tokenizer_class: "gguf", eos_token, eos_token_id,
+ *                        bos_token, bos_token_id, pad_token, pad_token_id, unk_token,
+ *                        unk_token_id, eot_token, eot_token_id (null: none), add_bos_token,
+ *                        vocab_size, model_max_length, max_model_len (both the context)}
+ *   POST /tokenize      llama-server's {content, add_special=false, with_pieces=false,
+ *                        parse_special=true} -> {tokens: [id] | [{id, piece}]};
+ *                       vLLM's {prompt, add_special_tokens=true} -> {tokens, count,
+ *                        max_model_len}; control tokens written in the text are parsed
+ *   POST /detokenize    {tokens: [id]} -> {content, prompt} (llama-server's and vLLM's
+ *                        names of the same text)
  *   POST /completion    llama-server shape: {prompt: text | [ids], n_predict=-1
  *                        (-1: up to n_predict_max), temperature=0 (greedy), top_k=0,
  *                        top_p=1, seed=-1 (random, reported), stop: text | [text],
@@ -63,6 +70,20 @@
  *                       false), plus timings, kv and [variants]. Chat applies
  *                       the model family's template (kvs_chat_apply); message
  *                       content is text or an array of {type: "text", text}.
+ *                       With echo, logprobs or several prompts (logprobs.c), vLLM's
+ *                       shape: prompt as text, [text], [ids] or [[ids]] (at most 64,
+ *                       32768 tokens with max_tokens; run alone between decode steps),
+ *                       one choices[i] with its index per prompt; logprobs N (0..20):
+ *                       choices[].logprobs = {tokens, token_logprobs, top_logprobs
+ *                       ([{text: logprob}]: the chosen token and the top N),
+ *                       text_offset (code points of the token texts before)}, over
+ *                       the prompt too with echo (its first token null); max_tokens
+ *                       (default 16; 0 with echo: the prompt only). Greedy only
+ *                       (temperature 0), no stop strings, no kv_compression (400
+ *                       naming the field). Every position's logits come from the
+ *                       decode kernels (prefill the first token, decode the rest);
+ *                       log-probs are log-softmax in double, printed with 17 digits
+ *                       (they read back bit-identical), -inf clamped to -9999.0.
  *   POST /kv/dump       {prompt, queries=0 (-1 all, k last k), dtype=F32|F16|BF16,
  *                        include_local=true} -> safetensors bytes in the
  *                       formats/kvs_formats.h dump layout (metadata: model,
@@ -91,11 +112,16 @@
  *   element type, --cache-type); sliding-window layers keep only their window
  *   once decoding starts, in every variant and in plain requests
  *   (kvs_session_trim_local), so their tokens_after is at most the window.
+ * Authentication (cfg.api_key set): a request to any endpoint but /health
+ *   without `Authorization: Bearer KEY` (or `X-Api-Key: KEY`) is answered
+ *   401 {"error": {type "authentication_error", field "authorization"}}
+ *   before its body is parsed or queued (counted in /metrics as a 4xx).
  * Errors: {"error": {"message", "field", "type", "code"}}; 400 bad field,
- *   404 unknown path, 405 wrong method, 413 body too large, 503 draining or
+ *   401 missing or wrong API key, 404 unknown path, 405 wrong method, 413 body too large, 503 draining or
  *   queue full (Retry-After) or cancelled by the shutdown, 500 engine failure. A prompt longer than the context is 400, never
  *   truncated. Options this server does not implement (penalties, min_p,
- *   typical_p, mirostat, logprobs / n_probs, echo, best_of, grammar,
+ *   typical_p, mirostat, n_probs, logprobs and echo (except on /v1/completions),
+ *   best_of, grammar,
  *   json_schema, tools, logit_bias, response_format other than text) are
  *   refused with 400 naming them unless given their neutral value; other
  *   unknown top-level fields are ignored, unknown fields inside
@@ -132,6 +158,12 @@ typedef struct {
     double drain_timeout_s; /* kvs_server_stop waits this long for the requests in flight
                                (default 10), then cancels what is left */
     int cache_type;    /* kvs_cache_type of every session's KV cache (default 0: f16) */
+    int prepend_bos;   /* 1: a prompt given as token ids that does not start with BOS gets it, for
+                          a model whose tokenizer adds BOS (lm-eval's remote tokenizer sends ids
+                          without it); echo does not show the added position */
+    const char *api_key; /* NULL or "": no authentication; else every endpoint but GET /health
+                            (and /v1/health) needs `Authorization: Bearer KEY` (or `X-Api-Key:
+                            KEY`, as llama-server also takes); others get 401 before any work */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *c);

@@ -1,7 +1,8 @@
 /*
  * request.c -- request errors and JSON helpers shared by the server's files:
  * srv_fail (an error naming the JSON field), JSON and error responses, the
- * typed getters that validate request bodies, body parsing and UTF-8 checks.
+ * typed getters that validate request bodies, body parsing, UTF-8 checks and
+ * the refusal of options the server does not implement.
  * What it is not: no server state (counters.c), no endpoint (server.c,
  * server_gen.c); it calls no other file of the server.
  */
@@ -54,6 +55,7 @@ void srv_error_response(kvs_http_response *resp, const srv_error *e) {
     cJSON_AddStringToObject(o, "message", e->msg);
     if (e->field[0]) cJSON_AddStringToObject(o, "field", e->field);
     cJSON_AddStringToObject(o, "type", e->status >= 500   ? "server_error"
+                                       : e->status == 401 ? "authentication_error"
                                        : e->status == 404 ? "not_found_error"
                                        : e->status == 503 ? "unavailable_error"
                                                           : "invalid_request_error");
@@ -205,4 +207,61 @@ char *srv_utf8_clean(const char *text, size_t len) {
     }
     out[o] = '\0';
     return out;
+}
+
+/* Sampling and output options this server does not implement are refused
+ * when set to anything but their neutral value, never silently ignored. */
+int srv_refuse_unsupported(const cJSON *root, int scoring, srv_error *e) {
+    static const struct {
+        const char *name;
+        double neutral;
+    } nums[] = {{"n_probs", 0},   {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repeat_penalty", 1},
+                {"min_p", 0},     {"typical_p", 1},        {"mirostat", 0},          {"best_of", 1},
+                {"top_logprobs", 0}};
+    static const char *const msg = "%s is not supported by this server (it samples with temperature, top_k, "
+                                   "top_p and seed, and stops on stop strings, EOS and n_predict / max_tokens)";
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, nums[i].name);
+        if (it && !cJSON_IsNull(it) && !(cJSON_IsNumber(it) && it->valuedouble == nums[i].neutral))
+            return srv_fail(e, 400, nums[i].name, msg, nums[i].name);
+    }
+    static const char *const flags[] = {"logprobs", "echo"};
+    for (size_t i = 0; i < (scoring ? 0 : 2); i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, flags[i]);
+        if (it && !cJSON_IsNull(it) && !cJSON_IsFalse(it) && !(cJSON_IsNumber(it) && it->valuedouble == 0))
+            return srv_fail(e, 400, flags[i], msg, flags[i]);
+    }
+    static const char *const things[] = {"grammar", "json_schema", "tools", "logit_bias"};
+    for (size_t i = 0; i < 4; i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, things[i]);
+        int empty = !it || cJSON_IsNull(it) || (cJSON_IsString(it) && !it->valuestring[0]) ||
+                    ((cJSON_IsArray(it) || cJSON_IsObject(it)) && !it->child);
+        if (!empty) return srv_fail(e, 400, things[i], msg, things[i]);
+    }
+    /* llama-server's image field: this engine has no vision encoder, so images
+     * are refused, never dropped (an empty list asks for none) */
+    const cJSON *mm = cJSON_GetObjectItemCaseSensitive(root, "multimodal_data");
+    if (mm && !cJSON_IsNull(mm) && !(cJSON_IsArray(mm) && !mm->child))
+        return srv_fail(e, 400, "multimodal_data",
+                        "multimodal_data: this server is text-only; it takes no images (send the "
+                        "request to a multimodal backend such as kvsieve-hf)");
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
+            return srv_fail(e, 400, "response_format", "response_format: only {\"type\": \"text\"} is supported");
+    }
+    return 0;
+}
+
+int srv_prepend_bos(const kvs_server *s, int32_t **toks, int *n) {
+    const kvs_special_tokens *sp = kvs_model_special(s->model);
+    if (!s->cfg.prepend_bos || !sp->add_bos || sp->bos < 0 || *n < 1 || (*toks)[0] == sp->bos) return 0;
+    int32_t *t = realloc(*toks, (size_t)(*n + 1) * sizeof *t);
+    if (!t) return -1;
+    memmove(t + 1, t, (size_t)*n * sizeof *t);
+    t[0] = sp->bos;
+    *toks = t;
+    (*n)++;
+    return 1;
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* compress_ms histogram bucket upper bounds; the last bucket is +Inf. */
@@ -23,9 +24,9 @@ static const double hist_le[SRV_HIST_BUCKETS - 1] = SRV_HIST_LE;
 static const char *const ep_paths[EP_COUNT] = {"/health",     "/v1/models",     "/metrics",
                                                "/tokenize",   "/detokenize",    "/completion",
                                                "/v1/completions", "/v1/chat/completions",
-                                               "/kv/dump",    "other"};
+                                               "/kv/dump",    "/tokenizer_info", "other"};
 static const char *const ep_methods[EP_COUNT] = {"GET",  "GET",  "GET",  "POST", "POST",
-                                                 "POST", "POST", "POST", "POST", ""};
+                                                 "POST", "POST", "POST", "POST", "GET", ""};
 
 void kvs_server_config_defaults(kvs_server_config *c) {
     memset(c, 0, sizeof *c);
@@ -98,28 +99,40 @@ void srv_handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_res
     char *piece = NULL;
     cJSON *root = srv_parse_body(rq, &e), *out = NULL;
     if (!root) goto fail;
+    /* llama-server's {content, add_special=false} or vLLM's {prompt,
+     * add_special_tokens=true} (then the answer also has count and max_model_len) */
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(root, "content");
+    const char *text_field = "content";
+    int vllm = !content && cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (vllm) {
+        content = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        text_field = "prompt";
+    }
     if (!content) {
-        srv_fail(&e, 400, "content", "content is required (the text to tokenize)");
+        srv_fail(&e, 400, "content", "content (llama-server) or prompt (vLLM) is required (the text to tokenize)");
         goto fail;
     }
     if (!cJSON_IsString(content)) {
-        srv_fail(&e, 400, "content", "content must be a string");
+        srv_fail(&e, 400, text_field, "%s must be a string", text_field);
         goto fail;
     }
     int add_special, with_pieces, parse_special;
-    if (srv_get_bool(root, "add_special", "", 0, &add_special, &e) ||
+    if (srv_get_bool(root, vllm ? "add_special_tokens" : "add_special", "", vllm, &add_special, &e) ||
         srv_get_bool(root, "with_pieces", "", 0, &with_pieces, &e) ||
         srv_get_bool(root, "parse_special", "", 1, &parse_special, &e))
         goto fail;
     int add_bos = add_special && kvs_model_special(s->model)->add_bos;
     if (kvs_tokenize(s->model, content->valuestring, strlen(content->valuestring), add_bos,
                      parse_special, &toks, &n, &err) != KVS_OK) {
-        srv_fail_kvs(&e, &err, "content");
+        srv_fail_kvs(&e, &err, text_field);
         goto fail;
     }
     out = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
+    if (vllm) {
+        cJSON_AddNumberToObject(out, "count", n);
+        cJSON_AddNumberToObject(out, "max_model_len", s->cfg.n_ctx);
+    }
     int cap = 64;
     piece = malloc((size_t)cap + 1);
     if (!piece) {
@@ -215,7 +228,8 @@ void srv_handle_detokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_r
         goto fail;
     }
     cJSON *out = cJSON_CreateObject();
-    cJSON_AddStringToObject(out, "content", clean);
+    cJSON_AddStringToObject(out, "content", clean); /* llama-server's name */
+    cJSON_AddStringToObject(out, "prompt", clean);  /* vLLM's */
     free(clean);
     free(text);
     free(toks);
@@ -228,6 +242,40 @@ fail:
     free(toks);
     cJSON_Delete(root);
     srv_error_response(rs, &e);
+}
+
+/* A special token's text and id under the names vLLM's /tokenizer_info
+ * uses (<name>_token, <name>_token_id; null when the model has none). */
+static void add_special(cJSON *o, const kvs_model *m, const char *name, int32_t id) {
+    char key[32];
+    const char *text = id >= 0 ? kvs_token_text(m, id) : NULL;
+    snprintf(key, sizeof key, "%s_token", name);
+    if (text) cJSON_AddStringToObject(o, key, text);
+    else cJSON_AddNullToObject(o, key);
+    snprintf(key, sizeof key, "%s_token_id", name);
+    if (text) cJSON_AddNumberToObject(o, key, id);
+    else cJSON_AddNullToObject(o, key);
+}
+
+/* GET /tokenizer_info, as vLLM answers it and lm-evaluation-harness's remote
+ * tokenizer reads it (eos_token, bos_token, pad_token as text; lm-eval
+ * finds their ids by tokenizing that text, which /tokenize maps back to the
+ * control token). No chat_template: the server applies the family's
+ * template itself (/v1/chat/completions). */
+static void handle_tokenizer_info(kvs_server *s, kvs_http_response *rs) {
+    const kvs_special_tokens *sp = kvs_model_special(s->model);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "tokenizer_class", "gguf");
+    add_special(root, s->model, "eos", sp->eos);
+    add_special(root, s->model, "bos", sp->bos);
+    add_special(root, s->model, "pad", sp->pad);
+    add_special(root, s->model, "unk", sp->unk);
+    add_special(root, s->model, "eot", sp->eot);
+    cJSON_AddBoolToObject(root, "add_bos_token", sp->add_bos && sp->bos >= 0);
+    cJSON_AddNumberToObject(root, "vocab_size", s->info->n_vocab);
+    cJSON_AddNumberToObject(root, "model_max_length", s->cfg.n_ctx);
+    cJSON_AddNumberToObject(root, "max_model_len", s->cfg.n_ctx);
+    srv_json_response(rs, 200, root);
 }
 
 /* Append printf output to a growing buffer; on allocation failure the buffer
@@ -392,10 +440,45 @@ static int route(const char *path) {
     return EP_OTHER;
 }
 
+/* 1 if a equals b, in time that depends on their lengths only (no early exit
+ * on the first differing byte, so the key cannot be guessed byte by byte). */
+static int same_secret(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned diff = na != nb;
+    for (size_t i = 0; i < na; i++) diff |= (unsigned char)a[i] ^ (unsigned char)b[i % (nb ? nb : 1)];
+    return diff == 0;
+}
+
+/* The key the client presented: `Authorization: Bearer KEY` (the scheme in
+ * any case), else the X-Api-Key header; NULL if neither. */
+static const char *presented_key(const kvs_http_request *rq) {
+    const char *a = rq->authorization;
+    if (a && a[0]) {
+        if (strncasecmp(a, "Bearer ", 7) != 0) return "";
+        a += 7;
+        while (*a == ' ') a++;
+        return a;
+    }
+    return rq->x_api_key;
+}
+
 static void on_request(void *user, const kvs_http_request *rq, kvs_http_response *rs) {
     kvs_server *s = user;
     int ep = route(rq->path);
     srv_error e = {0};
+    if (s->api_key && ep != EP_HEALTH) {
+        const char *k = presented_key(rq);
+        if (!k || !same_secret(k, s->api_key)) {
+            srv_fail(&e, 401, "authorization",
+                     k ? "invalid API key" : "missing API key (send the header `Authorization: Bearer KEY`)");
+            srv_error_response(rs, &e);
+            pthread_mutex_lock(&s->mu);
+            s->m.requests[ep]++;
+            s->m.errors_4xx[ep]++;
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+    }
     pthread_mutex_lock(&s->mu);
     s->m.requests[ep]++;
     int draining = s->draining;
@@ -409,7 +492,7 @@ static void on_request(void *user, const kvs_http_request *rq, kvs_http_response
     }
     if (ep == EP_OTHER) {
         srv_fail(&e, 404, "path", "no endpoint %s %s (known: GET /health, GET /v1/models, GET /metrics, "
-                 "POST /tokenize, /detokenize, /completion, /v1/completions, /v1/chat/completions, /kv/dump)",
+                 "GET /tokenizer_info, POST /tokenize, /detokenize, /completion, /v1/completions, /v1/chat/completions, /kv/dump)",
                  rq->method, rq->path);
         srv_error_response(rs, &e);
     } else if (strcmp(rq->method, ep_methods[ep]) != 0) {
@@ -421,6 +504,7 @@ static void on_request(void *user, const kvs_http_request *rq, kvs_http_response
         case EP_MODELS: handle_models(s, rs); break;
         case EP_METRICS: handle_metrics(s, rs); break;
         case EP_TOKENIZE: srv_handle_tokenize(s, rq, rs); break;
+        case EP_TOKENIZER_INFO: handle_tokenizer_info(s, rs); break;
         case EP_DETOKENIZE: srv_handle_detokenize(s, rq, rs); break;
         case EP_KV_DUMP: srv_handle_kv_dump(s, rq, rs); break;
         default: srv_handle_generate(s, ep, rq, rs); break;
@@ -471,6 +555,14 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
     s->cfg.host = s->host;
     snprintf(s->alias, sizeof s->alias, "%s", cfg->alias && cfg->alias[0] ? cfg->alias : s->info->name);
     s->cfg.alias = s->alias;
+    if (cfg->api_key && cfg->api_key[0]) {
+        s->api_key = strdup(cfg->api_key);
+        if (!s->api_key) {
+            free(s);
+            return kvs_errorf(err, KVS_ERR_NOMEM, "server: no memory");
+        }
+    }
+    s->cfg.api_key = s->api_key;
     if (s->cfg.n_ctx <= 0) {
         /* the session default, resolved once so /v1/models and the length check agree */
         s->cfg.n_ctx = s->info->n_ctx_train > 0 && s->info->n_ctx_train < 8192 ? s->info->n_ctx_train : 8192;
@@ -487,6 +579,7 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
     if (st != KVS_OK) {
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->mu);
+        free(s->api_key);
         free(s);
         return st;
     }
@@ -536,5 +629,6 @@ void kvs_server_stop(kvs_server *s) {
     srv_sched_stop(s);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    free(s->api_key);
     free(s);
 }

@@ -70,6 +70,10 @@ static int parse_token_array(const kvs_server *s, const cJSON *arr, const char *
         }
         t[i++] = (int32_t)it->valuedouble;
     }
+    if (srv_prepend_bos(s, &t, &n) < 0) {
+        free(t);
+        return srv_fail(e, 500, "", "out of memory");
+    }
     *out = t;
     *n_out = n;
     return 0;
@@ -96,6 +100,12 @@ static int parse_prompt(const kvs_server *s, const cJSON *root, gen_req *g, srv_
                 return srv_fail(e, 400, "prompt", "prompt: only one prompt per request is supported, got %d",
                                 cJSON_GetArraySize(p));
             return tokenize_text(s, first->valuestring, add_bos, "prompt[0]", &g->prompt, &g->n_prompt, e);
+        }
+        if (first && cJSON_IsArray(first)) { /* [[ids]] (lm-eval's batch of one); several: logprobs.c */
+            if (cJSON_GetArraySize(p) != 1)
+                return srv_fail(e, 400, "prompt", "prompt: only one prompt per request is supported here, got %d",
+                                cJSON_GetArraySize(p));
+            return parse_token_array(s, first, "prompt[0]", &g->prompt, &g->n_prompt, e);
         }
         return parse_token_array(s, p, "prompt", &g->prompt, &g->n_prompt, e);
     }
@@ -355,54 +365,9 @@ static int parse_stop(const cJSON *root, gen_req *g, srv_error *e) {
     return 0;
 }
 
-/* Sampling and output options this server does not implement are refused
- * when set to anything but their neutral value, never silently ignored. */
-static int refuse_unsupported(const cJSON *root, srv_error *e) {
-    static const struct {
-        const char *name;
-        double neutral;
-    } nums[] = {{"n_probs", 0},   {"presence_penalty", 0}, {"frequency_penalty", 0}, {"repeat_penalty", 1},
-                {"min_p", 0},     {"typical_p", 1},        {"mirostat", 0},          {"best_of", 1},
-                {"top_logprobs", 0}};
-    static const char *const msg = "%s is not supported by this server (it samples with temperature, top_k, "
-                                   "top_p and seed, and stops on stop strings, EOS and n_predict / max_tokens)";
-    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
-        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, nums[i].name);
-        if (it && !cJSON_IsNull(it) && !(cJSON_IsNumber(it) && it->valuedouble == nums[i].neutral))
-            return srv_fail(e, 400, nums[i].name, msg, nums[i].name);
-    }
-    static const char *const flags[] = {"logprobs", "echo"};
-    for (size_t i = 0; i < 2; i++) {
-        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, flags[i]);
-        if (it && !cJSON_IsNull(it) && !cJSON_IsFalse(it) && !(cJSON_IsNumber(it) && it->valuedouble == 0))
-            return srv_fail(e, 400, flags[i], msg, flags[i]);
-    }
-    static const char *const things[] = {"grammar", "json_schema", "tools", "logit_bias"};
-    for (size_t i = 0; i < 4; i++) {
-        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, things[i]);
-        int empty = !it || cJSON_IsNull(it) || (cJSON_IsString(it) && !it->valuestring[0]) ||
-                    ((cJSON_IsArray(it) || cJSON_IsObject(it)) && !it->child);
-        if (!empty) return srv_fail(e, 400, things[i], msg, things[i]);
-    }
-    /* llama-server's image field: this engine has no vision encoder, so images
-     * are refused, never dropped (an empty list asks for none) */
-    const cJSON *mm = cJSON_GetObjectItemCaseSensitive(root, "multimodal_data");
-    if (mm && !cJSON_IsNull(mm) && !(cJSON_IsArray(mm) && !mm->child))
-        return srv_fail(e, 400, "multimodal_data",
-                        "multimodal_data: this server is text-only; it takes no images (send the "
-                        "request to a multimodal backend such as kvsieve-hf)");
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-    if (rf && !cJSON_IsNull(rf)) {
-        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
-            return srv_fail(e, 400, "response_format", "response_format: only {\"type\": \"text\"} is supported");
-    }
-    return 0;
-}
-
 int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e) {
     int stream = 0;
-    if (refuse_unsupported(root, e)) return -1;
+    if (srv_refuse_unsupported(root, 0, e)) return -1;
     if (srv_get_bool(root, "stream", "", 0, &stream, e)) return -1;
     if (stream) return srv_fail(e, 400, "stream", "stream: streaming responses are not supported; send stream: false");
     if (ep != EP_COMPLETION) {
@@ -661,6 +626,10 @@ void srv_handle_generate(kvs_server *s, int ep, const kvs_http_request *rq, kvs_
     int n_outs = 0;
     cJSON *root = srv_parse_body(rq, &e);
     if (!root) goto fail;
+    if (ep == EP_V1_COMPLETIONS && srv_wants_scoring(root)) { /* echo, logprobs, several prompts */
+        srv_handle_scoring(s, root, rq, rs);
+        goto cleanup;
+    }
     if (srv_parse_gen_request(s, ep, root, &g, &e)) goto fail;
     n_outs = g.n_variants > 0 ? g.n_variants : 1;
     outs = calloc((size_t)n_outs, sizeof *outs);

@@ -31,6 +31,7 @@ enum {
     EP_V1_COMPLETIONS,
     EP_V1_CHAT,
     EP_KV_DUMP,
+    EP_TOKENIZER_INFO,
     EP_OTHER,
     EP_COUNT
 };
@@ -72,6 +73,7 @@ struct kvs_server {
     kvs_server_config cfg;
     char host[256];
     char alias[128];
+    char *api_key; /* malloc'd copy of cfg.api_key, or NULL: no authentication */
     kvs_http *http;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* broadcast on every change of the fields below */
@@ -223,6 +225,17 @@ uint64_t srv_next_id(kvs_server *s);
 /* Endpoints in server_gen.c. */
 void srv_handle_generate(kvs_server *s, int ep, const kvs_http_request *rq, kvs_http_response *rs);
 void srv_handle_kv_dump(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
+/* --prepend-bos: a token-id prompt of a model whose tokenizer adds BOS gets
+ * BOS in front when it does not start with it (request.c). Returns 1 when
+ * prepended, 0 when not, -1 out of memory. */
+int srv_prepend_bos(const kvs_server *s, int32_t **toks, int *n);
+/* Options this server does not implement, refused with 400 unless neutral
+ * (scoring: echo and logprobs are allowed). */
+int srv_refuse_unsupported(const cJSON *root, int scoring, srv_error *e);
+/* /v1/completions with echo, logprobs or several prompts (logprobs.c):
+ * srv_wants_scoring says whether root asks for it. */
+int srv_wants_scoring(const cJSON *root);
+void srv_handle_scoring(kvs_server *s, const cJSON *root, const kvs_http_request *rq, kvs_http_response *rs);
 /* Parse a generation body into g (free with srv_gen_req_free) and the token
  * endpoints (server.c): no socket or scheduler needed, so tests/fuzz calls them. */
 int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e);

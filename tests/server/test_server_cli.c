@@ -8,6 +8,8 @@
  * printing that it drained; SIGTERM under load (more work than
  * --drain-timeout 1 allows): exit 0 within 1 + 30 s, every client answered
  * 200 or 503. argv[1] is the kvsieve binary.
+ * --api-key "" (exit 2) and the KVSIEVE_API_KEY environment variable (the
+ * banner says a key is required; /health 200, other endpoints 401).
  * Not covered: the HTTP API in depth (test_server_http.c).
  */
 #include "kvs_backend.h"
@@ -175,6 +177,39 @@ int main(int argc, char **argv) {
     close(fd);
     CHECK_EQ_INT(wait_exit(pid), 1);
     CHECK_MSG(strstr(buf, "/nonexistent/m.gguf"), "stderr: %s", buf);
+
+    /* --api-key "": exit 2; KVSIEVE_API_KEY: the key without the flag (/health open, the rest 401) */
+    len = 0;
+    char *ak[] = {bin, "serve", "--api-key", "", "--model", model, NULL};
+    pid = spawn(ak, &fd);
+    read_until(fd, NULL, buf, sizeof buf, &len);
+    close(fd);
+    CHECK_EQ_INT(wait_exit(pid), 2);
+    CHECK_MSG(strstr(buf, "--api-key"), "stderr: %s", buf);
+    len = 0;
+    setenv("KVSIEVE_API_KEY", "env-key", 1);
+    char *ae[] = {bin, "serve", "--model", model, "--port", "0", "--ctx", "64", "--slots", "1", "--threads", "1", NULL};
+    pid = spawn(ae, &fd);
+    unsetenv("KVSIEVE_API_KEY");
+    char *ate = read_until(fd, "listening on http://127.0.0.1:", buf, sizeof buf, &len);
+    CHECK_MSG(ate, "no 'listening' line; stderr: %s", buf);
+    if (ate) {
+        g_port = atoi(ate + strlen("listening on http://127.0.0.1:"));
+        const size_t off = (size_t)(ate - buf);
+        while (!strchr(buf + off, '\n') && len + 1 < sizeof buf) { /* the rest of the banner line */
+            ssize_t k = read(fd, buf + len, sizeof buf - 1 - len);
+            if (k <= 0) break;
+            len += (size_t)k;
+            buf[len] = 0;
+        }
+        CHECK_MSG(strstr(buf, "API key required"), "stderr: %s", buf);
+        CHECK_EQ_INT(http("/health", NULL), 200);
+        CHECK_EQ_INT(http("/v1/models", NULL), 401);
+        CHECK_EQ_INT(http("/completion", "{\"prompt\": \"a\", \"n_predict\": 1}"), 401);
+    }
+    kill(pid, SIGTERM);
+    close(fd);
+    CHECK_EQ_INT(wait_exit(pid), 0);
 
     /* serve, answer, SIGTERM during a request */
     len = 0;

@@ -611,7 +611,9 @@ static void test_bad_requests(void) {
     expect_error("/completion", "{\"prompt\": \"hi\", \"stream\": true}", 400, "stream", "not supported");
     expect_error("/completion", "{\"prompt\": \"hi\", \"stop\": [\"ok\", 3]}", 400, "stop[1]", "string");
     expect_error("/completion", "{\"prompt\": \"hi\", \"repeat_penalty\": 1.1}", 400, "repeat_penalty", "not supported");
-    expect_error("/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 5}", 400, "logprobs", "not supported");
+    /* /v1/completions serves logprobs and echo (logprobs.c, test_server_auth.c); the others refuse them */
+    expect_error("/completion", "{\"prompt\": \"hi\", \"logprobs\": 5}", 400, "logprobs", "not supported");
+    expect_error("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"echo\": true}", 400, "echo", "not supported");
     expect_error("/v1/chat/completions",
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_object\"}}",
                  400, "response_format", "text");

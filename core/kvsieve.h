@@ -306,8 +306,12 @@ enum {
     KVS_NEED_Q_WINDOW = 1u << 0, /* queries of the last w positions */
     KVS_NEED_Q_ALL = 1u << 1,    /* queries of every prompt position */
     KVS_NEED_MODALITY = 1u << 2, /* uses the modality mask (optional input) */
-    KVS_KEEPS_ALL = 1u << 3      /* property, not a need: the method ignores the
+    KVS_KEEPS_ALL = 1u << 3,     /* property, not a need: the method ignores the
                                     budget and keeps all N tokens (`full`) */
+    KVS_SELECT_ONCE = 1u << 4    /* property: select may consume or change the
+                                    state, so it runs once per create/observe;
+                                    kvs_compress_many then observes once per
+                                    budget (no method of this tree sets it) */
 };
 
 typedef struct kvs_method kvs_method;
@@ -329,7 +333,11 @@ struct kvs_method {
     kvs_status (*observe)(void *state, int layer, const kvs_layer *in, const uint8_t *modality,
                           kvs_err *err);
     /* After the last layer: allocate budgets (summing exactly to
-     * L * per_layer) and fill the plan (kvs_plan_init is the method's job). */
+     * L * per_layer) and fill the plan (kvs_plan_init is the method's job).
+     * Repeatable: select must not change the state, so that calls with
+     * several budgets after one observation give each the plan a fresh
+     * create / observe / select would (kvs_compress_many relies on it),
+     * unless the method declares KVS_SELECT_ONCE. */
     kvs_status (*select)(void *state, int per_layer, kvs_plan *out, kvs_err *err);
     void (*destroy)(void *state);
 };
@@ -352,6 +360,20 @@ void kvs_param_format(const kvs_param_def *d, double v, char *buf, size_t n);
  * L * per_layer. */
 kvs_status kvs_compress(const kvs_method *m, const kvs_params *p, const kvs_cache_view *c,
                         const kvs_budget *b, int threads, kvs_plan *out, kvs_err *err);
+
+/* The same for n budgets b[0..n) at once: validate, create, observe every
+ * layer ONCE, then select + check once per budget into out[0..n), destroy.
+ * Each out[i] is byte for byte the plan kvs_compress gives for b[i] alone
+ * (selects are repeatable, see the contract); what the budgets share (the
+ * observation: attention statistics, DCT energies, ...) is computed once.
+ * A method with KVS_SELECT_ONCE is run once per budget instead (its
+ * declared property, not a failure). select_ms (NULL or [n]): each budget's
+ * select + check time (for KVS_SELECT_ONCE its whole run); the shared part
+ * is the caller's total less their sum. On error every out[i] is freed
+ * and zeroed, and the message names the budget's index when n > 1. */
+kvs_status kvs_compress_many(const kvs_method *m, const kvs_params *p, const kvs_cache_view *c,
+                             const kvs_budget *b, int n, int threads, kvs_plan *out,
+                             double *select_ms, kvs_err *err);
 
 /* ------------------------------------------------------------------------ */
 /* Apply: compaction and merging                                             */

@@ -420,6 +420,22 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
  * server's per-span retention statistics read. */
 kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
                                      kvs_plan *plan, int *layer_map, kvs_err *err);
+/* The two halves of kvs_session_compress_plan, for a request whose variants
+ * share one method and parameters at several budgets: plans[0..n) of
+ * o->method (o->params, o->compress_local, o->threads; o->budget unused) for
+ * budgets[0..n) on the session's prefill cache with kvs_compress_many (one
+ * observation; each plan byte for byte kvs_compress's for its budget alone),
+ * not applied; layer_map [KVS_MAX_LAYERS] as kvs_session_compress_plan's.
+ * select_ms (NULL or [n]) as kvs_compress_many's. On error every plan is
+ * freed. The plans fit any kvs_session_copy of this session. */
+kvs_status kvs_session_plan_many(kvs_session *s, const kvs_compress_opts *o, const kvs_budget *budgets, int n,
+                                 kvs_plan *plans, int *layer_map, double *select_ms, kvs_err *err);
+/* Apply such a plan to a session holding the same prefill cache (a copy),
+ * then trim the sliding-window layers and fill stats as
+ * kvs_session_compress does; stats->compress_ms is this apply + trim only
+ * (the caller adds the plan's share). */
+kvs_status kvs_session_compress_with(kvs_session *s, const kvs_plan *plan, const int *layer_map,
+                                     kvs_kv_stats *stats, kvs_err *err);
 /* Statistics of the current cache without compressing: before = the full
  * prompt cache (n_prompt rows in every layer), after = the rows held now
  * (equal right after a prefill). Bytes are real: rows x 2 (K, V) x KV heads x

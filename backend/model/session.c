@@ -603,22 +603,13 @@ kvs_status kvs_session_compress(kvs_session *s, const kvs_compress_opts *o, kvs_
     return st;
 }
 
-kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
-                                     kvs_plan *out_plan, int *map, kvs_err *err) {
-    double t0 = kvs_now_ms();
-    memset(out_plan, 0, sizeof *out_plan);
-    kvs_kv_stats local_stats;
-    if (!stats) stats = &local_stats;
-    if (!o->method || !strcmp(o->method->name, "full")) {
-        kvs_status st = kvs_session_trim_local(s, err);
-        kvs_session_kv_stats(s, stats);
-        stats->compress_ms = kvs_now_ms() - t0;
-        return st;
-    }
+kvs_status kvs_session_plan_many(kvs_session *s, const kvs_compress_opts *o, const kvs_budget *budgets, int n,
+                                 kvs_plan *plans, int *map, double *select_ms, kvs_err *err) {
+    if (n >= 1) memset(plans, 0, sizeof *plans * (size_t)n);
+    if (!o->method || n < 1) return kvs_errorf(err, KVS_ERR_INVALID, "compress: no method or no budget");
     const kvs_model_info *MI = &s->m->info;
     kvs_layer *layers = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
     int nm = 0;
-    kvs_plan *plan = out_plan;
     kvs_status st;
     if (!layers) return kvs_errorf(err, KVS_ERR_NOMEM, "compress: out of memory");
     kvs_cache_view cv;
@@ -640,24 +631,47 @@ kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o,
         }
     } else
         for (int i = 0; i < nm; i++) layers[i].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, MI->head_dim, 0, MI->head_dim};
-    if ((st = kvs_compress(o->method, &o->params, &cv, &o->budget, o->threads > 0 ? o->threads : s->n_threads,
-                           plan, err)))
-        goto cleanup;
-    if ((st = kvs_session_apply_plan(s, plan, map, stats, err))) goto cleanup;
-    /* past the prefill: sliding-window layers keep only their window */
-    if ((st = kvs_session_trim_local(s, err))) goto cleanup;
-    {
-        kvs_kv_stats now;
-        kvs_session_kv_stats(s, &now);
-        memcpy(stats->tokens_after, now.tokens_after, sizeof now.tokens_after);
-        memcpy(stats->bytes_after, now.bytes_after, sizeof now.bytes_after);
-        stats->bytes_after_local = now.bytes_after_local;
-        stats->bytes_after_global = now.bytes_after_global;
-        stats->bytes_after_total = now.bytes_after_total;
-    }
-    stats->compress_ms = kvs_now_ms() - t0;
+    st = kvs_compress_many(o->method, &o->params, &cv, budgets, n, o->threads > 0 ? o->threads : s->n_threads, plans,
+                           select_ms, err);
 cleanup:
     free(layers);
     return st;
 }
 
+kvs_status kvs_session_compress_with(kvs_session *s, const kvs_plan *plan, const int *map, kvs_kv_stats *stats,
+                                     kvs_err *err) {
+    double t0 = kvs_now_ms();
+    kvs_kv_stats local_stats;
+    if (!stats) stats = &local_stats;
+    kvs_status st;
+    if ((st = kvs_session_apply_plan(s, plan, map, stats, err))) return st;
+    /* past the prefill: sliding-window layers keep only their window */
+    if ((st = kvs_session_trim_local(s, err))) return st;
+    kvs_kv_stats now;
+    kvs_session_kv_stats(s, &now);
+    memcpy(stats->tokens_after, now.tokens_after, sizeof now.tokens_after);
+    memcpy(stats->bytes_after, now.bytes_after, sizeof now.bytes_after);
+    stats->bytes_after_local = now.bytes_after_local;
+    stats->bytes_after_global = now.bytes_after_global;
+    stats->bytes_after_total = now.bytes_after_total;
+    stats->compress_ms = kvs_now_ms() - t0;
+    return KVS_OK;
+}
+
+kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
+                                     kvs_plan *out_plan, int *map, kvs_err *err) {
+    double t0 = kvs_now_ms();
+    memset(out_plan, 0, sizeof *out_plan);
+    kvs_kv_stats local_stats;
+    if (!stats) stats = &local_stats;
+    if (!o->method || !strcmp(o->method->name, "full")) {
+        kvs_status st = kvs_session_trim_local(s, err);
+        kvs_session_kv_stats(s, stats);
+        stats->compress_ms = kvs_now_ms() - t0;
+        return st;
+    }
+    kvs_status st = kvs_session_plan_many(s, o, &o->budget, 1, out_plan, map, NULL, err);
+    if (st == KVS_OK) st = kvs_session_compress_with(s, out_plan, map, stats, err);
+    if (st == KVS_OK) stats->compress_ms = kvs_now_ms() - t0; /* view + observe + select + apply + trim */
+    return st;
+}

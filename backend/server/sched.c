@@ -16,7 +16,8 @@
  *
  * Timing per variant: predicted_ms = its first sampling after admission plus
  * the wall time of every step it took part in (decode of the whole batch and
- * the sampling of all rows); compress_ms, copy_ms, suffix_ms as before.
+ * the sampling of all rows); compress_ms, copy_ms, suffix_ms as before
+ * (variants sharing a method and its parameters: plan_groups.c).
  * The step loop allocates nothing (the output text and token arrays grow
  * geometrically, as before).
  */
@@ -257,6 +258,8 @@ static void admit(kvs_server *s, srv_job *j) {
     const gen_req *g = j->g;
     kvs_err err = {0};
     kvs_session *pre = NULL;
+    srv_plans plans;
+    memset(&plans, 0, sizeof plans);
     const size_t V = (size_t)s->info->n_vocab;
     float *logits0 = malloc(V * sizeof *logits0);
     j->seqs = calloc((size_t)j->n_outs, sizeof *j->seqs);
@@ -293,9 +296,18 @@ static void admit(kvs_server *s, srv_job *j) {
             goto fail;
         }
     }
+    /* Variants sharing a method and its parameters observe the cache once (plan_groups.c) */
+    if (j->n_outs > 1) {
+        int bad = -1;
+        if (srv_plans_make(s, pre, g, &plans, &bad, &err) != KVS_OK) {
+            srv_fail_kvs(&j->e, &err, bad >= 0 ? g->variants[bad].field : "kv_compression");
+            goto fail;
+        }
+    }
     for (int i = 0; i < j->n_outs; i++) {
         int reason = job_cancel_asked(j);
         if (reason) {
+            srv_plans_free(&plans);
             kvs_session_free(pre);
             free(logits0);
             job_cancelled(s, j, reason);
@@ -332,8 +344,16 @@ static void admit(kvs_server *s, srv_job *j) {
             co.budget = v->budget;
             co.compress_local = v->compress_local;
             co.threads = s->cfg.threads;
-            kvs_status st = g->n_spans ? compress_with_plan(s, q->ses, &co, g, o, &err)
-                                       : kvs_session_compress(q->ses, &co, &o->stats, &err);
+            kvs_status st;
+            if (plans.planned && plans.planned[i]) { /* its plan is ready: apply it to this copy */
+                const int *map = plans.maps + (size_t)i * KVS_MAX_LAYERS;
+                st = kvs_session_compress_with(q->ses, &plans.plans[i], map, &o->stats, &err);
+                if (st == KVS_OK && g->n_spans && srv_span_kept(s, g, &plans.plans[i], map, o))
+                    st = kvs_errorf(&err, KVS_ERR_NOMEM, "span_kept: out of memory");
+                o->stats.compress_ms += plans.plan_ms[i]; /* + its share of the observation and its select */
+            } else
+                st = g->n_spans ? compress_with_plan(s, q->ses, &co, g, o, &err)
+                                : kvs_session_compress(q->ses, &co, &o->stats, &err);
             if (st != KVS_OK) {
                 srv_fail_kvs(&j->e, &err, v->field);
                 goto fail;
@@ -396,6 +416,7 @@ static void admit(kvs_server *s, srv_job *j) {
             seq_end(s, j, q);
         }
     }
+    srv_plans_free(&plans);
     kvs_session_free(pre);
     free(logits0);
     if (j->n_live == 0) {
@@ -407,6 +428,7 @@ static void admit(kvs_server *s, srv_job *j) {
     pthread_mutex_unlock(&s->mu);
     return;
 fail:
+    srv_plans_free(&plans);
     kvs_session_free(pre);
     free(logits0);
     job_finish(s, j, -1);

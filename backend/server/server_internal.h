@@ -177,6 +177,24 @@ int srv_parse_spans(const kvs_server *s, const cJSON *root, const char *text, ge
 void srv_spans_free(gen_req *g);
 int srv_span_kept(const kvs_server *s, const gen_req *g, const kvs_plan *plan, const int *layer_map, gen_out *o);
 
+/* Plans computed ahead for the variants that share a method, its parameters
+ * and compress_local (plan_groups.c): planned[i] says variant i's plan is
+ * plans[i] (layer map maps[i * KVS_MAX_LAYERS ..]) and took plan_ms[i] (its
+ * share of the group's one observation plus its own select). */
+typedef struct {
+    int n;
+    kvs_plan *plans;         /* [n] */
+    int *maps;               /* [n][KVS_MAX_LAYERS] */
+    double *plan_ms;         /* [n] */
+    unsigned char *planned;  /* [n] */
+} srv_plans;
+/* Group the variants and compute every group's plans on the prefill session
+ * pre (one kvs_session_plan_many per group of >= 2). A kvs_status; on error
+ * *bad_variant is the group's first variant and P is empty. */
+int srv_plans_make(const kvs_server *s, kvs_session *pre, const gen_req *g, srv_plans *P, int *bad_variant,
+                   kvs_err *err);
+void srv_plans_free(srv_plans *P);
+
 
 int srv_fail(srv_error *e, int status, const char *field, const char *fmt, ...)
 #if defined(__GNUC__)

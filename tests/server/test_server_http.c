@@ -492,6 +492,50 @@ static void test_variants(void) {
         cJSON_Delete(rv);
     }
 
+    /* variants sharing a method and its parameters observe the cache once (plan_groups.c): each must decode
+     * what it decodes alone, with the same cache and the same span retention */
+    {
+        static const char *const kg[6] = {
+            "{\"method\": \"h2o\", \"ratio\": 0.75}", "{\"method\": \"snapkv\", \"tokens\": 8}",
+            "{\"method\": \"h2o\", \"ratio\": 0.25}", "{\"method\": \"h2o\", \"ratio\": 0.5, \"compress_local\": true}",
+            "{\"method\": \"snapkv\", \"ratio\": 0.5}", "{\"method\": \"h2o\", \"tokens\": 5}"};
+        snprintf(req, sizeof req,
+                 "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_spans\": [{\"start\": 0, \"end\": 12}], "
+                 "\"kv_compression\": {\"variants\": [%s, %s, %s, %s, %s, %s]}}",
+                 prompt, kg[0], kg[1], kg[2], kg[3], kg[4], kg[5]);
+        cJSON *rv = call_json("POST", "/completion", req, &st);
+        CHECK_EQ_INT(st, 200);
+        const cJSON *vv = rv ? obj(rv, "variants") : NULL;
+        CHECK_EQ_INT(cJSON_GetArraySize(vv), 6);
+        for (int i = 0; i < 6 && cJSON_GetArraySize(vv) == 6; i++) {
+            snprintf(req, sizeof req,
+                     "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_spans\": [{\"start\": 0, \"end\": 12}], "
+                     "\"kv_compression\": %s}",
+                     prompt, kg[i]);
+            cJSON *alone = call_json("POST", "/completion", req, &st);
+            CHECK_EQ_INT(st, 200);
+            const cJSON *v = cJSON_GetArrayItem(vv, i);
+            CHECK_MSG(alone && cJSON_Compare(obj(v, "tokens"), obj(alone, "tokens"), 1),
+                      "grouped variant %d (%s) decodes other tokens than alone", i, kg[i]);
+            const cJSON *ka = alone ? obj(alone, "kv") : NULL, *kv = obj(v, "kv");
+            CHECK_MSG(ka && kv && cJSON_Compare(obj(ka, "span_kept"), obj(kv, "span_kept"), 1) && obj(kv, "span_kept"),
+                      "grouped variant %d: span_kept differs from the variant alone", i);
+            const cJSON *la = ka ? obj(ka, "layers") : NULL, *lv = kv ? obj(kv, "layers") : NULL;
+            CHECK_MSG(cJSON_GetArraySize(la) == g_spec.n_layers && cJSON_GetArraySize(lv) == g_spec.n_layers,
+                      "grouped variant %d: kv.layers missing", i);
+            for (int l = 0; la && lv && l < g_spec.n_layers; l++) {
+                const cJSON *a = cJSON_GetArrayItem(la, l), *b = cJSON_GetArrayItem(lv, l);
+                CHECK_MSG(num(a, "tokens_after") == num(b, "tokens_after") &&
+                              num(a, "bytes_after") == num(b, "bytes_after") &&
+                              cJSON_IsTrue(obj(a, "compressed")) == cJSON_IsTrue(obj(b, "compressed")),
+                          "grouped variant %d layer %d: the cache differs from the variant alone", i, l);
+            }
+            CHECK(kv && num(kv, "compress_ms") >= 0);
+            cJSON_Delete(alone);
+        }
+        cJSON_Delete(rv);
+    }
+
     /* one object: "kv" describes it, no "variants" */
     pre0 = metric("kvsieve_prefills_total");
     snprintf(req, sizeof req,

@@ -47,6 +47,9 @@ const char *kvs_arg_value(int argc, char **argv, int *i);
 int kvs_arg_budget(const char *flag, const char *text, kvs_budget *b, int *ratio_given, int *tokens_given);
 /* "f32" | "f16" | "bf16" -> dtype; prints an error and returns 1 otherwise. */
 int kvs_parse_dtype(const char *s, kvs_dtype *out);
+/* Print j indented on stdout, then delete it (cli/util.c). */
+struct cJSON;
+void kvs_cli_print_json(struct cJSON *j);
 /* Peak resident set size of this process so far, in MiB. */
 double kvs_peak_rss_mib(void);
 

@@ -84,12 +84,7 @@ static int print_parts(int json) {
         }
         for (int j = 0; j < pi->n_params; j++) print_param(&pi->params[j], jp, "    ");
     }
-    if (json) {
-        char *text = cJSON_Print(arr);
-        if (text) puts(text);
-        cJSON_free(text);
-        cJSON_Delete(arr);
-    }
+    if (json) kvs_cli_print_json(arr);
     return 0;
 }
 
@@ -138,11 +133,6 @@ int kvs_cmd_methods(int argc, char **argv) {
         if (!json) printf("\n");
     }
     if (!json) print_parts(0);
-    if (json) {
-        char *text = cJSON_Print(arr);
-        if (text) puts(text);
-        cJSON_free(text);
-        cJSON_Delete(arr);
-    }
+    if (json) kvs_cli_print_json(arr);
     return 0;
 }

@@ -68,11 +68,6 @@ int kvs_cmd_models(int argc, char **argv) {
             printf("%-14s %s%s\n", "", e->title, strcmp(e->name, "gemma3-270m") ? "" : "; --model default");
         }
     }
-    if (json) {
-        char *text = cJSON_Print(arr);
-        if (text) puts(text);
-        cJSON_free(text);
-        cJSON_Delete(arr);
-    }
+    if (json) kvs_cli_print_json(arr);
     return 0;
 }

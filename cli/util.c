@@ -1,7 +1,16 @@
-/* util.c -- process facts the CLI reports (peak RSS). */
+/* util.c -- process facts the CLI reports (peak RSS), and printing JSON. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
 #include <sys/resource.h>
 
 #include "cli.h"
+
+void kvs_cli_print_json(cJSON *j) {
+    char *text = cJSON_Print(j);
+    if (text) puts(text);
+    cJSON_free(text);
+    cJSON_Delete(j);
+}
 
 double kvs_peak_rss_mib(void) {
     struct rusage ru;

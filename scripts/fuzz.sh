@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-3600}
 shift || true
-ALL="gguf tokenize safetensors plan_json server config datasets ruler"
+ALL="gguf tokenize safetensors plan_json server logprobs config datasets ruler"
 HARNESSES=${*:-$ALL}
 CC_FUZZ=${CC_FUZZ:-clang}
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER="$CC_FUZZ" -DCMAKE_BUILD_TYPE=Debug -DKVSIEVE_SANITIZE=ON \

@@ -380,13 +380,14 @@ static cJSON *choice_json(kvs_server *s, const lp_req *r, const lp_seq *q, int i
     return c;
 }
 
-void srv_handle_scoring(kvs_server *s, const cJSON *root, const kvs_http_request *rq, kvs_http_response *rs) {
+/* Parse, run (on the scheduler thread, or on this one when rq is NULL), answer. */
+static void handle(kvs_server *s, const cJSON *root, const kvs_http_request *rq, kvs_http_response *rs) {
     srv_error e = {0};
     lp_req r;
     memset(&r, 0, sizeof r);
     cJSON *out = NULL;
     if (parse_scoring(s, root, &r, &e)) goto fail;
-    if (srv_sched_exclusive(s, score_run, &r, rq->fd, &e)) {
+    if (rq ? srv_sched_exclusive(s, score_run, &r, rq->fd, &e) : score_run(s, &r, &e)) {
         if (e.status == 0) {
             rs->status = 0;
             lp_req_free(&r);
@@ -422,4 +423,12 @@ fail:
     cJSON_Delete(out);
     lp_req_free(&r);
     srv_error_response(rs, &e);
+}
+
+void srv_handle_scoring(kvs_server *s, const cJSON *root, const kvs_http_request *rq, kvs_http_response *rs) {
+    handle(s, root, rq, rs);
+}
+
+void srv_handle_scoring_inline(kvs_server *s, const cJSON *root, kvs_http_response *rs) {
+    handle(s, root, NULL, rs);
 }

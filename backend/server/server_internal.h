@@ -254,6 +254,9 @@ int srv_refuse_unsupported(const cJSON *root, int scoring, srv_error *e);
  * srv_wants_scoring says whether root asks for it. */
 int srv_wants_scoring(const cJSON *root);
 void srv_handle_scoring(kvs_server *s, const cJSON *root, const kvs_http_request *rq, kvs_http_response *rs);
+/* The same without the scheduler: the model runs on the calling thread, which
+ * must be the only one using s (the fuzz harness; no server running). */
+void srv_handle_scoring_inline(kvs_server *s, const cJSON *root, kvs_http_response *rs);
 /* Parse a generation body into g (free with srv_gen_req_free) and the token
  * endpoints (server.c): no socket or scheduler needed, so tests/fuzz calls them. */
 int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e);

@@ -332,15 +332,22 @@ kvs_status kvs_kivi_append_rows(kvs_kivi_head *h, const kvs_view *k, const kvs_v
 
 /* ---- reading ---------------------------------------------------------------- */
 
+/* The 2^bits values z + code * s of one group (the same fp32 expression for
+ * every read, so every read path gives identical values). */
+static void group_lut(uint16_t s16, uint16_t z16, int bits, float *lut) {
+    const float s = kvs_f16_to_f32(s16), z = kvs_f16_to_f32(z16);
+    for (int q = 0; q < (1 << bits); q++) lut[q] = z + (float)q * s;
+}
+
 /* Key block b (tokens b G .. b G + G - 1) dequantised into tile [G][d]. */
 static void key_block(const kvs_kivi_head *h, int b, float *tile) {
     const int G = h->cfg.group, d = h->d, bits = h->cfg.k_bits;
     const uint8_t *codes = h->kcode + (size_t)b * h->kblk_bytes;
     const uint16_t *sc = h->kscale + (size_t)b * d, *zr = h->kzero + (size_t)b * d;
+    float lut[16];
     for (int c = 0; c < d; c++) {
-        const float s = kvs_f16_to_f32(sc[c]), z = kvs_f16_to_f32(zr[c]);
-        for (int j = 0; j < G; j++)
-            tile[(size_t)j * d + c] = z + (float)get_code(codes, (size_t)c * G + j, bits) * s;
+        group_lut(sc[c], zr[c], bits, lut);
+        for (int j = 0; j < G; j++) tile[(size_t)j * d + c] = lut[get_code(codes, (size_t)c * G + j, bits)];
     }
 }
 
@@ -349,9 +356,11 @@ static void value_row(const kvs_kivi_head *h, int t, float *row) {
     const int G = h->cfg.group, d = h->d, bits = h->cfg.v_bits;
     const uint8_t *codes = h->vcode + (size_t)t * h->vrow_bytes;
     const uint16_t *sc = h->vscale + (size_t)t * h->vgroups, *zr = h->vzero + (size_t)t * h->vgroups;
-    for (int c = 0; c < d; c++) {
-        const float s = kvs_f16_to_f32(sc[c / G]), z = kvs_f16_to_f32(zr[c / G]);
-        row[c] = z + (float)get_code(codes, (size_t)c, bits) * s;
+    float lut[16];
+    for (int g = 0, c0 = 0; g < h->vgroups; g++, c0 += G) {
+        group_lut(sc[g], zr[g], bits, lut);
+        const int c1 = d - c0 < G ? d : c0 + G;
+        for (int c = c0; c < c1; c++) row[c] = lut[get_code(codes, (size_t)c, bits)];
     }
 }
 

@@ -2,7 +2,8 @@
  * kvs_kernels.h -- the CUDA path of kvsieve: device building blocks, the
  * workspace they run in, and the staged steps the methods' GPU drivers
  * (methods/gpu/, kvs_gpu_compress) are made of. This header is the manual
- * of the device side of kernels/ (dct.h is the CPU DCT's).
+ * of the device side of kernels/ (dct.h is the CPU DCT's, kivi.h the CPU
+ * KIVI quantised store's).
  *
  * kernels/ is a folder of leaves: it calls core only and knows no method by
  * name; which method runs which blocks, with which budgets, is decided in

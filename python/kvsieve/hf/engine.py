@@ -23,6 +23,7 @@ What it is not: no HTTP (server.py), no batching across variants or requests
 (refused at load), no streaming.
 """
 import base64
+import inspect
 import io
 import os
 import threading
@@ -124,6 +125,7 @@ class Engine:
         self.alias = alias or os.path.basename(os.path.normpath(str(self.path)))
         self.n_ctx = int(getattr(self.text_config, "max_position_embeddings", 32768) or 32768)
         self.arch = getattr(cfg, "model_type", "?")
+        self.cache_kw = cache_keyword(self.model)
 
     # -- facts ---------------------------------------------------------------------
     def _refuse_unsupported(self):
@@ -285,7 +287,7 @@ class Engine:
         t0 = _now()
         try:
             with torch.inference_mode():
-                out = self.model(**inputs, cache=cache, use_cache=True, logits_to_keep=1)
+                out = self.model(**inputs, **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1)
         finally:
             for m in self.attn_modules:
                 m._kvsieve_recorder = None
@@ -465,8 +467,20 @@ class Engine:
         pos = self._positions(start, n)
         pos = pos.expand(3, V, n) if self.mrope else pos.expand(V, n)
         with torch.inference_mode():
-            out = self.model(input_ids=inp, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=inp, position_ids=pos, **{self.cache_kw: cache}, use_cache=True,
+                             logits_to_keep=1)
         return out.logits[:, -1].float()
+
+
+def cache_keyword(model):
+    """The name of the model call's cache argument: `cache` in transformers
+    5.24 (past_key_values a deprecated alias), `past_key_values` in 5.2 (the
+    one kvpress 0.5.5 runs on); an unknown keyword would vanish into **kwargs."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise ValueError("%s: its forward() takes neither `cache` nor `past_key_values`" % type(model).__name__)
 
 
 def _sample(logits, gen, rng):

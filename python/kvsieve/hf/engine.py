@@ -32,7 +32,7 @@ import time
 import torch
 
 import kvsieve
-from . import attention
+from . import attention, kvpress_rows
 
 IMAGE_MARKER = "<__media__>"  # llama-server's default media marker in a prompt
 
@@ -299,7 +299,15 @@ class Engine:
 
     # -- compression ------------------------------------------------------------------------
     def queries_wanted(self, variants, n_tokens):
-        return max([kvsieve.queries_wanted(v.method, v.params, n_tokens) for v in variants] + [0])
+        return max([kvsieve.queries_wanted(v.method, v.params, n_tokens) for v in variants
+                    if not kvpress_rows.is_kvpress(v.method)] + [0])
+
+    def check_kvpress(self, method, params, ratio, tokens, field):
+        """Refuse a `kvpress:<Press>(args)` variant that cannot run (kvpress_rows.py)."""
+        try:
+            kvpress_rows.build(method, params, ratio, tokens, field)
+        except kvpress_rows.RequestError as exc:
+            raise RequestError(exc.status, exc.field, exc.message)
 
     def new_context(self, pre):
         """A libkvsieve context over the prefill's cache tensors (borrowed,
@@ -315,6 +323,11 @@ class Engine:
     def compress(self, ctx, pre, variant):
         """The variant's plan and cache: (plan or None for full, cache, stats)."""
         import transformers
+        if kvpress_rows.is_kvpress(variant.method):  # a kvpress press on the same request
+            try:
+                return kvpress_rows.compress(self, pre, variant)
+            except kvpress_rows.RequestError as exc:
+                raise RequestError(exc.status, exc.field, exc.message)
         N = pre.prompt.n_tokens
         cache = transformers.DynamicCache(config=self.model.config)
         if variant.method == "full":

@@ -8,7 +8,8 @@ What it checks:
              compute_n_kept for the same ratios; 0 leaves the cache alone;
   same       the cache KvsievePress leaves (every layer's K and V, bit for bit)
              and the greedy tokens equal kvsieve-hf's for the same method,
-             prompt and budget: presets, a merging method, a composition dict;
+             prompt and budget: presets, a merging method, a cross-layer
+             allocator, a composition dict (also one spelling out adakv);
   pipeline   kvpress's `kv-press-text-generation` pipeline with the press
              answers what kvsieve-hf answers for the pipeline's own context
              and question tokens;
@@ -130,10 +131,11 @@ class KvsievePressTest(unittest.TestCase):
 
     def test_same_as_kvsieve_hf(self):
         cases = [("snapkv", {"window": 8}), ("flashcache", {}), ("streamingllm", {}), ("h2o", {}),
-                 ("lookm", {}), ("pyramidkv", {"window": 8})]
+                 ("lookm", {}), ("pyramidkv", {"window": 8}),
+                 ({"score": "tova", "allocate": "pyramid", "keep": {"sinks": 4}}, {})]
         for method, params in cases:
             with self.subTest(method=method):
-                kv, toks = self.hf(method, params, 0.5)
+                kv, toks = self.hf(kvsieve.kvpress.method_name(method), params, 0.5)
                 press = KvsievePress(method, compression_ratio=0.5, **params)
                 cache, logits = prefill(self.model, self.ids, press)
                 for l, (k, v) in enumerate(kv):
@@ -252,6 +254,19 @@ class KvsievePressTest(unittest.TestCase):
         self.assertTrue(press.last["head_counts"])
         alone = [pipe(PROMPT, question=q, press=press, max_new_tokens=5)["answer"] for q in qs]
         self.assertEqual(both, alone)
+
+    def test_composition_dict(self):
+        """A composition spelling out the adakv preset makes its ragged plan."""
+        desc = {"score": "snapkv", "allocate": "adakv", "keep": {"window": 32}}
+        a, b = KvsievePress(desc, compression_ratio=0.5), KvsievePress("adakv", compression_ratio=0.5)
+        ca, _ = prefill(self.model, self.ids, a)
+        cb, _ = prefill(self.model, self.ids, b)
+        self.assertTrue(a.last["head_counts"])
+        self.assertEqual(a.last["head_counts"], b.last["head_counts"])
+        for la, lb in zip(ca.layers, cb.layers):
+            self.assertTrue(torch.equal(la.k_rows, lb.k_rows))
+        with self.assertRaisesRegex(kvsieve.KvsError, "did you mean 'snapkv'"):
+            KvsievePress({"score": "snapkvv"}, compression_ratio=0.5)
 
     def test_refusals(self):
         with self.assertRaises(kvsieve.KvsError):

@@ -13,6 +13,7 @@
  */
 #include "abi_internal.h"
 #include "kvs_formats.h"
+#include "kvs_parts.h"
 #include "kvsieve_methods.h"
 
 #include <cjson/cJSON.h>
@@ -180,35 +181,49 @@ kvs_abi_status kvs_abi_methods_json(char *buf, size_t cap, size_t *len, char *er
     return to_buf(&e, st, errbuf, err_cap);
 }
 
-/* A spec to a method and validated parameters; errors name the method and
- * the parameter. */
-static kvs_status spec_resolve(const kvs_abi_method_spec *in, const kvs_method **m, kvs_params *p,
-                               kvs_err *err) {
-    kvs_abi_method_spec s;
+/* The spec's parameters over m's defaults; errors name the parameter. */
+static kvs_status spec_params(const kvs_abi_method_spec *s, const kvs_method *m, kvs_params *p, kvs_err *err) {
     kvs_status st;
-    if ((st = abi_read_struct(in, sizeof s, SPEC_1_0, &s, "method spec", err))) return st;
-    if (!s.method) return kvs_errorf(err, KVS_ERR_INVALID, "method spec: method is NULL");
-    if ((st = kvs_method_lookup(s.method, m, err))) return st;
-    kvs_params_defaults(*m, p);
-    if (s.n_params < 0 || s.n_params > KVS_MAX_PARAMS * 4)
-        return kvs_errorf(err, KVS_ERR_INVALID, "method spec: n_params = %d", (int)s.n_params);
-    if (s.n_params > 0 && (!s.param_names || !s.param_values))
+    kvs_params_defaults(m, p);
+    if (s->n_params < 0 || s->n_params > KVS_MAX_PARAMS * 4)
+        return kvs_errorf(err, KVS_ERR_INVALID, "method spec: n_params = %d", (int)s->n_params);
+    if (s->n_params > 0 && (!s->param_names || !s->param_values))
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "method spec: n_params = %d but param_names or param_values is NULL",
-                          (int)s.n_params);
-    for (int i = 0; i < s.n_params; i++) {
-        if (!s.param_names[i] || !s.param_values[i])
+                          (int)s->n_params);
+    for (int i = 0; i < s->n_params; i++) {
+        if (!s->param_names[i] || !s->param_values[i])
             return kvs_errorf(err, KVS_ERR_INVALID, "method spec: param_%s[%d] is NULL",
-                              s.param_names[i] ? "values" : "names", i);
-        if ((st = kvs_params_set(*m, p, s.param_names[i], s.param_values[i], err))) return st;
+                              s->param_names[i] ? "values" : "names", i);
+        if ((st = kvs_params_set(m, p, s->param_names[i], s->param_values[i], err))) return st;
     }
     return KVS_OK;
+}
+
+/* A spec to a method and validated parameters; errors name the method and
+ * the parameter. The method is a registered name or, when its text starts
+ * with '{', a composition (kvs_method_resolve); *owned is then the composed
+ * method the caller frees (NULL otherwise, and after an error). */
+static kvs_status spec_resolve(const kvs_abi_method_spec *in, const kvs_method **m, kvs_params *p,
+                               kvs_composed **owned, kvs_err *err) {
+    kvs_abi_method_spec s;
+    kvs_status st;
+    *owned = NULL;
+    if ((st = abi_read_struct(in, sizeof s, SPEC_1_0, &s, "method spec", err))) return st;
+    if (!s.method) return kvs_errorf(err, KVS_ERR_INVALID, "method spec: method is NULL");
+    if ((st = kvs_method_resolve(s.method, m, owned, err))) return st;
+    if ((st = spec_params(&s, *m, p, err))) {
+        kvs_composed_free(*owned);
+        *owned = NULL;
+    }
+    return st;
 }
 
 kvs_abi_status kvs_abi_queries_wanted(const kvs_abi_method_spec *spec, int64_t n_tokens, int64_t *out,
                                       char *errbuf, size_t err_cap) {
     kvs_err e = {0};
     const kvs_method *m = NULL;
+    kvs_composed *owned = NULL;
     kvs_params p;
     kvs_status st = KVS_OK;
     if (out) *out = 0;
@@ -216,7 +231,7 @@ kvs_abi_status kvs_abi_queries_wanted(const kvs_abi_method_spec *spec, int64_t n
     else if (n_tokens < 1 || n_tokens > INT32_MAX)
         st = kvs_errorf(&e, KVS_ERR_INVALID, "kvs_abi_queries_wanted: n_tokens = %lld outside [1, 2^31)",
                         (long long)n_tokens);
-    else if ((st = spec_resolve(spec, &m, &p, &e)) == KVS_OK) {
+    else if ((st = spec_resolve(spec, &m, &p, &owned, &e)) == KVS_OK) {
         const int N = (int)n_tokens;
         int64_t q = 0;
         if (m->needs & KVS_NEED_Q_ALL) q = N;
@@ -224,6 +239,7 @@ kvs_abi_status kvs_abi_queries_wanted(const kvs_abi_method_spec *spec, int64_t n
         if (q > N) q = N;
         *out = q;
     }
+    kvs_composed_free(owned);
     return to_buf(&e, st, errbuf, err_cap);
 }
 
@@ -530,17 +546,21 @@ kvs_abi_status kvs_abi_compress(kvs_abi_ctx *c, const kvs_abi_method_spec *spec,
     if (!out) return kvs_errorf(err, KVS_ERR_INVALID, "kvs_abi_compress: out is NULL");
     *out = NULL;
     const kvs_method *m = NULL;
+    kvs_composed *owned = NULL;
     kvs_params params;
     kvs_abi_budget b;
     kvs_status st;
-    if ((st = spec_resolve(spec, &m, &params, err))) return st;
-    if ((st = abi_read_struct(budget, sizeof b, BUDGET_1_0, &b, "budget", err))) return st;
+    if ((st = spec_resolve(spec, &m, &params, &owned, err))) return st;
     kvs_cache_view view;
     kvs_shape shape;
     int device = 0, dev_index = 0;
-    if ((st = cache_view(c, &view, &shape, &device, &dev_index, err))) return st;
-    kvs_abi_plan *p = calloc(1, sizeof *p);
-    if (!p) return kvs_errorf(err, KVS_ERR_NOMEM, "kvs_abi_compress: no memory");
+    kvs_abi_plan *p = NULL;
+    if ((st = abi_read_struct(budget, sizeof b, BUDGET_1_0, &b, "budget", err)) ||
+        (st = cache_view(c, &view, &shape, &device, &dev_index, err)) ||
+        (!(p = calloc(1, sizeof *p)) && (st = kvs_errorf(err, KVS_ERR_NOMEM, "kvs_abi_compress: no memory")))) {
+        kvs_composed_free(owned);
+        return st;
+    }
     const kvs_budget kb = {.ratio = b.ratio, .tokens = b.tokens};
     const double t0 = kvs_now_ms();
     if (device == KVS_ABI_HOST) {
@@ -557,14 +577,17 @@ kvs_abi_status kvs_abi_compress(kvs_abi_ctx *c, const kvs_abi_method_spec *spec,
     }
     if (st) {
         free(p);
+        kvs_composed_free(owned);
         return st;
     }
     p->compress_ms = kvs_now_ms() - t0;
+    p->m = m;
+    p->owned = owned;
     p->owner = c;
     p->generation = c->generation;
     p->params = params;
     p->device = device;
-    snprintf(p->method, sizeof p->method, "%s", m->name);
+    snprintf(p->method, sizeof p->method, "%s", owned ? kvs_composed_label(owned) : m->name);
     c->stats.compress_calls++;
     c->stats.compress_ms += p->compress_ms;
     *out = p;
@@ -574,6 +597,7 @@ kvs_abi_status kvs_abi_compress(kvs_abi_ctx *c, const kvs_abi_method_spec *spec,
 void kvs_abi_plan_free(kvs_abi_plan *p) {
     if (!p) return;
     kvs_plan_free(&p->plan);
+    kvs_composed_free(p->owned);
     free(p);
 }
 
@@ -811,9 +835,7 @@ kvs_abi_status kvs_abi_plan_json(kvs_abi_ctx *c, const kvs_abi_plan *p, char *bu
     CTX_ENTER(c);
     kvs_status st = plan_check(c, p, 0, 0, &c->err);
     if (st) return st;
-    const kvs_method *m = kvs_method_find(p->method);
-    if (!m) return kvs_errorf(&c->err, KVS_ERR_INTERNAL, "plan of unknown method %s", p->method);
-    char *text = kvs_plan_to_json(&p->plan, m, &p->params);
+    char *text = kvs_plan_to_json(&p->plan, p->m, &p->params);
     if (!text) return kvs_errorf(&c->err, KVS_ERR_NOMEM, "kvs_abi_plan_json: no memory");
     st = text_out(text, buf, cap, len, "kvs_abi_plan_json", &c->err);
     free(text);

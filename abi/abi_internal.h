@@ -42,6 +42,8 @@ struct kvs_abi_plan {
     uint64_t generation; /* the owner's cache generation the plan was made from */
     kvs_plan plan;
     kvs_params params;
+    const kvs_method *m;          /* the method that made it */
+    struct kvs_composed *owned;   /* m when composed from a description (freed with the plan) */
     char method[32];
     int device; /* KVS_ABI_HOST / KVS_ABI_CUDA */
     double compress_ms;

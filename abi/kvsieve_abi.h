@@ -169,7 +169,8 @@ typedef struct {
  * lists them). */
 typedef struct {
     uint32_t struct_size;
-    const char *method;              /* "flashcache", "snapkv", ... */
+    const char *method;              /* "flashcache", "snapkv", ... or a composition's JSON text
+                                        ('{"score":"snapkv",...}', docs/methods.md) */
     int32_t n_params;
     const char *const *param_names;  /* [n_params] */
     const char *const *param_values; /* [n_params] */

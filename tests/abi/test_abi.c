@@ -691,9 +691,62 @@ static void test_errors(void) {
     cache_free(&c);
 }
 
+/* ---- compositions ---------------------------------------------------------- */
+
+/* A method given as a composition's JSON text (kvs_method_resolve): the same
+ * plan as the preset it spells out (adakv: SnapKV votes, AdaKV heads, window
+ * 32; head by head), its JSON written, its own parameters accepted, its errors named. */
+static void test_composed(void) {
+    cache c;
+    if (cache_make(&c, 96, 96, 0.0, KVS_ABI_F32, LAYOUT_CONTIG, 23)) return;
+    kvs_abi_ctx *ctx = NULL;
+    char e[256];
+    CHECK(kvs_abi_ctx_new(NULL, &ctx, e, sizeof e) == 0);
+    feed(ctx, &c, 1);
+    const char *desc = "{\"score\":\"snapkv\",\"allocate\":\"adakv\",\"keep\":{\"window\":32}}";
+    kvs_abi_method_spec s = KVS_ABI_INIT(kvs_abi_method_spec), ps = KVS_ABI_INIT(kvs_abi_method_spec);
+    s.method = desc, ps.method = "adakv";
+    int64_t q = -1;
+    CHECK(kvs_abi_queries_wanted(&s, 100, &q, e, sizeof e) == 0 && q == 32);
+    kvs_abi_budget b = KVS_ABI_INIT(kvs_abi_budget);
+    b.ratio = 0.25;
+    kvs_abi_plan *pc = NULL, *pp = NULL;
+    ABI_OK(ctx, kvs_abi_compress(ctx, &s, &b, &pc));
+    ABI_OK(ctx, kvs_abi_compress(ctx, &ps, &b, &pp));
+    for (int l = 0; pc && pp && l < c.L; l++) {
+        int32_t hc[16], hp[16];
+        ABI_OK(ctx, kvs_abi_plan_head_counts(ctx, pc, l, hc, c.Hkv));
+        ABI_OK(ctx, kvs_abi_plan_head_counts(ctx, pp, l, hp, c.Hkv));
+        for (int h = 0; h < c.Hkv; h++) {
+            CHECK_EQ_INT(hc[h], hp[h]);
+            int32_t ic[96], ip[96];
+            kvs_abi_tensor tc = KVS_ABI_INIT(kvs_abi_tensor), tp = KVS_ABI_INIT(kvs_abi_tensor);
+            tc.dtype = tp.dtype = KVS_ABI_I32, tc.ndim = tp.ndim = 1;
+            tc.shape[0] = tp.shape[0] = hc[h], tc.strides[0] = tp.strides[0] = 1;
+            tc.data = ic, tp.data = ip;
+            ABI_OK(ctx, kvs_abi_plan_head_indices(ctx, pc, l, h, &tc));
+            ABI_OK(ctx, kvs_abi_plan_head_indices(ctx, pp, l, h, &tp));
+            CHECK(memcmp(ic, ip, sizeof(int32_t) * (size_t)hc[h]) == 0);
+        }
+    }
+    size_t len = 0;
+    ABI_OK(ctx, kvs_abi_plan_json(ctx, pc, NULL, 0, &len));
+    CHECK(len > 2);
+    kvs_abi_plan_free(pc);
+    kvs_abi_plan_free(pp);
+    const char *wn[1] = {"window"}, *wv[1] = {"0"};
+    s.n_params = 1, s.param_names = wn, s.param_values = wv;
+    CHECK(kvs_abi_compress(ctx, &s, &b, &pc) == KVS_ABI_ERR_INVALID && strstr(kvs_abi_last_error(ctx), "window"));
+    s.n_params = 0, s.method = "{\"score\":\"snapkvv\"}";
+    CHECK(kvs_abi_queries_wanted(&s, 100, &q, e, sizeof e) == KVS_ABI_ERR_NOTFOUND && strstr(e, "did you mean 'snapkv'"));
+    kvs_abi_ctx_free(ctx);
+    cache_free(&c);
+}
+
 int main(void) {
     test_facts();
     test_errors();
     test_plans_equal();
+    test_composed();
     return kvs_test_finish("abi");
 }

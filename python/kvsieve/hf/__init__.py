@@ -12,7 +12,8 @@ cache tensors, and the engine gathers each layer's kept rows back.
 
 Modules: attention.py (the mask-free attention that makes per-layer cache
 lengths exact), engine.py (model, inputs, prefill, plans, gather, decode),
-server.py (HTTP), dump.py (cache dumps), __main__.py (the command line),
+server.py (HTTP), dump.py (cache dumps), kvpress_rows.py (`kvpress:<Press>(args)`
+variants: kvpress presses on the same request), __main__.py (the command line),
 kivi.py (KIVI quantisation of a gathered cache: kernels/kivi.c's torch twin).
 Needs torch, transformers, pillow and safetensors (scripts/install_hf.sh);
 the kvsieve binding itself needs none of them.

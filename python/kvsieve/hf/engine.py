@@ -23,6 +23,7 @@ What it is not: no HTTP (server.py), no batching across variants or requests
 (refused at load), no streaming.
 """
 import base64
+import inspect
 import io
 import os
 import threading
@@ -31,7 +32,7 @@ import time
 import torch
 
 import kvsieve
-from . import attention
+from . import attention, kvpress_rows
 
 IMAGE_MARKER = "<__media__>"  # llama-server's default media marker in a prompt
 
@@ -124,6 +125,7 @@ class Engine:
         self.alias = alias or os.path.basename(os.path.normpath(str(self.path)))
         self.n_ctx = int(getattr(self.text_config, "max_position_embeddings", 32768) or 32768)
         self.arch = getattr(cfg, "model_type", "?")
+        self.cache_kw = cache_keyword(self.model)
 
     # -- facts ---------------------------------------------------------------------
     def _refuse_unsupported(self):
@@ -285,7 +287,7 @@ class Engine:
         t0 = _now()
         try:
             with torch.inference_mode():
-                out = self.model(**inputs, cache=cache, use_cache=True, logits_to_keep=1)
+                out = self.model(**inputs, **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1)
         finally:
             for m in self.attn_modules:
                 m._kvsieve_recorder = None
@@ -297,7 +299,15 @@ class Engine:
 
     # -- compression ------------------------------------------------------------------------
     def queries_wanted(self, variants, n_tokens):
-        return max([kvsieve.queries_wanted(v.method, v.params, n_tokens) for v in variants] + [0])
+        return max([kvsieve.queries_wanted(v.method, v.params, n_tokens) for v in variants
+                    if not kvpress_rows.is_kvpress(v.method)] + [0])
+
+    def check_kvpress(self, method, params, ratio, tokens, field):
+        """Refuse a `kvpress:<Press>(args)` variant that cannot run (kvpress_rows.py)."""
+        try:
+            kvpress_rows.build(method, params, ratio, tokens, field)
+        except kvpress_rows.RequestError as exc:
+            raise RequestError(exc.status, exc.field, exc.message)
 
     def new_context(self, pre):
         """A libkvsieve context over the prefill's cache tensors (borrowed,
@@ -313,6 +323,11 @@ class Engine:
     def compress(self, ctx, pre, variant):
         """The variant's plan and cache: (plan or None for full, cache, stats)."""
         import transformers
+        if kvpress_rows.is_kvpress(variant.method):  # a kvpress press on the same request
+            try:
+                return kvpress_rows.compress(self, pre, variant)
+            except kvpress_rows.RequestError as exc:
+                raise RequestError(exc.status, exc.field, exc.message)
         N = pre.prompt.n_tokens
         cache = transformers.DynamicCache(config=self.model.config)
         if variant.method == "full":
@@ -465,8 +480,20 @@ class Engine:
         pos = self._positions(start, n)
         pos = pos.expand(3, V, n) if self.mrope else pos.expand(V, n)
         with torch.inference_mode():
-            out = self.model(input_ids=inp, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=inp, position_ids=pos, **{self.cache_kw: cache}, use_cache=True,
+                             logits_to_keep=1)
         return out.logits[:, -1].float()
+
+
+def cache_keyword(model):
+    """The name of the model call's cache argument: `cache` in transformers
+    5.24 (past_key_values a deprecated alias), `past_key_values` in 5.2 (the
+    one kvpress 0.5.5 runs on); an unknown keyword would vanish into **kwargs."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise ValueError("%s: its forward() takes neither `cache` nor `past_key_values`" % type(model).__name__)
 
 
 def _sample(logits, gen, rng):

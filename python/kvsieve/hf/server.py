@@ -252,6 +252,9 @@ class Server:
                                % field)
         _bool(o, "compress_local", False, field + ".compress_local")  # no local layers here
         suffix = _str(o, "suffix", "", field + ".suffix")
+        if method.startswith("kvpress:"):  # a kvpress press as a row (hf/kvpress_rows.py)
+            self.engine.check_kvpress(method, params, ratio, tokens, field + ".method")
+            return Variant(field, name, method, params, ratio, tokens, suffix)
         # validate the method, then each parameter on its own (so the error names it), with
         # libkvsieve's own messages
         for f, ps in [(field + ".method", {})] + [("%s.params.%s" % (field, k), {k: v}) for k, v in params.items()]:

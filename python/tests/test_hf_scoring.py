@@ -191,7 +191,7 @@ class TestScoring(unittest.TestCase):
                              ({"prompt": [self.ids, [10 ** 6]]}, "prompt[1][0]"),
                              ({"kv_compression": {"variants": [{"method": "full"}, {"method": "full"}]}},
                               "kv_compression"),
-                             ({"kv_compression": {"method": "snapkv", "ratio": 0.5, "chunk": 8}},
+                             ({"kv_compression": {"method": "snapkv", "ratio": 0.5, "chunk": 1.5}},
                               "kv_compression.chunk")):
             body = {"prompt": [self.ids], "echo": True, "logprobs": 1, "max_tokens": 1, **extra}
             s, r, _ = self.c.post("/v1/completions", body)
@@ -210,6 +210,90 @@ class TestScoring(unittest.TestCase):
                                                       "kv_compression": kc})
         self.assertEqual(s, 200, plain)
         self.assertEqual(ch["text"][len(self.tok.decode(self.ids)):], plain["choices"][0]["text"])
+
+
+def masked_reference(ids, visible):
+    """float64 log-softmax of every position's logits when position i attends
+    to visible[i] (a set of earlier positions and itself) only."""
+    reference([0])  # loads the fp64 copy
+    N = len(ids)
+    see = torch.zeros(N, N, dtype=torch.bool)
+    for i, vis in enumerate(visible):
+        see[i, sorted(vis)] = True
+    mask = torch.zeros(N, N, dtype=torch.float64).masked_fill(~see, -1e300)[None, None]
+    with torch.inference_mode():
+        return torch.log_softmax(_REF["m"](input_ids=torch.tensor([ids]), attention_mask=mask).logits[0], dim=-1)
+
+
+class TestChunked(unittest.TestCase):
+    """kv_compression.chunk: StreamingLLM (sinks + recent: which rows it keeps is known without the
+    library) chunked over a 70-token prompt against a float64 recomputation with those rows masked."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv, cls.c = serve()
+        cls.tok = engine("text").tokenizer
+        cls.ids = cls.tok(PROMPT[:150], add_special_tokens=False)["input_ids"]
+
+    @classmethod
+    def tearDownClass(cls):
+        stop(cls.srv)
+
+    def test_streamingllm_chunks_equal_a_masked_recomputation(self):
+        C, B, S, n_gen = 8, 12, 2, 3
+        kc = {"method": "streamingllm", "tokens": B, "params": {"sinks": S}, "chunk": C}
+        s, r, _ = self.c.post("/v1/completions", {"prompt": [self.ids], "echo": True, "logprobs": 1,
+                                                  "max_tokens": n_gen, "kv_compression": kc})
+        self.assertEqual(s, 200, r)
+        ch = r["choices"][0]
+        N = len(self.ids)
+        # the rows held: after each chunk, the first S and the last B - S of what is held when over B
+        visible, held, want_chunks = [], [], []
+        for a in range(0, N, C):
+            b = min(a + C, N)
+            for i in range(a, b):
+                visible.append(set(held) | set(range(a, i + 1)))
+            held = held + list(range(a, b))
+            if len(held) > B:
+                want_chunks.append({"seen": b, "rows_before": len(held), "rows_after": B})
+                held = held[:S] + held[len(held) - (B - S):]
+        self.assertEqual(ch["kv"]["chunks"], want_chunks)
+        all_ids = list(self.ids)
+        # generated token k (position N + k) sees the rows held after the last chunk and the tokens since
+        gen_vis = [set(held) | set(range(N, N + k + 1)) for k in range(n_gen)]
+        for g in range(n_gen):  # the masked recomputation's greedy continuation
+            all_ids.append(int(torch.argmax(masked_reference(all_ids, visible + gen_vis[:g])[N + g - 1])))
+        vis = visible + gen_vis
+        ref = masked_reference(all_ids, vis)
+        lo = ch["logprobs"]
+        self.assertEqual(lo["tokens"][N:], [self.tok.decode([t]) for t in all_ids[N:]])
+        for i in range(1, N + n_gen):
+            self.assertAlmostEqual(lo["token_logprobs"][i], ref[i - 1, all_ids[i]].item(), delta=2e-5,
+                                   msg="position %d" % i)
+        # masking made a difference after the first compression, so the check above can fail
+        full = reference(all_ids)
+        self.assertGreater(max(abs(full[i - 1, all_ids[i]].item() - lo["token_logprobs"][i]) for i in range(17, N)),
+                           1e-3)
+        # the plain path decodes the same continuation from the same chunked cache
+        s, plain, _ = self.c.post("/v1/completions", {"prompt": self.ids, "max_tokens": n_gen, "kv_compression": kc})
+        self.assertEqual(s, 200, plain)
+        self.assertEqual(plain["choices"][0]["text"], self.tok.decode(all_ids[N:]))
+        self.assertEqual((plain["kv"]["chunk"], plain["kv"]["chunks"]), (C, want_chunks))
+
+    def test_one_chunk_is_the_unchunked_request(self):
+        kc = {"method": "snapkv", "tokens": 20, "params": {"window": 4}}
+        body = {"prompt": [self.ids], "echo": True, "logprobs": 2, "max_tokens": 4}
+        one = self.c.post("/v1/completions", dict(body, kv_compression=dict(kc, chunk=len(self.ids))))[1]
+        unchunked = self.c.post("/v1/completions", dict(body, kv_compression=kc))[1]
+        self.assertEqual(one["choices"][0]["logprobs"], unchunked["choices"][0]["logprobs"])
+
+    def test_refused(self):
+        snap = {"method": "snapkv", "ratio": 0.5, "params": {"window": 8}}
+        for kc, field in ((dict(snap, chunk=0), "kv_compression.chunk"), (dict(snap, chunk=4), "kv_compression.chunk"),
+                          ({"method": "h2o", "ratio": 0.5, "chunk": 16}, "kv_compression.chunk"),
+                          ({"variants": [dict(snap, chunk=16), {"method": "full"}]}, "kv_compression.variants[0].chunk")):
+            s, r, _ = self.c.post("/v1/completions", {"prompt": self.ids, "max_tokens": 2, "kv_compression": kc})
+            self.assertEqual((s, r["error"]["field"]), (400, field), r)
 
 
 class TestKeyAndDefault(unittest.TestCase):

@@ -9,8 +9,9 @@ import math
 from .engine import RequestError
 
 
-def _num(obj, name, default, lo, hi, integer=False):
+def _num(obj, name, default, lo, hi, integer=False, field=None):
     v = obj.get(name)
+    name = field or name
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):

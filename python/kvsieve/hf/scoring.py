@@ -13,7 +13,9 @@ token_logprobs and in its top_logprobs entry, and JSON prints floats so they
 read back exactly, so lm-eval's greedy test (token_logprob == max(top)) is
 exact. A kv_compression variant (the request's, else the server's default)
 is applied after the prefill: prompt positions are scored on the full
-prefill, the continuation is decoded from the compressed cache.
+prefill, the continuation is decoded from the compressed cache; with its
+`chunk`, every position is scored over the cache compressed so far
+(chunked.py), so log-likelihoods of long texts see the compression.
 
 What it is not: sampling (temperature must be 0), stop strings, streaming,
 several variants, images (each refused with 400 naming the field); more than
@@ -24,6 +26,7 @@ import time
 import torch
 
 import kvsieve
+from . import chunked
 from .engine import Cancelled, RequestError
 from .fields import _bool, _num
 
@@ -160,36 +163,26 @@ def run(app, req, cancelled):
         if cancelled():
             raise Cancelled()
         q = Scored(pr.ids)
-        nq = eng.queries_wanted([v], pr.n_tokens) if v.method != "full" else 0
-        pre = eng.prefill(pr, nq, all_logits=req.echo)
+        if v.chunk and v.method != "full":  # every position scored over the cache compressed so far
+            res = chunked.prefill(eng, pr, v, all_logits=req.echo)
+            app.count("compressions", len(res.chunks))
+            app.count("compress_ms", res.compress_ms)
+            cache, logits, all_logits, ms, rope_deltas = res.cache, res.logits, res.all_logits, res.ms, None
+            q.kv = _kv(v, res.compress_ms, res.chunks)
+        else:
+            cache, logits, all_logits, ms, rope_deltas = _prefill(app, pr, v, req.echo, q)
         app.count("prefills")
         app.count("prompt_tokens", pr.n_tokens)
-        app.count("prompt_ms", pre.ms)
+        app.count("prompt_ms", ms)
         if req.echo:  # logits of position i predict token i + 1
             for a in range(0, pr.n_tokens - 1, ROWS):
                 b = min(a + ROWS, pr.n_tokens - 1)
-                ch, tops = _record(pre.all_logits[a:b], q.toks[a + 1:b + 1], req.n_top)
+                ch, tops = _record(all_logits[a:b], q.toks[a + 1:b + 1], req.n_top)
                 q.lp[a + 1:b + 1], q.top[a + 1:b + 1] = ch, tops
-        pre.all_logits = None
-        ctx, handoff_ms = eng.new_context(pre) if v.method != "full" else (None, 0.0)
-        try:
-            try:
-                plan, cache, st = eng.compress(ctx, pre, v)
-            except kvsieve.KvsError as exc:
-                status = 400 if exc.status_name in ("invalid", "notfound") else 500
-                raise RequestError(status, v.field if status == 400 else "", "%s: %s" % (v.field, exc.message))
-            if plan is not None:
-                plan.free()
-                app.count("compressions")
-                app.count("compress_ms", st["compress_ms"])
-                q.kv = app.kv_json(pre, v, st, None, None, handoff_ms, ctx.stats())
-        finally:
-            if ctx is not None:
-                ctx.close()
+        del all_logits
         if eng.mrope:
-            eng.model.model.rope_deltas = pre.rope_deltas
+            eng.model.model.rope_deltas = rope_deltas
         t0 = time.perf_counter()
-        logits = pre.logits
         for g in range(req.max_tokens):
             best = int(torch.argmax(logits).item())
             ch, tops = _record(logits.view(1, -1), [best], req.n_top)
@@ -208,6 +201,42 @@ def run(app, req, cancelled):
         app.count("predicted_ms", (time.perf_counter() - t0) * 1e3)
         out.append(q)
     return out
+
+
+def _prefill(app, pr, v, echo, q):
+    """One prefill, then the variant's compression (none for full): (cache,
+    last logits, all logits or None, prefill ms, M-RoPE deltas)."""
+    eng = app.engine
+    nq = eng.queries_wanted([v], pr.n_tokens) if v.method != "full" else 0
+    pre = eng.prefill(pr, nq, all_logits=echo)
+    ctx = eng.new_context(pre)[0] if v.method != "full" else None
+    try:
+        try:
+            plan, cache, st = eng.compress(ctx, pre, v)
+        except kvsieve.KvsError as exc:
+            status = 400 if exc.status_name in ("invalid", "notfound") else 500
+            raise RequestError(status, v.field if status == 400 else "", "%s: %s" % (v.field, exc.message))
+        if plan is not None:
+            plan.free()
+            app.count("compressions")
+            app.count("compress_ms", st["compress_ms"])
+            q.kv = _kv(v, st["compress_ms"], [{"seen": pr.n_tokens, "rows_before": pr.n_tokens,
+                                                "rows_after": st["budgets"][0]}])
+    finally:
+        if ctx is not None:
+            ctx.close()
+    return cache, pre.logits, pre.all_logits, pre.ms, pre.rope_deltas
+
+
+def _kv(v, compress_ms, chunks):
+    """The compression a prompt ran under, as kvsieve serve reports it per choice."""
+    kv = {"method": v.method}
+    if v.tokens:
+        kv["tokens"] = v.tokens
+    else:
+        kv["ratio"] = v.ratio
+    kv.update({"chunk": v.chunk, "compress_ms": compress_ms, "chunks": chunks})
+    return kv
 
 
 def choice_json(eng, req, q, index):

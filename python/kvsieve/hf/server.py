@@ -6,7 +6,8 @@ What it is: the same endpoints, fields and error shapes as the C server
 POST /tokenize, /detokenize (llama-server's and vLLM's fields),
 /completion (llama-server shape), /v1/completions (OpenAI shape; with echo,
 logprobs or several prompts vLLM's, scoring.py), /v1/chat/completions and
-/kv/dump (a safetensors cache dump). --api-key: every endpoint but /health
+/kv/dump (a safetensors cache dump). kv_compression.chunk: chunked prefill
+compression (chunked.py). --api-key: every endpoint but /health
 needs `Authorization: Bearer KEY` (or X-Api-Key), else 401 before the body is
 read. --kv-compression: the variant of requests that carry no kv_compression.
 The kvsieve extension: `kv_compression` (one {method, ratio | tokens,
@@ -29,8 +30,7 @@ steps; SIGTERM stops accepting, lets the running request finish for at most
 (at most --max-conn at once); idle sockets time out.
 
 What it is not: no streaming (stream: true is refused), no batching across
-requests, no chunked prefill compression (`chunk` is refused; kvsieve serve
-has it).
+requests.
 """
 import hmac
 import json
@@ -42,17 +42,19 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kvsieve
-from . import scoring
+import torch
+
+from . import chunked, scoring
 from .fields import _bool, _num, _str
-from .engine import IMAGE_MARKER, Cancelled, RequestError, decode_image
+from .engine import IMAGE_MARKER, Cancelled, Prefill, RequestError, decode_image
 
 KNOWN_VARIANT = ("method", "ratio", "tokens", "params", "compress_local", "name", "suffix", "chunk")
 
 
 class Variant:
-    def __init__(self, field, name, method, params, ratio, tokens, suffix):
+    def __init__(self, field, name, method, params, ratio, tokens, suffix, chunk=0):
         self.field, self.name, self.method, self.params = field, name, method, params
-        self.ratio, self.tokens, self.suffix = ratio, tokens, suffix
+        self.ratio, self.tokens, self.suffix, self.chunk = ratio, tokens, suffix, chunk  # chunk 0: none
 
 
 class GenSettings:
@@ -204,7 +206,12 @@ class Server:
             raise RequestError(400, base, "%s must not be empty" % base)
         if len(lst) > 64:
             raise RequestError(400, base, "%s: at most 64 variants, got %d" % (base, len(lst)))
-        return [self.parse_variant(o, "%s[%d]" % (base, i)) for i, o in enumerate(lst)], True
+        out = [self.parse_variant(o, "%s[%d]" % (base, i)) for i, o in enumerate(lst)]
+        for v in out:
+            if v.chunk:
+                raise RequestError(400, v.field + ".chunk", "%s.chunk: chunked compression runs one variant per "
+                                   "request (each variant would need its own prefill)" % v.field)
+        return out, True
 
     def parse_variant(self, o, field):
         if not isinstance(o, dict):
@@ -240,10 +247,7 @@ class Server:
             raise RequestError(400, field + ".ratio", "%s: a budget is required: ratio in (0, 1] or tokens >= 1"
                                % field)
         _bool(o, "compress_local", False, field + ".compress_local")  # no local layers here
-        if o.get("chunk") is not None:
-            raise RequestError(400, field + ".chunk", "%s.chunk: chunked prefill compression is not implemented in "
-                               "kvsieve-hf; it is kvsieve serve's (send the request there, or leave chunk out)"
-                               % field)
+        chunk = _num(o, "chunk", 0, 1, 1 << 30, True, field + ".chunk")
         suffix = _str(o, "suffix", "", field + ".suffix")
         # validate the method, then each parameter on its own (so the error names it), with
         # libkvsieve's own messages
@@ -252,7 +256,7 @@ class Server:
                 kvsieve.queries_wanted(method, ps, 1)
             except kvsieve.KvsError as exc:
                 raise RequestError(400, f, "%s: %s" % (f, exc.message))
-        return Variant(field, name, method, params, ratio, tokens, suffix)
+        return Variant(field, name, method, params, ratio, tokens, suffix, chunk)
 
     def parse_settings(self, root, oai):
         g = GenSettings()
@@ -395,6 +399,13 @@ class Server:
     # ---- the generation work ---------------------------------------------------------------
     def generate(self, prompt, variants, gen, client, want_plan=False):
         eng = self.engine
+        if variants[0].chunk and variants[0].method != "full":
+            v = variants[0]
+            if prompt.span_sets:
+                raise RequestError(400, "kv_spans", "kv_spans: not available with kv_compression.chunk (several plans)")
+            if want_plan:
+                raise RequestError(400, "kv_plan", "kv_plan: not available with kv_compression.chunk (several plans)")
+            return self.run_exclusive(lambda cancelled: self.generate_chunked(prompt, v, gen, cancelled), client)
 
         def work(cancelled):
             nq = eng.queries_wanted(variants, prompt.n_tokens)
@@ -451,6 +462,33 @@ class Server:
 
         return self.run_exclusive(work, client)
 
+    def generate_chunked(self, prompt, v, gen, cancelled):
+        """generate()'s work for one variant with chunk: chunked.prefill, then
+        decoding from its cache. Returns what generate() returns."""
+        eng = self.engine
+        res = chunked.prefill(eng, prompt, v)
+        self.count("prefills")
+        self.count("prompt_tokens", prompt.n_tokens)
+        self.count("prompt_ms", res.ms)
+        self.count("compressions", len(res.chunks))
+        self.count("compress_ms", res.compress_ms)
+        self.count("gather_ms", res.gather_ms)
+        # kv_json reads each layer's prompt shape from pre.layers: meta tensors of the uncompressed [1][H][N][d]
+        layers = []
+        for l in range(eng.n_layers):
+            k = res.cache.layers[l].keys
+            layers.append((torch.empty((1, k.shape[1], prompt.n_tokens, k.shape[3]), dtype=k.dtype, device="meta"),
+                           None, None))
+        pre = Prefill(prompt, layers, res.logits, res.ms, None)
+        st = {"compress_ms": res.compress_ms, "gather_ms": res.gather_ms, "note": "", "merge": res.merge,
+              "budgets": [res.cache.layers[l].keys.shape[2] for l in range(eng.n_layers)],
+              "chunk": v.chunk, "chunks": res.chunks}
+        sfx = eng.tokenize(v.suffix, add_special=False) if v.suffix else []
+        g = eng.generate_batch(pre, [res.cache], sfx, gen, cancelled)[0]
+        self.count("predicted_tokens", len(g.toks))
+        self.count("predicted_ms", g.ms)
+        return pre, [(v, st, g, None)], 0.0, None
+
     def kv_json(self, pre, v, st, g, span_kept, handoff_ms, copies):
         eng = self.engine
         layers, tb, ta, bb, ba = [], 0, 0, 0, 0
@@ -472,6 +510,8 @@ class Server:
               "note": st["note"], "layers": layers, "device": str(eng.device)}
         if "plan" in st:
             kv["plan"] = st["plan"]
+        if "chunks" in st:  # chunked: what each compression kept (rows of a layer per KV head)
+            kv["chunk"], kv["chunks"] = st["chunk"], st["chunks"]
         if copies is not None:
             kv["tensors_copied"] = copies["tensors_copied"]
             kv["bytes_copied"] = copies["bytes_copied"]

@@ -10,9 +10,11 @@ fail: every log-likelihood lm-eval records equals a float64 recomputation by a
 separate copy of the model on the tokens lm-eval would have sent (1e-4), its
 is_greedy flag equals the recomputation's argmax test, the accuracy it reports
 is the one those log-likelihoods give, each generation is the recomputation's
-greedy continuation cut at the stop string. Then the generate_until task again
-against a server started with --kv-compression: every request compressed
-(/metrics), each answer the one a request naming that kv_compression gets.
+greedy continuation cut at the stop string. Then the generate_until and
+perplexity tasks again against a server started with a chunked StreamingLLM
+--kv-compression: each text's log-likelihood equals the recomputation with
+the evicted rows masked (and differs from the unmasked one), each answer is
+the one a request naming that kv_compression gets.
 KVSIEVE_LMEVAL names the lm_eval executable (the venv scripts/test.sh makes);
 without it the test fails.
 """
@@ -29,7 +31,7 @@ try:
 except ImportError as exc:  # visible skip: the suite's hf label needs scripts/install_hf.sh
     raise unittest.SkipTest("kvsieve-hf tests need torch and transformers (scripts/install_hf.sh): %s" % exc)
 
-from tests.test_hf_scoring import reference
+from tests.test_hf_scoring import masked_reference, reference, streaming_visible
 from tests.test_hf_server import Client, _free_port, engine, model_dir
 
 LMEVAL = os.environ.get("KVSIEVE_LMEVAL", os.path.expanduser("~/.cache/kvsieve/lmeval-venv/bin/lm_eval"))
@@ -70,11 +72,12 @@ def lm_eval(port, tasks, out):
                        cwd=TASKS, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise AssertionError("lm_eval failed (%d):\n%s" % (r.returncode, r.stderr[-4000:]))
-    res = json.load(open(glob.glob(os.path.join(out, "*", "results_*.json"))[0]))["results"]
+    with open(glob.glob(os.path.join(out, "*", "results_*.json"))[0]) as f:
+        res = json.load(f)["results"]
     samples = {}
     for t in tasks:
-        f = glob.glob(os.path.join(out, "*", "samples_%s_*.jsonl" % t))[0]
-        samples[t] = [json.loads(line) for line in open(f)]
+        with open(glob.glob(os.path.join(out, "*", "samples_%s_*.jsonl" % t))[0]) as f:
+            samples[t] = [json.loads(line) for line in f]
     return res, samples
 
 
@@ -163,26 +166,36 @@ class TestLmEval(unittest.TestCase):
                 compared += 1
         self.assertGreaterEqual(compared, 3)
 
-    def test_server_default_compression(self):
-        kc = {"method": "snapkv", "ratio": 0.5, "params": {"window": 4}}
+    def test_server_default_chunked_compression(self):
+        # StreamingLLM chunked: which rows it keeps is known without the library (test_hf_scoring)
+        C, B, S = 8, 12, 2
+        kc = {"method": "streamingllm", "tokens": B, "params": {"sinks": S}, "chunk": C}
         srv = Served("--kv-compression", json.dumps(kc))
         out = tempfile.mkdtemp(prefix="kvs-lmeval-")
         try:
             c = Client(srv.port)
             c.headers = {"Authorization": "Bearer " + KEY}
-            _res, samples = lm_eval(srv.port, ["kvs_hf_gen"], out)
-            n = len(samples["kvs_hf_gen"])
-            self.assertEqual(c.metric("kvsieve_compressions_total"), n)
+            _res, samples = lm_eval(srv.port, ["kvs_hf_gen", "kvs_hf_ppl"], out)
+            self.assertGreater(c.metric("kvsieve_compressions_total"), 0)
+            # perplexity under chunked compression: each text's log-likelihood over the rows held
+            eos, differs = engine("text").tokenizer.eos_token_id, 0
+            for s in samples["kvs_hf_ppl"]:
+                ids = [eos] + encode(s["doc"]["text"])
+                ref = masked_reference(ids, streaming_visible(len(ids), C, B, S)[0])
+                want = sum(ref[i - 1, ids[i]].item() for i in range(1, len(ids)))
+                self.assertAlmostEqual(float(s["resps"][0][0]), want, delta=1e-4)
+                differs += abs(want - loglikelihood([eos], ids[1:])[0]) > 1e-3
+            self.assertGreater(differs, 0)  # the compression changed what was scored
+            # generations: what a request naming that kv_compression gets
             for s in samples["kvs_hf_gen"]:
                 ids = encode(s["arguments"]["gen_args_0"]["arg_0"])
                 st, r, _ = c.post("/v1/completions", {"prompt": ids, "max_tokens": 8, "stop": ["\n"],
                                                       "kv_compression": kc})
                 self.assertEqual(st, 200, r)
-                self.assertLess(r["kv"]["tokens_after"], r["kv"]["tokens_before"])
+                self.assertEqual(r["kv"]["chunk"], C)
                 self.assertEqual(s["resps"][0][0], r["choices"][0]["text"], "doc %d" % s["doc_id"])
         finally:
             srv.stop()
-
 
 if __name__ == "__main__":
     unittest.main()

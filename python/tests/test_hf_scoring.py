@@ -225,6 +225,22 @@ def masked_reference(ids, visible):
         return torch.log_softmax(_REF["m"](input_ids=torch.tensor([ids]), attention_mask=mask).logits[0], dim=-1)
 
 
+def streaming_visible(N, C, B, S):
+    """StreamingLLM (S sinks, budget B tokens) chunked by C over N positions:
+    (what each position sees, the rows held at the end, the chunks log). After
+    each chunk the rows held are the first S and the last B - S when over B."""
+    visible, held, chunks = [], [], []
+    for a in range(0, N, C):
+        b = min(a + C, N)
+        for i in range(a, b):
+            visible.append(set(held) | set(range(a, i + 1)))
+        held = held + list(range(a, b))
+        if len(held) > B:
+            chunks.append({"seen": b, "rows_before": len(held), "rows_after": B})
+            held = held[:S] + held[len(held) - (B - S):]
+    return visible, held, chunks
+
+
 class TestChunked(unittest.TestCase):
     """kv_compression.chunk: StreamingLLM (sinks + recent: which rows it keeps is known without the
     library) chunked over a 70-token prompt against a float64 recomputation with those rows masked."""
@@ -247,16 +263,7 @@ class TestChunked(unittest.TestCase):
         self.assertEqual(s, 200, r)
         ch = r["choices"][0]
         N = len(self.ids)
-        # the rows held: after each chunk, the first S and the last B - S of what is held when over B
-        visible, held, want_chunks = [], [], []
-        for a in range(0, N, C):
-            b = min(a + C, N)
-            for i in range(a, b):
-                visible.append(set(held) | set(range(a, i + 1)))
-            held = held + list(range(a, b))
-            if len(held) > B:
-                want_chunks.append({"seen": b, "rows_before": len(held), "rows_after": B})
-                held = held[:S] + held[len(held) - (B - S):]
+        visible, held, want_chunks = streaming_visible(N, C, B, S)
         self.assertEqual(ch["kv"]["chunks"], want_chunks)
         all_ids = list(self.ids)
         # generated token k (position N + k) sees the rows held after the last chunk and the tokens since

@@ -191,6 +191,8 @@ class TestScoring(unittest.TestCase):
                              ({"prompt": [self.ids, [10 ** 6]]}, "prompt[1][0]"),
                              ({"kv_compression": {"variants": [{"method": "full"}, {"method": "full"}]}},
                               "kv_compression"),
+                             ({"kv_compression": {"method": "snapkv", "ratio": 0.5, "suffix": "x"}},
+                              "kv_compression.suffix"),
                              ({"kv_compression": {"method": "snapkv", "ratio": 0.5, "chunk": 1.5}},
                               "kv_compression.chunk")):
             body = {"prompt": [self.ids], "echo": True, "logprobs": 1, "max_tokens": 1, **extra}
@@ -341,6 +343,7 @@ class TestKeyAndDefault(unittest.TestCase):
             Server(engine("text"), port=0, kv_compression='{"method": "nosuch", "ratio": 0.5}')
         srv, c = serve(kv_compression='{"method": "snapkv", "ratio": 0.5}')
         try:
+            self.assertEqual(c.call("GET", "/health")[1]["kv_compression"], {"method": "snapkv", "ratio": 0.5})
             s, r, _ = c.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
             self.assertEqual((s, r["kv"]["method"], r["kv"]["budget"]), (200, "snapkv", {"ratio": 0.5}), r)
             self.assertLess(r["kv"]["tokens_after"], r["kv"]["tokens_before"])

@@ -18,7 +18,7 @@ prefill, the continuation is decoded from the compressed cache; with its
 (chunked.py), so log-likelihoods of long texts see the compression.
 
 What it is not: sampling (temperature must be 0), stop strings, streaming,
-several variants, images (each refused with 400 naming the field); more than
+several variants or a suffix, images (each refused with 400 naming the field); more than
 64 prompts or 32,768 tokens with max_tokens per request.
 """
 import time
@@ -84,6 +84,9 @@ def parse(app, root):
         raise RequestError(400, "kv_compression", "kv_compression: one variant only with echo, logprobs or "
                            "several prompts (each prompt is its own prefill)")
     r.variant = variants[0]
+    if r.variant.suffix:
+        raise RequestError(400, r.variant.field + ".suffix", "%s.suffix is not supported with echo, logprobs or "
+                           "several prompts" % r.variant.field)
     p = root.get("prompt")
     if p is None:
         raise RequestError(400, "prompt", "prompt is required")

@@ -675,12 +675,13 @@ class _Handler(BaseHTTPRequestHandler):
                     verb, path, ", ".join("%s %s" % e for e in sorted(ENDPOINTS))))
             if path in ("/health", "/v1/health"):
                 return self._send(200, {"status": "draining" if app.draining else "ok",
-                                        "requests_processing": app.processing, "requests_waiting": app.waiting})
+                                        "requests_processing": app.processing, "requests_waiting": app.waiting,
+                                        "kv_compression": app.default_kc})  # what requests without one get
             if path == "/v1/models":
                 info = app.engine.info()
                 return self._send(200, {"object": "list", "data": [{
                     "id": app.engine.alias, "object": "model", "created": app.started, "owned_by": "kvsieve",
-                    "meta": dict(info, backend="kvsieve-hf")}]})
+                    "meta": dict(info, backend="kvsieve-hf", kv_compression=app.default_kc)}]})
             if path == "/metrics":
                 return self._send(200, _metrics(app).encode(), "text/plain; version=0.0.4")
             if path == "/tokenizer_info":

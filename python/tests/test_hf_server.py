@@ -348,11 +348,12 @@ def pil_file(path):
 class Client:
     def __init__(self, port):
         self.port = port
+        self.headers = {}  # e.g. Authorization for a server with --api-key
 
     def call(self, verb, path, body=None, raw=None):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        c.request(verb, path, body=data, headers={"Content-Type": "application/json"})
+        c.request(verb, path, body=data, headers={"Content-Type": "application/json", **self.headers})
         r = c.getresponse()
         text = r.read()
         c.close()

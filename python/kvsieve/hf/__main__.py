@@ -3,9 +3,14 @@
     kvsieve-hf serve --model ID_OR_PATH [--device cpu|cuda[:N]] [--dtype auto|float32|float16|bfloat16]
                      [--host 127.0.0.1] [--port 8080] [--alias NAME] [--threads N] [--queue N]
                      [--n-predict-max N] [--drain-timeout S] [--max-body BYTES] [--max-conn N]
-                     [--variant-batch N]
+                     [--variant-batch N] [--api-key KEY] [--kv-compression JSON]
     kvsieve-hf dump  --model ID_OR_PATH (--prompt TEXT | --prompt-file F) [--image F]... [--queries N]
                      [--dtype-out F32|F16|BF16] -o OUT.safetensors
+
+--api-key (default: the environment variable KVSIEVE_API_KEY) requires
+`Authorization: Bearer KEY` on every endpoint but /health. --kv-compression
+is the kv_compression of requests that carry none (lm-evaluation-harness
+sends no custom fields), e.g. '{"method": "snapkv", "ratio": 0.25}'.
 
 A .gguf file as --model is read through transformers' GGUF loader (text
 models). Images in a dump prompt go where its `<__media__>` markers are
@@ -24,19 +29,30 @@ def _engine(a):
 
 
 def cmd_serve(a):
+    import json
     from .server import Server
+    key = a.api_key if a.api_key is not None else os.environ.get("KVSIEVE_API_KEY") or None
+    if a.api_key == "":
+        raise ValueError("--api-key must not be empty")
+    kc = None
+    if a.kv_compression is not None:
+        try:
+            kc = json.loads(a.kv_compression)
+        except ValueError as exc:
+            raise ValueError("--kv-compression is not valid JSON: %s" % exc)
     eng = _engine(a)
     srv = Server(eng, host=a.host, port=a.port, queue=a.queue, n_predict_max=a.n_predict_max,
                  drain_timeout=a.drain_timeout, max_body=a.max_body, max_conn=a.max_conn,
-                 variant_batch=a.variant_batch)
+                 variant_batch=a.variant_batch, api_key=key, kv_compression=kc)
 
     def on_term(signum, _frame):
         threading.Thread(target=srv.drain_and_stop, daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    print("kvsieve-hf: serving %s (%s, %s layers, %s) on http://%s:%d" % (
-        eng.alias, eng.arch, eng.n_layers, eng.device, a.host, srv.port), file=sys.stderr, flush=True)
+    print("kvsieve-hf: serving %s (%s, %s layers, %s) on http://%s:%d%s%s" % (
+        eng.alias, eng.arch, eng.n_layers, eng.device, a.host, srv.port, " (API key required)" if key else "",
+        " (default kv_compression %s)" % json.dumps(kc) if kc is not None else ""), file=sys.stderr, flush=True)
     srv.serve_forever()
     print("kvsieve-hf: stopped", file=sys.stderr, flush=True)
     return 0
@@ -89,6 +105,10 @@ def main(argv=None):
             p.add_argument("--max-conn", type=int, default=256)
             p.add_argument("--variant-batch", type=int, default=8,
                            help="variants of a request decoded together per forward pass (1: one by one)")
+            p.add_argument("--api-key", default=None,
+                           help="require `Authorization: Bearer KEY` on all but /health (default: $KVSIEVE_API_KEY)")
+            p.add_argument("--kv-compression", default=None,
+                           help="kv_compression JSON for requests that carry none")
         else:
             p.add_argument("--prompt")
             p.add_argument("--prompt-file")

@@ -263,9 +263,11 @@ class Engine:
             return pos.view(1, 1, n).expand(3, 1, n) + deltas.to(self.device).view(1, -1, 1)
         return pos.view(1, n)
 
-    def prefill(self, prompt, n_queries):
+    def prefill(self, prompt, n_queries, all_logits=False):
         """One forward pass over the prompt. n_queries: how many of the last
-        query rows to record per layer (0: none). Returns a Prefill."""
+        query rows to record per layer (0: none). all_logits: keep every
+        position's logits (pre.all_logits [N][V], the model's dtype; scoring.py).
+        Returns a Prefill."""
         import transformers
         N = prompt.n_tokens
         nq = min(int(n_queries), N)
@@ -287,7 +289,8 @@ class Engine:
         t0 = _now()
         try:
             with torch.inference_mode():
-                out = self.model(**inputs, **{self.cache_kw: cache}, use_cache=True, logits_to_keep=1)
+                out = self.model(**inputs, **{self.cache_kw: cache}, use_cache=True,
+                                 logits_to_keep=0 if all_logits else 1)
         finally:
             for m in self.attn_modules:
                 m._kvsieve_recorder = None
@@ -295,7 +298,9 @@ class Engine:
         ms = _now() - t0
         layers = [(cache.layers[l].keys, cache.layers[l].values, recorded.get(l)) for l in range(self.n_layers)]
         deltas = self.model.model.rope_deltas.clone() if self.mrope and self.model.model.rope_deltas is not None else None
-        return Prefill(prompt, layers, out.logits[0, -1].float(), ms, deltas)
+        pre = Prefill(prompt, layers, out.logits[0, -1].float(), ms, deltas)
+        pre.all_logits = out.logits[0] if all_logits else None
+        return pre
 
     # -- compression ------------------------------------------------------------------------
     def queries_wanted(self, variants, n_tokens):

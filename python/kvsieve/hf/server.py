@@ -2,9 +2,14 @@
 transformers model (engine.py).
 
 What it is: the same endpoints, fields and error shapes as the C server
-(backend/server): GET /health, /v1/models, /metrics; POST /tokenize,
-/detokenize, /completion (llama-server shape), /v1/completions,
-/v1/chat/completions (OpenAI shape) and /kv/dump (a safetensors cache dump).
+(backend/server): GET /health, /v1/models, /metrics, /tokenizer_info (vLLM's);
+POST /tokenize, /detokenize (llama-server's and vLLM's fields),
+/completion (llama-server shape), /v1/completions (OpenAI shape; with echo,
+logprobs or several prompts vLLM's, scoring.py), /v1/chat/completions and
+/kv/dump (a safetensors cache dump). kv_compression.chunk: chunked prefill
+compression (chunked.py). --api-key: every endpoint but /health
+needs `Authorization: Bearer KEY` (or X-Api-Key), else 401 before the body is
+read. --kv-compression: the variant of requests that carry no kv_compression.
 The kvsieve extension: `kv_compression` (one {method, ratio | tokens,
 params, suffix} or {variants: [...]}: one prefill, every variant compressed
 from it), `kv_spans`, and per variant a `kv` object of statistics. Images:
@@ -25,10 +30,10 @@ steps; SIGTERM stops accepting, lets the running request finish for at most
 (at most --max-conn at once); idle sockets time out.
 
 What it is not: no streaming (stream: true is refused), no batching across
-requests, no authentication.
+requests.
 """
+import hmac
 import json
-import math
 import os
 import select
 import socket
@@ -37,15 +42,19 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kvsieve
-from .engine import IMAGE_MARKER, Cancelled, RequestError, decode_image
+import torch
 
-KNOWN_VARIANT = ("method", "ratio", "tokens", "params", "compress_local", "name", "suffix")
+from . import chunked, scoring
+from .fields import _bool, _num, _str
+from .engine import IMAGE_MARKER, Cancelled, Prefill, RequestError, decode_image
+
+KNOWN_VARIANT = ("method", "ratio", "tokens", "params", "compress_local", "name", "suffix", "chunk")
 
 
 class Variant:
-    def __init__(self, field, name, method, params, ratio, tokens, suffix):
+    def __init__(self, field, name, method, params, ratio, tokens, suffix, chunk=0):
         self.field, self.name, self.method, self.params = field, name, method, params
-        self.ratio, self.tokens, self.suffix = ratio, tokens, suffix
+        self.ratio, self.tokens, self.suffix, self.chunk = ratio, tokens, suffix, chunk  # chunk 0: none
 
 
 class GenSettings:
@@ -54,45 +63,25 @@ class GenSettings:
         self.n_predict, self.limit, self.ignore_eos, self.stop = -1, 0, False, []
 
 
-# ---- field helpers (the C server's srv_get_*) -------------------------------------------
-
-def _num(obj, name, default, lo, hi, integer=False):
-    v = obj.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
-        raise RequestError(400, name, "%s must be a number" % name)
-    if integer and v != int(v):
-        raise RequestError(400, name, "%s must be an integer" % name)
-    if not lo <= v <= hi:
-        raise RequestError(400, name, "%s must be in [%s, %s], got %s" % (name, lo, hi, v))
-    return int(v) if integer else float(v)
-
-
-def _bool(obj, name, default, field=None):
-    v = obj.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise RequestError(400, field or name, "%s must be true or false" % (field or name))
-    return v
-
-
-def _str(obj, name, default, field=None):
-    v = obj.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, str):
-        raise RequestError(400, field or name, "%s must be a string" % (field or name))
-    return v
-
-
 class Server:
     """The server state: engine, limits, counters. serve_forever() runs it."""
 
     def __init__(self, engine, host="127.0.0.1", port=8080, queue=16, n_predict_max=4096,
-                 drain_timeout=10.0, max_body=256 << 20, max_conn=256, io_timeout=60.0, variant_batch=8):
+                 drain_timeout=10.0, max_body=256 << 20, max_conn=256, io_timeout=60.0, variant_batch=8,
+                 api_key=None, kv_compression=None):
+        """api_key: the key every endpoint but /health requires (None: open).
+        kv_compression: the default variant(s), the JSON value of a request's
+        kv_compression field (a JSON text or its parsed value); ValueError if bad."""
         self.engine = engine
+        self.api_key = api_key or None
+        self.default_kc = None
+        if kv_compression is not None:
+            kc = json.loads(kv_compression) if isinstance(kv_compression, str) else kv_compression
+            try:
+                self.parse_variants({"kv_compression": kc})
+            except RequestError as exc:
+                raise ValueError("--kv-compression: %s" % exc.message)
+            self.default_kc = kc
         self.variant_batch = max(1, int(variant_batch))
         self.queue, self.n_predict_max = int(queue), int(n_predict_max)
         self.drain_timeout, self.max_body = float(drain_timeout), int(max_body)
@@ -193,6 +182,8 @@ class Server:
     def parse_variants(self, root):
         kc = root.get("kv_compression")
         if kc is None:
+            kc = self.default_kc  # --kv-compression
+        if kc is None:
             return [Variant("kv_compression", "", "full", {}, 1.0, None, "")], False
         base, lst = "kv_compression", None
         if isinstance(kc, list):
@@ -215,7 +206,12 @@ class Server:
             raise RequestError(400, base, "%s must not be empty" % base)
         if len(lst) > 64:
             raise RequestError(400, base, "%s: at most 64 variants, got %d" % (base, len(lst)))
-        return [self.parse_variant(o, "%s[%d]" % (base, i)) for i, o in enumerate(lst)], True
+        out = [self.parse_variant(o, "%s[%d]" % (base, i)) for i, o in enumerate(lst)]
+        for v in out:
+            if v.chunk:
+                raise RequestError(400, v.field + ".chunk", "%s.chunk: chunked compression runs one variant per "
+                                   "request (each variant would need its own prefill)" % v.field)
+        return out, True
 
     def parse_variant(self, o, field):
         if not isinstance(o, dict):
@@ -251,6 +247,7 @@ class Server:
             raise RequestError(400, field + ".ratio", "%s: a budget is required: ratio in (0, 1] or tokens >= 1"
                                % field)
         _bool(o, "compress_local", False, field + ".compress_local")  # no local layers here
+        chunk = _num(o, "chunk", 0, 1, 1 << 30, True, field + ".chunk")
         suffix = _str(o, "suffix", "", field + ".suffix")
         if method.startswith("kvpress:"):  # a kvpress press as a row (hf/kvpress_rows.py)
             self.engine.check_kvpress(method, params, ratio, tokens, field + ".method")
@@ -262,7 +259,7 @@ class Server:
                 kvsieve.queries_wanted(method, ps, 1)
             except kvsieve.KvsError as exc:
                 raise RequestError(400, f, "%s: %s" % (f, exc.message))
-        return Variant(field, name, method, params, ratio, tokens, suffix)
+        return Variant(field, name, method, params, ratio, tokens, suffix, chunk)
 
     def parse_settings(self, root, oai):
         g = GenSettings()
@@ -349,6 +346,8 @@ class Server:
                 raise RequestError(400, "prompt", "prompt: only one prompt per request is supported, got %d"
                                    % len(p))
             p = p[0]
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], list):  # lm-eval's [[ids]]
+            p = p[0]
         if isinstance(p, str):
             imgs = self.images(mm, mm_field)
             self.count("images", len(imgs))
@@ -403,6 +402,13 @@ class Server:
     # ---- the generation work ---------------------------------------------------------------
     def generate(self, prompt, variants, gen, client, want_plan=False):
         eng = self.engine
+        if variants[0].chunk and variants[0].method != "full":
+            v = variants[0]
+            if prompt.span_sets:
+                raise RequestError(400, "kv_spans", "kv_spans: not available with kv_compression.chunk (several plans)")
+            if want_plan:
+                raise RequestError(400, "kv_plan", "kv_plan: not available with kv_compression.chunk (several plans)")
+            return self.run_exclusive(lambda cancelled: self.generate_chunked(prompt, v, gen, cancelled), client)
 
         def work(cancelled):
             nq = eng.queries_wanted(variants, prompt.n_tokens)
@@ -459,6 +465,33 @@ class Server:
 
         return self.run_exclusive(work, client)
 
+    def generate_chunked(self, prompt, v, gen, cancelled):
+        """generate()'s work for one variant with chunk: chunked.prefill, then
+        decoding from its cache. Returns what generate() returns."""
+        eng = self.engine
+        res = chunked.prefill(eng, prompt, v)
+        self.count("prefills")
+        self.count("prompt_tokens", prompt.n_tokens)
+        self.count("prompt_ms", res.ms)
+        self.count("compressions", len(res.chunks))
+        self.count("compress_ms", res.compress_ms)
+        self.count("gather_ms", res.gather_ms)
+        # kv_json reads each layer's prompt shape from pre.layers: meta tensors of the uncompressed [1][H][N][d]
+        layers = []
+        for l in range(eng.n_layers):
+            k = res.cache.layers[l].keys
+            layers.append((torch.empty((1, k.shape[1], prompt.n_tokens, k.shape[3]), dtype=k.dtype, device="meta"),
+                           None, None))
+        pre = Prefill(prompt, layers, res.logits, res.ms, None)
+        st = {"compress_ms": res.compress_ms, "gather_ms": res.gather_ms, "note": "", "merge": res.merge,
+              "budgets": [res.cache.layers[l].keys.shape[2] for l in range(eng.n_layers)],
+              "chunk": v.chunk, "chunks": res.chunks}
+        sfx = eng.tokenize(v.suffix, add_special=False) if v.suffix else []
+        g = eng.generate_batch(pre, [res.cache], sfx, gen, cancelled)[0]
+        self.count("predicted_tokens", len(g.toks))
+        self.count("predicted_ms", g.ms)
+        return pre, [(v, st, g, None)], 0.0, None
+
     def kv_json(self, pre, v, st, g, span_kept, handoff_ms, copies):
         eng = self.engine
         layers, tb, ta, bb, ba = [], 0, 0, 0, 0
@@ -480,6 +513,8 @@ class Server:
               "note": st["note"], "layers": layers, "device": str(eng.device)}
         if "plan" in st:
             kv["plan"] = st["plan"]
+        if "chunks" in st:  # chunked: what each compression kept (rows of a layer per KV head)
+            kv["chunk"], kv["chunks"] = st["chunk"], st["chunks"]
         if copies is not None:
             kv["tensors_copied"] = copies["tensors_copied"]
             kv["bytes_copied"] = copies["bytes_copied"]
@@ -563,7 +598,8 @@ class _HTTPServer(ThreadingHTTPServer):
 ENDPOINTS = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/v1/models"), ("GET", "/metrics"),
              ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/completion"),
              ("POST", "/completions"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-             ("POST", "/kv/dump")}
+             ("POST", "/kv/dump"), ("GET", "/tokenizer_info")}
+OPEN = ("/health", "/v1/health")  # answered without the API key
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -595,7 +631,8 @@ class _Handler(BaseHTTPRequestHandler):
         app = self.server.app
         status = err.status
         typ = ("server_error" if status >= 500 and status != 503 else "not_found_error" if status == 404
-               else "unavailable_error" if status == 503 else "invalid_request_error")
+               else "unavailable_error" if status == 503 else "authentication_error" if status == 401
+               else "invalid_request_error")
         e = {"message": err.message, "type": typ, "code": status}
         if err.field:
             e["field"] = err.field
@@ -634,35 +671,29 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         app.count("requests", 1, path if (verb, path) in ENDPOINTS else "other")
         try:
+            if app.api_key and path not in OPEN:
+                self._authorize(app.api_key)
             if (verb, path) not in ENDPOINTS:
                 raise RequestError(404, "path", "no endpoint %s %s (known: %s)" % (
                     verb, path, ", ".join("%s %s" % e for e in sorted(ENDPOINTS))))
             if path in ("/health", "/v1/health"):
                 return self._send(200, {"status": "draining" if app.draining else "ok",
-                                        "requests_processing": app.processing, "requests_waiting": app.waiting})
+                                        "requests_processing": app.processing, "requests_waiting": app.waiting,
+                                        "kv_compression": app.default_kc})  # what requests without one get
             if path == "/v1/models":
                 info = app.engine.info()
                 return self._send(200, {"object": "list", "data": [{
                     "id": app.engine.alias, "object": "model", "created": app.started, "owned_by": "kvsieve",
-                    "meta": dict(info, backend="kvsieve-hf")}]})
+                    "meta": dict(info, backend="kvsieve-hf", kv_compression=app.default_kc)}]})
             if path == "/metrics":
                 return self._send(200, _metrics(app).encode(), "text/plain; version=0.0.4")
+            if path == "/tokenizer_info":
+                return self._send(200, _tokenizer_info(app.engine))
             root = self._body()
             if path == "/tokenize":
-                text = _str(root, "content", None)
-                if text is None:
-                    raise RequestError(400, "content", "content is required (a string)")
-                ids = app.engine.tokenize(text, _bool(root, "add_special", False))
-                out = {"tokens": ids}
-                if _bool(root, "with_pieces", False):
-                    out["tokens"] = [{"id": t, "piece": app.engine.detokenize([t])} for t in ids]
-                return self._send(200, out)
+                return self._send(200, _tokenize(app.engine, root))
             if path == "/detokenize":
-                toks = root.get("tokens")
-                if not isinstance(toks, list) or not all(isinstance(t, int) and 0 <= t < len(app.engine.tokenizer)
-                                                         for t in toks):
-                    raise RequestError(400, "tokens", "tokens must be an array of token ids")
-                return self._send(200, {"content": app.engine.detokenize(toks)})
+                return self._send(200, _detokenize(app.engine, root))
             if path == "/kv/dump":
                 from .dump import dump_bytes
                 return self._send(200, dump_bytes(app, root, self.connection), "application/octet-stream")
@@ -674,8 +705,26 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug or a model failure: 500, the server stays up
             self._error(RequestError(500, "", "%s: %s" % (type(exc).__name__, exc)))
 
+    def _authorize(self, key):
+        """401 unless the request presents the key (Authorization: Bearer KEY,
+        the scheme in any case, or X-Api-Key); the body is not read, so the
+        connection closes after the answer."""
+        auth = self.headers.get("Authorization")
+        if auth:
+            given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        else:
+            given = self.headers.get("X-Api-Key")
+        if given is None or not hmac.compare_digest(given.encode(), key.encode()):
+            self.close_connection = True
+            raise RequestError(401, "authorization", "invalid API key" if given is not None else
+                               "missing API key (send the header `Authorization: Bearer KEY`)")
+
     def _generate(self, path, root):
         app = self.server.app
+        if path in ("/v1/completions", "/completions") and scoring.wants_scoring(root):
+            req = scoring.parse(app, root)
+            scored = app.run_exclusive(lambda cancelled: scoring.run(app, req, cancelled), self.connection)
+            return self._send(200, scoring.answer(app, req, scored))
         oai = path != "/completion"
         gen = app.parse_settings(root, oai)
         variants, several = app.parse_variants(root)
@@ -726,6 +775,64 @@ class _Handler(BaseHTTPRequestHandler):
             out["variants"] = vjson
         out["backend"] = "kvsieve-hf"
         self._send(200, out)
+
+
+def _tokenize(eng, root):
+    """llama-server's {content, add_special=false} or vLLM's {prompt,
+    add_special_tokens=true} (then the answer also has count and max_model_len)."""
+    vllm = "content" not in root and "prompt" in root
+    field = "prompt" if vllm else "content"
+    text = root.get(field)
+    if text is None:
+        raise RequestError(400, "content", "content (llama-server) or prompt (vLLM) is required (the text to tokenize)")
+    if not isinstance(text, str):
+        raise RequestError(400, field, "%s must be a string" % field)
+    add = _bool(root, "add_special_tokens" if vllm else "add_special", vllm)
+    with_pieces = _bool(root, "with_pieces", False)
+    ids = eng.tokenize(text, add)
+    out = {"tokens": [{"id": t, "piece": eng.detokenize([t])} for t in ids] if with_pieces else ids}
+    if vllm:
+        out["count"], out["max_model_len"] = len(ids), eng.n_ctx
+    return out
+
+
+def _detokenize(eng, root):
+    toks = root.get("tokens")
+    if toks is None:
+        raise RequestError(400, "tokens", "tokens is required (an array of token ids)")
+    if not isinstance(toks, list):
+        raise RequestError(400, "tokens", "tokens must be an array of token ids")
+    n_vocab = len(eng.tokenizer)
+    for i, t in enumerate(toks):
+        f = "tokens[%d]" % i
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != int(t):
+            raise RequestError(400, f, "%s must be an integer token id" % f)
+        if not 0 <= t < n_vocab:
+            raise RequestError(400, f, "%s = %s is not a token id (vocabulary has %d)" % (f, t, n_vocab))
+    text = eng.detokenize([int(t) for t in toks])
+    return {"content": text, "prompt": text}  # llama-server's name, vLLM's
+
+
+def _tokenizer_info(eng):
+    """vLLM's /tokenizer_info as lm-evaluation-harness's remote tokenizer reads
+    it (special tokens as text; it finds their ids through /tokenize) and the
+    same fields as kvsieve serve; the tokenizer's chat template when it has one."""
+    tok = eng.tokenizer
+    out = {"tokenizer_class": type(tok).__name__}
+    for name in ("eos", "bos", "pad", "unk", "eot"):
+        text = getattr(tok, name + "_token", None) if name != "eot" else None
+        tid = tok.convert_tokens_to_ids(text) if isinstance(text, str) else None
+        ok = isinstance(tid, int) and tid >= 0
+        out[name + "_token"], out[name + "_token_id"] = (text, tid) if ok else (None, None)
+    with_sp, without = eng.tokenize("a", True), eng.tokenize("a", False)
+    out["add_bos_token"] = bool(out["bos_token_id"] is not None and len(with_sp) > len(without)
+                                and with_sp[0] == out["bos_token_id"])
+    out["vocab_size"] = len(tok)
+    out["model_max_length"] = out["max_model_len"] = eng.n_ctx
+    tmpl = getattr(tok, "chat_template", None)
+    if isinstance(tmpl, str) and tmpl:
+        out["chat_template"] = tmpl
+    return out
 
 
 def _metrics(app):

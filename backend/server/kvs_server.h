@@ -164,6 +164,11 @@ typedef struct {
     const char *api_key; /* NULL or "": no authentication; else every endpoint but GET /health
                             (and /v1/health) needs `Authorization: Bearer KEY` (or `X-Api-Key:
                             KEY`, as llama-server also takes); others get 401 before any work */
+    const char *kv_compression; /* NULL or "": none; else JSON text of a kv_compression value (the
+                                   request field's shape) that requests without kv_compression (absent
+                                   or null) get; a request's own overrides it ({"method": "full"}: no
+                                   compression). Checked at start (KVS_ERR_INVALID naming the field);
+                                   reported by /health and /v1/models (meta.kv_compression) */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *c);

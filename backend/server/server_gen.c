@@ -45,6 +45,7 @@ void srv_gen_req_free(gen_req *g) {
 }
 
 void gen_out_free(gen_out *o) {
+    srv_chunk_log_free(&o->chunks);
     free(o->text);
     free(o->toks);
     free(o->span_kept);
@@ -228,7 +229,7 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
     snprintf(v->field, sizeof v->field, "%s", field);
     if (!cJSON_IsObject(o)) return srv_fail(e, 400, field, "%s must be an object {method, ratio | tokens, params}", field);
     static const char *const known[] = {"method", "ratio", "tokens", "params", "compress_local", "name",
-                                        "suffix", NULL};
+                                        "suffix", "chunk", NULL};
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
         int ok = 0;
@@ -237,7 +238,7 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
             char f[160];
             snprintf(f, sizeof f, "%s.%s", field, it->string);
             return srv_fail(e, 400, f, "%s: unknown field (known: method, ratio, tokens, params, "
-                            "compress_local, name, suffix)", f);
+                            "compress_local, name, suffix, chunk)", f);
         }
     }
     char f[160];
@@ -289,6 +290,9 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
         return srv_fail(e, 400, f, "%s: a budget is required: ratio in (0, 1] or tokens >= 1", field);
     }
     if (srv_get_bool(o, "compress_local", field, 0, &v->compress_local, e)) return -1;
+    long long chunk;
+    if (srv_get_int(o, "chunk", field, 0, 1, 1LL << 30, &chunk, e)) return -1;
+    v->chunk = (int)chunk;
     const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(o, "suffix");
     if (sfx && !cJSON_IsNull(sfx)) {
         snprintf(f, sizeof f, "%s.suffix", field);
@@ -299,8 +303,12 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
     return 0;
 }
 
-static int parse_kv_compression(const kvs_server *s, const cJSON *root, gen_req *g, srv_error *e) {
+const cJSON *srv_kv_compression(const kvs_server *s, const cJSON *root) {
     const cJSON *kc = cJSON_GetObjectItemCaseSensitive(root, "kv_compression");
+    return kc && !cJSON_IsNull(kc) ? kc : s->default_kc;
+}
+
+int srv_parse_kv_compression(const kvs_server *s, const cJSON *kc, gen_req *g, srv_error *e) {
     if (!kc || cJSON_IsNull(kc)) return 0;
     const cJSON *list = NULL;
     const char *base = "kv_compression";
@@ -333,6 +341,9 @@ static int parse_kv_compression(const kvs_server *s, const cJSON *root, gen_req 
             char f[64];
             snprintf(f, sizeof f, "%s[%d]", base, i);
             if (parse_variant(s, it, f, &g->variants[i], e)) return -1;
+            if (g->variants[i].chunk)
+                return srv_fail(e, 400, g->variants[i].field, "%s.chunk: chunked compression runs one variant per "
+                                "request (each variant would need its own prefill)", g->variants[i].field);
             i++;
         }
         return 0;
@@ -406,7 +417,7 @@ int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, 
     if (srv_get_bool(root, "ignore_eos", "", 0, &g->ignore_eos, e)) return -1;
     kvs_stop_init(&g->stop, g->n_predict);
     if (parse_stop(root, g, e)) return -1;
-    if (parse_kv_compression(s, root, g, e)) return -1;
+    if (srv_parse_kv_compression(s, srv_kv_compression(s, root), g, e)) return -1;
     /* the prompt last: tokenising is the costly part */
     if (ep == EP_V1_CHAT) {
         if (parse_messages(s, root, g, e)) return -1;
@@ -440,7 +451,10 @@ int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, 
                             g->n_prompt, g->variants[i].n_suffix, s->cfg.n_ctx);
         }
     }
-    return srv_parse_spans(s, root, text, g, e);
+    if (srv_parse_spans(s, root, text, g, e)) return -1;
+    if (g->n_spans && g->n_variants && g->variants[0].chunk)
+        return srv_fail(e, 400, "kv_spans", "kv_spans: not available with kv_compression.chunk (several plans)");
+    return 0;
 }
 
 /* ---- responses ----------------------------------------------------------------- */
@@ -486,6 +500,18 @@ static cJSON *kv_json(const gen_req *g, const variant_req *v, const gen_out *o) 
     if (v && v->budget.tokens) cJSON_AddNumberToObject(b, "tokens", (double)v->budget.tokens);
     else cJSON_AddNumberToObject(b, "ratio", v ? v->budget.ratio : 1.0);
     cJSON_AddBoolToObject(kv, "compress_local", v && v->compress_local);
+    if (v && v->chunk) { /* chunked: what each compression kept (rows of a compressed layer per KV head) */
+        cJSON_AddNumberToObject(kv, "chunk", v->chunk);
+        cJSON *ch = cJSON_AddArrayToObject(kv, "chunks");
+        for (int i = 0; i < o->chunks.n; i++) {
+            const int *r = o->chunks.rows + (size_t)i * 3;
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddNumberToObject(c, "seen", r[0]);
+            cJSON_AddNumberToObject(c, "rows_before", r[1]);
+            cJSON_AddNumberToObject(c, "rows_after", r[2]);
+            cJSON_AddItemToArray(ch, c);
+        }
+    }
     cJSON_AddNumberToObject(kv, "compress_ms", o->compress_ms);
     cJSON_AddNumberToObject(kv, "copy_ms", o->copy_ms);
     cJSON_AddNumberToObject(kv, "n_prompt", st->n_prompt);

@@ -86,7 +86,8 @@ kvs_status srv_chunked_prefill(const kvs_server *s, kvs_session *ses, const vari
             if (nq > b - a)
                 return kvs_errorf(err, KVS_ERR_INVALID,
                                   "%s.chunk: method %s observes the last %d queries, more than a chunk of %d "
-                                  "positions holds; use chunk >= %d", v->field, v->method->name, nq, b - a, nq);
+                                  "positions holds; use chunk >= %d", v->field, v->method->name, nq, b - a,
+                                  kvs_method_queries_needed(v->method, &v->params, n));
             if ((st = kvs_session_record_window(ses, b, nq, err))) return st;
         }
         if (!each) {

@@ -10,6 +10,7 @@ bash scripts/install_model.sh >/dev/null   # the default model, for the tests la
 bash scripts/install_model.sh qwen2.5-0.5b >/dev/null   # the other registry models: their own
 bash scripts/install_model.sh smollm2-135m >/dev/null   # backend_model_NAME tests
 bash scripts/install_hf.sh >/dev/null   # torch + transformers venv for kvsieve-hf and its tests (label hf)
+bash scripts/install_lmeval.sh >/dev/null   # lm-eval 0.4.13 venv for the tests labelled lmeval
 # RULER's data files (Paul Graham essays, SQuAD, HotpotQA), read at run time by ruler{} and
 # niah{ haystack = "paul_graham" } and by the test labelled "data"; never part of the repository
 if [ ! -f "$HOME/.cache/kvsieve/pylib/long_context_eval/data/synthetic/json/PaulGrahamEssays.json" ]; then

@@ -8,7 +8,9 @@
  * [Hkv][cap]. After compression each layer has its own length (and capacity:
  * kept + room for the rest of the context), each KV head its own kept
  * positions; RoPE was applied before caching, so kept keys keep their
- * rotation and decoding continues at position n_past.
+ * rotation and decoding continues at position n_past. A compressed cache can
+ * be compressed again (kvs_session_recompress, chunked compression): the plan
+ * then indexes the rows held and the kept rows keep their original positions.
  * What it is not: no arithmetic of the forward pass (forward.c), no sampling
  * (server), no method logic (methods/, core/).
  */

@@ -12,9 +12,13 @@
  * (x - max - log(sum exp(x - max))), -inf clamped to -9999.0 as vLLM does;
  * the chosen token's value is computed once and written both in
  * token_logprobs and in its top_logprobs entry, so they are bit-identical.
- * What it is not: sampling (temperature must be 0), stop strings,
- * kv_compression or streaming with these options (each refused with 400
- * naming the field); more than 64 prompts or LP_MAX_TOKENS tokens in all (400:
+ * kv_compression (one variant, the request's or the server's default) runs
+ * each prompt through srv_chunked_prefill (chunked.c), which takes the same
+ * per-position path and compresses after each chunk (without chunk: once,
+ * after the prompt).
+ * What it is not: sampling (temperature must be 0), stop strings, several
+ * kv_compression variants, suffix or streaming with these options (each
+ * refused with 400 naming the field); more than 64 prompts or LP_MAX_TOKENS tokens in all (400:
  * the request runs alone while the other requests' decoding waits); the plain single-prompt path (server_gen.c).
  */
 #include "server_internal.h"
@@ -54,7 +58,7 @@ typedef struct {
 } lp_req;
 
 static void lp_req_free(lp_req *r) {
-    srv_gen_req_free(&r->kc);
+    srv_variants_free(&r->kc);
     for (int i = 0; i < r->n_seqs; i++) {
         srv_chunk_log_free(&r->seqs[i].chunks);
         free(r->seqs[i].toks);

@@ -578,7 +578,7 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
         s->default_kc = cJSON_Parse(cfg->kv_compression);
         if (!s->default_kc) srv_fail(&e, 400, "kv_compression", "kv_compression: not valid JSON");
         else srv_parse_kv_compression(s, s->default_kc, &g, &e);
-        srv_gen_req_free(&g);
+        srv_variants_free(&g);
         if (e.status) {
             cJSON_Delete(s->default_kc);
             free(s->api_key);

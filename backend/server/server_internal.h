@@ -292,10 +292,12 @@ void srv_handle_scoring(kvs_server *s, const cJSON *root, const kvs_http_request
  * endpoints (server.c): no socket or scheduler needed, so tests/fuzz calls them. */
 int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e);
 /* The request's kv_compression, or the server's default when it has none
- * (absent or null); NULL: no compression. */
+ * (absent or null); NULL: no compression (kv_request.c). */
 const cJSON *srv_kv_compression(const kvs_server *s, const cJSON *root);
-/* Parse a kv_compression value kc into g's variants (server_gen.c). */
+/* Parse a kv_compression value kc into g's variants (kv_request.c); free
+ * them with srv_variants_free (srv_gen_req_free does). */
 int srv_parse_kv_compression(const kvs_server *s, const cJSON *kc, gen_req *g, srv_error *e);
+void srv_variants_free(gen_req *g);
 void srv_gen_req_free(gen_req *g);
 void srv_handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
 void srv_handle_detokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);

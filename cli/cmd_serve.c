@@ -23,7 +23,7 @@ static void serve_usage(FILE *f) {
             "                     [--threads N] [--ctx N] [--slots N] [--alias NAME] [--queue N]\n"
             "                     [--batch N] [--n-predict-max N] [--drain-timeout S] [--max-conn N]\n"
             "                     [--cache-type f16|bf16|f32] [--api-key KEY]\n"
-            "                     [--prepend-bos]\n"
+            "                     [--prepend-bos] [--kv-compression JSON]\n"
             "  --model    a GGUF file, or `default` (Gemma 3 270M Q4_K_M, see the README)\n"
             "  --host     address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port     TCP port (default 8080; 0 picks a free one and prints it)\n"
@@ -45,6 +45,9 @@ static void serve_usage(FILE *f) {
             "             (401 otherwise); default: the KVSIEVE_API_KEY environment variable\n"
             "  --prepend-bos  token-id prompts without BOS get it (models whose tokenizer adds\n"
             "             BOS; lm-eval's remote tokenizer sends ids without it); not echoed\n"
+            "  --kv-compression  the kv_compression requests without one get, as the request\n"
+            "             field takes it: '{\"method\":\"snapkv\",\"ratio\":0.25}', with \"chunk\": C for\n"
+            "             chunked prefill compression; a request's own overrides it\n"
             "SIGTERM or SIGINT drains (for at most --drain-timeout) and exits.\n");
 }
 
@@ -97,6 +100,8 @@ int kvs_cmd_serve(int argc, char **argv) {
                 fprintf(stderr, "kvsieve serve: --api-key must not be empty\n");
                 return 2;
             }
+        } else if (!strcmp(a, "--kv-compression")) {
+            if (!(cfg.kv_compression = kvs_arg_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--max-conn")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 20, &max_conn)) return 2;
         } else {
@@ -162,6 +167,7 @@ int kvs_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld, %s KV cache%s)\n",
             v6 ? "[" : "", cfg.host, v6 ? "]" : "", kvs_server_port(srv), cfg.slots, threads,
             kvs_cache_type_name(cfg.cache_type), cfg.api_key ? ", API key required" : "");
+    if (cfg.kv_compression) fprintf(stderr, "kvsieve serve: default kv_compression %s\n", cfg.kv_compression);
     fflush(stderr);
     int sig = 0;
     if (sigwait(&stop_set, &sig) != 0) {

@@ -11,6 +11,7 @@ bash scripts/install_model.sh qwen2.5-0.5b >/dev/null   # the other registry mod
 bash scripts/install_model.sh smollm2-135m >/dev/null   # backend_model_NAME tests
 bash scripts/install_hf.sh >/dev/null   # torch + transformers venv for kvsieve-hf and its tests (label hf)
 bash scripts/install_kvpress.sh >/dev/null   # kvpress 0.5.5 + transformers 5.2.0 venv, torch from the hf venv (label kvpress)
+bash scripts/install_lmeval.sh >/dev/null   # lm-eval 0.4.13 venv for the tests labelled lmeval
 # RULER's data files (Paul Graham essays, SQuAD, HotpotQA), read at run time by ruler{} and
 # niah{ haystack = "paul_graham" } and by the test labelled "data"; never part of the repository
 if [ ! -f "$HOME/.cache/kvsieve/pylib/long_context_eval/data/synthetic/json/PaulGrahamEssays.json" ]; then

@@ -398,7 +398,9 @@ static void decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int 
         db->pos[i] = ss[i]->n_past;
         kvs_kv_make_room(ss[i], ss[i]->n_past, 1);
     }
-    dec_step(pool, db, ss, n, 0, 0, NULL, 0);
+    /* a session alone may record its queries (kvs_session_record_window) */
+    const int rec_end = n == 1 ? ss[0]->rec_end : 0;
+    dec_step(pool, db, ss, n, rec_end > 0, rec_end, NULL, 0);
     for (int i = 0; i < n; i++) {
         ss[i]->modality[ss[i]->n_past] = KVS_MOD_TEXT;
         ss[i]->n_past++;
@@ -703,7 +705,7 @@ static void ew_run(void *arg, int ith, int nth) {
                 kvs_kv_pos(c, g)[row] = p;
             }
             int first = j->n_total - c->nq; /* record queries of positions [n_total - nq, n_total) */
-            if (j->rec && c->q && p >= first)
+            if (j->rec && c->q && p >= first && p < j->n_total)
                 for (int h = 0; h < Hq; h++)
                     memcpy(c->q + ((size_t)h * c->nq + (p - first)) * D, q + (size_t)h * D, (size_t)D * 4);
             break;
@@ -788,9 +790,10 @@ static void pf_free(pf_buf *b) {
 }
 
 /* n tokens (or embeddings) at positions n_past.. through the batched kernels,
- * in chunks of ubatch; rec: record queries of a prompt. logits: last position. */
-static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float *embd, int n, int rec, float *logits,
-                             kvs_err *err) {
+ * in chunks of ubatch; rec_end > 0: record the queries of positions
+ * [rec_end - nq, rec_end) (a prompt: its length). logits: last position. */
+static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float *embd, int n, int rec_end,
+                             float *logits, kvs_err *err) {
     kvs_model *m = s->m;
     const kvs_model_info *MI = &m->info;
     const int E = MI->n_embd, D = MI->head_dim, Hq = MI->n_heads, Hkv = MI->n_kv_heads, F = MI->n_ff;
@@ -850,7 +853,7 @@ static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float 
             } else
                 memcpy(b.X + (size_t)t * E, embd + (size_t)(p0 + t) * E, (size_t)E * 4);
         }
-        prefill_chunk(s, &b, p_start + p0, rec, n);
+        prefill_chunk(s, &b, p_start + p0, rec_end > 0, rec_end);
         s->n_past = p_start + p0 + b.T;
     }
     if (logits) output_logits(s, b.X + (size_t)(b.T - 1) * E, logits);
@@ -884,8 +887,10 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
         if (s->kv[l].cap < n)
             return kvs_errorf(err, KVS_ERR_NOMEM, "prefill: layer %d cache could not be allocated", l);
     kvs_status st = KVS_OK;
-    int nq = s->record_queries < 0 ? n : (s->record_queries < n ? s->record_queries : n);
-    for (int l = 0; l < MI->n_layers; l++) {
+    /* a window armed before the prefill (kvs_session_record_window) records instead of record_queries */
+    const int armed = s->rec_end;
+    int nq = armed ? 0 : s->record_queries < 0 ? n : (s->record_queries < n ? s->record_queries : n);
+    for (int l = 0; l < MI->n_layers && !armed; l++) {
         kv_layer *c = &s->kv[l];
         free(c->q);
         c->q = NULL;
@@ -904,11 +909,11 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
             } else
                 memcpy(s->db.x, embd + (size_t)t * E, (size_t)E * 4);
             s->db.pos[0] = t;
-            dec_step(s->pool, &s->db, &s, 1, 1, n, NULL, 0);
+            dec_step(s->pool, &s->db, &s, 1, 1, armed ? armed : n, NULL, 0);
         }
         if (logits) output_logits(s, s->db.x, logits);
     } else {
-        if ((st = run_chunks(s, tokens, embd, n, 1, logits, err))) goto fail;
+        if ((st = run_chunks(s, tokens, embd, n, armed ? armed : n, logits, err))) goto fail;
     }
     for (int i = 0; i < n; i++) s->modality[i] = modality ? modality[i] : KVS_MOD_TEXT;
     s->n_past = n;
@@ -978,7 +983,7 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
             db.pos[t] = p_start + t;
             embed_token(s->m, tokens[t], db.x + (size_t)t * MI->n_embd, NULL); /* checked above */
         }
-        dec_step(s->pool, &db, cols, n, 0, 0, sbuf, sstride);
+        dec_step(s->pool, &db, cols, n, s->rec_end > 0, s->rec_end, sbuf, sstride);
         if (logits) dec_logits(s->m, s->pool, &db, 1, db.x + (size_t)(n - 1) * MI->n_embd, MI->n_embd, logits);
         for (int t = 0; t < n; t++) s->modality[p_start + t] = KVS_MOD_TEXT;
         s->n_past = p_start + n;
@@ -988,7 +993,7 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
         return KVS_OK;
     }
     /* run_chunks fails only before writing anything (scratch allocation; the tokens were checked) */
-    if ((st = run_chunks(s, tokens, NULL, n, 0, logits, err))) return st;
+    if ((st = run_chunks(s, tokens, NULL, n, s->rec_end, logits, err))) return st;
     for (int i = p_start; i < s->n_past; i++) s->modality[i] = KVS_MOD_TEXT;
     return KVS_OK;
 }

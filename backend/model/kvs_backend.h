@@ -457,6 +457,28 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *stats);
  * dropped rows are exactly those attention masks out. */
 kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err);
 
+/* Chunked compression (the server's kv_compression.chunk): compress, then
+ * extend or decode the next chunk, compress again. kvs_session_record_window
+ * arms recording: the queries (post-RoPE) of positions [end - nq, end) are
+ * kept as the next positions are computed by kvs_session_prefill (armed on
+ * an empty session: instead of record_queries), kvs_session_extend and
+ * kvs_session_decode (not kvs_batch_decode); it replaces what was recorded;
+ * nq = 0 disarms. end - nq >= n_past and end <= n_ctx, else KVS_ERR_INVALID.
+ * kvs_session_recompress runs o->method on the rows held now (a prefill,
+ * extended or decoded, compressed before or not) and applies its plan: the
+ * view has N = the rows of the selected layers (every selected layer must
+ * hold the same count in every KV head and be untrimmed, else
+ * KVS_ERR_UNSUPPORTED: methods whose budgets differ per layer or per head
+ * cannot be compressed again), rows in position order, no modality; the
+ * budget is of those N rows; a method that observes queries gets the last
+ * min(wanted, recorded) of the armed window, which must end at n_past
+ * (KVS_ERR_INVALID otherwise). Original positions are kept. Sliding-window
+ * layers are not trimmed (call kvs_session_trim_local after the last
+ * chunk). "full" / NULL changes nothing. stats as kvs_session_apply_plan's
+ * (tokens_before: the prefill's), compress_ms the whole call. */
+kvs_status kvs_session_record_window(kvs_session *s, int end, int nq, kvs_err *err);
+kvs_status kvs_session_recompress(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats, kvs_err *err);
+
 /* How many queries the session must record for a method with params at
  * prompt length N (0, N, or a window), per the method's needs. */
 int kvs_method_queries_needed(const kvs_method *m, const kvs_params *p, int N);

@@ -8,7 +8,9 @@
  * [Hkv][cap]. After compression each layer has its own length (and capacity:
  * kept + room for the rest of the context), each KV head its own kept
  * positions; RoPE was applied before caching, so kept keys keep their
- * rotation and decoding continues at position n_past.
+ * rotation and decoding continues at position n_past. A compressed cache can
+ * be compressed again (kvs_session_recompress, chunked compression): the plan
+ * then indexes the rows held and the kept rows keep their original positions.
  * What it is not: no arithmetic of the forward pass (forward.c), no sampling
  * (server), no method logic (methods/, core/).
  */
@@ -222,6 +224,7 @@ void kvs_session_reset(kvs_session *s) {
     }
     s->n_past = 0;
     s->n_prompt = 0;
+    s->rec_end = 0;
 }
 
 int kvs_session_n_ctx(const kvs_session *s) { return s->n_ctx; }
@@ -388,22 +391,34 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
     memcpy(dst->modality, src->modality, (size_t)src->n_past);
     dst->n_past = src->n_past;
     dst->n_prompt = src->n_prompt;
+    dst->rec_end = src->rec_end;
     return KVS_OK;
 }
 
-kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_cache_view *out,
-                                  kvs_layer *layers_storage, int *layer_map, int *n_mapped, kvs_err *err) {
+/* The view of kvs_session_cache_view; current = 1: of the rows held now (compressed, extended or
+ * decoded; kvs_session_recompress), which every selected layer must hold equally many of, each KV head
+ * the same count, none trimmed to its window; 0: of the uncompressed prefill cache only. */
+static kvs_status cache_view(const kvs_session *s, int include_local, int current, kvs_cache_view *out,
+                             kvs_layer *layers_storage, int *layer_map, int *n_mapped, kvs_err *err) {
     const kvs_model_info *MI = &s->m->info;
     const int D = MI->head_dim, Hkv = MI->n_kv_heads, Hq = MI->n_heads;
     if (s->n_prompt == 0) return kvs_errorf(err, KVS_ERR_INVALID, "cache view: no prefill in this session");
-    int n = 0;
+    int n = 0, rows = -1;
     for (int l = 0; l < MI->n_layers; l++) {
         const kv_layer *c = &s->kv[l];
         if (!include_local && s->m->layers[l].is_local) continue;
-        if (c->compressed || c->len != s->n_prompt)
+        if (!current && (c->compressed || c->len != s->n_prompt))
             return kvs_errorf(err, KVS_ERR_INVALID,
                               "cache view: layer %d is compressed or was extended by decoding (%d rows, prompt %d)", l,
                               c->len, s->n_prompt);
+        if (current && (c->lag || c->bounded || (rows >= 0 && c->len != rows)))
+            return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                              "recompress: layer %d holds %s (%d rows, the first selected layer %d); compressing "
+                              "again needs every selected layer to hold the same rows in every KV head, untrimmed "
+                              "(methods with per-layer or per-head budgets cannot be chunked)",
+                              l, c->lag ? "per-head counts" : c->bounded ? "only its window" : "another count", c->len,
+                              rows);
+        rows = c->len;
         kvs_layer *L = &layers_storage[n];
         memset(L, 0, sizeof *L);
         L->k = (kvs_view){c->k, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
@@ -415,9 +430,15 @@ kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_c
     if (n == 0) return kvs_errorf(err, KVS_ERR_INVALID, "cache view: no layer selected (all layers are local)");
     out->n_layers = n;
     out->layers = layers_storage;
-    out->modality = s->modality;
+    /* modality is indexed by position: rows of a compressed cache are not positions */
+    out->modality = current ? NULL : s->modality;
     *n_mapped = n;
     return KVS_OK;
+}
+
+kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_cache_view *out,
+                                  kvs_layer *layers_storage, int *layer_map, int *n_mapped, kvs_err *err) {
+    return cache_view(s, include_local, 0, out, layers_storage, layer_map, n_mapped, err);
 }
 
 /* Bytes of one position in one layer: K and V of every KV head. */
@@ -458,13 +479,14 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
     snprintf(st->method, sizeof st->method, "full");
 }
 
-kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map, kvs_kv_stats *stats,
-                                  kvs_err *err) {
+/* kvs_session_apply_plan; current = 1: the plan indexes the rows held now (kvs_session_recompress). */
+static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map, int current,
+                             kvs_kv_stats *stats, kvs_err *err) {
     const kvs_model_info *MI = &s->m->info;
     const int D = MI->head_dim, Hkv = MI->n_kv_heads;
     kvs_status st = kvs_plan_check(plan, err);
     if (st) return st;
-    if (plan->n_kv_heads != Hkv || plan->n_tokens != s->n_prompt || plan->n_layers < 1 ||
+    if (plan->n_kv_heads != Hkv || (!current && plan->n_tokens != s->n_prompt) || plan->n_layers < 1 ||
         plan->n_layers > MI->n_layers)
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "apply plan: plan shape (%d layers, %d KV heads, %d tokens) does not fit the cache (%d layers, %d KV heads, %d prompt tokens)",
@@ -486,10 +508,17 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
                 goto cleanup;
             }
         const kv_layer *c = &s->kv[l];
-        if (c->compressed || c->len != s->n_prompt) {
+        if (!current && (c->compressed || c->len != s->n_prompt)) {
             st = kvs_errorf(err, KVS_ERR_INVALID,
                             "apply plan: layer %d is already compressed or extended by decoding (%d rows, prompt %d)", l,
                             c->len, s->n_prompt);
+            goto cleanup;
+        }
+        if (current && (c->len != plan->n_tokens || c->lag || c->bounded)) {
+            st = kvs_errorf(err, KVS_ERR_INVALID,
+                            "apply plan: layer %d holds %d rows%s, the plan indexes %d", l, c->len,
+                            c->lag ? " with per-head counts" : c->bounded ? " trimmed to its window" : "",
+                            plan->n_tokens);
             goto cleanup;
         }
         if (plan->layers[pl].counts && s->m->layers[l].is_local) {
@@ -504,7 +533,7 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
         views[pl].v = (kvs_view){c->v, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
         views[pl].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, D, 0, D};
     }
-    kvs_cache_view cv = {plan->n_layers, views, s->modality};
+    kvs_cache_view cv = {plan->n_layers, views, current ? NULL : s->modality};
     if ((st = kvs_apply(&cv, plan, &dense, err))) goto cleanup;
     int room = s->n_ctx - s->n_past;
     for (int pl = 0; pl < plan->n_layers; pl++) {
@@ -547,7 +576,10 @@ kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const in
             /* kvs_apply's dense output is fp32: back to the cache type */
             kvs_cache_from_f32(s->ctype, dl->k + (size_t)off * D, kvs_kv_row(s, &n, n.k, g, 0), Bg * D);
             kvs_cache_from_f32(s->ctype, dl->v + (size_t)off * D, kvs_kv_row(s, &n, n.v, g, 0), Bg * D);
-            memcpy(kvs_kv_pos(&n, g), row, sizeof(int32_t) * (size_t)Bg);
+            /* the kept rows' original positions (a prefill cache: row == position) */
+            const int32_t *old_pos = kvs_kv_pos(c, g);
+            int32_t *new_pos = kvs_kv_pos(&n, g);
+            for (int i = 0; i < Bg; i++) new_pos[i] = old_pos[row[i]];
         }
         free(c->lag);
         free(c->k);
@@ -583,6 +615,11 @@ cleanup:
     kvs_dense_cache_free(&dense);
     free(views);
     return st;
+}
+
+kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map, kvs_kv_stats *stats,
+                                  kvs_err *err) {
+    return apply_plan(s, plan, layer_map, 0, stats, err);
 }
 
 int kvs_method_queries_needed(const kvs_method *m, const kvs_params *p, int N) {
@@ -673,5 +710,81 @@ kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o,
     kvs_status st = kvs_session_plan_many(s, o, &o->budget, 1, out_plan, map, NULL, err);
     if (st == KVS_OK) st = kvs_session_compress_with(s, out_plan, map, stats, err);
     if (st == KVS_OK) stats->compress_ms = kvs_now_ms() - t0; /* view + observe + select + apply + trim */
+    return st;
+}
+
+/* ---- chunked compression: record a window, compress again ------------------------- */
+
+kvs_status kvs_session_record_window(kvs_session *s, int end, int nq, kvs_err *err) {
+    const kvs_model_info *MI = &s->m->info;
+    const int Hq = MI->n_heads, D = MI->head_dim;
+    if (nq < 0 || (nq > 0 && (end - nq < s->n_past || end > s->n_ctx)))
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "record window: %d queries ending at position %d do not lie in [n_past %d, n_ctx %d]", nq, end,
+                          s->n_past, s->n_ctx);
+    for (int l = 0; l < MI->n_layers; l++) {
+        kv_layer *c = &s->kv[l];
+        free(c->q);
+        c->q = NULL;
+        c->nq = 0;
+        if (nq > 0) {
+            if (!(c->q = calloc((size_t)Hq * nq * D, sizeof(float)))) {
+                s->rec_end = 0;
+                return kvs_errorf(err, KVS_ERR_NOMEM, "record window: out of memory for %d queries", nq);
+            }
+            c->nq = nq;
+        }
+    }
+    s->rec_end = nq > 0 ? end : 0;
+    return KVS_OK;
+}
+
+kvs_status kvs_session_recompress(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats, kvs_err *err) {
+    const double t0 = kvs_now_ms();
+    const kvs_model_info *MI = &s->m->info;
+    kvs_kv_stats local_stats;
+    if (!stats) stats = &local_stats;
+    if (!o->method || !strcmp(o->method->name, "full")) {
+        kvs_session_kv_stats(s, stats);
+        stats->compress_ms = kvs_now_ms() - t0;
+        return KVS_OK;
+    }
+    kvs_layer *layers = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
+    int map[KVS_MAX_LAYERS], nm = 0;
+    kvs_plan plan;
+    memset(&plan, 0, sizeof plan);
+    kvs_status st;
+    if (!layers) return kvs_errorf(err, KVS_ERR_NOMEM, "recompress: out of memory");
+    kvs_cache_view cv;
+    if ((st = cache_view(s, o->compress_local, 1, &cv, layers, map, &nm, err))) goto cleanup;
+    const int N = layers[0].k.n_tokens;
+    const int want = kvs_method_queries_needed(o->method, &o->params, N);
+    if (want > 0) {
+        /* the window armed ends where the cache does, or the prefill's own record */
+        if (!(s->rec_end == s->n_past || (s->rec_end == 0 && s->n_past == s->n_prompt)) || !layers[0].q.data) {
+            st = kvs_errorf(err, KVS_ERR_INVALID,
+                            "recompress: method %s observes queries, but none were recorded up to position %d "
+                            "(kvs_session_record_window)",
+                            o->method->name, s->n_past);
+            goto cleanup;
+        }
+        for (int i = 0; i < nm; i++) { /* the last min(want, recorded) queries */
+            kvs_layer *L = &layers[i];
+            const int k = want < L->q.n_tokens ? want : L->q.n_tokens;
+            L->q.data = (const float *)L->q.data + (size_t)(L->q.n_tokens - k) * MI->head_dim;
+            L->q.n_tokens = k;
+        }
+    } else
+        for (int i = 0; i < nm; i++)
+            layers[i].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, MI->head_dim, 0, MI->head_dim};
+    if ((st = kvs_compress_many(o->method, &o->params, &cv, &o->budget, 1, o->threads > 0 ? o->threads : s->n_threads,
+                                &plan, NULL, err)))
+        goto cleanup;
+    if ((st = apply_plan(s, &plan, map, 1, stats, err))) goto cleanup;
+    s->rec_end = 0;
+    stats->compress_ms = kvs_now_ms() - t0;
+cleanup:
+    kvs_plan_free(&plan);
+    free(layers);
     return st;
 }

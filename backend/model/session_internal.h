@@ -59,6 +59,7 @@ struct kvs_session {
     int ctype;          /* kvs_cache_type */
     size_t esz;         /* bytes per cache element */
     int n_past, n_prompt;
+    int rec_end;        /* > 0: kvs_session_record_window armed: record queries of [rec_end - nq, rec_end) */
     kv_layer *kv;       /* [L] */
     uint8_t *modality;  /* [n_ctx] */
     kvs_pool *pool;

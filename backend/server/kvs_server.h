@@ -26,7 +26,8 @@
  *
  * Endpoints:
  *   GET  /health        {"status": "ok"|"draining", slots_idle, slots_processing,
- *                        requests_waiting}; 503 while draining
+ *                        requests_waiting, kv_compression (the default, or null)};
+ *                        503 while draining
  *   GET  /v1/models     OpenAI list; data[0].meta has arch, n_vocab, n_ctx, ...
  *   GET  /metrics       Prometheus text: kvsieve_requests_total{endpoint},
  *                       kvsieve_request_errors_total{endpoint,class},
@@ -79,8 +80,11 @@
  *                       text_offset (code points of the token texts before)}, over
  *                       the prompt too with echo (its first token null); max_tokens
  *                       (default 16; 0 with echo: the prompt only). Greedy only
- *                       (temperature 0), no stop strings, no kv_compression (400
- *                       naming the field). Every position's logits come from the
+ *                       (temperature 0), no stop strings (400 naming the field);
+ *                       one kv_compression variant without suffix, per prompt
+ *                       (chunked.c; without chunk: once after the prompt), each
+ *                       choice then with kv {method, ratio|tokens, chunk,
+ *                       compress_ms, chunks}. Every position's logits come from the
  *                       decode kernels (prefill the first token, decode the rest);
  *                       log-probs are log-softmax in double, printed with 17 digits
  *                       (they read back bit-identical), -inf clamped to -9999.0.
@@ -90,8 +94,12 @@
  *                       arch, n_prompt, layer_map)
  *
  * kv_compression: {method, ratio | tokens, params: {name: value},
- *   compress_local=false, name, suffix} or {variants: [such objects]} or a
- *   bare array of them. suffix (text, query-agnostic evaluation): tokenized
+ *   compress_local=false, name, suffix, chunk} or {variants: [such objects]} or a
+ *   bare array of them; absent or null: the server's default (cfg.kv_compression).
+ *   chunk C >= 1 (one variant; not with kv_spans): chunked prefill compression
+ *   (chunked.c): the prompt enters C tokens at a time, the cache compressed after
+ *   each chunk to tokens or floor(ratio * positions seen) rows; kv adds chunk and
+ *   chunks [{seen, rows_before, rows_after}]. suffix (text, query-agnostic evaluation): tokenized
  *   without BOS and decoded on the variant's cache after its compression;
  *   run as one kvs_session_extend chunk on the variant's compressed cache;
  *   generation starts from its last position (timings.suffix_ms). One
@@ -164,6 +172,11 @@ typedef struct {
     const char *api_key; /* NULL or "": no authentication; else every endpoint but GET /health
                             (and /v1/health) needs `Authorization: Bearer KEY` (or `X-Api-Key:
                             KEY`, as llama-server also takes); others get 401 before any work */
+    const char *kv_compression; /* NULL or "": none; else JSON text of a kv_compression value (the
+                                   request field's shape) that requests without kv_compression (absent
+                                   or null) get; a request's own overrides it ({"method": "full"}: no
+                                   compression). Checked at start (KVS_ERR_INVALID naming the field);
+                                   reported by /health and /v1/models (meta.kv_compression) */
 } kvs_server_config;
 
 void kvs_server_config_defaults(kvs_server_config *c);

@@ -12,9 +12,13 @@
  * (x - max - log(sum exp(x - max))), -inf clamped to -9999.0 as vLLM does;
  * the chosen token's value is computed once and written both in
  * token_logprobs and in its top_logprobs entry, so they are bit-identical.
- * What it is not: sampling (temperature must be 0), stop strings,
- * kv_compression or streaming with these options (each refused with 400
- * naming the field); more than 64 prompts or LP_MAX_TOKENS tokens in all (400:
+ * kv_compression (one variant, the request's or the server's default) runs
+ * each prompt through srv_chunked_prefill (chunked.c), which takes the same
+ * per-position path and compresses after each chunk (without chunk: once,
+ * after the prompt).
+ * What it is not: sampling (temperature must be 0), stop strings, several
+ * kv_compression variants, suffix or streaming with these options (each
+ * refused with 400 naming the field); more than 64 prompts or LP_MAX_TOKENS tokens in all (400:
  * the request runs alone while the other requests' decoding waits); the plain single-prompt path (server_gen.c).
  */
 #include "server_internal.h"
@@ -39,6 +43,7 @@ typedef struct {
     double *top_lp;
     int eog;       /* generation ended on an end-of-generation token */
     int skip;      /* 1: BOS was prepended (--prepend-bos); not echoed */
+    srv_chunk_log chunks; /* kv_compression: what each compression kept */
 } lp_seq;
 
 typedef struct {
@@ -47,10 +52,15 @@ typedef struct {
     int n_top;     /* logprobs N (-1: none asked) */
     int echo;
     int max_tokens;
+    gen_req kc;    /* kv_compression (the request's or the server's default): at most one variant */
+    int at;        /* the sequence score_run is on (for the per-position callback) */
+    int V;         /* n_vocab */
 } lp_req;
 
 static void lp_req_free(lp_req *r) {
+    srv_variants_free(&r->kc);
     for (int i = 0; i < r->n_seqs; i++) {
+        srv_chunk_log_free(&r->seqs[i].chunks);
         free(r->seqs[i].toks);
         free(r->seqs[i].lp);
         free(r->seqs[i].top);
@@ -117,10 +127,14 @@ static int parse_scoring(kvs_server *s, const cJSON *root, lp_req *r, srv_error 
     if (temp != 0)
         return srv_fail(e, 400, "temperature", "temperature: echo, logprobs and several prompts are served "
                         "greedily; send temperature 0");
-    const cJSON *kc = cJSON_GetObjectItemCaseSensitive(root, "kv_compression");
-    if (kc && !cJSON_IsNull(kc))
-        return srv_fail(e, 400, "kv_compression", "kv_compression is not supported with echo, logprobs or "
-                        "several prompts");
+    /* one variant; the prompt's log-probs see it only with chunk (positions after a chunk see its compression) */
+    if (srv_parse_kv_compression(s, srv_kv_compression(s, root), &r->kc, e)) return -1;
+    if (r->kc.n_variants > 1)
+        return srv_fail(e, 400, "kv_compression", "kv_compression: one variant with echo, logprobs or several "
+                        "prompts, got %d", r->kc.n_variants);
+    if (r->kc.n_variants == 1 && r->kc.variants[0].n_suffix > 0)
+        return srv_fail(e, 400, "kv_compression.suffix", "kv_compression.suffix is not supported with echo, "
+                        "logprobs or several prompts");
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (stop && !cJSON_IsNull(stop) && !(cJSON_IsArray(stop) && !stop->child))
         return srv_fail(e, 400, "stop", "stop strings are not supported with echo, logprobs or several prompts");
@@ -218,6 +232,13 @@ static void record(const lp_req *r, lp_seq *q, int i, const float *logits, int V
     }
 }
 
+/* srv_chunked_prefill's per-position callback: the logits predicting toks[i]. */
+static void record_at(void *user, int i, const float *logits) {
+    lp_req *r = user;
+    lp_seq *q = &r->seqs[r->at];
+    if (r->echo) record(r, q, i, logits, r->V);
+}
+
 static int score_run(kvs_server *s, void *user, srv_error *e) {
     lp_req *r = user;
     kvs_err err = {0};
@@ -235,18 +256,33 @@ static int score_run(kvs_server *s, void *user, srv_error *e) {
         return srv_fail(e, 500, "", "cannot create a session: %s", err.msg);
     }
     int rc = 0;
+    r->V = V;
+    /* a compression other than full: srv_chunked_prefill (chunk 0: one compression after the prompt) */
+    const variant_req *v = r->kc.n_variants == 1 && r->kc.variants[0].method &&
+                                   strcmp(r->kc.variants[0].method->name, "full") != 0
+                               ? &r->kc.variants[0]
+                               : NULL;
     for (int k = 0; k < r->n_seqs && !rc; k++) {
         lp_seq *q = &r->seqs[k];
         kvs_session_reset(ses);
         double t0 = kvs_now_ms();
-        if (kvs_session_prefill(ses, q->toks, 1, NULL, logits, &err) != KVS_OK) {
-            rc = srv_fail_kvs(e, &err, "prompt");
-            break;
-        }
-        /* every prompt position through the decode kernels: logits of position i predict token i + 1 */
-        for (int i = 1; i < q->n_prompt && !rc; i++) {
-            if (r->echo) record(r, q, i, logits, V);
-            if (kvs_session_decode(ses, q->toks[i], logits, &err) != KVS_OK) rc = srv_fail_kvs(e, &err, "prompt");
+        if (v) { /* compressed after each chunk (or once after the prompt); the same per-position path */
+            r->at = k;
+            if (srv_chunked_prefill(s, ses, v, q->toks, q->n_prompt, record_at, r, logits, &q->chunks, &err) != KVS_OK) {
+                rc = srv_fail_kvs(e, &err, v->field);
+                break;
+            }
+            srv_note_compress(s, q->chunks.compress_ms);
+        } else {
+            if (kvs_session_prefill(ses, q->toks, 1, NULL, logits, &err) != KVS_OK) {
+                rc = srv_fail_kvs(e, &err, "prompt");
+                break;
+            }
+            /* every prompt position through the decode kernels: logits of position i predict token i + 1 */
+            for (int i = 1; i < q->n_prompt && !rc; i++) {
+                if (r->echo) record(r, q, i, logits, V);
+                if (kvs_session_decode(ses, q->toks[i], logits, &err) != KVS_OK) rc = srv_fail_kvs(e, &err, "prompt");
+            }
         }
         if (rc) break;
         srv_note_prefill(s, q->n_prompt, kvs_now_ms() - t0);
@@ -377,6 +413,24 @@ static cJSON *choice_json(kvs_server *s, const lp_req *r, const lp_seq *q, int i
         }
     }
     cJSON_AddStringToObject(c, "finish_reason", q->eog ? "stop" : "length");
+    if (r->kc.n_variants == 1) { /* ours: the compression this prompt ran under */
+        const variant_req *v = &r->kc.variants[0];
+        cJSON *kv = cJSON_AddObjectToObject(c, "kv");
+        cJSON_AddStringToObject(kv, "method", v->method ? v->method->name : "none");
+        if (v->budget.tokens) cJSON_AddNumberToObject(kv, "tokens", (double)v->budget.tokens);
+        else cJSON_AddNumberToObject(kv, "ratio", v->budget.ratio);
+        cJSON_AddNumberToObject(kv, "chunk", v->chunk);
+        cJSON_AddNumberToObject(kv, "compress_ms", q->chunks.compress_ms);
+        cJSON *ch = cJSON_AddArrayToObject(kv, "chunks");
+        for (int i = 0; i < q->chunks.n; i++) {
+            const int *row = q->chunks.rows + (size_t)i * 3;
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "seen", row[0]);
+            cJSON_AddNumberToObject(o, "rows_before", row[1]);
+            cJSON_AddNumberToObject(o, "rows_after", row[2]);
+            cJSON_AddItemToArray(ch, o);
+        }
+    }
     return c;
 }
 

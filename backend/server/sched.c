@@ -271,14 +271,22 @@ static void admit(kvs_server *s, srv_job *j) {
     memset(&so, 0, sizeof so);
     so.n_ctx = s->cfg.n_ctx;
     so.n_threads = s->cfg.threads;
-    so.record_queries = queries_to_record(g);
+    /* kv_compression.chunk (one variant): the prompt in chunks, compressed after each (chunked.c) */
+    const variant_req *chunked = g->n_variants == 1 && g->variants[0].chunk > 0 ? &g->variants[0] : NULL;
+    so.record_queries = chunked ? 0 : queries_to_record(g);
     so.cache_type = s->cfg.cache_type;
     if (kvs_session_new(s->model, &so, &pre, &err) != KVS_OK) {
         srv_fail(&j->e, 500, "", "cannot create a session: %s", err.msg);
         goto fail;
     }
     double t0 = kvs_now_ms();
-    if (kvs_session_prefill(pre, g->prompt, g->n_prompt, NULL, logits0, &err) != KVS_OK) {
+    if (chunked) {
+        if (srv_chunked_prefill(s, pre, chunked, g->prompt, g->n_prompt, NULL, NULL, logits0, &j->outs[0].chunks,
+                                &err) != KVS_OK) {
+            srv_fail_kvs(&j->e, &err, chunked->field);
+            goto fail;
+        }
+    } else if (kvs_session_prefill(pre, g->prompt, g->n_prompt, NULL, logits0, &err) != KVS_OK) {
         srv_fail_kvs(&j->e, &err, g->prompt_field);
         goto fail;
     }
@@ -336,7 +344,16 @@ static void admit(kvs_server *s, srv_job *j) {
         pthread_mutex_lock(&s->mu);
         s->live_seqs++;
         pthread_mutex_unlock(&s->mu);
-        if (v && v->method && strcmp(v->method->name, "full") != 0) {
+        if (v && v->chunk) { /* compressed chunk by chunk already; the local layers keep their window */
+            if (kvs_session_trim_local(q->ses, &err) != KVS_OK) {
+                srv_fail(&j->e, 500, "", "trimming the sliding-window layers failed: %s", err.msg);
+                goto fail;
+            }
+            srv_chunk_stats(q->ses, g->n_prompt, &o->stats);
+            o->stats.compress_ms = o->compress_ms = o->chunks.compress_ms;
+            snprintf(o->stats.method, sizeof o->stats.method, "%s", v->method->name);
+            srv_note_compress(s, o->compress_ms);
+        } else if (v && v->method && strcmp(v->method->name, "full") != 0) {
             kvs_compress_opts co;
             memset(&co, 0, sizeof co);
             co.method = v->method;

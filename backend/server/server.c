@@ -55,6 +55,8 @@ static void handle_health(kvs_server *s, kvs_http_response *rs) {
     cJSON_AddNumberToObject(root, "slots_idle", free_slots);
     cJSON_AddNumberToObject(root, "slots_processing", s->cfg.slots - free_slots);
     cJSON_AddNumberToObject(root, "requests_waiting", waiting);
+    /* what requests without kv_compression get (null: none) */
+    cJSON_AddItemToObject(root, "kv_compression", s->default_kc ? cJSON_Duplicate(s->default_kc, 1) : cJSON_CreateNull());
     srv_json_response(rs, draining ? 503 : 200, root);
 }
 
@@ -88,6 +90,7 @@ static void handle_models(kvs_server *s, kvs_http_response *rs) {
     cJSON_AddStringToObject(meta, "weight_types", in->weight_types);
     cJSON_AddNumberToObject(meta, "slots", s->cfg.slots);
     cJSON_AddStringToObject(meta, "cache_type", kvs_cache_type_name(s->cfg.cache_type));
+    cJSON_AddItemToObject(meta, "kv_compression", s->default_kc ? cJSON_Duplicate(s->default_kc, 1) : cJSON_CreateNull());
     srv_json_response(rs, 200, root);
 }
 
@@ -567,6 +570,23 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
         /* the session default, resolved once so /v1/models and the length check agree */
         s->cfg.n_ctx = s->info->n_ctx_train > 0 && s->info->n_ctx_train < 8192 ? s->info->n_ctx_train : 8192;
     }
+    if (cfg->kv_compression && cfg->kv_compression[0]) {
+        /* the default kv_compression: parsed and checked once, as a request's would be */
+        srv_error e = {0};
+        gen_req g;
+        memset(&g, 0, sizeof g);
+        s->default_kc = cJSON_Parse(cfg->kv_compression);
+        if (!s->default_kc) srv_fail(&e, 400, "kv_compression", "kv_compression: not valid JSON");
+        else srv_parse_kv_compression(s, s->default_kc, &g, &e);
+        srv_variants_free(&g);
+        if (e.status) {
+            cJSON_Delete(s->default_kc);
+            free(s->api_key);
+            free(s);
+            return kvs_errorf(err, KVS_ERR_INVALID, "server: default %s", e.msg);
+        }
+    }
+    s->cfg.kv_compression = NULL; /* the text is the caller's; default_kc holds it */
     s->slots_free = cfg->slots;
     s->started_unix = time(NULL);
     pthread_mutex_init(&s->mu, NULL);
@@ -579,6 +599,7 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
     if (st != KVS_OK) {
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->mu);
+        cJSON_Delete(s->default_kc);
         free(s->api_key);
         free(s);
         return st;
@@ -629,6 +650,7 @@ void kvs_server_stop(kvs_server *s) {
     srv_sched_stop(s);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    cJSON_Delete(s->default_kc);
     free(s->api_key);
     free(s);
 }

@@ -1,5 +1,6 @@
 /*
- * server_gen.c -- generation endpoints, the kv_compression extension, /kv/dump.
+ * server_gen.c -- generation endpoints, the kv_compression extension, /kv/dump
+ * (kv_compression itself is parsed in kv_request.c).
  *
  * What it is: request parsing and validation for /completion (llama-server
  * shape), /v1/completions and /v1/chat/completions (OpenAI shape), one
@@ -34,17 +35,14 @@
 #include <unistd.h>
 
 void srv_gen_req_free(gen_req *g) {
-    for (int i = 0; g->variants && i < g->n_variants; i++) {
-        free(g->variants[i].suffix);
-        kvs_composed_free(g->variants[i].owned);
-    }
+    srv_variants_free(g);
     free(g->prompt);
-    free(g->variants);
     srv_spans_free(g);
     kvs_stop_free(&g->stop);
 }
 
 void gen_out_free(gen_out *o) {
+    srv_chunk_log_free(&o->chunks);
     free(o->text);
     free(o->toks);
     free(o->span_kept);
@@ -223,126 +221,6 @@ done:
 }
 
 
-static int parse_variant(const kvs_server *s, const cJSON *o, const char *field, variant_req *v,
-                         srv_error *e) {
-    snprintf(v->field, sizeof v->field, "%s", field);
-    if (!cJSON_IsObject(o)) return srv_fail(e, 400, field, "%s must be an object {method, ratio | tokens, params}", field);
-    static const char *const known[] = {"method", "ratio", "tokens", "params", "compress_local", "name",
-                                        "suffix", NULL};
-    const cJSON *it;
-    cJSON_ArrayForEach(it, o) {
-        int ok = 0;
-        for (int k = 0; known[k]; k++) ok |= strcmp(it->string, known[k]) == 0;
-        if (!ok) {
-            char f[160];
-            snprintf(f, sizeof f, "%s.%s", field, it->string);
-            return srv_fail(e, 400, f, "%s: unknown field (known: method, ratio, tokens, params, "
-                            "compress_local, name, suffix)", f);
-        }
-    }
-    char f[160];
-    const char *name = srv_get_string(o, "name", field, "", e);
-    if (!name) return -1;
-    snprintf(v->name, sizeof v->name, "%s", name);
-    char mmsg[400];
-    snprintf(f, sizeof f, "%s.method", field);
-    if (srv_parse_method(o, field, v, mmsg, sizeof mmsg)) /* a name or a composition */
-        return srv_fail(e, 400, f, "%s", mmsg);
-    kvs_err err = {0};
-    kvs_params_defaults(v->method, &v->params);
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(o, "params");
-    if (params && !cJSON_IsNull(params)) {
-        snprintf(f, sizeof f, "%s.params", field);
-        if (!cJSON_IsObject(params)) return srv_fail(e, 400, f, "%s must be an object {name: value}", f);
-        cJSON_ArrayForEach(it, params) {
-            char pf[224], txt[128];
-            snprintf(pf, sizeof pf, "%s.params.%s", field, it->string);
-            if (kvs_json_param_text(it, txt, sizeof txt))
-                return srv_fail(e, 400, pf, "%s must be a number, a boolean or a string", pf);
-            kvs_err_clear(&err);
-            if (kvs_params_set(v->method, &v->params, it->string, txt, &err) != KVS_OK)
-                return srv_fail(e, 400, pf, "%s: %s", pf, err.msg);
-        }
-    }
-    const cJSON *ratio = cJSON_GetObjectItemCaseSensitive(o, "ratio");
-    const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(o, "tokens");
-    int has_r = ratio && !cJSON_IsNull(ratio), has_t = tokens && !cJSON_IsNull(tokens);
-    if (has_r && has_t) {
-        snprintf(f, sizeof f, "%s.ratio", field);
-        return srv_fail(e, 400, f, "%s: give ratio or tokens, not both", field);
-    }
-    if (has_r) {
-        snprintf(f, sizeof f, "%s.ratio", field);
-        if (!cJSON_IsNumber(ratio) || !isfinite(ratio->valuedouble))
-            return srv_fail(e, 400, f, "%s must be a number in (0, 1]", f);
-        if (!(ratio->valuedouble > 0.0 && ratio->valuedouble <= 1.0))
-            return srv_fail(e, 400, f, "%s must be in (0, 1], got %.17g", f, ratio->valuedouble);
-        v->budget.ratio = ratio->valuedouble;
-    } else if (has_t) {
-        long long t;
-        if (srv_get_int(o, "tokens", field, 0, 1, 1LL << 40, &t, e)) return -1;
-        v->budget.tokens = t;
-    } else if (strcmp(v->method->name, "full") == 0) {
-        v->budget.ratio = 1.0;
-    } else {
-        snprintf(f, sizeof f, "%s.ratio", field);
-        return srv_fail(e, 400, f, "%s: a budget is required: ratio in (0, 1] or tokens >= 1", field);
-    }
-    if (srv_get_bool(o, "compress_local", field, 0, &v->compress_local, e)) return -1;
-    const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(o, "suffix");
-    if (sfx && !cJSON_IsNull(sfx)) {
-        snprintf(f, sizeof f, "%s.suffix", field);
-        if (!cJSON_IsString(sfx)) return srv_fail(e, 400, f, "%s must be a string", f);
-        if (sfx->valuestring[0] && tokenize_text(s, sfx->valuestring, 0, f, &v->suffix, &v->n_suffix, e))
-            return -1;
-    }
-    return 0;
-}
-
-static int parse_kv_compression(const kvs_server *s, const cJSON *root, gen_req *g, srv_error *e) {
-    const cJSON *kc = cJSON_GetObjectItemCaseSensitive(root, "kv_compression");
-    if (!kc || cJSON_IsNull(kc)) return 0;
-    const cJSON *list = NULL;
-    const char *base = "kv_compression";
-    if (cJSON_IsArray(kc)) {
-        list = kc;
-    } else if (cJSON_IsObject(kc)) {
-        list = cJSON_GetObjectItemCaseSensitive(kc, "variants");
-        if (list) {
-            base = "kv_compression.variants";
-            if (cJSON_GetArraySize(kc) != 1)
-                return srv_fail(e, 400, "kv_compression", "kv_compression: give either variants or one "
-                                "{method, ratio | tokens, params}, not both");
-            if (!cJSON_IsArray(list)) return srv_fail(e, 400, base, "%s must be an array", base);
-        }
-    } else {
-        return srv_fail(e, 400, "kv_compression",
-                        "kv_compression must be an object {method, ratio | tokens, params} or {variants: [...]}");
-    }
-    if (list) {
-        int n = cJSON_GetArraySize(list);
-        if (n < 1) return srv_fail(e, 400, base, "%s must not be empty", base);
-        if (n > 64) return srv_fail(e, 400, base, "%s: at most 64 variants, got %d", base, n);
-        g->variants = calloc((size_t)n, sizeof *g->variants);
-        if (!g->variants) return srv_fail(e, 500, "", "out of memory");
-        g->n_variants = n;
-        g->several = 1;
-        int i = 0;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, list) {
-            char f[64];
-            snprintf(f, sizeof f, "%s[%d]", base, i);
-            if (parse_variant(s, it, f, &g->variants[i], e)) return -1;
-            i++;
-        }
-        return 0;
-    }
-    g->variants = calloc(1, sizeof *g->variants);
-    if (!g->variants) return srv_fail(e, 500, "", "out of memory");
-    g->n_variants = 1;
-    return parse_variant(s, kc, "kv_compression", &g->variants[0], e);
-}
-
 static int parse_stop(const cJSON *root, gen_req *g, srv_error *e) {
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "stop");
     kvs_err err = {0};
@@ -406,7 +284,7 @@ int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, 
     if (srv_get_bool(root, "ignore_eos", "", 0, &g->ignore_eos, e)) return -1;
     kvs_stop_init(&g->stop, g->n_predict);
     if (parse_stop(root, g, e)) return -1;
-    if (parse_kv_compression(s, root, g, e)) return -1;
+    if (srv_parse_kv_compression(s, srv_kv_compression(s, root), g, e)) return -1;
     /* the prompt last: tokenising is the costly part */
     if (ep == EP_V1_CHAT) {
         if (parse_messages(s, root, g, e)) return -1;
@@ -440,7 +318,10 @@ int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, 
                             g->n_prompt, g->variants[i].n_suffix, s->cfg.n_ctx);
         }
     }
-    return srv_parse_spans(s, root, text, g, e);
+    if (srv_parse_spans(s, root, text, g, e)) return -1;
+    if (g->n_spans && g->n_variants && g->variants[0].chunk)
+        return srv_fail(e, 400, "kv_spans", "kv_spans: not available with kv_compression.chunk (several plans)");
+    return 0;
 }
 
 /* ---- responses ----------------------------------------------------------------- */
@@ -486,6 +367,18 @@ static cJSON *kv_json(const gen_req *g, const variant_req *v, const gen_out *o) 
     if (v && v->budget.tokens) cJSON_AddNumberToObject(b, "tokens", (double)v->budget.tokens);
     else cJSON_AddNumberToObject(b, "ratio", v ? v->budget.ratio : 1.0);
     cJSON_AddBoolToObject(kv, "compress_local", v && v->compress_local);
+    if (v && v->chunk) { /* chunked: what each compression kept (rows of a compressed layer per KV head) */
+        cJSON_AddNumberToObject(kv, "chunk", v->chunk);
+        cJSON *ch = cJSON_AddArrayToObject(kv, "chunks");
+        for (int i = 0; i < o->chunks.n; i++) {
+            const int *r = o->chunks.rows + (size_t)i * 3;
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddNumberToObject(c, "seen", r[0]);
+            cJSON_AddNumberToObject(c, "rows_before", r[1]);
+            cJSON_AddNumberToObject(c, "rows_after", r[2]);
+            cJSON_AddItemToArray(ch, c);
+        }
+    }
     cJSON_AddNumberToObject(kv, "compress_ms", o->compress_ms);
     cJSON_AddNumberToObject(kv, "copy_ms", o->copy_ms);
     cJSON_AddNumberToObject(kv, "n_prompt", st->n_prompt);

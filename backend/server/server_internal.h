@@ -74,6 +74,7 @@ struct kvs_server {
     char host[256];
     char alias[128];
     char *api_key; /* malloc'd copy of cfg.api_key, or NULL: no authentication */
+    cJSON *default_kc; /* cfg.kv_compression parsed: what requests without kv_compression get, or NULL */
     kvs_http *http;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* broadcast on every change of the fields below */
@@ -102,6 +103,7 @@ typedef struct {
     kvs_params params;
     kvs_budget budget;
     int compress_local;
+    int chunk;       /* > 0: chunked prefill compression (chunked.c), 0: one compression after the prompt */
     int32_t *suffix; /* [n_suffix] malloc'd: appended after the compression (query-agnostic) */
     int n_suffix;
     struct kvs_composed *owned; /* method composed from parts (server_method.c), or NULL */
@@ -134,6 +136,14 @@ typedef struct {
     int n_spans;
 } gen_req;
 
+/* What a chunked prefill did (chunked.c): per compression, the positions
+ * seen, the rows a compressed layer held before and after. */
+typedef struct {
+    int n, cap;
+    int *rows; /* [cap][3] seen, before, after */
+    double compress_ms; /* all compressions together */
+} srv_chunk_log;
+
 typedef struct {
     char *text; /* [cap] */
     size_t len, cap;
@@ -147,7 +157,31 @@ typedef struct {
     double copy_ms;   /* copying the prefill cache for this variant (not part of compress_ms) */
     double suffix_ms; /* running the variant's suffix after the compression */
     double *span_kept; /* [n_spans][n_layers] share of each span's tokens kept, or NULL */
+    srv_chunk_log chunks; /* kv_compression.chunk: what each compression kept */
 } gen_out;
+
+/* ---- chunked prefill compression (chunked.c) ---------------------------------- */
+
+/* The prompt toks[n] into the empty session ses (record_queries 0) in chunks
+ * of v->chunk tokens, the cache compressed after each chunk (the last one
+ * included) by kvs_session_recompress to chunk_budget(v, positions seen),
+ * the method observing the queries of the chunk's last positions (at most
+ * the chunk). each == NULL: chunks run as kvs_session_prefill /
+ * kvs_session_extend (logits: the last position's); else every position
+ * through the decode kernels and each(user, i, logits) gets the logits
+ * predicting toks[i] (i >= 1) before it is decoded; logits then predict the
+ * token after the prompt. The local layers are not trimmed. A kvs_status;
+ * log (zeroed by the caller) grows, free it with srv_chunk_log_free. */
+typedef void (*srv_pos_fn)(void *user, int i, const float *logits);
+kvs_status srv_chunked_prefill(const kvs_server *s, kvs_session *ses, const variant_req *v, const int32_t *toks,
+                               int n, srv_pos_fn each, void *user, float *logits, srv_chunk_log *log, kvs_err *err);
+/* The rows a compression after `seen` positions keeps: budget.tokens, or
+ * floor(ratio * seen), at least 1. */
+int srv_chunk_budget(const variant_req *v, int seen);
+void srv_chunk_log_free(srv_chunk_log *log);
+/* Statistics of ses after a chunked prefill of n tokens: tokens_before = n in
+ * every layer, bytes_before scaled to them. */
+void srv_chunk_stats(const kvs_session *ses, int n, kvs_kv_stats *st);
 
 /* ---- the scheduler (sched.c) ------------------------------------------------ */
 
@@ -260,6 +294,13 @@ void srv_handle_scoring_inline(kvs_server *s, const cJSON *root, kvs_http_respon
 /* Parse a generation body into g (free with srv_gen_req_free) and the token
  * endpoints (server.c): no socket or scheduler needed, so tests/fuzz calls them. */
 int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, srv_error *e);
+/* The request's kv_compression, or the server's default when it has none
+ * (absent or null); NULL: no compression (kv_request.c). */
+const cJSON *srv_kv_compression(const kvs_server *s, const cJSON *root);
+/* Parse a kv_compression value kc into g's variants (kv_request.c); free
+ * them with srv_variants_free (srv_gen_req_free does). */
+int srv_parse_kv_compression(const kvs_server *s, const cJSON *kc, gen_req *g, srv_error *e);
+void srv_variants_free(gen_req *g);
 void srv_gen_req_free(gen_req *g);
 void srv_handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
 void srv_handle_detokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);

@@ -405,7 +405,12 @@ static void test_logprobs(kvs_model *m) {
         {"{\"prompt\": \"a\", \"echo\": true, \"temperature\": 0.5}", "temperature"},
         {"{\"prompt\": \"a\", \"logprobs\": 21}", "logprobs"},
         {"{\"prompt\": \"a\", \"logprobs\": 1, \"stop\": [\"x\"]}", "stop"},
-        {"{\"prompt\": \"a\", \"logprobs\": 1, \"kv_compression\": {\"method\": \"snapkv\"}}", "kv_compression"},
+        /* kv_compression is taken (test_server_chunk.c), checked as elsewhere; one variant, no suffix */
+        {"{\"prompt\": \"a\", \"logprobs\": 1, \"kv_compression\": {\"method\": \"snapkv\"}}", "kv_compression.ratio"},
+        {"{\"prompt\": \"a\", \"logprobs\": 1, \"kv_compression\": [{\"method\": \"full\"}, {\"method\": \"full\"}]}",
+         "kv_compression"},
+        {"{\"prompt\": \"a\", \"logprobs\": 1, \"kv_compression\": {\"method\": \"full\", \"suffix\": \"b\"}}",
+         "kv_compression.suffix"},
         {"{\"prompt\": [\"a\", 5], \"logprobs\": 1}", "prompt[1]"},
         {"{\"prompt\": [[1, 2], [99999]], \"logprobs\": 1}", "prompt[1]"},
         {"{\"prompt\": \"a\", \"logprobs\": 1, \"max_tokens\": 200}", "prompt"},

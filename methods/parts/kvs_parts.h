@@ -334,6 +334,7 @@ extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_pyramidkv, kvs_preset_chunkkv, kvs_preset_snapkv_parts, kvs_preset_h2o_parts,
     kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova,
     kvs_preset_adakv, kvs_preset_ada_pyramidkv, kvs_preset_ada_flashcache;
+extern const kvs_method kvs_preset_lagkv;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

@@ -41,6 +41,10 @@
  *                       the composition the issue names, not a published one
  *   ada_pyramidkv       pyramidkv's layer schedule and defaults + adakv
  *                       heads (the official code's pyram_mode)
+ *   lagkv               lagkv scorer (arXiv 2504.04704) + sinks rule + topk:
+ *                       kvpress LagKVPress's defaults (n_sink 4, lag_size
+ *                       128, rank scoring); the sinks rule and the scorer
+ *                       read the one `sinks`
  */
 #include "kvs_parts.h"
 
@@ -217,6 +221,18 @@ KVS_PRESET(ada_flashcache, "ada_flashcache",
            {.scorer = &kvs_scorer_flashcache, .allocator = &kvs_alloc_uniform,
             .heads = &kvs_heads_adakv, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
 
+static const kvs_param_def params_lagkv[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_LAG(128),
+    KVS_PARTS_P_CROSS(0),
+};
+KVS_PRESET(lagkv, "lagkv",
+           "LagKV: spread of min-max normalised K and V against the next partition (no "
+           "attention)",
+           0,
+           {.scorer = &kvs_scorer_lagkv, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -234,6 +250,7 @@ static const struct {
     {&kvs_preset_snapkv_parts, &comp_snapkv_parts},
     {&kvs_preset_h2o_parts, &comp_h2o_parts},
     {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},
+    {&kvs_preset_lagkv, &comp_lagkv},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
@@ -247,3 +264,4 @@ const kvs_composition *kvs_parts_composition(const kvs_method *m) {
         if (presets[i].m == m) return presets[i].comp;
     return NULL;
 }
+

@@ -29,7 +29,7 @@ CLI = os.environ.get("KVSIEVE_CLI")
 HEADER = os.environ.get("KVSIEVE_ABI_HEADER")
 METHODS = ["full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
            "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention", "pyramid_tova",
-           "adakv", "ada_pyramidkv", "ada_flashcache"]
+           "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv"]
 RAGGED = {"adakv", "ada_pyramidkv", "ada_flashcache"}  # head-adaptive: plans with per-head counts
 
 

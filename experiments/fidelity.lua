@@ -9,6 +9,9 @@
 -- H2O, LOOK-M and MEDA score tokens with the attention of every prompt
 -- position, so the dataset records the queries of all positions
 -- (queries = "all"); SnapKV takes the last `window` of them.
+-- criticalkv / criticaladakv are not here: they need each layer's output
+-- projection W_o, which synthetic caches do not have (the engine does:
+-- experiments/methods.lua).
 
 experiment {
   name    = "fidelity",

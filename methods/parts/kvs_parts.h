@@ -15,7 +15,9 @@
  *   keep rules protect rules (a prefix or a suffix of the prompt that is
  *              always kept): sinks, window; and the pick rule, how the rest of
  *              a head's budget is chosen among the unprotected tokens by
- *              score: topk (token by token), chunk (whole chunks, ChunkKV)
+ *              score: topk (token by token), chunk (whole chunks, ChunkKV),
+ *              critical (CriticalKV's two stages with ||W_o v||, which it
+ *              computes from the layer at observe time: needs W_o)
  *   merge      none only in this slice (the plan's merge field)
  *
  * Parameters are namespaced by name, not by prefix: a part reads the
@@ -141,17 +143,30 @@ typedef struct {
     kvs_pick_pair *pairs; /* [N] */
     int32_t *ibuf;        /* [N] */
     uint8_t *mask;        /* [N] */
+    const float *aux;     /* [N]: the head's row of the pick rule's observe
+                             output, NULL for rules without observe */
 } kvs_pick_ws;
 
 /* A pick rule: k tokens of the candidates [lo, hi) (0 < k <= hi - lo) by
- * scores [N]; out [k] ascending, absolute token indices. */
+ * scores [N]; out [k] ascending, absolute token indices.
+ * A rule may read the layer too: observe (optional) writes a per-token
+ * input [Hkv][N] (finite) once per layer at observe time, and pick then
+ * finds the head's row in ws->aux; needs is what observe reads beyond K
+ * and V (KVS_NEED_*, ORed into the composed method's needs). */
 typedef struct {
     const char *name;
     kvs_status (*pick)(const kvs_part_ctx *c, const float *scores, int lo, int hi, int k,
                        kvs_pick_ws *ws, int32_t *out, kvs_err *err);
+    unsigned needs;
+    kvs_status (*observe)(const kvs_part_ctx *c, int layer, const kvs_layer *in, float *aux,
+                          kvs_err *err);
 } kvs_pick_rule;
 
 extern const kvs_pick_rule kvs_pick_topk, kvs_pick_chunk;
+/* critical (pick_critical.c): CriticalKV's two stages; its observe is the
+ * projected value norm ||W_o v||_1 (exposed for tests: wnorm [Hkv][N]). */
+extern const kvs_pick_rule kvs_pick_critical;
+kvs_status kvs_critical_wo_norms(const kvs_layer *in, int threads, float *wnorm, kvs_err *err);
 
 /* ---- the composition ------------------------------------------------------- */
 
@@ -231,6 +246,13 @@ void kvs_compose_destroy(void *state);
 #define KVS_PARTS_P_EPSILON(def) \
     {"epsilon", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
      "Expected Attention: added to the expected attention before the value-norm rescaling"}
+
+#define KVS_PARTS_P_FIRST_STAGE(def) \
+    {"first_stage_ratio", KVS_PARAM_FLOAT, (def), 0.0, 1.0, NULL, \
+     "CriticalKV: share of a head's pick budget chosen by the score alone (stage 1)"}
+#define KVS_PARTS_P_CRIT_EPSILON(def) \
+    {"critical_epsilon", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
+     "CriticalKV: stage 2 ranks by (score + critical_epsilon) * ||W_o v||_1"}
 
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
@@ -335,6 +357,7 @@ extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova,
     kvs_preset_adakv, kvs_preset_ada_pyramidkv, kvs_preset_ada_flashcache;
 extern const kvs_method kvs_preset_lagkv;
+extern const kvs_method kvs_preset_criticalkv, kvs_preset_criticaladakv;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

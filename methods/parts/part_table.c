@@ -53,6 +53,8 @@ static const kvs_param_def p_window[] = {
 };
 static const kvs_param_def p_chunk[] = {KVS_PARTS_P_CHUNK(10)};
 static const kvs_param_def p_adakv[] = {KVS_PARTS_P_ALPHA(0.2)};
+static const kvs_param_def p_critical[] = {KVS_PARTS_P_FIRST_STAGE(0.5),
+                                           KVS_PARTS_P_CRIT_EPSILON(1e-4)};
 
 #define PART(K, N, P, S, T) {K, N, P, S, T, NP(T)}
 #define PART0(K, N, P, S) {K, N, P, S, NULL, 0}
@@ -90,6 +92,9 @@ static const kvs_part_info table[] = {
     PART0(KVS_PART_PICK, "topk", &kvs_pick_topk, "the best-scored tokens, one by one"),
     PART(KVS_PART_PICK, "chunk", &kvs_pick_chunk,
          "ChunkKV: whole chunks of `chunk` tokens by summed score", p_chunk),
+    PART(KVS_PART_PICK, "critical", &kvs_pick_critical,
+         "CriticalKV: a share by score, the rest by (score + eps) * ||W_o v||_1 (needs W_o)",
+         p_critical),
     /* head allocators (append only; none: every head keeps the layer's count) */
     PART(KVS_PART_HEADS, "adakv", &kvs_heads_adakv,
          "AdaKV: a floor of alpha * b per head, the rest by one top-k over all heads (ragged)",

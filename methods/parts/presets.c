@@ -45,6 +45,12 @@
  *                       kvpress LagKVPress's defaults (n_sink 4, lag_size
  *                       128, rank scoring); the sinks rule and the scorer
  *                       read the one `sinks`
+ *   criticalkv          snapkv scorer + uniform + window + critical pick
+ *                       (arXiv 2502.03805): SnapKV's defaults (window 32,
+ *                       kernel 7, max), kvpress's first_stage_ratio 0.5 and
+ *                       epsilon 1e-4; needs W_o
+ *   criticaladakv       the same with the adakv head allocator (alpha 0.2),
+ *                       kvpress's CriticalAdaKVPress
  */
 #include "kvs_parts.h"
 
@@ -233,6 +239,38 @@ KVS_PRESET(lagkv, "lagkv",
            {.scorer = &kvs_scorer_lagkv, .allocator = &kvs_alloc_uniform,
             .keep = {&kvs_keep_sinks}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
 
+static const kvs_param_def params_criticalkv[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "observation window w: the last w prompt queries vote; the window is "
+                       "always kept"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_FIRST_STAGE(0.5),
+    KVS_PARTS_P_CRIT_EPSILON(1e-4),
+};
+KVS_PRESET(criticalkv, "criticalkv",
+           "CriticalKV: SnapKV votes, half the picks by vote, the rest by vote x ||W_o v||_1",
+           KVS_NEED_Q_WINDOW | KVS_NEED_W_O,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_critical, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_criticaladakv[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "observation window w: the last w prompt queries vote; the window is "
+                       "always kept by every head"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_ALPHA(0.2),
+    KVS_PARTS_P_FIRST_STAGE(0.5),
+    KVS_PARTS_P_CRIT_EPSILON(1e-4),
+};
+KVS_PRESET(criticaladakv, "criticaladakv",
+           "CriticalAdaKV: AdaKV's split over heads, then CriticalKV's two stages per head",
+           KVS_NEED_Q_WINDOW | KVS_NEED_W_O,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .heads = &kvs_heads_adakv, .keep = {&kvs_keep_window}, .pick = &kvs_pick_critical,
+            .merge = KVS_MERGE_NONE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -251,6 +289,8 @@ static const struct {
     {&kvs_preset_h2o_parts, &comp_h2o_parts},
     {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},
     {&kvs_preset_lagkv, &comp_lagkv},
+    {&kvs_preset_criticalkv, &comp_criticalkv},
+    {&kvs_preset_criticaladakv, &comp_criticaladakv},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

@@ -8,7 +8,7 @@
  *
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
  *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
- *              expected_attention, lagkv
+ *              expected_attention, lagkv, cur, leverage
  *   allocator  splits the global budget L * B over layers: uniform, pyramid
  *   head allocator (optional) splits a layer's budget over its KV heads by
  *              the layer's scores: adakv (ragged per-head counts)
@@ -254,9 +254,25 @@ void kvs_compose_destroy(void *state);
     {"critical_epsilon", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
      "CriticalKV: stage 2 ranks by (score + critical_epsilon) * ||W_o v||_1"}
 
+#define KVS_PARTS_P_LEVERAGE_TYPE(def) \
+    {"leverage_type", KVS_PARAM_ENUM, (def), 0, 3, "kv_product|key|value|kv_avg", \
+     "CUR: combine the key and value scores by product, key only, value only or mean"}
+#define KVS_PARTS_P_LOCAL_WINDOW(def) \
+    {"local_window", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
+     "CUR: squared norms normalised within windows of this many tokens (0: over the head)"}
+#define KVS_PARTS_P_SKETCH(def) \
+    {"sketch_dimension", KVS_PARAM_INT, (def), 1, 4096, NULL, \
+     "leverage: columns of the Gaussian sketch of the centred keys"}
+
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
 extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention, kvs_scorer_lagkv;
+extern const kvs_scorer kvs_scorer_cur, kvs_scorer_leverage;
+/* The leverage of one head's keys krows [N][d] with a sketch of k columns
+ * drawn from stream (score_leverage.c; exposed for tests): out [N]; scratch
+ * y [N][k] floats, g and z [k][k] doubles. */
+kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t stream, float *y,
+                             double *g, double *z, double *out, kvs_err *err);
 
 typedef enum {
     KVS_PART_SCORER = 0,
@@ -358,6 +374,7 @@ extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_adakv, kvs_preset_ada_pyramidkv, kvs_preset_ada_flashcache;
 extern const kvs_method kvs_preset_lagkv;
 extern const kvs_method kvs_preset_criticalkv, kvs_preset_criticaladakv;
+extern const kvs_method kvs_preset_cur, kvs_preset_leverage;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

@@ -51,6 +51,11 @@
  *                       epsilon 1e-4; needs W_o
  *   criticaladakv       the same with the adakv head allocator (alpha 0.2),
  *                       kvpress's CriticalAdaKVPress
+ *   cur                 cur scorer (arXiv 2509.15038) + sinks rule + topk:
+ *                       kvpress CURPress's defaults (num_sinks 4,
+ *                       kv_product, local window 16)
+ *   leverage            leverage scorer (arXiv 2507.08143) + topk, no forced
+ *                       tokens (LeverageScorePress keeps none); sketch 48
  */
 #include "kvs_parts.h"
 
@@ -271,6 +276,26 @@ KVS_PRESET(criticaladakv, "criticaladakv",
             .heads = &kvs_heads_adakv, .keep = {&kvs_keep_window}, .pick = &kvs_pick_critical,
             .merge = KVS_MERGE_NONE})
 
+static const kvs_param_def params_cur[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_LEVERAGE_TYPE(0),
+    KVS_PARTS_P_LOCAL_WINDOW(16),
+};
+KVS_PRESET(cur, "cur",
+           "CurDKV: keys and values with large locally normalised squared norms (no queries)", 0,
+           {.scorer = &kvs_scorer_cur, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_leverage[] = {
+    KVS_PARTS_P_SKETCH(48),
+    KVS_PARTS_P_SEED(0),
+};
+KVS_PRESET(leverage, "leverage",
+           "LeverageScore: keys with the largest statistical leverage (Gaussian sketch, no queries)",
+           0,
+           {.scorer = &kvs_scorer_leverage, .allocator = &kvs_alloc_uniform,
+            .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -291,6 +316,8 @@ static const struct {
     {&kvs_preset_lagkv, &comp_lagkv},
     {&kvs_preset_criticalkv, &comp_criticalkv},
     {&kvs_preset_criticaladakv, &comp_criticaladakv},
+    {&kvs_preset_cur, &comp_cur},
+    {&kvs_preset_leverage, &comp_leverage},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

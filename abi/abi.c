@@ -139,6 +139,7 @@ static cJSON *methods_tree(void) {
         if (m->needs & KVS_NEED_Q_WINDOW) cJSON_AddItemToArray(needs, cJSON_CreateString("q_window"));
         if (m->needs & KVS_NEED_Q_ALL) cJSON_AddItemToArray(needs, cJSON_CreateString("q_all"));
         if (m->needs & KVS_NEED_MODALITY) cJSON_AddItemToArray(needs, cJSON_CreateString("modality"));
+        if (m->needs & KVS_NEED_W_O) cJSON_AddItemToArray(needs, cJSON_CreateString("w_o"));
         cJSON_AddBoolToObject(jm, "keeps_all", (m->needs & KVS_KEEPS_ALL) != 0);
         cJSON *jp = cJSON_AddArrayToObject(jm, "params");
         if (!jp) goto oom;

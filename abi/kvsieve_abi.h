@@ -235,7 +235,9 @@ KVS_ABI_API kvs_abi_status kvs_abi_cuda_devices(int32_t *count, char *err, size_
  *     "default": "32", "min": 1, "max": 2147483647, "choices": null,
  *     "help": "..."}, ...]}, ...]
  * needs: any of "q_window" (queries of the last w positions), "q_all"
- * (queries of every position), "modality". type: int|float|bool|enum
+ * (queries of every position), "modality", "w_o" (each layer's output
+ * projection: a context has none, so such a method is refused with a
+ * message naming W_o). type: int|float|bool|enum
  * (choices "max|avg" for enum; min / max for int and float).
  * Size query: with buf == NULL (or cap == 0) returns KVS_ABI_OK and sets *len
  * to the bytes needed including the NUL; with a buffer smaller than that

@@ -22,6 +22,10 @@ static const char *unmet_need(const kvs_method *m, const kvs_cache_view *c, char
         snprintf(buf, n, "skipped: needs observation-window queries, the cache has none");
         return buf;
     }
+    if ((m->needs & KVS_NEED_W_O) && !l0->wo.data) {
+        snprintf(buf, n, "skipped: needs each layer's output projection W_o, the cache has none");
+        return buf;
+    }
     return NULL;
 }
 

@@ -44,6 +44,31 @@ static kvs_status check_inputs(const kvs_method *m, const kvs_params *p, const k
                           "method %s needs the queries of the last prompt positions (observation "
                           "window); the cache has Nq=0",
                           mn);
+    if (m->needs & KVS_NEED_W_O)
+        for (int l = 0; l < c->n_layers; l++) {
+            const kvs_view *w = &c->layers[l].wo;
+            if (!w->data)
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "method %s needs each layer's output projection W_o; layer %d "
+                                  "of this cache view has none (the embedded engine provides it; "
+                                  "cache files, the C ABI and kvsieve-hf do not)",
+                                  mn, l);
+            /* Hq: the queries' when the view has them, else any multiple of Hkv */
+            const int hq_ok = shape->n_q_heads ? w->n_heads == shape->n_q_heads
+                                               : w->n_heads >= shape->n_kv_heads &&
+                                                     w->n_heads % shape->n_kv_heads == 0;
+            if (!hq_ok || w->head_dim != shape->head_dim ||
+                w->n_tokens < 1 || w->device != KVS_HOST)
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "method %s: layer %d: W_o view [%d][%d][%d] on %s does not "
+                                  "match [Hq][E>=1][d=%d] on the host (Hq = %d, or a multiple of "
+                                  "Hkv = %d without queries)",
+                                  mn, l, w->n_heads, w->n_tokens, w->head_dim,
+                                  w->device == KVS_HOST ? "the host" : "CUDA", shape->head_dim,
+                                  shape->n_q_heads, shape->n_kv_heads);
+            if ((st = kvs_view_check_finite(w, "W_o", err)))
+                return kvs_err_prefix(err, "method %s: layer %d", mn, l);
+        }
     for (int i = 0; i < n; i++) {
         if ((st = kvs_budget_per_layer(&b[i], N, &per_layer[i], err))) {
             if (n > 1) kvs_err_prefix(err, "budget %d of %d", i, n);

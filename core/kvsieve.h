@@ -126,6 +126,12 @@ typedef struct {
     kvs_view k; /* [Hkv][N][d], post-RoPE */
     kvs_view v; /* [Hkv][N][d] */
     kvs_view q; /* [Hq][Nq][d], post-RoPE; data NULL when absent */
+    /* The layer's output projection W_o as [Hq][E][d]: head i's slice maps
+     * its attention output (d) to the hidden state (E rows; n_tokens holds
+     * E). Data NULL when absent; only methods that declare KVS_NEED_W_O
+     * read it (an HF o_proj.weight [E][Hq*d] is the view s_head = d,
+     * s_tok = Hq*d, no copy). */
+    kvs_view wo;
 } kvs_layer;
 
 /* A whole prompt: L layers with equal N, Hkv, d; optional modality [N]. */
@@ -308,10 +314,12 @@ enum {
     KVS_NEED_MODALITY = 1u << 2, /* uses the modality mask (optional input) */
     KVS_KEEPS_ALL = 1u << 3,     /* property, not a need: the method ignores the
                                     budget and keeps all N tokens (`full`) */
-    KVS_SELECT_ONCE = 1u << 4    /* property: select may consume or change the
+    KVS_SELECT_ONCE = 1u << 4,   /* property: select may consume or change the
                                     state, so it runs once per create/observe;
                                     kvs_compress_many then observes once per
                                     budget (no method of this tree sets it) */
+    KVS_NEED_W_O = 1u << 5       /* each layer's output projection (kvs_layer.wo):
+                                    kvs_compress refuses a view without it */
 };
 
 typedef struct kvs_method kvs_method;

@@ -9,6 +9,9 @@
 -- H2O, LOOK-M and MEDA score tokens with the attention of every prompt
 -- position, so the dataset records the queries of all positions
 -- (queries = "all"); SnapKV takes the last `window` of them.
+-- criticalkv / criticaladakv are not here: they need each layer's output
+-- projection W_o, which synthetic caches do not have (the engine does:
+-- experiments/methods.lua).
 
 experiment {
   name    = "fidelity",
@@ -23,7 +26,8 @@ experiment {
   },
   methods = { "full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
               "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention",
-              "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache" },
+              "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv", "cur",
+              "leverage" },
   budgets = { 0.1, 0.2, 0.5 },
   params  = { flashcache = { gamma = { 0.1, 0.2 } } },
   threads = 2,

@@ -3,7 +3,9 @@
 -- 270M) through the embedded backend. The quick start compares the paper's
 -- eight; this config puts the presets built from parts (methods/parts/:
 -- knorm, tova, keydiff, pyramidkv, chunkkv, expected_attention, pyramid_tova,
--- adakv, ada_pyramidkv, ada_flashcache) beside them on the same prompts.
+-- adakv, ada_pyramidkv, ada_flashcache, lagkv, criticalkv, criticaladakv, cur,
+-- leverage)
+-- beside them on the same prompts (the engine gives CriticalKV each layer's W_o).
 --
 --   kvsieve run experiments/methods.lua         -- prints the table
 --   kvsieve report --experiment methods         -- the same table again
@@ -35,7 +37,8 @@ experiment {
   dataset = niah { lengths = { 768, 1536 }, depths = { 0.1, 0.3, 0.5, 0.7, 0.9 }, per_cell = 3, seed = 7 },
   methods = { "full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
               "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention",
-              "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache" },
+              "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv",
+              "criticalkv", "criticaladakv", "cur", "leverage" },
   budgets = { 0.25 },
   metrics = { "needle" },
   n_predict = 16,

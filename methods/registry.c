@@ -15,6 +15,8 @@ static const kvs_method *const registry[] = {
     &kvs_preset_knorm, &kvs_preset_tova, &kvs_preset_keydiff, &kvs_preset_pyramidkv,
     &kvs_preset_chunkkv, &kvs_preset_expected_attention, &kvs_preset_pyramid_tova,
     &kvs_preset_adakv, &kvs_preset_ada_pyramidkv, &kvs_preset_ada_flashcache,
+    &kvs_preset_lagkv, &kvs_preset_criticalkv, &kvs_preset_criticaladakv,
+    &kvs_preset_cur, &kvs_preset_leverage,
 };
 
 int kvs_methods_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

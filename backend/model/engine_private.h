@@ -60,6 +60,12 @@ struct kvs_model {
     kvs_special_tokens special;
 };
 
+/* ---- W_o views for methods that need them (wo_views.c) -------------------------- */
+/* layers[i].wo = fp32 W_o of model layer map[i], i < n; *buf owns the floats
+ * (free it after the compression). */
+kvs_status kvs_model_wo_views(const kvs_model *m, kvs_layer *layers, const int *map, int n, float **buf,
+                              kvs_err *err);
+
 /* ---- tokenizer (tokenizer.c) --------------------------------------------------- */
 kvs_status kvs_tokenizer_load(kvs_model *m, kvs_err *err);
 void kvs_tokenizer_free(kvs_tokenizer *t);

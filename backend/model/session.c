@@ -646,6 +646,7 @@ kvs_status kvs_session_plan_many(kvs_session *s, const kvs_compress_opts *o, con
     if (!o->method || n < 1) return kvs_errorf(err, KVS_ERR_INVALID, "compress: no method or no budget");
     const kvs_model_info *MI = &s->m->info;
     kvs_layer *layers = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
+    float *wo_buf = NULL; /* W_o of the mapped layers, for methods that need it */
     int nm = 0;
     kvs_status st;
     if (!layers) return kvs_errorf(err, KVS_ERR_NOMEM, "compress: out of memory");
@@ -668,9 +669,12 @@ kvs_status kvs_session_plan_many(kvs_session *s, const kvs_compress_opts *o, con
         }
     } else
         for (int i = 0; i < nm; i++) layers[i].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, MI->head_dim, 0, MI->head_dim};
+    if ((o->method->needs & KVS_NEED_W_O) && (st = kvs_model_wo_views(s->m, layers, map, nm, &wo_buf, err)))
+        goto cleanup;
     st = kvs_compress_many(o->method, &o->params, &cv, budgets, n, o->threads > 0 ? o->threads : s->n_threads, plans,
                            select_ms, err);
 cleanup:
+    free(wo_buf);
     free(layers);
     return st;
 }

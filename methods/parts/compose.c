@@ -4,11 +4,13 @@
  * What it is: create (check the parameter values against their declared
  * ranges, the composition's shape rules, create the scorer), observe (host
  * views only, layers in order, shapes; the scorer writes the layer's
- * [Hkv][N] scores), select (the allocator's layer budgets, the head
+ * [Hkv][N] scores, and a pick rule with an observe hook its [Hkv][N]
+ * input, e.g. critical's W_o norms), select (the allocator's layer budgets, the head
  * allocator's per-head counts when the composition has one (a ragged plan),
  * then per layer the protect rules' prefix / suffix and the pick rule on
  * what is between; see kvs_parts.h), destroy.
- * Memory: the scores [L][Hkv][N] (O(N) per head, as h2o), the scorer's own
+ * Memory: the scores [L][Hkv][N] (O(N) per head, as h2o; twice that with a
+ * pick rule's observe output), the scorer's own
  * O(N) scratch and one pick workspace of N entries; nothing per token is
  * allocated in a loop.
  * GPU: a CUDA view is KVS_ERR_UNSUPPORTED "<method>: layer l: not
@@ -30,6 +32,7 @@ typedef struct {
     void *scorer_state;
     int n_observed;
     float *scores; /* [L][Hkv][N] */
+    float *aux;    /* [L][Hkv][N] the pick rule's observe output, or NULL */
     kvs_pick_ws ws;
 } compose_state;
 
@@ -66,6 +69,7 @@ void kvs_compose_destroy(void *state) {
     if (!st) return;
     if (st->scorer_state) st->comp->scorer->destroy(st->scorer_state);
     free(st->scores);
+    free(st->aux);
     free(st->ws.pairs);
     free(st->ws.ibuf);
     free(st->ws.mask);
@@ -104,7 +108,10 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     st->ws.pairs = malloc(sizeof(kvs_pick_pair) * (size_t)N);
     st->ws.ibuf = malloc(sizeof(int32_t) * (size_t)N);
     st->ws.mask = malloc((size_t)N);
-    if (!st->scores || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask) {
+    if (comp->pick && comp->pick->observe)
+        st->aux = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
+    if (!st->scores || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask ||
+        (comp->pick && comp->pick->observe && !st->aux)) {
         kvs_compose_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for [L=%d][Hkv=%d][N=%d] scores",
                           m->name, L, H, N);
@@ -146,6 +153,11 @@ kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
     float *sc = st->scores + (size_t)layer * (size_t)s->n_kv_heads * (size_t)s->n_tokens;
     kvs_status rc = st->comp->scorer->score(st->scorer_state, layer, in, sc, err);
     if (rc) return rc;
+    if (st->aux) {
+        float *ax = st->aux + (size_t)layer * (size_t)s->n_kv_heads * (size_t)s->n_tokens;
+        rc = st->comp->pick->observe(&st->ctx, layer, in, ax, err);
+        if (rc) return kvs_err_prefix(err, "%s: pick %s: layer %d", mn, st->comp->pick->name, layer);
+    }
     st->n_observed++;
     return KVS_OK;
 }
@@ -225,6 +237,7 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
             for (int i = 0; i < p; i++) row[i] = i;
             if (k > 0) {
                 const float *sc = st->scores + ((size_t)l * H + h) * (size_t)N; /* [N] */
+                st->ws.aux = st->aux ? st->aux + ((size_t)l * H + h) * (size_t)N : NULL;
                 rc = st->comp->pick->pick(&st->ctx, sc, p, N - q, k, &st->ws, row + p, err);
                 if (rc) kvs_err_prefix(err, "%s: layer %d: KV head %d", mn, l, h);
             }

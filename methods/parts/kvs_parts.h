@@ -8,14 +8,16 @@
  *
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
  *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
- *              expected_attention, lagkv
+ *              expected_attention, lagkv, cur, leverage
  *   allocator  splits the global budget L * B over layers: uniform, pyramid
  *   head allocator (optional) splits a layer's budget over its KV heads by
  *              the layer's scores: adakv (ragged per-head counts)
  *   keep rules protect rules (a prefix or a suffix of the prompt that is
  *              always kept): sinks, window; and the pick rule, how the rest of
  *              a head's budget is chosen among the unprotected tokens by
- *              score: topk (token by token), chunk (whole chunks, ChunkKV)
+ *              score: topk (token by token), chunk (whole chunks, ChunkKV),
+ *              critical (CriticalKV's two stages with ||W_o v||, which it
+ *              computes from the layer at observe time: needs W_o)
  *   merge      none only in this slice (the plan's merge field)
  *
  * Parameters are namespaced by name, not by prefix: a part reads the
@@ -141,17 +143,30 @@ typedef struct {
     kvs_pick_pair *pairs; /* [N] */
     int32_t *ibuf;        /* [N] */
     uint8_t *mask;        /* [N] */
+    const float *aux;     /* [N]: the head's row of the pick rule's observe
+                             output, NULL for rules without observe */
 } kvs_pick_ws;
 
 /* A pick rule: k tokens of the candidates [lo, hi) (0 < k <= hi - lo) by
- * scores [N]; out [k] ascending, absolute token indices. */
+ * scores [N]; out [k] ascending, absolute token indices.
+ * A rule may read the layer too: observe (optional) writes a per-token
+ * input [Hkv][N] (finite) once per layer at observe time, and pick then
+ * finds the head's row in ws->aux; needs is what observe reads beyond K
+ * and V (KVS_NEED_*, ORed into the composed method's needs). */
 typedef struct {
     const char *name;
     kvs_status (*pick)(const kvs_part_ctx *c, const float *scores, int lo, int hi, int k,
                        kvs_pick_ws *ws, int32_t *out, kvs_err *err);
+    unsigned needs;
+    kvs_status (*observe)(const kvs_part_ctx *c, int layer, const kvs_layer *in, float *aux,
+                          kvs_err *err);
 } kvs_pick_rule;
 
 extern const kvs_pick_rule kvs_pick_topk, kvs_pick_chunk;
+/* critical (pick_critical.c): CriticalKV's two stages; its observe is the
+ * projected value norm ||W_o v||_1 (exposed for tests: wnorm [Hkv][N]). */
+extern const kvs_pick_rule kvs_pick_critical;
+kvs_status kvs_critical_wo_norms(const kvs_layer *in, int threads, float *wnorm, kvs_err *err);
 
 /* ---- the composition ------------------------------------------------------- */
 
@@ -232,9 +247,32 @@ void kvs_compose_destroy(void *state);
     {"epsilon", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
      "Expected Attention: added to the expected attention before the value-norm rescaling"}
 
+#define KVS_PARTS_P_FIRST_STAGE(def) \
+    {"first_stage_ratio", KVS_PARAM_FLOAT, (def), 0.0, 1.0, NULL, \
+     "CriticalKV: share of a head's pick budget chosen by the score alone (stage 1)"}
+#define KVS_PARTS_P_CRIT_EPSILON(def) \
+    {"critical_epsilon", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
+     "CriticalKV: stage 2 ranks by (score + critical_epsilon) * ||W_o v||_1"}
+
+#define KVS_PARTS_P_LEVERAGE_TYPE(def) \
+    {"leverage_type", KVS_PARAM_ENUM, (def), 0, 3, "kv_product|key|value|kv_avg", \
+     "CUR: combine the key and value scores by product, key only, value only or mean"}
+#define KVS_PARTS_P_LOCAL_WINDOW(def) \
+    {"local_window", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
+     "CUR: squared norms normalised within windows of this many tokens (0: over the head)"}
+#define KVS_PARTS_P_SKETCH(def) \
+    {"sketch_dimension", KVS_PARAM_INT, (def), 1, 4096, NULL, \
+     "leverage: columns of the Gaussian sketch of the centred keys"}
+
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
 extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention, kvs_scorer_lagkv;
+extern const kvs_scorer kvs_scorer_cur, kvs_scorer_leverage;
+/* The leverage of one head's keys krows [N][d] with a sketch of k columns
+ * drawn from stream (score_leverage.c; exposed for tests): out [N]; scratch
+ * y [N][k] floats, g and z [k][k] doubles. */
+kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t stream, float *y,
+                             double *g, double *z, double *out, kvs_err *err);
 
 typedef enum {
     KVS_PART_SCORER = 0,
@@ -334,6 +372,9 @@ extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_pyramidkv, kvs_preset_chunkkv, kvs_preset_snapkv_parts, kvs_preset_h2o_parts,
     kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova,
     kvs_preset_adakv, kvs_preset_ada_pyramidkv, kvs_preset_ada_flashcache;
+extern const kvs_method kvs_preset_lagkv;
+extern const kvs_method kvs_preset_criticalkv, kvs_preset_criticaladakv;
+extern const kvs_method kvs_preset_cur, kvs_preset_leverage;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

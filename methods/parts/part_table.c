@@ -42,6 +42,12 @@ static const kvs_param_def p_lagkv[] = {
     KVS_PARTS_P_LAG(128),
     KVS_PARTS_P_CROSS(0),
 };
+static const kvs_param_def p_cur[] = {
+    {"sinks", KVS_PARAM_INT, 4, 0, KVS_PARTS_IMAX, NULL, "first tokens scored 1 (kept first)"},
+    KVS_PARTS_P_LEVERAGE_TYPE(0),
+    KVS_PARTS_P_LOCAL_WINDOW(16),
+};
+static const kvs_param_def p_leverage[] = {KVS_PARTS_P_SKETCH(48), KVS_PARTS_P_SEED(0)};
 static const kvs_param_def p_pyramid[] = {
     KVS_PARTS_P_BETA(20),
     KVS_PARTS_P_WINDOW(0, 0, "window w kept in every layer, added to each layer's share"),
@@ -53,6 +59,8 @@ static const kvs_param_def p_window[] = {
 };
 static const kvs_param_def p_chunk[] = {KVS_PARTS_P_CHUNK(10)};
 static const kvs_param_def p_adakv[] = {KVS_PARTS_P_ALPHA(0.2)};
+static const kvs_param_def p_critical[] = {KVS_PARTS_P_FIRST_STAGE(0.5),
+                                           KVS_PARTS_P_CRIT_EPSILON(1e-4)};
 
 #define PART(K, N, P, S, T) {K, N, P, S, T, NP(T)}
 #define PART0(K, N, P, S) {K, N, P, S, NULL, 0}
@@ -78,6 +86,11 @@ static const kvs_part_info table[] = {
     PART(KVS_PART_SCORER, "lagkv", &kvs_scorer_lagkv,
          "LagKV: spread of each token's min-max normalised K and V against the next partition",
          p_lagkv),
+    PART(KVS_PART_SCORER, "cur", &kvs_scorer_cur,
+         "CurDKV: product of the locally normalised squared norms of K and V", p_cur),
+    PART(KVS_PART_SCORER, "leverage", &kvs_scorer_leverage,
+         "leverage of the centred key among the head's keys (Gaussian sketch), z-scored",
+         p_leverage),
     /* allocators (append only) */
     PART0(KVS_PART_ALLOCATOR, "uniform", &kvs_alloc_uniform, "every layer gets the same budget"),
     PART(KVS_PART_ALLOCATOR, "pyramid", &kvs_alloc_pyramid,
@@ -90,6 +103,9 @@ static const kvs_part_info table[] = {
     PART0(KVS_PART_PICK, "topk", &kvs_pick_topk, "the best-scored tokens, one by one"),
     PART(KVS_PART_PICK, "chunk", &kvs_pick_chunk,
          "ChunkKV: whole chunks of `chunk` tokens by summed score", p_chunk),
+    PART(KVS_PART_PICK, "critical", &kvs_pick_critical,
+         "CriticalKV: a share by score, the rest by (score + eps) * ||W_o v||_1 (needs W_o)",
+         p_critical),
     /* head allocators (append only; none: every head keeps the layer's count) */
     PART(KVS_PART_HEADS, "adakv", &kvs_heads_adakv,
          "AdaKV: a floor of alpha * b per head, the rest by one top-k over all heads (ragged)",

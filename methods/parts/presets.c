@@ -41,6 +41,21 @@
  *                       the composition the issue names, not a published one
  *   ada_pyramidkv       pyramidkv's layer schedule and defaults + adakv
  *                       heads (the official code's pyram_mode)
+ *   lagkv               lagkv scorer (arXiv 2504.04704) + sinks rule + topk:
+ *                       kvpress LagKVPress's defaults (n_sink 4, lag_size
+ *                       128, rank scoring); the sinks rule and the scorer
+ *                       read the one `sinks`
+ *   criticalkv          snapkv scorer + uniform + window + critical pick
+ *                       (arXiv 2502.03805): SnapKV's defaults (window 32,
+ *                       kernel 7, max), kvpress's first_stage_ratio 0.5 and
+ *                       epsilon 1e-4; needs W_o
+ *   criticaladakv       the same with the adakv head allocator (alpha 0.2),
+ *                       kvpress's CriticalAdaKVPress
+ *   cur                 cur scorer (arXiv 2509.15038) + sinks rule + topk:
+ *                       kvpress CURPress's defaults (num_sinks 4,
+ *                       kv_product, local window 16)
+ *   leverage            leverage scorer (arXiv 2507.08143) + topk, no forced
+ *                       tokens (LeverageScorePress keeps none); sketch 48
  */
 #include "kvs_parts.h"
 
@@ -217,6 +232,70 @@ KVS_PRESET(ada_flashcache, "ada_flashcache",
            {.scorer = &kvs_scorer_flashcache, .allocator = &kvs_alloc_uniform,
             .heads = &kvs_heads_adakv, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
 
+static const kvs_param_def params_lagkv[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_LAG(128),
+    KVS_PARTS_P_CROSS(0),
+};
+KVS_PRESET(lagkv, "lagkv",
+           "LagKV: spread of min-max normalised K and V against the next partition (no "
+           "attention)",
+           0,
+           {.scorer = &kvs_scorer_lagkv, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_criticalkv[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "observation window w: the last w prompt queries vote; the window is "
+                       "always kept"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_FIRST_STAGE(0.5),
+    KVS_PARTS_P_CRIT_EPSILON(1e-4),
+};
+KVS_PRESET(criticalkv, "criticalkv",
+           "CriticalKV: SnapKV votes, half the picks by vote, the rest by vote x ||W_o v||_1",
+           KVS_NEED_Q_WINDOW | KVS_NEED_W_O,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_critical, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_criticaladakv[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "observation window w: the last w prompt queries vote; the window is "
+                       "always kept by every head"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_ALPHA(0.2),
+    KVS_PARTS_P_FIRST_STAGE(0.5),
+    KVS_PARTS_P_CRIT_EPSILON(1e-4),
+};
+KVS_PRESET(criticaladakv, "criticaladakv",
+           "CriticalAdaKV: AdaKV's split over heads, then CriticalKV's two stages per head",
+           KVS_NEED_Q_WINDOW | KVS_NEED_W_O,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .heads = &kvs_heads_adakv, .keep = {&kvs_keep_window}, .pick = &kvs_pick_critical,
+            .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_cur[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_LEVERAGE_TYPE(0),
+    KVS_PARTS_P_LOCAL_WINDOW(16),
+};
+KVS_PRESET(cur, "cur",
+           "CurDKV: keys and values with large locally normalised squared norms (no queries)", 0,
+           {.scorer = &kvs_scorer_cur, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_leverage[] = {
+    KVS_PARTS_P_SKETCH(48),
+    KVS_PARTS_P_SEED(0),
+};
+KVS_PRESET(leverage, "leverage",
+           "LeverageScore: keys with the largest statistical leverage (Gaussian sketch, no queries)",
+           0,
+           {.scorer = &kvs_scorer_leverage, .allocator = &kvs_alloc_uniform,
+            .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -234,6 +313,11 @@ static const struct {
     {&kvs_preset_snapkv_parts, &comp_snapkv_parts},
     {&kvs_preset_h2o_parts, &comp_h2o_parts},
     {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},
+    {&kvs_preset_lagkv, &comp_lagkv},
+    {&kvs_preset_criticalkv, &comp_criticalkv},
+    {&kvs_preset_criticaladakv, &comp_criticaladakv},
+    {&kvs_preset_cur, &comp_cur},
+    {&kvs_preset_leverage, &comp_leverage},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
@@ -247,3 +331,4 @@ const kvs_composition *kvs_parts_composition(const kvs_method *m) {
         if (presets[i].m == m) return presets[i].comp;
     return NULL;
 }
+

@@ -29,8 +29,9 @@ CLI = os.environ.get("KVSIEVE_CLI")
 HEADER = os.environ.get("KVSIEVE_ABI_HEADER")
 METHODS = ["full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
            "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention", "pyramid_tova",
-           "adakv", "ada_pyramidkv", "ada_flashcache"]
-RAGGED = {"adakv", "ada_pyramidkv", "ada_flashcache"}  # head-adaptive: plans with per-head counts
+           "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv", "criticalkv", "criticaladakv", "cur", "leverage"]
+RAGGED = {"adakv", "ada_pyramidkv", "ada_flashcache", "criticaladakv"}  # head-adaptive: per-head counts
+W_O = {"criticalkv", "criticaladakv"}  # need each layer's output projection, which the ABI does not take
 
 
 def synth(L=2, Hkv=2, Hq=4, N=48, Nq=48, d=8, seed=1):
@@ -131,7 +132,16 @@ class TestPurePython(unittest.TestCase):
         with kvsieve.Context() as ctx, kvsieve.Context(threads=3) as ctx3:
             ctx.set_cache(layers, modality)
             ctx3.set_cache(layers, modality)
+            refused = 0
             for m in kvsieve.methods():
+                if "w_o" in m["needs"]:  # a context carries no W_o: refused, by name
+                    with self.assertRaises(KvsError) as e:
+                        ctx.compress(m["name"], ratio=0.25)
+                    self.assertEqual(e.exception.status_name, "invalid")
+                    self.assertIn("output projection W_o", str(e.exception))
+                    self.assertIn(m["name"], str(e.exception))
+                    refused += 1
+                    continue
                 for budget in ({"ratio": 0.25}, {"tokens": 10}):
                     plan = ctx.compress(m["name"], **budget)
                     per_layer = int(0.25 * N) if "ratio" in budget else 10
@@ -143,7 +153,8 @@ class TestPurePython(unittest.TestCase):
             st = ctx.stats()
             self.assertEqual(st["tensors_fed"], 3 * L)
             self.assertEqual(st["tensors_copied"], 0)
-            self.assertEqual(st["compress_calls"], 2 * len(METHODS))
+            self.assertEqual(refused, len(W_O))
+            self.assertEqual(st["compress_calls"], 2 * (len(METHODS) - len(W_O)))
 
     def test_params_and_merge(self):
         layers, modality = synth(seed=4)
@@ -214,6 +225,8 @@ class TestAgainstCli(unittest.TestCase):
             f, L = self.feed_dump(ctx, dump)
             self.assertEqual(ctx.stats()["tensors_copied"], 0)
             for m in METHODS:
+                if m in W_O:  # neither the dump nor the context has W_o (refusals: above)
+                    continue
                 for flag, value in budgets:
                     pj = os.path.join(self.tmp, "p.json")
                     out = os.path.join(self.tmp, "out.safetensors")

@@ -64,8 +64,9 @@ static void test_valid(void) {
                 vb[h][n][d] = kvs_f32_to_bf16(V[0][h][n][d]);
             }
     static float qa[H][N][D];
-    kvs_layer one = {kvs_view_make(kh, KVS_F16, H, N, D), kvs_view_make(vb, KVS_BF16, H, N, D),
-                     kvs_view_make(qa, KVS_F32, H, N, D)};
+    kvs_layer one = {.k = kvs_view_make(kh, KVS_F16, H, N, D),
+                     .v = kvs_view_make(vb, KVS_BF16, H, N, D),
+                     .q = kvs_view_make(qa, KVS_F32, H, N, D)};
     kvs_cache_view c1 = {1, &one, NULL};
     CHECK_OK(kvs_cache_validate(&c1, &s, e), e);
     CHECK_EQ_INT(s.n_queries, N);

@@ -19,6 +19,7 @@ typedef struct {
     int L, Hkv, Hq, N, Nq, d;
     float *k, *v, *q;   /* [L][Hkv][N][d], [L][Hkv][N][d], [L][Hq][Nq][d] (q NULL if Nq == 0) */
     uint8_t *modality;  /* [N] or NULL */
+    float *wo;          /* [L][Hq][E][d] output projections (m1_cache_add_wo), or NULL */
     kvs_layer *layers;  /* [L] */
     kvs_cache_view view;
 } m1_cache;
@@ -65,6 +66,7 @@ static inline void m1_cache_free(m1_cache *c) {
     free(c->v);
     free(c->q);
     free(c->modality);
+    free(c->wo);
     free(c->layers);
     memset(c, 0, sizeof *c);
 }
@@ -83,6 +85,22 @@ static inline void m1_cache_fill_random(m1_cache *c, uint64_t seed) {
         size_t qn = (size_t)c->L * c->Hq * c->Nq * c->d;
         for (size_t i = 0; i < qn; i++) c->q[i] = (float)kvs_rng_normal(&rng);
     }
+}
+
+/* Gaussian output projections W_o [Hq][E][d] per layer, for methods that
+ * declare KVS_NEED_W_O (the views are the layers' wo). */
+static inline void m1_cache_add_wo(m1_cache *c, int E, uint64_t seed) {
+    const size_t per = (size_t)c->Hq * E * c->d;
+    free(c->wo);
+    c->wo = malloc(sizeof(float) * per * (size_t)c->L);
+    if (!c->wo) {
+        fprintf(stderr, "m1_cache_add_wo: out of memory\n");
+        exit(2);
+    }
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (size_t i = 0; i < per * (size_t)c->L; i++) c->wo[i] = (float)kvs_rng_normal(&rng);
+    for (int l = 0; l < c->L; l++)
+        c->layers[l].wo = kvs_view_make(c->wo + per * (size_t)l, KVS_F32, c->Hq, E, c->d);
 }
 
 static inline kvs_shape m1_shape(const m1_cache *c, int threads) {

@@ -1,6 +1,6 @@
 /*
- * test_parts_golden.c -- hand-checked plans of the knorm, keydiff and tova
- * presets, and of the chunk pick rule, on 1-layer toy caches (the expected
+ * test_parts_golden.c -- hand-checked plans of the knorm, keydiff, tova and
+ * lagkv presets, and of the chunk pick rule, on 1-layer toy caches (the expected
  * sets computed by hand below).
  */
 #include "kvs_parts.h"
@@ -191,8 +191,54 @@ static void golden_chunk(void) {
     m1_cache_free(&c);
 }
 
+/* lagkv preset, sinks 1, lag 2, L = 1, Hkv = 1, N = 9, d = 2, V = 0 (every
+ * V channel constant: its softmax is 1/2 for both tokens of a partition).
+ * Token 0 is the sink (kept by the sinks rule); partitions [1,3) [3,5)
+ * [5,7) [7,9); the last is the tail (score 1). Keys:
+ *   t0 (5,5) | t1 (0,0) t2 (1,0) | t3 (0,1) t4 (1,0) | t5 (1,1) t6 (0,3) |
+ *   t7 (0,1) t8 (1,0)
+ *   [1,3) vs [3,5): ranges c0 [0,1], c1 [0,1]: x1 = (0,0) spread 0,
+ *     x2 = (1,0) spread 1/sqrt2 = .7071 -> ranks t1 0, t2 1/2
+ *   [3,5) vs [5,7): ranges c0 [0,1], c1 [1,3]: x3 = (0,0) spread 0,
+ *     x4 = (1,-.5) spread 1.0607 -> t3 0, t4 1/2
+ *   [5,7) vs [7,9): ranges [0,1] both: x5 = (1,1) spread 0, x6 = (0,3)
+ *     spread 2.1213 -> t5 0, t6 1/2
+ * rank scores: t1 0, t2 .5, t3 0, t4 .5, t5 0, t6 .5, t7 1, t8 1.
+ *   B = 5: 0, then 7, 8, then the tie at .5 -> lower: 2, 4 -> {0,2,4,7,8}
+ *   B = 3: {0, 7, 8};   B = 6: {0, 2, 4, 6, 7, 8}
+ * cross_scoring: mean of the K softmax e^s / (1 + e^s) and 1/2:
+ *   t2 (.6698+.5)/2 = .585, t4 (.7428+.5)/2 = .621, t6 (.8930+.5)/2 = .697
+ *   B = 5: {0, 4, 6, 7, 8} */
+static void golden_lagkv(void) {
+    const kvs_method *m = &kvs_preset_lagkv;
+    m1_cache c;
+    m1_cache_init(&c, 1, 1, 1, 9, 0, 2);
+    const float k[9][2] = {{5, 5}, {0, 0}, {1, 0}, {0, 1}, {1, 0}, {1, 1}, {0, 3}, {0, 1}, {1, 0}};
+    for (int n = 0; n < 9; n++) setk(&c, 0, n, k[n][0], k[n][1]);
+    kvs_params p;
+    kvs_plan pl;
+    kvs_params_defaults(m, &p);
+    m1_set(m, &p, "sinks", "1");
+    m1_set(m, &p, "lag", "2");
+    run_B(m, &p, &c, 5, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 2, 4, 7, 8);
+    kvs_plan_free(&pl);
+    run_B(m, &p, &c, 3, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 7, 8);
+    kvs_plan_free(&pl);
+    run_B(m, &p, &c, 6, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 2, 4, 6, 7, 8);
+    kvs_plan_free(&pl);
+    m1_set(m, &p, "cross_scoring", "true");
+    run_B(m, &p, &c, 5, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 4, 6, 7, 8);
+    kvs_plan_free(&pl);
+    m1_cache_free(&c);
+}
+
 int main(void) {
     golden_chunk();
+    golden_lagkv();
     golden_knorm();
     golden_keydiff();
     golden_tova();

@@ -4,7 +4,7 @@
  *     and budgets through kvs_compress (which checks: kept count exact per
  *     head, sorted, unique, in range, exact global sum), twice (same plan)
  *     and on 1 vs 3 threads (same plan); B = N keeps everything;
- *   - a preset declares the needs of its scorer;
+ *   - a preset declares the needs of its scorer and pick rule;
  *   - sinks and window tokens are always kept (custom composition: random
  *     scorer + sinks + window, and the presets that use them);
  *   - chunk keeps whole chunks: per head at most one chunk of [p, N - q) is
@@ -156,13 +156,15 @@ static void test_presets(uint64_t *rng) {
         const kvs_composition *comp = kvs_parts_composition(m);
         CHECK(comp != NULL);
         if (!comp) continue;
-        CHECK_MSG(m->needs == comp->scorer->needs, "%s: needs %u but its scorer needs %u", m->name,
-                  m->needs, comp->scorer->needs);
+        CHECK_MSG(m->needs == (comp->scorer->needs | comp->pick->needs),
+                  "%s: needs %u but its scorer and pick rule need %u", m->name, m->needs,
+                  comp->scorer->needs | comp->pick->needs);
         for (int rep = 0; rep < 6; rep++) {
             m1_cache c;
             const int Hkv = irand(rng, 1, 3), G = irand(rng, 1, 3), N = irand(rng, 1, 200);
             m1_cache_init(&c, irand(rng, 1, 4), Hkv, Hkv * G, N, N, 8 * irand(rng, 1, 3));
             m1_cache_fill_random(&c, 1000 + (uint64_t)rep * 31 + (uint64_t)i);
+            if (m->needs & KVS_NEED_W_O) m1_cache_add_wo(&c, irand(rng, 1, 24), 77 + (uint64_t)rep);
             kvs_params p;
             kvs_params_defaults(m, &p);
             const int B = rep == 0 ? N : irand(rng, 1, N);
@@ -239,6 +241,7 @@ static void test_refusals(void) {
     m1_cache c;
     m1_cache_init(&c, 2, 1, 2, 16, 16, 4);
     m1_cache_fill_random(&c, 5);
+    m1_cache_add_wo(&c, 6, 5); /* host W_o: the presets that need it get past that check */
     kvs_err e = {0};
     kvs_budget b = {0, 8};
     kvs_plan pl;

@@ -1,0 +1,187 @@
+/*
+ * score_leverage.c -- scorer `leverage`: approximate statistical leverage of
+ * each key among the head's keys (geometric outliers are kept).
+ *
+ * Paper: Compactor, "Calibrated Query-Agnostic KV Cache Compression with
+ * Approximate Leverage Scores", arXiv 2507.08143; code read: kvpress
+ * LeverageScorePress (kvpress/presses/leverage_press.py, kvpress 0.5.5
+ * wheel).
+ * Formula, per layer and KV head, sketch size k:
+ *   X = K - mean over tokens ([N][d]); Y = X Phi ([N][k]) with Phi a
+ *   [d][k] Gaussian matrix scaled by 1/sqrt(k); G = Y'Y + c I with the
+ *   jitter c = 0.01 (then 0.1, 1, 10, 100 while the Cholesky factorisation
+ *   G = L L' fails); leverage l_j = y_j' G^-1 y_j = ||L^-1 y_j||^2, at
+ *   least 0. The scores are the z-scores of l over the layer's [Hkv][N]
+ *   values (mean, standard deviation unbiased as torch.std, at least 1e-6),
+ *   as kvpress (an affine map: no plan of one layer changes by it).
+ * Parameters: sketch_dimension (int >= 1, 48 = kvpress's), seed (int, 0).
+ * Decisions:
+ *   - kvpress scores the PRE-RoPE keys (it recomputes them from the hidden
+ *     states); the cache view holds post-RoPE keys and no hidden states, so
+ *     the cached keys are scored as they are.
+ *   - Phi is drawn from a seeded stream per (layer, head): seed +
+ *     (l * Hkv + h + 1) * 0x9E3779B97F4A7C15 (kvpress draws it unseeded with
+ *     torch.randn, so its plans vary from run to run); fp32 sgemm for Y,
+ *     the Gram matrix, Cholesky and solves in double.
+ *   - The jitter sequence is kvpress's; if five factorisations fail the
+ *     head is an error naming layer and head (kvpress raises too).
+ * Cost per head N d k (sgemm) + N k^2 (Gram and solves); memory [N][d] +
+ * [N][k] floats, [k][k] doubles.
+ */
+#include "kvs_parts.h"
+
+#include <cblas.h>
+
+#include <math.h>
+#include <stdlib.h>
+
+/* Cholesky factor of the k x k matrix g (lower, in place); 0 on success. */
+static int cholesky(double *g, int k) {
+    for (int j = 0; j < k; j++) {
+        double s = g[(size_t)j * k + j];
+        for (int p = 0; p < j; p++) s -= g[(size_t)j * k + p] * g[(size_t)j * k + p];
+        if (!(s > 0)) return 1;
+        const double ljj = sqrt(s);
+        g[(size_t)j * k + j] = ljj;
+        for (int i = j + 1; i < k; i++) {
+            double t = g[(size_t)i * k + j];
+            for (int p = 0; p < j; p++) t -= g[(size_t)i * k + p] * g[(size_t)j * k + p];
+            g[(size_t)i * k + j] = t / ljj;
+        }
+    }
+    return 0;
+}
+
+kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t stream, float *y,
+                             double *g, double *z, double *out, kvs_err *err) {
+    /* centred keys in y's first N*d floats would alias; center on the fly:
+     * Y = K Phi - 1 (mean K) Phi */
+    float *phi = malloc(sizeof(float) * (size_t)d * k); /* [d][k] */
+    double *mean = malloc(sizeof(double) * (size_t)d), *mphi = malloc(sizeof(double) * (size_t)k);
+    if (!phi || !mean || !mphi) {
+        free(phi), free(mean), free(mphi);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "leverage: out of memory (d=%d k=%d)", d, k);
+    }
+    uint64_t rng = stream;
+    const double sc = 1.0 / sqrt((double)k);
+    for (size_t i = 0; i < (size_t)d * k; i++) phi[i] = (float)(kvs_rng_normal(&rng) * sc);
+    for (int c = 0; c < d; c++) mean[c] = 0.0;
+    for (int j = 0; j < N; j++)
+        for (int c = 0; c < d; c++) mean[c] += krows[(size_t)j * d + c];
+    for (int c = 0; c < d; c++) mean[c] /= N;
+    for (int a = 0; a < k; a++) {
+        double s = 0.0;
+        for (int c = 0; c < d; c++) s += mean[c] * phi[(size_t)c * k + a];
+        mphi[a] = s;
+    }
+    /* y [N][k] = K Phi, then minus (mean K) Phi per row */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, k, d, 1.0f, krows, d, phi, k, 0.0f, y, k);
+    for (int j = 0; j < N; j++)
+        for (int a = 0; a < k; a++) y[(size_t)j * k + a] = (float)(y[(size_t)j * k + a] - mphi[a]);
+    free(phi), free(mean), free(mphi);
+    /* G = Y'Y (double), symmetric */
+    for (int a = 0; a < k; a++)
+        for (int b = 0; b <= a; b++) {
+            double s = 0.0;
+            for (int j = 0; j < N; j++) s += (double)y[(size_t)j * k + a] * y[(size_t)j * k + b];
+            z[(size_t)a * k + b] = z[(size_t)b * k + a] = s;
+        }
+    double jitter = 1e-2;
+    int tries = 0;
+    for (;; tries++) {
+        if (tries == 5)
+            return kvs_errorf(err, KVS_ERR_NUMERIC,
+                              "leverage: the Cholesky factorisation of the %d x %d sketch Gram "
+                              "matrix failed with jitter up to %g",
+                              k, k, jitter / 10);
+        for (size_t i = 0; i < (size_t)k * k; i++) g[i] = z[i];
+        for (int a = 0; a < k; a++) g[(size_t)a * k + a] += jitter;
+        if (!cholesky(g, k)) break;
+        jitter *= 10;
+    }
+    /* l_j = ||L^-1 y_j||^2 by forward substitution (z reused as [k]) */
+    for (int j = 0; j < N; j++) {
+        const float *yj = y + (size_t)j * k;
+        double s = 0.0;
+        for (int a = 0; a < k; a++) {
+            double t = yj[a];
+            for (int p = 0; p < a; p++) t -= g[(size_t)a * k + p] * z[p];
+            z[a] = t / g[(size_t)a * k + a];
+            s += z[a] * z[a];
+        }
+        out[j] = s > 0 ? s : 0.0;
+    }
+    return KVS_OK;
+}
+
+typedef struct {
+    const kvs_part_ctx *c;
+    float *krows, *y; /* [N][d], [N][k] */
+    double *g, *z;    /* [k][k] each */
+    double *lev;      /* [Hkv][N] */
+} lev_state;
+
+static void lev_destroy(void *state) {
+    lev_state *st = state;
+    if (!st) return;
+    free(st->krows);
+    free(st->y);
+    free(st->g);
+    free(st->z);
+    free(st->lev);
+    free(st);
+}
+
+static kvs_status lev_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
+    const size_t N = (size_t)c->shape.n_tokens, d = (size_t)c->shape.head_dim,
+                 H = (size_t)c->shape.n_kv_heads;
+    const size_t k = (size_t)kvs_part_param(c->m, c->p, "sketch_dimension", 48);
+    lev_state *st = calloc(1, sizeof *st);
+    if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    st->c = c;
+    st->krows = malloc(sizeof(float) * N * d);
+    st->y = malloc(sizeof(float) * N * k);
+    st->g = malloc(sizeof(double) * k * k);
+    st->z = malloc(sizeof(double) * k * k);
+    st->lev = malloc(sizeof(double) * H * N);
+    if (!st->krows || !st->y || !st->g || !st->z || !st->lev) {
+        lev_destroy(st);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [N=%zu][k=%zu] sketches", N, k);
+    }
+    *state = st;
+    return KVS_OK;
+}
+
+static kvs_status lev_score(void *state, int layer, const kvs_layer *in, float *scores,
+                            kvs_err *err) {
+    lev_state *st = state;
+    const kvs_part_ctx *c = st->c;
+    const int N = c->shape.n_tokens, H = c->shape.n_kv_heads, d = c->shape.head_dim;
+    const int k = (int)kvs_part_param(c->m, c->p, "sketch_dimension", 48);
+    const uint64_t seed = (uint64_t)kvs_part_param(c->m, c->p, "seed", 0);
+    for (int h = 0; h < H; h++) {
+        kvs_view_rows_f32(&in->k, h, 0, N, st->krows);
+        const uint64_t stream = seed + (uint64_t)(layer * H + h + 1) * 0x9E3779B97F4A7C15ull;
+        kvs_status rc = kvs_leverage_head(st->krows, N, d, k, stream, st->y, st->g, st->z,
+                                          st->lev + (size_t)h * N, err);
+        if (rc) return kvs_err_prefix(err, "layer %d KV head %d", layer, h);
+    }
+    const size_t n = (size_t)H * N;
+    double mean = 0.0, var = 0.0;
+    for (size_t i = 0; i < n; i++) mean += st->lev[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; i++) var += (st->lev[i] - mean) * (st->lev[i] - mean);
+    double sd = n > 1 ? sqrt(var / (double)(n - 1)) : 0.0;
+    if (!(sd >= 1e-6)) sd = 1e-6;
+    for (size_t i = 0; i < n; i++) scores[i] = (float)((st->lev[i] - mean) / sd);
+    return KVS_OK;
+}
+
+const kvs_scorer kvs_scorer_leverage = {
+    .name = "leverage",
+    .needs = 0,
+    .queries_wanted = NULL,
+    .create = lev_create,
+    .score = lev_score,
+    .destroy = lev_destroy,
+};

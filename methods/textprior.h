@@ -51,11 +51,8 @@ kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int
                          int threads, float *lse /* [Hq][N] */, float *scores /* [Hkv][N] */,
                          const uint8_t *modality, kvs_entropy_stats *ent, kvs_err *err);
 
-/* LOOK-M text prior, in place: for each KV head g, every token j with
- * modality[j] == KVS_MOD_TEXT (all tokens when modality is NULL) gets
- * scores[g][j] += max_j' scores[g][j'] (the max over ALL tokens of the head,
- * taken before any boost). */
-void kvs_tp_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality);
+/* LOOK-M's text prior is kvs_text_boost (methods/parts/kvs_parts.h, the h2o
+ * scorer's option). */
 
 /* Recent-window size r = floor(B * frac), clamped to [0, B]. frac = 0.5 gives
  * exactly floor(B / 2) (B * 0.5 is exact in double). */

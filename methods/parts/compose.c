@@ -20,6 +20,7 @@
 #include "kvs_parts.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,8 @@ typedef struct {
     void *scorer_state;
     int n_observed;
     float *scores; /* [L][Hkv][N] */
+    kvs_layer_stats *stats; /* [L] what a data-driven allocator reads */
+    char note[256];         /* the allocator's line for the plan's note */
     kvs_pick_ws ws;
 } compose_state;
 
@@ -58,7 +61,19 @@ static kvs_status check_values(const kvs_method *m, const kvs_params *p, kvs_err
 
 int kvs_compose_queries_wanted(const kvs_composition *comp, const kvs_method *m,
                                const kvs_params *p, int N) {
-    return comp->scorer->queries_wanted ? comp->scorer->queries_wanted(m, p, N) : 0;
+    const int a = comp->scorer->queries_wanted ? comp->scorer->queries_wanted(m, p, N) : 0;
+    const int b = comp->allocator->queries_wanted ? comp->allocator->queries_wanted(m, p, N) : 0;
+    return a > b ? a : b;
+}
+
+/* The plan's merge: the method's `merge` parameter when it declares one
+ * (pivotal|average|weighted|none, LOOK-M's and MEDA's choices), else the
+ * composition's. */
+static kvs_merge plan_merge(const compose_state *st) {
+    static const kvs_merge of[4] = {KVS_MERGE_PIVOTAL, KVS_MERGE_AVERAGE, KVS_MERGE_WEIGHTED,
+                                    KVS_MERGE_NONE};
+    const double x = kvs_part_param(st->ctx.m, st->ctx.p, "merge", -1);
+    return x >= 0 && x < 4 ? of[(int)x] : st->comp->merge;
 }
 
 void kvs_compose_destroy(void *state) {
@@ -66,6 +81,7 @@ void kvs_compose_destroy(void *state) {
     if (!st) return;
     if (st->scorer_state) st->comp->scorer->destroy(st->scorer_state);
     free(st->scores);
+    free(st->stats);
     free(st->ws.pairs);
     free(st->ws.ibuf);
     free(st->ws.mask);
@@ -81,11 +97,14 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     if (L < 1 || N < 1 || H < 1 || (Hq > 0 && (Hq < H || Hq % H != 0)))
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: bad shape L=%d N=%d Hkv=%d Hq=%d", m->name, L,
                           N, H, Hq);
-    if (!comp->scorer || !comp->allocator || !comp->pick || comp->merge != KVS_MERGE_NONE)
+    if (!comp->scorer || !comp->allocator || !comp->pick)
         return kvs_errorf(err, KVS_ERR_INTERNAL,
                           "%s: incomplete composition (scorer, allocator and pick rule are "
-                          "required; merge must be none in this slice)",
+                          "required)",
                           m->name);
+    if (comp->allocator->stats && !comp->allocator->measure)
+        return kvs_errorf(err, KVS_ERR_INTERNAL, "%s: allocator %s reads statistics but cannot "
+                          "measure them", m->name, comp->allocator->name);
     int sides[2] = {0, 0};
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
         if (sides[comp->keep[i]->side]++)
@@ -100,11 +119,15 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     st->ctx.p = &st->params;
     st->ctx.shape = *s;
     if (st->ctx.shape.threads < 1) st->ctx.shape.threads = 1;
+    st->ctx.want_stats = comp->allocator->stats;
+    st->ctx.note = st->note;
     st->scores = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
+    st->stats = calloc((size_t)L, sizeof *st->stats);
+    st->ctx.stats = st->stats;
     st->ws.pairs = malloc(sizeof(kvs_pick_pair) * (size_t)N);
     st->ws.ibuf = malloc(sizeof(int32_t) * (size_t)N);
     st->ws.mask = malloc((size_t)N);
-    if (!st->scores || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask) {
+    if (!st->scores || !st->stats || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask) {
         kvs_compose_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for [L=%d][Hkv=%d][N=%d] scores",
                           m->name, L, H, N);
@@ -121,7 +144,6 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
 
 kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
                                const uint8_t *modality, kvs_err *err) {
-    (void)modality; /* no part of this slice reads it */
     compose_state *st = state;
     const char *mn = st->ctx.m->name;
     const kvs_shape *s = &st->ctx.shape;
@@ -143,8 +165,25 @@ kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
                           "[Hkv=%d][N=%d][d=%d]",
                           mn, layer, in->k.n_heads, in->k.n_tokens, in->k.head_dim, in->v.n_heads,
                           in->v.n_tokens, s->n_kv_heads, s->n_tokens, s->head_dim);
+    if (modality && (st->ctx.m->needs & KVS_NEED_MODALITY))
+        for (int j = 0; j < s->n_tokens; j++)
+            if (modality[j] > KVS_MOD_AUDIO)
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "%s: layer %d: modality[%d] = %d is not a KVS_MOD_* value "
+                                  "(0 text, 1 image, 2 video, 3 audio)",
+                                  mn, layer, j, (int)modality[j]);
     float *sc = st->scores + (size_t)layer * (size_t)s->n_kv_heads * (size_t)s->n_tokens;
+    kvs_layer_stats *ls = &st->stats[layer];
+    memset(ls, 0, sizeof *ls);
+    st->ctx.modality = modality;
     kvs_status rc = st->comp->scorer->score(st->scorer_state, layer, in, sc, err);
+    const unsigned want = st->ctx.want_stats;
+    if (!rc && (ls->have & want) != want) {
+        rc = st->comp->allocator->measure(&st->ctx, layer, in, ls, err);
+        if (rc) kvs_err_prefix(err, "%s: allocator %s: layer %d", mn, st->comp->allocator->name, layer);
+        else ls->have |= want;
+    }
+    st->ctx.modality = NULL;
     if (rc) return rc;
     st->n_observed++;
     return KVS_OK;
@@ -177,6 +216,7 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
                           per_layer, N);
     int *budgets = malloc(sizeof(int) * (size_t)L), *counts = NULL;
     if (!budgets) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", mn);
+    st->note[0] = '\0';
     kvs_status rc = st->comp->allocator->allocate(&st->ctx, per_layer, budgets, err);
     if (rc) {
         kvs_err_prefix(err, "%s: allocator %s", mn, st->comp->allocator->name);
@@ -209,7 +249,8 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
     } else
         rc = kvs_plan_init(out, mn, L, H, N, budgets, err);
     if (rc) goto cleanup;
-    out->merge = st->comp->merge;
+    out->merge = plan_merge(st);
+    snprintf(out->note, sizeof out->note, "%s", st->note);
     for (int l = 0; l < L && !rc; l++) {
         const int B = budgets[l];
         int p = 0, q = 0;

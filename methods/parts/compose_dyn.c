@@ -157,7 +157,7 @@ static kvs_status rebuild(const kvs_params *p, dyn_state *d, kvs_err *err) {
                           "composed method: %d parameter values for a composition of %d", p->n, n);
     d->shadow = (kvs_method){.name = "composed",
                              .summary = "a composition",
-                             .needs = d->comp.scorer->needs,
+                             .needs = d->comp.scorer->needs | d->comp.allocator->needs,
                              .params = d->defs,
                              .n_params = n};
     return KVS_OK;

@@ -304,7 +304,7 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
     c->method = kvs_compose_dyn;
     c->method.name = "composed";
     c->method.summary = c->summary;
-    c->method.needs = c->comp.scorer->needs;
+    c->method.needs = c->comp.scorer->needs | c->comp.allocator->needs;
     c->method.params = c->defs;
     c->method.n_params = n;
     kvs_params p;

@@ -57,10 +57,36 @@ extern "C" {
 
 /* What every part is told: the composed method (its name for messages, its
  * parameter table), its parameter values, and the cache shape. */
+/* Per-layer statistics that data-driven allocators read (filled during
+ * observe, by the scorer when it computes them anyway, else by the
+ * allocator's own measure). `have` says which groups are set. */
+enum {
+    KVS_STAT_ENERGY = 1u << 0,  /* DBA: DCT high-band / total energy of K and V */
+    KVS_STAT_ENTROPY = 1u << 1, /* MEDA: entropies of the head-averaged attention */
+    KVS_STAT_CAKE = 1u << 2,    /* CAKE: dispersion and shift of the window's attention */
+};
+typedef struct {
+    unsigned have;        /* KVS_STAT_* set for this layer */
+    double e_high[2];     /* [K, V] sum over heads of ||X[m >= omega]||^2 */
+    double e_tot[2];      /* [K, V] sum over heads of ||X||^2 */
+    kvs_entropy_stats ent;
+    double cake_disp;     /* entropy of the window's attention over prefix keys */
+    double cake_var;      /* its variance over the window queries, summed */
+} kvs_layer_stats;
+
 typedef struct {
     const kvs_method *m;
     const kvs_params *p;
     kvs_shape shape;
+    /* Set by the composition (NULL / 0 for a part used alone): the layer
+     * being observed's modality (NULL: all text), the statistics [L] the
+     * allocator reads (a scorer that computes one of them anyway writes
+     * stats[layer] and sets its `have` bit), which groups it reads, and room
+     * for a line the plan's note carries. */
+    const uint8_t *modality;
+    kvs_layer_stats *stats;
+    unsigned want_stats;
+    char *note; /* [256] or NULL */
 } kvs_part_ctx;
 
 /* Value of parameter `name` of method m, or `absent` when m does not declare it. */
@@ -83,6 +109,13 @@ typedef struct {
 extern const kvs_scorer kvs_scorer_snapkv, kvs_scorer_h2o, kvs_scorer_tova, kvs_scorer_knorm,
     kvs_scorer_keydiff, kvs_scorer_random;
 
+/* LOOK-M's text prior (the h2o scorer's text_prior; methods/lookm.c and
+ * meda.c use it too), in place: for each KV head g, every token j with
+ * modality[j] == KVS_MOD_TEXT (all tokens when modality is NULL) gets
+ * scores[g][j] += max_j' scores[g][j'] (the max over ALL tokens of the head,
+ * taken before any boost). */
+void kvs_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality);
+
 /* ---- allocators ------------------------------------------------------------ */
 
 typedef struct {
@@ -92,9 +125,42 @@ typedef struct {
      * per-layer statistics) as input for data-driven allocators (DBA,
      * entropy), and per-head budgets [L][Hkv] out for AdaKV (ragged heads). */
     kvs_status (*allocate)(const kvs_part_ctx *c, int per_layer, int *budgets, kvs_err *err);
+    /* Data-driven allocators (0 / NULL otherwise): the KVS_STAT_* groups
+     * allocate reads from c->stats, the inputs their measure needs
+     * (KVS_NEED_*) and the query rows it reads, and measure, which computes
+     * the groups for one layer when the scorer did not. */
+    unsigned stats;
+    unsigned needs;
+    int (*queries_wanted)(const kvs_method *m, const kvs_params *p, int N);
+    kvs_status (*measure)(const kvs_part_ctx *c, int layer, const kvs_layer *in,
+                          kvs_layer_stats *out, kvs_err *err);
 } kvs_allocator;
 
 extern const kvs_allocator kvs_alloc_uniform, kvs_alloc_pyramid;
+/* Data-driven allocators: FlashCache's DBA (alloc_dba.c), MEDA's entropy
+ * budgets (alloc_entropy.c), CAKE's layer preferences (alloc_cake.c). */
+extern const kvs_allocator kvs_alloc_dba, kvs_alloc_entropy, kvs_alloc_cake;
+
+/* The allocators' rules alone (exposed for tests), budgets [L] summing
+ * exactly to L * per_layer, each in [B_min, N] with B_min =
+ * min(max(1, ceil(0.01 N)), per_layer):
+ * DBA: weights R^l = sum over K, V of e_high / e_tot (a zero-energy block
+ * adds 0; *n_zero counts them); entropy: weights softmax_l(E^l); CAKE:
+ * the window w is kept in every layer and (per_layer - w) * L is split by
+ * P_l = disp_l^(1/tau1) * var_l^(1/tau2). */
+kvs_status kvs_dba_budgets(const kvs_layer_stats *st, int L, int N, int per_layer, int *budgets,
+                           int *n_zero, kvs_err *err);
+kvs_status kvs_entropy_budgets(const double *E, int L, int N, int per_layer, int *budgets,
+                               kvs_err *err);
+kvs_status kvs_cake_budgets(const double *disp, const double *var, int L, int N, int per_layer,
+                            int window, double tau1, double tau2, int *budgets, kvs_err *err);
+/* CAKE's statistics of one layer from the last w query rows (in->q holds
+ * Nq >= w rows): per query head, A = softmax of each window row over the keys
+ * it sees; over the prefix keys j < N - w, disp = -sum A log(A + 1e-10) and
+ * var = sum_j var_i A[i][j] (unbiased over the w rows), both summed over
+ * heads. w must be in [2, N - 1]. */
+kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, double *var,
+                            kvs_err *err);
 
 /* A head allocator: splits layer `layer`'s pick budget over its KV heads.
  * scores [Hkv][N] are the layer's (finite); every head's candidates are
@@ -232,6 +298,25 @@ void kvs_compose_destroy(void *state);
     {"epsilon", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
      "Expected Attention: added to the expected attention before the value-norm rescaling"}
 
+#define KVS_PARTS_P_DBA(def) \
+    {"dba", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "FlashCache's dynamic budget allocation: layer budgets by high-band energy share R^l"}
+#define KVS_PARTS_P_GRANULARITY(def) \
+    {"granularity", KVS_PARAM_ENUM, (def), 0, 1, "head|layer", \
+     "FlashCache: select per KV head, or one set per layer from Dev summed over heads"}
+#define KVS_PARTS_P_TEXT_PRIOR(def) \
+    {"text_prior", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "LOOK-M's text prior: every text token's score += the head's maximum score"}
+#define KVS_PARTS_P_TAU1(def) \
+    {"tau1", KVS_PARAM_FLOAT, (def), 1e-3, 1e3, NULL, \
+     "CAKE: preference P = dispersion^(1/tau1) * shift^(1/tau2)"}
+#define KVS_PARTS_P_TAU2(def) \
+    {"tau2", KVS_PARAM_FLOAT, (def), 1e-3, 1e3, NULL, \
+     "CAKE: preference P = dispersion^(1/tau1) * shift^(1/tau2)"}
+#define KVS_PARTS_P_MERGE(def) \
+    {"merge", KVS_PARAM_ENUM, (def), 0, 0, "pivotal|average|weighted|none", \
+     "how evicted tokens are merged into their most key-similar kept token at apply"}
+
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
 extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention, kvs_scorer_lagkv;
@@ -334,6 +419,11 @@ extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_pyramidkv, kvs_preset_chunkkv, kvs_preset_snapkv_parts, kvs_preset_h2o_parts,
     kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova,
     kvs_preset_adakv, kvs_preset_ada_pyramidkv, kvs_preset_ada_flashcache;
+/* The seed's three monolithic methods as compositions (bit-identity proof in
+ * tests/parts; not registered): flashcache (dba allocator), lookm and meda
+ * (h2o scorer with the text prior; meda's entropy allocator; their merges). */
+extern const kvs_method kvs_preset_flashcache_parts, kvs_preset_lookm_parts,
+    kvs_preset_meda_parts;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

@@ -217,6 +217,83 @@ KVS_PRESET(ada_flashcache, "ada_flashcache",
            {.scorer = &kvs_scorer_flashcache, .allocator = &kvs_alloc_uniform,
             .heads = &kvs_heads_adakv, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
 
+/* FlashCache as parts: the public parameter names of methods/flashcache.c
+ * (keep_sinks / keep_recent are the sinks / window rules' parameters by
+ * part_param.c's aliases). */
+static const kvs_param_def params_flashcache_parts[] = {
+    KVS_PARTS_P_GAMMA(0.2),
+    KVS_PARTS_P_DBA(1),
+    KVS_PARTS_P_GRANULARITY(0),
+    {"keep_sinks", KVS_PARAM_INT, 0, 0, KVS_PARTS_IMAX, NULL,
+     "always keep the first s tokens (ablation; counted in the budget)"},
+    {"keep_recent", KVS_PARAM_INT, 0, 0, KVS_PARTS_IMAX, NULL,
+     "always keep the last r tokens (ablation; counted in the budget)"},
+};
+KVS_PRESET(flashcache_parts, "flashcache_parts",
+           "FlashCache as parts: flashcache scorer + dba + sinks / window rules + topk "
+           "(== flashcache)",
+           0,
+           {.scorer = &kvs_scorer_flashcache, .allocator = &kvs_alloc_dba,
+            .keep = {&kvs_keep_sinks, &kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
+/* LOOK-M and MEDA as parts: the h2o scorer with its text prior (fixed on:
+ * the range is the one value), the window rule's recent_frac, the plan's
+ * merge from `merge` (compose.c). */
+#define P_TEXT_PRIOR_ON                                                                        \
+    {"text_prior", KVS_PARAM_BOOL, 1, 1, 1, NULL,                                              \
+     "LOOK-M's text prior: every text token's score += the head's maximum score (fixed on)"}
+static const kvs_param_def params_lookm_parts[] = {
+    {"text_policy", KVS_PARAM_ENUM, 0, 0, 0, "budget|keep_all",
+     "budget: text prior within the exact budget (paper); keep_all (released code, may exceed "
+     "the budget) is rejected as unsupported"},
+    KVS_PARTS_P_MERGE(0),
+    KVS_PARTS_P_RECENT_FRAC(0.5),
+    P_TEXT_PRIOR_ON,
+};
+static const kvs_composition comp_lookm_parts = {
+    .scorer = &kvs_scorer_h2o, .allocator = &kvs_alloc_uniform, .keep = {&kvs_keep_window},
+    .pick = &kvs_pick_topk, .merge = KVS_MERGE_PIVOTAL};
+static kvs_status create_lookm_parts(const kvs_params *p, const kvs_shape *s, void **state,
+                                     kvs_err *err) {
+    *state = NULL;
+    if (p->n == NPARAMS(params_lookm_parts) && p->v[0] == 1.0) /* text_policy */
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "%s: text_policy=keep_all keeps every text token and may exceed the "
+                          "budget, which breaks the exact-budget plan contract (each layer keeps "
+                          "exactly its budget); use text_policy=budget",
+                          kvs_preset_lookm_parts.name);
+    return kvs_compose_create(&comp_lookm_parts, &kvs_preset_lookm_parts, p, s, state, err);
+}
+static int queries_lookm_parts(const kvs_params *p, int N) {
+    return kvs_compose_queries_wanted(&comp_lookm_parts, &kvs_preset_lookm_parts, p, N);
+}
+const kvs_method kvs_preset_lookm_parts = {
+    .name = "lookm_parts",
+    .summary = "LOOK-M as parts: h2o scorer with text prior + uniform + window rule "
+               "(recent_frac) + topk, pivotal merge (== lookm)",
+    .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+    .params = params_lookm_parts,
+    .n_params = NPARAMS(params_lookm_parts),
+    .queries_wanted = queries_lookm_parts,
+    .create = create_lookm_parts,
+    .observe = kvs_compose_observe,
+    .select = kvs_compose_select,
+    .destroy = kvs_compose_destroy,
+};
+
+static const kvs_param_def params_meda_parts[] = {
+    KVS_PARTS_P_RECENT_FRAC(0.5),
+    KVS_PARTS_P_MERGE(1),
+    P_TEXT_PRIOR_ON,
+};
+KVS_PRESET(meda_parts, "meda_parts",
+           "MEDA as parts: h2o scorer with text prior + entropy allocator + window rule "
+           "(recent_frac) + topk, average merge (== meda)",
+           KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+           {.scorer = &kvs_scorer_h2o, .allocator = &kvs_alloc_entropy,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_AVERAGE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -234,6 +311,9 @@ static const struct {
     {&kvs_preset_snapkv_parts, &comp_snapkv_parts},
     {&kvs_preset_h2o_parts, &comp_h2o_parts},
     {&kvs_preset_streamingllm_parts, &comp_streamingllm_parts},
+    {&kvs_preset_flashcache_parts, &comp_flashcache_parts},
+    {&kvs_preset_lookm_parts, &comp_lookm_parts},
+    {&kvs_preset_meda_parts, &comp_meda_parts},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

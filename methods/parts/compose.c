@@ -32,6 +32,8 @@ typedef struct {
     int n_observed;
     float *scores; /* [L][Hkv][N] */
     kvs_layer_stats *stats; /* [L] what a data-driven allocator reads */
+    const kvs_keep_rule *span; /* the span rule, or NULL */
+    float *forced;             /* [Hkv][N] a layer's scores with the span at +inf (span only) */
     char note[256];         /* the allocator's line for the plan's note */
     kvs_pick_ws ws;
 } compose_state;
@@ -82,6 +84,7 @@ void kvs_compose_destroy(void *state) {
     if (st->scorer_state) st->comp->scorer->destroy(st->scorer_state);
     free(st->scores);
     free(st->stats);
+    free(st->forced);
     free(st->ws.pairs);
     free(st->ws.ibuf);
     free(st->ws.mask);
@@ -105,12 +108,13 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     if (comp->allocator->stats && !comp->allocator->measure)
         return kvs_errorf(err, KVS_ERR_INTERNAL, "%s: allocator %s reads statistics but cannot "
                           "measure them", m->name, comp->allocator->name);
-    int sides[2] = {0, 0};
+    int sides[3] = {0, 0, 0};
+    static const char *const side_name[3] = {"prefix", "suffix", "span"};
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
         if (sides[comp->keep[i]->side]++)
             return kvs_errorf(err, KVS_ERR_INTERNAL,
                               "%s: composition has two %s keep rules (at most one each)", m->name,
-                              comp->keep[i]->side == KVS_KEEP_PREFIX ? "prefix" : "suffix");
+                              side_name[comp->keep[i]->side]);
     compose_state *st = calloc(1, sizeof *st);
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", m->name);
     st->comp = comp;
@@ -124,10 +128,13 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     st->scores = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
     st->stats = calloc((size_t)L, sizeof *st->stats);
     st->ctx.stats = st->stats;
+    for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
+        if (comp->keep[i]->side == KVS_KEEP_SPAN) st->span = comp->keep[i];
+    if (st->span) st->forced = malloc(sizeof(float) * (size_t)H * (size_t)N);
     st->ws.pairs = malloc(sizeof(kvs_pick_pair) * (size_t)N);
     st->ws.ibuf = malloc(sizeof(int32_t) * (size_t)N);
     st->ws.mask = malloc((size_t)N);
-    if (!st->scores || !st->stats || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask) {
+    if (!st->scores || !st->stats || (st->span && !st->forced) || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask) {
         kvs_compose_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for [L=%d][Hkv=%d][N=%d] scores",
                           m->name, L, H, N);
@@ -195,6 +202,7 @@ static void protect(const compose_state *st, int N, int B, int *p, int *q) {
     *p = *q = 0;
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && st->comp->keep[i]; i++) {
         const kvs_keep_rule *r = st->comp->keep[i];
+        if (r->side == KVS_KEEP_SPAN) continue; /* forced into the pick: layer_scores */
         int c = r->count(&st->ctx, N, B);
         if (c < 0) c = 0;
         if (c > room) c = room;
@@ -202,6 +210,25 @@ static void protect(const compose_state *st, int N, int B, int *p, int *q) {
         if (r->side == KVS_KEEP_PREFIX) *p = c;
         else *q = c;
     }
+}
+
+/* Layer l's [Hkv][N] scores as the head allocator and the pick rule see
+ * them: the stored ones, or with a span rule a copy in which the span's
+ * tokens among the candidates [p, N - q) score +inf (so they are picked
+ * first; the stored scores stay as observed, select is repeatable). */
+static const float *layer_scores(compose_state *st, int l, int p, int q) {
+    const int H = st->ctx.shape.n_kv_heads, N = st->ctx.shape.n_tokens;
+    const float *sc = st->scores + (size_t)l * H * (size_t)N;
+    if (!st->span) return sc;
+    int a = 0, b = 0;
+    st->span->span(&st->ctx, N, &a, &b);
+    if (a < p) a = p;
+    if (b > N - q) b = N - q;
+    if (a >= b) return sc;
+    memcpy(st->forced, sc, sizeof(float) * (size_t)H * (size_t)N);
+    for (int h = 0; h < H; h++)
+        for (int j = a; j < b; j++) st->forced[(size_t)h * N + j] = INFINITY;
+    return st->forced;
 }
 
 kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {
@@ -237,7 +264,7 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
                 for (int h = 0; h < H; h++) cl[h] = B;
                 continue;
             }
-            const float *sc = st->scores + (size_t)l * H * (size_t)N; /* [Hkv][N] */
+            const float *sc = layer_scores(st, l, p, q); /* [Hkv][N] */
             rc = st->comp->heads->split(&st->ctx, l, sc, p, N - q, k, cl, err);
             if (rc) {
                 kvs_err_prefix(err, "%s: head allocator %s", mn, st->comp->heads->name);
@@ -255,6 +282,7 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
         const int B = budgets[l];
         int p = 0, q = 0;
         if (B < N) protect(st, N, B, &p, &q);
+        const float *lsc = B < N ? layer_scores(st, l, p, q) : NULL; /* [Hkv][N] */
         for (int h = 0; h < H && !rc; h++) {
             int Bh;
             int32_t *row = kvs_plan_head(out, l, h, &Bh); /* [Bh]; Bh == B without a head allocator */
@@ -265,7 +293,7 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
             }
             for (int i = 0; i < p; i++) row[i] = i;
             if (k > 0) {
-                const float *sc = st->scores + ((size_t)l * H + h) * (size_t)N; /* [N] */
+                const float *sc = lsc + (size_t)h * (size_t)N; /* [N] */
                 rc = st->comp->pick->pick(&st->ctx, sc, p, N - q, k, &st->ws, row + p, err);
                 if (rc) kvs_err_prefix(err, "%s: layer %d: KV head %d", mn, l, h);
             }

@@ -147,7 +147,9 @@ static kvs_status parse_keep(const cJSON *keep, kvs_composition *comp, assign *a
                                   "%s: %s and %s both protect the %s of the prompt (at most one "
                                   "rule each side)",
                                   field, comp->keep[i]->name, r->name,
-                                  r->side == KVS_KEEP_PREFIX ? "start" : "end");
+                                  r->side == KVS_KEEP_PREFIX   ? "start"
+                                  : r->side == KVS_KEEP_SUFFIX ? "end"
+                                                               : "span");
         }
         if (nk >= KVS_PARTS_MAX_KEEP)
             return kvs_errorf(err, KVS_ERR_INVALID, "keep: at most %d rules", KVS_PARTS_MAX_KEEP);

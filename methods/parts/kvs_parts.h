@@ -186,17 +186,21 @@ kvs_status kvs_pyramid_budgets(int L, int N, int per_layer, int window, double b
 
 /* ---- keep rules ------------------------------------------------------------ */
 
-typedef enum { KVS_KEEP_PREFIX = 0, KVS_KEEP_SUFFIX = 1 } kvs_keep_side;
+typedef enum { KVS_KEEP_PREFIX = 0, KVS_KEEP_SUFFIX = 1, KVS_KEEP_SPAN = 2 } kvs_keep_side;
 
 /* A protect rule: `count` tokens at one end of the prompt, given the layer
- * budget B (the composition clamps it to what is left of B). */
+ * budget B (the composition clamps it to what is left of B). A span rule
+ * (side KVS_KEEP_SPAN) gives a range [a, b) instead, forced into the pick
+ * (keep_span.c); its count is b - a. */
 typedef struct {
     const char *name;
     kvs_keep_side side;
     int (*count)(const kvs_part_ctx *c, int N, int B);
+    void (*span)(const kvs_part_ctx *c, int N, int *a, int *b); /* KVS_KEEP_SPAN only */
 } kvs_keep_rule;
 
 extern const kvs_keep_rule kvs_keep_sinks, kvs_keep_window;
+extern const kvs_keep_rule kvs_keep_span; /* keep_span.c: a protected span */
 
 /* Scratch a pick rule may use, allocated once per compression (sizes N). */
 typedef struct {
@@ -221,7 +225,7 @@ extern const kvs_pick_rule kvs_pick_topk, kvs_pick_chunk;
 
 /* ---- the composition ------------------------------------------------------- */
 
-#define KVS_PARTS_MAX_KEEP 2 /* at most one prefix and one suffix rule */
+#define KVS_PARTS_MAX_KEEP 3 /* at most one prefix, one suffix and one span rule */
 
 typedef struct {
     const kvs_scorer *scorer;
@@ -316,6 +320,13 @@ void kvs_compose_destroy(void *state);
 #define KVS_PARTS_P_MERGE(def) \
     {"merge", KVS_PARAM_ENUM, (def), 0, 0, "pivotal|average|weighted|none", \
      "how evicted tokens are merged into their most key-similar kept token at apply"}
+
+#define KVS_PARTS_P_SPAN(def) \
+    {"span", KVS_PARAM_INT, (def), -KVS_PARTS_IMAX, KVS_PARTS_IMAX, NULL, \
+     "first token of the protected span (negative: from the end, -20 = the last 20 tokens)"}
+#define KVS_PARTS_P_SPAN_LEN(def) \
+    {"span_len", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
+     "length of the protected span in tokens (0: none)"}
 
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 

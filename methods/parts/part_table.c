@@ -54,6 +54,7 @@ static const kvs_param_def p_window[] = {
 static const kvs_param_def p_chunk[] = {KVS_PARTS_P_CHUNK(10)};
 static const kvs_param_def p_adakv[] = {KVS_PARTS_P_ALPHA(0.2)};
 static const kvs_param_def p_dba[] = {KVS_PARTS_P_GAMMA(0.2), KVS_PARTS_P_DBA(1)};
+static const kvs_param_def p_span[] = {KVS_PARTS_P_SPAN(0), KVS_PARTS_P_SPAN_LEN(0)};
 static const kvs_param_def p_cake[] = {
     KVS_PARTS_P_WINDOW(32, 0, "observation window w: its attention is measured; kept in every layer"),
     KVS_PARTS_P_TAU1(1.0),
@@ -107,6 +108,9 @@ static const kvs_part_info table[] = {
           "MEDA: layer budgets by softmax of the cross-modal attention entropy"),
     PART(KVS_PART_ALLOCATOR, "cake", &kvs_alloc_cake,
          "CAKE: layer budgets by attention dispersion x shift over the window", p_cake),
+    PART(KVS_PART_KEEP, "span", &kvs_keep_span,
+         "a protected span [span, span + span_len) (span < 0: from the end), forced into the pick",
+         p_span),
 };
 
 const char *kvs_part_kind_name(kvs_part_kind k) {

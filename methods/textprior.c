@@ -1,5 +1,6 @@
 /*
- * textprior.c -- private helpers shared by h2o.c, lookm.c and meda.c: the
+ * textprior.c -- private helpers of h2o.c (and the reference of the lookm and
+ * meda presets in tests/parts): the
  * H2O attention column-sum score, the LOOK-M text prior, the per-head
  * "recent window + top-k of the rest" selection, and the create / observe /
  * select / destroy steps the three methods share. See textprior.h.

@@ -1,6 +1,7 @@
 /*
  * textprior.h -- private helpers shared by the attention-score methods h2o,
- * lookm and meda (methods/h2o.c, lookm.c, meda.c). Not a public header: only
+ * lookm and meda (methods/h2o.c; lookm and meda are presets of methods/parts/ now, and
+ * tests/parts builds their reference from these helpers). Not a public header: only
  * files in methods/ include it.
  *
  * What it is: the H2O score (column sums of the causal attention over all
@@ -9,7 +10,7 @@
  * (every text token's score += max_j s[j], per KV head), and the per-head
  * "recent window + top-k of the rest" selection they all share.
  * What it is not: no attention arithmetic of its own (core/ does it), no
- * budget allocation across layers (meda.c does that with
+ * budget allocation across layers (parts/alloc_entropy.c does that with
  * kvs_budget_allocate), no merging (core's kvs_apply does it).
  */
 #ifndef KVS_TEXTPRIOR_H

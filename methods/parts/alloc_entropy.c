@@ -2,8 +2,8 @@
  * alloc_entropy.c -- allocator `entropy`: MEDA's layer budgets from the
  * cross-modal attention entropy.
  *
- * Source: MEDA (methods.md "MEDA", paper eq. 4-7; methods/meda.c is the
- * monolithic reference). Formula: with the head-averaged causal attention
+ * Source: MEDA (methods.md "MEDA", paper eq. 4-7; the rule of the
+ * monolithic methods/meda.c it replaces, bit for bit). Formula: with the head-averaged causal attention
  * of layer l, E_TV = mean row entropy of text queries restricted to image
  * keys (re-normalised), E_VT = image queries over text keys (rows with no
  * eligible key skipped, a term with no rows adds 0), E^l = E_TV + E_VT;
@@ -18,7 +18,7 @@
  * attention pass over all N queries, O(N) memory per head).
  * Parameters: none. Needs the queries of all N positions and reads the
  * modality mask.
- * Decisions (as methods/meda.c): "image" is what core calls visual (image
+ * Decisions (as the monolithic meda.c took them): "image" is what core calls visual (image
  * and video); audio takes part in neither term; B_min = min(max(1,
  * ceil(0.01 N)), B); a non-finite E^l is KVS_ERR_NUMERIC naming the layer.
  */

@@ -15,6 +15,10 @@
  * implemented on GPU" here (observe, before any value is read);
  * kvs_gpu_compress (methods/gpu/) refuses composed methods before any device
  * work ("not implemented on GPU"): they have no GPU driver yet.
+ * Statistics: per layer a kvs_layer_stats the allocator reads; the scorer
+ * fills what it computes anyway, the allocator's measure the rest.
+ * Span rule: its tokens among the pick candidates score +inf in a scratch
+ * copy of the layer's scores (layer_scores), so select stays repeatable.
  * What it is not: no scoring, allocation or picking of its own (the parts).
  */
 #include "kvs_parts.h"

@@ -9,14 +9,18 @@
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
  *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
  *              expected_attention, lagkv
- *   allocator  splits the global budget L * B over layers: uniform, pyramid
+ *   allocator  splits the global budget L * B over layers: uniform, pyramid,
+ *              and the data-driven dba, entropy, cake (they read per-layer
+ *              statistics, kvs_layer_stats, gathered during observe)
  *   head allocator (optional) splits a layer's budget over its KV heads by
  *              the layer's scores: adakv (ragged per-head counts)
  *   keep rules protect rules (a prefix or a suffix of the prompt that is
- *              always kept): sinks, window; and the pick rule, how the rest of
+ *              always kept): sinks, window; span (a protected range forced
+ *              into the pick); and the pick rule, how the rest of
  *              a head's budget is chosen among the unprotected tokens by
  *              score: topk (token by token), chunk (whole chunks, ChunkKV)
- *   merge      none only in this slice (the plan's merge field)
+ *   merge      the plan's merge field: the composition's, or the method's
+ *              `merge` parameter when it declares one (lookm, meda)
  *
  * Parameters are namespaced by name, not by prefix: a part reads the
  * parameters it knows from the composed method's one flat table
@@ -44,7 +48,7 @@
  * What it is not: no GPU path (a composed method on a CUDA view fails with
  * KVS_ERR_UNSUPPORTED naming the method and "not implemented on GPU";
  * kvs_gpu_compress (methods/gpu/) refuses it like every method without a GPU
- * driver), no merging.
+ * driver); merging itself is core's kvs_apply (the plan's merge field).
  */
 #ifndef KVS_PARTS_H
 #define KVS_PARTS_H
@@ -109,12 +113,14 @@ typedef struct {
 extern const kvs_scorer kvs_scorer_snapkv, kvs_scorer_h2o, kvs_scorer_tova, kvs_scorer_knorm,
     kvs_scorer_keydiff, kvs_scorer_random;
 
-/* LOOK-M's text prior (the h2o scorer's text_prior; methods/lookm.c and
- * meda.c use it too), in place: for each KV head g, every token j with
+/* LOOK-M's text prior (the h2o scorer's text_prior, the lookm scorer; the
+ * lookm and meda presets), in place: for each KV head g, every token j with
  * modality[j] == KVS_MOD_TEXT (all tokens when modality is NULL) gets
  * scores[g][j] += max_j' scores[g][j'] (the max over ALL tokens of the head,
  * taken before any boost). */
 void kvs_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality);
+/* `lookm` (score_h2o.c): the h2o scorer with text_prior always on. */
+extern const kvs_scorer kvs_scorer_lookm;
 
 /* ---- allocators ------------------------------------------------------------ */
 
@@ -430,11 +436,13 @@ extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
     kvs_preset_pyramidkv, kvs_preset_chunkkv, kvs_preset_snapkv_parts, kvs_preset_h2o_parts,
     kvs_preset_streamingllm_parts, kvs_preset_expected_attention, kvs_preset_pyramid_tova,
     kvs_preset_adakv, kvs_preset_ada_pyramidkv, kvs_preset_ada_flashcache;
-/* The seed's three monolithic methods as compositions (bit-identity proof in
- * tests/parts; not registered): flashcache (dba allocator), lookm and meda
- * (h2o scorer with the text prior; meda's entropy allocator; their merges). */
-extern const kvs_method kvs_preset_flashcache_parts, kvs_preset_lookm_parts,
-    kvs_preset_meda_parts;
+/* FlashCache as a composition (dba allocator; bit-identity proof against
+ * methods/flashcache.c in tests/parts; not registered: the monolith's
+ * threaded observe stays the fast path). The registered lookm and meda
+ * (kvs_method_lookm, kvs_method_meda, methods/kvsieve_methods.h) are
+ * presets defined in presets.c: the lookm scorer, uniform or entropy
+ * allocator, window rule (recent_frac), topk, their merges. */
+extern const kvs_method kvs_preset_flashcache_parts;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

@@ -108,6 +108,8 @@ static const kvs_part_info table[] = {
           "MEDA: layer budgets by softmax of the cross-modal attention entropy"),
     PART(KVS_PART_ALLOCATOR, "cake", &kvs_alloc_cake,
          "CAKE: layer budgets by attention dispersion x shift over the window", p_cake),
+    PART0(KVS_PART_SCORER, "lookm", &kvs_scorer_lookm,
+          "LOOK-M: H2O's accumulated attention with the text prior always on"),
     PART(KVS_PART_KEEP, "span", &kvs_keep_span,
          "a protected span [span, span + span_len) (span < 0: from the end), forced into the pick",
          p_span),

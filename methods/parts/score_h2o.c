@@ -11,10 +11,10 @@
  * Parameters: normalize (bool, absent: false); text_prior (bool, absent:
  * false): LOOK-M's text prior, every text token's score += the head's
  * maximum score (kvs_text_boost below; modality absent = all text), as
- * methods/lookm.c and meda.c score. Needs all N queries. When the
+ * the monolithic lookm.c and meda.c scored. Needs all N queries. When the
  * composition's allocator reads MEDA's entropies (KVS_STAT_ENTROPY) the
  * pass is core's kvs_attn_stats_fused, which yields them with the column
- * sums (as methods/meda.c). Cost
+ * sums (as the monolithic meda.c). Cost
  * Hq * N^2 * d / 2 (one fused pass); memory [Hq][N] + the scores.
  * Decisions where sources disagree: raw sums by default (the original code);
  * `normalize` is the spec's option. H2O's recent window is not part of the
@@ -57,7 +57,12 @@ static void h2o_sc_destroy(void *state) {
     free(st);
 }
 
-static kvs_status h2o_sc_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
+static kvs_status h2o_sc_make(const kvs_part_ctx *c, int text_prior, void **state, kvs_err *err) {
+    if (c->shape.n_queries <= 0)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "needs the queries of all N=%d prompt positions (KVS_NEED_Q_ALL) but "
+                          "none were given (Nq=0)",
+                          c->shape.n_tokens);
     if (c->shape.n_queries != c->shape.n_tokens)
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "needs the queries of all N=%d prompt positions (KVS_NEED_Q_ALL) but "
@@ -67,7 +72,7 @@ static kvs_status h2o_sc_create(const kvs_part_ctx *c, void **state, kvs_err *er
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     st->c = c;
     st->normalize = kvs_part_param(c->m, c->p, "normalize", 0) != 0;
-    st->text_prior = kvs_part_param(c->m, c->p, "text_prior", 0) != 0;
+    st->text_prior = text_prior || kvs_part_param(c->m, c->p, "text_prior", 0) != 0;
     st->lse = malloc(sizeof(float) * (size_t)c->shape.n_q_heads * (size_t)c->shape.n_tokens);
     st->all_text = calloc((size_t)c->shape.n_tokens, 1); /* KVS_MOD_TEXT == 0 */
     if (!st->lse || !st->all_text) {
@@ -76,6 +81,14 @@ static kvs_status h2o_sc_create(const kvs_part_ctx *c, void **state, kvs_err *er
     }
     *state = st;
     return KVS_OK;
+}
+
+static kvs_status h2o_sc_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
+    return h2o_sc_make(c, 0, state, err);
+}
+
+static kvs_status lookm_sc_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
+    return h2o_sc_make(c, 1, state, err);
 }
 
 static kvs_status h2o_sc_score(void *state, int layer, const kvs_layer *in, float *scores,
@@ -119,6 +132,17 @@ const kvs_scorer kvs_scorer_h2o = {
     .needs = KVS_NEED_Q_ALL,
     .queries_wanted = h2o_sc_queries,
     .create = h2o_sc_create,
+    .score = h2o_sc_score,
+    .destroy = h2o_sc_destroy,
+};
+
+/* `lookm`: the same scorer with LOOK-M's text prior always on (the scorer of
+ * the lookm and meda presets, whose parameter tables predate the parts). */
+const kvs_scorer kvs_scorer_lookm = {
+    .name = "lookm",
+    .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+    .queries_wanted = h2o_sc_queries,
+    .create = lookm_sc_create,
     .score = h2o_sc_score,
     .destroy = h2o_sc_destroy,
 };

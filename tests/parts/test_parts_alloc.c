@@ -199,7 +199,7 @@ static void test_compositions(void) {
     c.modality = calloc((size_t)c.N, 1);
     for (int j = 0; j < c.N; j++) c.modality[j] = (j / 10) % 2 ? KVS_MOD_IMAGE : KVS_MOD_TEXT;
     c.view.modality = c.modality;
-    CHECK_OK(layer_budgets(&kvs_preset_meda_parts, &c, B, a, &e), &e);
+    CHECK_OK(layer_budgets(&kvs_method_meda, &c, B, a, &e), &e);
     kvs_composed *en = composed("{\"score\": \"snapkv\", \"allocate\": \"entropy\", "
                                 "\"keep\": {\"window\": 8}}");
     if (en) {

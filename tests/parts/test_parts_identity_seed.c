@@ -1,6 +1,10 @@
 /*
- * test_parts_identity_seed.c -- flashcache_parts, lookm_parts and meda_parts
- * give plans BIT-IDENTICAL to the monolithic flashcache, lookm and meda:
+ * test_parts_identity_seed.c -- flashcache_parts gives plans BIT-IDENTICAL
+ * to the monolithic flashcache, and the lookm and meda presets (monolithic
+ * files until they were proven identical and removed) to a reference made
+ * here from methods/textprior.c's helpers, the steps the monolithic lookm.c
+ * and meda.c ran (H2O column sums and MEDA's entropies from one fused pass,
+ * the text boost, softmax-of-entropy budgets, recent window + top-k):
  * every index of every (layer, head), the layer budgets (DBA's and MEDA's
  * entropy budgets included) and the plan's merge formula, and kvs_apply's
  * compressed (merged) K and V byte for byte, on random caches (several
@@ -13,8 +17,96 @@
 #include "kvs_formats.h"
 #include "kvs_parts.h"
 #include "m1_util.h"
+#include "textprior.h"
 
-static int n_compared = 0, n_applied = 0;
+#include <math.h>
+
+/* The reference lookm (meda = 0) / meda (meda = 1) plan at budget B. */
+static kvs_status ref_plan(const kvs_method *m, const kvs_params *p, const kvs_cache_view *c, int meda,
+                           int B, int threads, kvs_plan *out, kvs_err *err) {
+    kvs_shape sh;
+    kvs_status rc = kvs_cache_validate(c, &sh, err);
+    if (rc) return rc;
+    sh.threads = threads;
+    const int L = sh.n_layers, N = sh.n_tokens;
+    const int recent = kvs_param_index(m, "recent_frac");
+    static const kvs_merge of[4] = {KVS_MERGE_PIVOTAL, KVS_MERGE_AVERAGE, KVS_MERGE_WEIGHTED,
+                                    KVS_MERGE_NONE};
+    const kvs_merge merge = of[(int)p->v[kvs_param_index(m, "merge")]];
+    void *state = NULL;
+    if ((rc = kvs_tp_create(m, p, &sh, recent, sizeof(kvs_tp_state), &state, err))) return rc;
+    kvs_tp_state *s = state;
+    kvs_entropy_stats *ent = calloc((size_t)L, sizeof *ent);
+    uint8_t *all_text = calloc((size_t)N, 1);
+    for (int l = 0; l < L && !rc; l++)
+        rc = kvs_tp_observe(s, l, &c->layers[l], c->modality, 0, 1,
+                            meda ? (c->modality ? c->modality : all_text) : NULL,
+                            meda ? &ent[l] : NULL, err);
+    if (!rc && !meda) rc = kvs_tp_select_uniform(s, B, merge, out, err);
+    if (!rc && meda) {
+        double *w = malloc(sizeof(double) * (size_t)L), emax = -INFINITY, wsum = 0.0;
+        int *bud = malloc(sizeof(int) * (size_t)L), xmodal = 1;
+        for (int l = 0; l < L; l++)
+            if (ent[l].n_tv + ent[l].n_vt == 0) xmodal = 0;
+        for (int l = 0; l < L; l++) {
+            w[l] = xmodal ? (ent[l].n_tv > 0 ? ent[l].e_tv : 0.0) + (ent[l].n_vt > 0 ? ent[l].e_vt : 0.0)
+                          : ent[l].plain;
+            if (w[l] > emax) emax = w[l];
+        }
+        for (int l = 0; l < L; l++) wsum += (w[l] = exp(w[l] - emax));
+        for (int l = 0; l < L; l++) w[l] /= wsum;
+        rc = kvs_budget_allocate(w, L, (int64_t)L * B, kvs_budget_min(N) < B ? kvs_budget_min(N) : B,
+                                 N, bud, err);
+        if (!rc) rc = kvs_tp_fill_plan(m->name, s->scores, L, sh.n_kv_heads, N, bud, s->recent_frac,
+                                       merge, out, err);
+        free(w);
+        free(bud);
+    }
+    free(ent);
+    free(all_text);
+    kvs_tp_destroy(s);
+    return rc;
+}
+
+static int n_ref = 0, n_compared = 0, n_applied = 0;
+
+/* The preset against the reference: plans, merge, applied caches. */
+static void compare_ref(const kvs_method *m, const kvs_params *p, const kvs_cache_view *c, int meda,
+                        int N, int B, int threads, int apply, const char *what) {
+    kvs_err ea = {0}, eb = {0};
+    kvs_plan x, y;
+    kvs_budget bud = {0, B};
+    kvs_status ra = kvs_compress(m, p, c, &bud, threads, &x, &ea);
+    kvs_status rb = ref_plan(m, p, c, meda, B, threads, &y, &eb);
+    CHECK_MSG(ra == rb, "%s %s vs reference N=%d B=%d: status %d (%s) vs %d (%s)", what, m->name, N,
+              B, ra, ea.msg, rb, eb.msg);
+    if (!ra && !rb) {
+        CHECK_MSG(m1_plans_equal(&x, &y) && x.merge == y.merge,
+                  "%s %s vs reference N=%d B=%d threads=%d: plans differ", what, m->name, N, B,
+                  threads);
+        n_ref++;
+        if (apply) {
+            kvs_dense_cache dx, dy;
+            memset(&dx, 0, sizeof dx);
+            memset(&dy, 0, sizeof dy);
+            CHECK_OK(kvs_apply(c, &x, &dx, &ea), &ea);
+            CHECK_OK(kvs_apply(c, &y, &dy, &eb), &eb);
+            int same = dx.n_layers == dy.n_layers;
+            for (int l = 0; same && l < dx.n_layers; l++) {
+                const size_t n = (size_t)dx.layers[l].n_kv_heads * dx.layers[l].n_tokens * dx.layers[l].head_dim;
+                same = !memcmp(dx.layers[l].k, dy.layers[l].k, n * sizeof(float)) &&
+                       !memcmp(dx.layers[l].v, dy.layers[l].v, n * sizeof(float));
+            }
+            CHECK_MSG(same, "%s %s vs reference N=%d B=%d: applied caches differ", what, m->name, N, B);
+            n_applied++;
+            kvs_dense_cache_free(&dx);
+            kvs_dense_cache_free(&dy);
+        }
+    }
+    if (!ra) kvs_plan_free(&x);
+    if (!rb) kvs_plan_free(&y);
+}
+
 
 static int dense_equal(const kvs_dense_cache *a, const kvs_dense_cache *b) {
     if (a->n_layers != b->n_layers) return 0;
@@ -95,45 +187,25 @@ static void all_pairs(const kvs_cache_view *c, int N, int Nq, uint64_t *rng, con
         for (int i = 0; i < nb; i++) compare(A, Bm, &pa, &pb, c, N, bs[i], 1 + 2 * (i & 1), 0, what);
     }
     if (Nq != N) { /* lookm and meda refuse (both the same way) */
-        kvs_params pa, pb;
+        kvs_params pa;
         kvs_params_defaults(&kvs_method_lookm, &pa);
-        kvs_params_defaults(&kvs_preset_lookm_parts, &pb);
-        compare(&kvs_method_lookm, &kvs_preset_lookm_parts, &pa, &pb, c, N, 1, 1, 0, what);
+        compare_ref(&kvs_method_lookm, &pa, c, 0, N, 1, 1, 0, what);
         return;
     }
     /* lookm */
     const char *merges[4] = {"pivotal", "average", "weighted", "none"};
     const char *fr[3] = {"0.5", "0.25", "1"};
-    for (int v = 0; v < 4; v++) {
-        kvs_params pa, pb;
-        const kvs_method *A = &kvs_method_lookm, *Bm = &kvs_preset_lookm_parts;
-        kvs_params_defaults(A, &pa);
-        kvs_params_defaults(Bm, &pb);
-        set2(A, &pa, Bm, &pb, "merge", merges[v]);
-        set2(A, &pa, Bm, &pb, "recent_frac", fr[v % 3]);
-        budgets_for(N, rng, bs, &nb);
-        for (int i = 0; i < nb; i++)
-            compare(A, Bm, &pa, &pb, c, N, bs[i], 1 + 2 * (i & 1), i < 3, what);
-    }
-    {   /* keep_all is refused by both */
-        kvs_params pa, pb;
-        kvs_params_defaults(&kvs_method_lookm, &pa);
-        kvs_params_defaults(&kvs_preset_lookm_parts, &pb);
-        pa.v[0] = pb.v[0] = 1.0;
-        compare(&kvs_method_lookm, &kvs_preset_lookm_parts, &pa, &pb, c, N, 1, 1, 0, what);
-    }
-    /* meda */
-    for (int v = 0; v < 4; v++) {
-        kvs_params pa, pb;
-        const kvs_method *A = &kvs_method_meda, *Bm = &kvs_preset_meda_parts;
-        kvs_params_defaults(A, &pa);
-        kvs_params_defaults(Bm, &pb);
-        set2(A, &pa, Bm, &pb, "merge", merges[(v + 1) % 4]);
-        set2(A, &pa, Bm, &pb, "recent_frac", fr[v % 3]);
-        budgets_for(N, rng, bs, &nb);
-        for (int i = 0; i < nb; i++)
-            compare(A, Bm, &pa, &pb, c, N, bs[i], 1 + 2 * (i & 1), i < 3, what);
-    }
+    for (int meda = 0; meda < 2; meda++)
+        for (int v = 0; v < 4; v++) {
+            kvs_params pa;
+            const kvs_method *A = meda ? &kvs_method_meda : &kvs_method_lookm;
+            kvs_params_defaults(A, &pa);
+            m1_set(A, &pa, "merge", merges[(v + meda) % 4]);
+            m1_set(A, &pa, "recent_frac", fr[v % 3]);
+            budgets_for(N, rng, bs, &nb);
+            for (int i = 0; i < nb; i++)
+                compare_ref(A, &pa, c, meda, N, bs[i], 1 + 2 * (i & 1), i < 3, what);
+        }
 }
 
 int main(void) {
@@ -191,8 +263,9 @@ int main(void) {
         free(ls);
         kvs_dense_cache_free(&dc);
     }
-    printf("test_parts_identity_seed: %d plan pairs compared (%d applied), %d checks, %d failures\n",
-           n_compared, n_applied, kvs_test_checks, kvs_test_failures);
-    CHECK(n_compared > 500 && n_applied > 100);
+    printf("test_parts_identity_seed: %d flashcache plan pairs, %d lookm / meda plans against the "
+           "reference, %d applied, %d checks, %d failures\n",
+           n_compared, n_ref, n_applied, kvs_test_checks, kvs_test_failures);
+    CHECK(n_compared > 500 && n_ref > 500 && n_applied > 100);
     return kvs_test_failures ? 1 : 0;
 }

@@ -5,9 +5,10 @@
  * What it is: kvs_compose_table (the composition's parameters: `parts` then
  * each part's, kvs_parts.h), the `parts` code (the index of each part within
  * its kind, radix 32: scorer + 32 (allocator + 32 (keep1 + 32 (keep2 + 32
- * (pick + 32 (heads + 32 keep3))))), a keep or heads slot 0 when empty, else
- * 1 + the part's index; a composition without heads or a third keep rule
- * keeps its code), and
+ * (pick + 32 (heads + 32 (keep3 + 32 merge)))))), a keep or heads slot 0
+ * when empty, else 1 + the part's index, merge the kvs_merge value (0:
+ * none); a composition without heads, a third keep rule or a merge keeps
+ * its code), and
  * kvs_compose_dyn, the entry points every composed method shares.
  * Why a code: a kvs_method's create sees only the parameter values, not the
  * method; the code, an INT parameter whose range is the one value, carries
@@ -60,7 +61,7 @@ static kvs_status add_part(const kvs_part_info *pi, kvs_param_def *defs, const k
 }
 
 static double comp_code(const kvs_composition *comp, kvs_err *err, int *ok) {
-    int idx[7];
+    int idx[8];
     idx[0] = kvs_part_index(KVS_PART_SCORER, comp->scorer);
     idx[1] = kvs_part_index(KVS_PART_ALLOCATOR, comp->allocator);
     for (int i = 0; i < 2; i++) {
@@ -74,8 +75,9 @@ static double comp_code(const kvs_composition *comp, kvs_err *err, int *ok) {
     const kvs_keep_rule *r3 = KVS_PARTS_MAX_KEEP > 2 ? comp->keep[2] : NULL;
     idx[6] = r3 ? 1 + kvs_part_index(KVS_PART_KEEP, r3) : 0;
     if (r3 && idx[6] == 0) idx[6] = -1;
+    idx[7] = (int)comp->merge; /* 0: none */
     double code = 0.0;
-    for (int i = 6; i >= 0; i--) {
+    for (int i = 7; i >= 0; i--) {
         if (idx[i] < 0 || idx[i] >= RADIX) {
             *ok = 0;
             kvs_errorf(err, KVS_ERR_INTERNAL, "composition holds a part that is not in the part table");
@@ -124,11 +126,11 @@ static kvs_status decode(const kvs_params *p, kvs_composition *comp, kvs_err *er
     if (p->n < 1)
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: no `parts` parameter");
     double x = p->v[0];
-    if (!(x >= 0 && x < pow(RADIX, 7)) || x != floor(x))
+    if (!(x >= 0 && x < pow(RADIX, 8)) || x != floor(x))
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: parts = %g is not a code", x);
     long long c = (long long)x;
-    int idx[7];
-    for (int i = 0; i < 7; i++) idx[i] = (int)(c % RADIX), c /= RADIX;
+    int idx[8];
+    for (int i = 0; i < 8; i++) idx[i] = (int)(c % RADIX), c /= RADIX;
     const kvs_part_info *s = kvs_part_of_kind(KVS_PART_SCORER, idx[0]);
     const kvs_part_info *a = kvs_part_of_kind(KVS_PART_ALLOCATOR, idx[1]);
     const kvs_part_info *k1 = idx[2] ? kvs_part_of_kind(KVS_PART_KEEP, idx[2] - 1) : NULL;
@@ -137,7 +139,7 @@ static kvs_status decode(const kvs_params *p, kvs_composition *comp, kvs_err *er
     const kvs_part_info *hd = idx[5] ? kvs_part_of_kind(KVS_PART_HEADS, idx[5] - 1) : NULL;
     const kvs_part_info *k3 = idx[6] ? kvs_part_of_kind(KVS_PART_KEEP, idx[6] - 1) : NULL;
     if (!s || !a || !pk || (idx[2] && !k1) || (idx[3] && !k2) || (!k1 && k2) || (idx[5] && !hd) ||
-        (idx[6] && !k3) || (!k2 && k3))
+        (idx[6] && !k3) || (!k2 && k3) || idx[7] > KVS_MERGE_WEIGHTED)
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: parts = %g names no composition",
                           x);
     comp->scorer = s->part;
@@ -147,7 +149,7 @@ static kvs_status decode(const kvs_params *p, kvs_composition *comp, kvs_err *er
     if (KVS_PARTS_MAX_KEEP > 2) comp->keep[2] = k3 ? k3->part : NULL;
     comp->pick = pk->part;
     comp->heads = hd ? hd->part : NULL;
-    comp->merge = KVS_MERGE_NONE;
+    comp->merge = (kvs_merge)idx[7];
     return KVS_OK;
 }
 

@@ -239,7 +239,7 @@ typedef struct {
     const kvs_head_allocator *heads;               /* NULL: equal counts per head */
     const kvs_keep_rule *keep[KVS_PARTS_MAX_KEEP]; /* priority order; NULL ends */
     const kvs_pick_rule *pick;
-    kvs_merge merge; /* KVS_MERGE_NONE only in this slice */
+    kvs_merge merge; /* the plan's merge (a method's `merge` parameter wins) */
 } kvs_composition;
 
 /* The kvs_method entry points of a composition; m is the composed method
@@ -406,7 +406,8 @@ typedef struct kvs_composed kvs_composed;
  *                                         of its own name, true its default;
  *                                         also a list ["sinks", "window"]
  *    "pick": "chunk",                     default "topk"
- *    "merge": "none",                     the only merge of this slice
+ *    "merge": "none",                     none|pivotal|average|weighted, or
+ *                                         lookm (= pivotal) / meda (= average)
  *    "params": {"chunk": 16, ...}}        any parameter of the parts above
  * Errors name the field and the part: "score: unknown scorer 'tovaa' (did
  * you mean 'tova'?)", "params.chunk: 0 is out of range [1, ...] (pick

@@ -207,6 +207,28 @@ static void test_compositions(void) {
         CHECK(memcmp(a, b, sizeof a) == 0);
         CHECK(kvs_composed_method(en)->needs & KVS_NEED_Q_ALL);
     }
+    /* lookm and meda composed by hand, merges by name: the presets' plans */
+    const char *js[2] = {"{\"score\": \"lookm\", \"keep\": {\"window\": true}, \"merge\": \"lookm\", "
+                         "\"params\": {\"recent_frac\": 0.5}}",
+                         "{\"score\": \"lookm\", \"allocate\": \"entropy\", \"keep\": {\"window\": true}, "
+                         "\"merge\": \"meda\", \"params\": {\"recent_frac\": 0.5}}"};
+    const kvs_method *pre[2] = {&kvs_method_lookm, &kvs_method_meda};
+    for (int i = 0; i < 2; i++) {
+        kvs_composed *cm = composed(js[i]);
+        if (!cm) continue;
+        kvs_params pa, pb;
+        kvs_params_defaults(pre[i], &pa);
+        kvs_params_defaults(kvs_composed_method(cm), &pb);
+        kvs_budget bud = {0, B};
+        kvs_plan x, y;
+        CHECK_OK(kvs_compress(pre[i], &pa, &c.view, &bud, 1, &x, &e), &e);
+        CHECK_OK(kvs_compress(kvs_composed_method(cm), &pb, &c.view, &bud, 1, &y, &e), &e);
+        CHECK_MSG(m1_plans_equal(&x, &y) && x.merge == y.merge && x.merge != KVS_MERGE_NONE,
+                  "%s composed differs from the preset", pre[i]->name);
+        kvs_plan_free(&x);
+        kvs_plan_free(&y);
+        kvs_composed_free(cm);
+    }
     /* cake over snapkv: the window is kept in every layer, sum exact */
     kvs_composed *ck = composed("{\"score\": \"snapkv\", \"allocate\": \"cake\", "
                                 "\"keep\": {\"window\": 8}, \"params\": {\"tau1\": 1.6, \"tau2\": 0.4}}");

@@ -10,7 +10,7 @@
  * Formula, per layer l, with the last w prompt queries (the observation
  * window) of every query head h: A_h[i][j] = softmax_j of row i over the
  * keys it sees (causal inside the window). Over the prefix keys j < N - w:
- *   spatial dispersion  D_l = - sum_{h,i,j} A log(A + 1e-10)
+ *   spatial dispersion  D_l = - sum_{h,i,j} A log A
  *   temporal shift      V_l = sum_{h,j} var_i A_h[i][j]  (unbiased, over the
  *                       w window rows)
  *   preference          P_l = D_l^(1/tau1) * V_l^(1/tau2)
@@ -28,7 +28,13 @@
  *   - CAKE's cascading (budgets re-split while prefilling layer by layer) is
  *     a memory schedule of the prefill; one-shot after the prefill it gives
  *     the same final split, so it is not modelled.
- *   - Sums in double; probabilities from fp32 logits (core's convention).
+ *   - Logits by one fp32 GEMM per KV head (its G query heads' window rows
+ *     against all keys, as core's attention statistics); softmax in fp32
+ *     with the row maximum subtracted and a double sum; D per row from
+ *     log p = s - max - log z (no per-key log; the official code's
+ *     log(p + 1e-10) differs only where p is below ~1e-8, where p log p is
+ *     about 0 either way); V from per-column sums and sums of squares in
+ *     double (clamped at 0 against rounding).
  *   - Window clamped to min(w, Nq, N - 1); with fewer than 2 window rows
  *     (or B <= w, or L = 1) there is nothing to measure or shape, so every
  *     layer gets B (the note says so). All-zero preferences give equal
@@ -38,6 +44,7 @@
  */
 #include "kvs_parts.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,51 +59,64 @@ kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, doubl
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "cake: window %d needs 2 <= w <= Nq=%d and w < N=%d (Hq=%d Hkv=%d)", w,
                           Nq, N, Hq, Hkv);
-    const int G = Hq / Hkv, P = N - w; /* prefix keys [0, P) */
+    const int G = Hq / Hkv, P = N - w, R = G * w; /* prefix keys [0, P); R rows per KV head */
     float *kk = malloc(sizeof(float) * (size_t)N * (size_t)d); /* [N][d] one KV head */
-    float *qq = malloc(sizeof(float) * (size_t)w * (size_t)d); /* [w][d] */
-    float *a = malloc(sizeof(float) * (size_t)w * (size_t)N);  /* [w][N] probabilities */
-    if (!kk || !qq || !a) {
+    float *qq = malloc(sizeof(float) * (size_t)R * (size_t)d); /* [G][w][d] its window rows */
+    float *a = malloc(sizeof(float) * (size_t)R * (size_t)N);  /* [G][w][N] logits, then probabilities */
+    double *sum = malloc(sizeof(double) * 2 * (size_t)N);      /* [2][P] column sums, sums of squares */
+    if (!kk || !qq || !a || !sum) {
         free(kk);
         free(qq);
         free(a);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "cake: out of memory for [%d][%d] probabilities", w, N);
+        free(sum);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "cake: out of memory for [%d][%d] probabilities", R, N);
     }
     const float scale = 1.0f / sqrtf((float)d);
     double D = 0.0, V = 0.0;
     for (int g = 0; g < Hkv; g++) {
         kvs_view_rows_f32(k, g, 0, N, kk);
-        for (int h = g * G; h < (g + 1) * G; h++) {
-            kvs_view_rows_f32(q, h, Nq - w, w, qq);
-            for (int i = 0; i < w; i++) {
-                const int n_vis = P + i + 1; /* row i sits at position P + i */
-                float *ai = a + (size_t)i * N;
-                const float *qi = qq + (size_t)i * d;
-                float mx = -INFINITY;
-                for (int j = 0; j < n_vis; j++) {
-                    const float *kj = kk + (size_t)j * d;
-                    float s = 0.0f;
-                    for (int c = 0; c < d; c++) s += qi[c] * kj[c];
-                    ai[j] = s * scale;
-                    if (ai[j] > mx) mx = ai[j];
-                }
-                double z = 0.0;
-                for (int j = 0; j < n_vis; j++) z += exp((double)ai[j] - mx);
-                for (int j = 0; j < n_vis; j++) ai[j] = (float)(exp((double)ai[j] - mx) / z);
-                for (int j = 0; j < P; j++) D -= (double)ai[j] * log((double)ai[j] + 1e-10);
+        for (int t = 0; t < G; t++) kvs_view_rows_f32(q, g * G + t, Nq - w, w, qq + (size_t)t * w * d);
+        /* logits of every window row against every key (the masked ones unused) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, N, d, scale, qq, d, kk, d, 0.0f, a, N);
+        for (int r = 0; r < R; r++) {
+            const int n_vis = P + r % w + 1; /* row i = r % w sits at position P + i */
+            float *ai = a + (size_t)r * N;
+            float mx = -INFINITY;
+            for (int j = 0; j < n_vis; j++) mx = ai[j] > mx ? ai[j] : mx;
+            /* e_j = exp(s_j - mx), z = sum e: over the prefix, sum p log p =
+             * (sum e (s - mx)) / z - log z (sum e) / z, with no log per key */
+            double z = 0.0, set = 0.0, se = 0.0;
+            for (int j = 0; j < n_vis; j++) {
+                const float t = ai[j] - mx, e = expf(t);
+                ai[j] = e;
+                z += e;
+                if (j < P) set += (double)e * t, se += e;
             }
+            const float inv = (float)(1.0 / z);
+            for (int j = 0; j < n_vis; j++) ai[j] *= inv;
+            D -= set / z - log(z) * se / z;
+        }
+        /* variance over the w rows of each prefix column, row by row
+         * (sum and sum of squares in double; probabilities are in [0, 1]) */
+        for (int t = 0; t < G; t++) {
+            const float *at = a + (size_t)t * w * N; /* [w][N] of query head g G + t */
+            double *s1 = sum, *s2 = sum + P;
+            for (int j = 0; j < P; j++) s1[j] = s2[j] = 0.0;
+            for (int i = 0; i < w; i++)
+                for (int j = 0; j < P; j++) {
+                    const double x = at[(size_t)i * N + j];
+                    s1[j] += x;
+                    s2[j] += x * x;
+                }
+            double vt = 0.0;
             for (int j = 0; j < P; j++) {
-                double m = 0.0, s2 = 0.0;
-                for (int i = 0; i < w; i++) m += a[(size_t)i * N + j];
-                m /= w;
-                for (int i = 0; i < w; i++) {
-                    const double e = a[(size_t)i * N + j] - m;
-                    s2 += e * e;
-                }
-                V += s2 / (w - 1);
+                const double v = (s2[j] - s1[j] * s1[j] / w) / (w - 1);
+                vt += v > 0.0 ? v : 0.0;
             }
+            V += vt;
         }
     }
+    free(sum);
     free(kk);
     free(qq);
     free(a);

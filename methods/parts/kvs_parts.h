@@ -162,9 +162,10 @@ kvs_status kvs_cake_budgets(const double *disp, const double *var, int L, int N,
                             int window, double tau1, double tau2, int *budgets, kvs_err *err);
 /* CAKE's statistics of one layer from the last w query rows (in->q holds
  * Nq >= w rows): per query head, A = softmax of each window row over the keys
- * it sees; over the prefix keys j < N - w, disp = -sum A log(A + 1e-10) and
+ * it sees; over the prefix keys j < N - w, disp = -sum A log A and
  * var = sum_j var_i A[i][j] (unbiased over the w rows), both summed over
- * heads. w must be in [2, N - 1]. */
+ * heads (log A, not the official code's log(A + 1e-10): alloc_cake.c).
+ * w must be in [2, N - 1]. */
 kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, double *var,
                             kvs_err *err);
 

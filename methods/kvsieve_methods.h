@@ -22,6 +22,7 @@ extern const kvs_method kvs_method_random;
 extern const kvs_method kvs_method_streamingllm;
 extern const kvs_method kvs_method_h2o;
 extern const kvs_method kvs_method_snapkv;
+/* lookm and meda are presets of parts (methods/parts/presets.c). */
 extern const kvs_method kvs_method_lookm;
 extern const kvs_method kvs_method_meda;
 extern const kvs_method kvs_method_flashcache;

@@ -1,5 +1,6 @@
 /*
- * textprior.c -- private helpers shared by h2o.c, lookm.c and meda.c: the
+ * textprior.c -- private helpers of h2o.c (and the reference of the lookm and
+ * meda presets in tests/parts): the
  * H2O attention column-sum score, the LOOK-M text prior, the per-head
  * "recent window + top-k of the rest" selection, and the create / observe /
  * select / destroy steps the three methods share. See textprior.h.
@@ -10,6 +11,8 @@
  * and holds no global state (each kvs_tp_state belongs to its caller).
  */
 #include "textprior.h"
+
+#include "kvs_parts.h" /* kvs_text_boost: LOOK-M's text prior lives with the h2o scorer */
 
 #include <assert.h>
 #include <math.h>
@@ -129,17 +132,6 @@ kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int
         }
     }
     return KVS_OK;
-}
-
-void kvs_tp_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality) {
-    for (int g = 0; g < Hkv; g++) {
-        float *s = scores + (size_t)g * N; /* [N] */
-        float mx = s[0];
-        for (int j = 1; j < N; j++)
-            if (s[j] > mx) mx = s[j];
-        for (int j = 0; j < N; j++)
-            if (!modality || modality[j] == KVS_MOD_TEXT) s[j] += mx;
-    }
 }
 
 int kvs_tp_recent(int B, double frac) {
@@ -273,7 +265,7 @@ kvs_status kvs_tp_observe(kvs_tp_state *s, int layer, const kvs_layer *in, const
     st = kvs_tp_scores(method, layer, in, normalize, shape->threads, s->lse, sc, ent_modality, ent,
                        err);
     if (st != KVS_OK) return st;
-    if (text_prior) kvs_tp_text_boost(sc, Hkv, N, modality);
+    if (text_prior) kvs_text_boost(sc, Hkv, N, modality);
     s->n_observed++;
     return KVS_OK;
 }

@@ -1,6 +1,7 @@
 /*
  * textprior.h -- private helpers shared by the attention-score methods h2o,
- * lookm and meda (methods/h2o.c, lookm.c, meda.c). Not a public header: only
+ * lookm and meda (methods/h2o.c; lookm and meda are presets of methods/parts/ now, and
+ * tests/parts builds their reference from these helpers). Not a public header: only
  * files in methods/ include it.
  *
  * What it is: the H2O score (column sums of the causal attention over all
@@ -9,7 +10,7 @@
  * (every text token's score += max_j s[j], per KV head), and the per-head
  * "recent window + top-k of the rest" selection they all share.
  * What it is not: no attention arithmetic of its own (core/ does it), no
- * budget allocation across layers (meda.c does that with
+ * budget allocation across layers (parts/alloc_entropy.c does that with
  * kvs_budget_allocate), no merging (core's kvs_apply does it).
  */
 #ifndef KVS_TEXTPRIOR_H
@@ -51,11 +52,8 @@ kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int
                          int threads, float *lse /* [Hq][N] */, float *scores /* [Hkv][N] */,
                          const uint8_t *modality, kvs_entropy_stats *ent, kvs_err *err);
 
-/* LOOK-M text prior, in place: for each KV head g, every token j with
- * modality[j] == KVS_MOD_TEXT (all tokens when modality is NULL) gets
- * scores[g][j] += max_j' scores[g][j'] (the max over ALL tokens of the head,
- * taken before any boost). */
-void kvs_tp_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality);
+/* LOOK-M's text prior is kvs_text_boost (methods/parts/kvs_parts.h, the h2o
+ * scorer's option). */
 
 /* Recent-window size r = floor(B * frac), clamped to [0, B]. frac = 0.5 gives
  * exactly floor(B / 2) (B * 0.5 is exact in double). */

@@ -1,6 +1,6 @@
 /*
  * attention_gpu.c -- the GPU driver of the attention-score methods: h2o,
- * lookm and meda (methods/h2o.c, lookm.c, meda.c and their shared
+ * lookm and meda (methods/h2o.c, the lookm / meda presets and their shared
  * textprior.c are the CPU references: the same parameters, recent window,
  * text boost, merge rule and meda's entropy budgets).
  *

@@ -59,7 +59,7 @@ kvs_status kvs_gpu_run_index(kvs_gpu_ctx *g, kvs_plan *out, kvs_err *err);      
 kvs_status kvs_gpu_run_flashcache(kvs_gpu_ctx *g, kvs_plan *out, kvs_err *err); /* flashcache.c */
 kvs_status kvs_gpu_run_snapkv(kvs_gpu_ctx *g, kvs_plan *out, kvs_err *err);     /* snapkv.c */
 kvs_status kvs_gpu_run_h2o(kvs_gpu_ctx *g, kvs_plan *out, kvs_err *err);   /* h2o.c */
-kvs_status kvs_gpu_run_lookm(kvs_gpu_ctx *g, kvs_plan *out, kvs_err *err); /* lookm.c */
-kvs_status kvs_gpu_run_meda(kvs_gpu_ctx *g, kvs_plan *out, kvs_err *err);  /* meda.c */
+kvs_status kvs_gpu_run_lookm(kvs_gpu_ctx *g, kvs_plan *out, kvs_err *err); /* parts/presets.c */
+kvs_status kvs_gpu_run_meda(kvs_gpu_ctx *g, kvs_plan *out, kvs_err *err);  /* parts/presets.c */
 
 #endif

@@ -17,11 +17,16 @@
  * implemented on GPU" here (observe, before any value is read);
  * kvs_gpu_compress (methods/gpu/) refuses composed methods before any device
  * work ("not implemented on GPU"): they have no GPU driver yet.
+ * Statistics: per layer a kvs_layer_stats the allocator reads; the scorer
+ * fills what it computes anyway, the allocator's measure the rest.
+ * Span rule: its tokens among the pick candidates score +inf in a scratch
+ * copy of the layer's scores (layer_scores), so select stays repeatable.
  * What it is not: no scoring, allocation or picking of its own (the parts).
  */
 #include "kvs_parts.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +38,10 @@ typedef struct {
     int n_observed;
     float *scores; /* [L][Hkv][N] */
     float *aux;    /* [L][Hkv][N] the pick rule's observe output, or NULL */
+    kvs_layer_stats *stats; /* [L] what a data-driven allocator reads */
+    const kvs_keep_rule *span; /* the span rule, or NULL */
+    float *forced;             /* [Hkv][N] a layer's scores with the span at +inf (span only) */
+    char note[256];         /* the allocator's line for the plan's note */
     kvs_pick_ws ws;
 } compose_state;
 
@@ -61,7 +70,19 @@ static kvs_status check_values(const kvs_method *m, const kvs_params *p, kvs_err
 
 int kvs_compose_queries_wanted(const kvs_composition *comp, const kvs_method *m,
                                const kvs_params *p, int N) {
-    return comp->scorer->queries_wanted ? comp->scorer->queries_wanted(m, p, N) : 0;
+    const int a = comp->scorer->queries_wanted ? comp->scorer->queries_wanted(m, p, N) : 0;
+    const int b = comp->allocator->queries_wanted ? comp->allocator->queries_wanted(m, p, N) : 0;
+    return a > b ? a : b;
+}
+
+/* The plan's merge: the method's `merge` parameter when it declares one
+ * (pivotal|average|weighted|none, LOOK-M's and MEDA's choices), else the
+ * composition's. */
+static kvs_merge plan_merge(const compose_state *st) {
+    static const kvs_merge of[4] = {KVS_MERGE_PIVOTAL, KVS_MERGE_AVERAGE, KVS_MERGE_WEIGHTED,
+                                    KVS_MERGE_NONE};
+    const double x = kvs_part_param(st->ctx.m, st->ctx.p, "merge", -1);
+    return x >= 0 && x < 4 ? of[(int)x] : st->comp->merge;
 }
 
 void kvs_compose_destroy(void *state) {
@@ -70,6 +91,8 @@ void kvs_compose_destroy(void *state) {
     if (st->scorer_state) st->comp->scorer->destroy(st->scorer_state);
     free(st->scores);
     free(st->aux);
+    free(st->stats);
+    free(st->forced);
     free(st->ws.pairs);
     free(st->ws.ibuf);
     free(st->ws.mask);
@@ -85,17 +108,21 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     if (L < 1 || N < 1 || H < 1 || (Hq > 0 && (Hq < H || Hq % H != 0)))
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: bad shape L=%d N=%d Hkv=%d Hq=%d", m->name, L,
                           N, H, Hq);
-    if (!comp->scorer || !comp->allocator || !comp->pick || comp->merge != KVS_MERGE_NONE)
+    if (!comp->scorer || !comp->allocator || !comp->pick)
         return kvs_errorf(err, KVS_ERR_INTERNAL,
                           "%s: incomplete composition (scorer, allocator and pick rule are "
-                          "required; merge must be none in this slice)",
+                          "required)",
                           m->name);
-    int sides[2] = {0, 0};
+    if (comp->allocator->stats && !comp->allocator->measure)
+        return kvs_errorf(err, KVS_ERR_INTERNAL, "%s: allocator %s reads statistics but cannot "
+                          "measure them", m->name, comp->allocator->name);
+    int sides[3] = {0, 0, 0};
+    static const char *const side_name[3] = {"prefix", "suffix", "span"};
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
         if (sides[comp->keep[i]->side]++)
             return kvs_errorf(err, KVS_ERR_INTERNAL,
                               "%s: composition has two %s keep rules (at most one each)", m->name,
-                              comp->keep[i]->side == KVS_KEEP_PREFIX ? "prefix" : "suffix");
+                              side_name[comp->keep[i]->side]);
     compose_state *st = calloc(1, sizeof *st);
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", m->name);
     st->comp = comp;
@@ -104,13 +131,20 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     st->ctx.p = &st->params;
     st->ctx.shape = *s;
     if (st->ctx.shape.threads < 1) st->ctx.shape.threads = 1;
+    st->ctx.want_stats = comp->allocator->stats;
+    st->ctx.note = st->note;
     st->scores = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
+    st->stats = calloc((size_t)L, sizeof *st->stats);
+    st->ctx.stats = st->stats;
+    for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
+        if (comp->keep[i]->side == KVS_KEEP_SPAN) st->span = comp->keep[i];
+    if (st->span) st->forced = malloc(sizeof(float) * (size_t)H * (size_t)N);
     st->ws.pairs = malloc(sizeof(kvs_pick_pair) * (size_t)N);
     st->ws.ibuf = malloc(sizeof(int32_t) * (size_t)N);
     st->ws.mask = malloc((size_t)N);
     if (comp->pick && comp->pick->observe)
         st->aux = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
-    if (!st->scores || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask ||
+    if (!st->scores || !st->stats || (st->span && !st->forced) || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask ||
         (comp->pick && comp->pick->observe && !st->aux)) {
         kvs_compose_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for [L=%d][Hkv=%d][N=%d] scores",
@@ -128,7 +162,6 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
 
 kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
                                const uint8_t *modality, kvs_err *err) {
-    (void)modality; /* no part of this slice reads it */
     compose_state *st = state;
     const char *mn = st->ctx.m->name;
     const kvs_shape *s = &st->ctx.shape;
@@ -150,8 +183,25 @@ kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
                           "[Hkv=%d][N=%d][d=%d]",
                           mn, layer, in->k.n_heads, in->k.n_tokens, in->k.head_dim, in->v.n_heads,
                           in->v.n_tokens, s->n_kv_heads, s->n_tokens, s->head_dim);
+    if (modality && (st->ctx.m->needs & KVS_NEED_MODALITY))
+        for (int j = 0; j < s->n_tokens; j++)
+            if (modality[j] > KVS_MOD_AUDIO)
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "%s: layer %d: modality[%d] = %d is not a KVS_MOD_* value "
+                                  "(0 text, 1 image, 2 video, 3 audio)",
+                                  mn, layer, j, (int)modality[j]);
     float *sc = st->scores + (size_t)layer * (size_t)s->n_kv_heads * (size_t)s->n_tokens;
+    kvs_layer_stats *ls = &st->stats[layer];
+    memset(ls, 0, sizeof *ls);
+    st->ctx.modality = modality;
     kvs_status rc = st->comp->scorer->score(st->scorer_state, layer, in, sc, err);
+    const unsigned want = st->ctx.want_stats;
+    if (!rc && (ls->have & want) != want) {
+        rc = st->comp->allocator->measure(&st->ctx, layer, in, ls, err);
+        if (rc) kvs_err_prefix(err, "%s: allocator %s: layer %d", mn, st->comp->allocator->name, layer);
+        else ls->have |= want;
+    }
+    st->ctx.modality = NULL;
     if (rc) return rc;
     if (st->aux) {
         float *ax = st->aux + (size_t)layer * (size_t)s->n_kv_heads * (size_t)s->n_tokens;
@@ -168,6 +218,7 @@ static void protect(const compose_state *st, int N, int B, int *p, int *q) {
     *p = *q = 0;
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && st->comp->keep[i]; i++) {
         const kvs_keep_rule *r = st->comp->keep[i];
+        if (r->side == KVS_KEEP_SPAN) continue; /* forced into the pick: layer_scores */
         int c = r->count(&st->ctx, N, B);
         if (c < 0) c = 0;
         if (c > room) c = room;
@@ -175,6 +226,25 @@ static void protect(const compose_state *st, int N, int B, int *p, int *q) {
         if (r->side == KVS_KEEP_PREFIX) *p = c;
         else *q = c;
     }
+}
+
+/* Layer l's [Hkv][N] scores as the head allocator and the pick rule see
+ * them: the stored ones, or with a span rule a copy in which the span's
+ * tokens among the candidates [p, N - q) score +inf (so they are picked
+ * first; the stored scores stay as observed, select is repeatable). */
+static const float *layer_scores(compose_state *st, int l, int p, int q) {
+    const int H = st->ctx.shape.n_kv_heads, N = st->ctx.shape.n_tokens;
+    const float *sc = st->scores + (size_t)l * H * (size_t)N;
+    if (!st->span) return sc;
+    int a = 0, b = 0;
+    st->span->span(&st->ctx, N, &a, &b);
+    if (a < p) a = p;
+    if (b > N - q) b = N - q;
+    if (a >= b) return sc;
+    memcpy(st->forced, sc, sizeof(float) * (size_t)H * (size_t)N);
+    for (int h = 0; h < H; h++)
+        for (int j = a; j < b; j++) st->forced[(size_t)h * N + j] = INFINITY;
+    return st->forced;
 }
 
 kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err *err) {
@@ -189,6 +259,7 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
                           per_layer, N);
     int *budgets = malloc(sizeof(int) * (size_t)L), *counts = NULL;
     if (!budgets) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", mn);
+    st->note[0] = '\0';
     kvs_status rc = st->comp->allocator->allocate(&st->ctx, per_layer, budgets, err);
     if (rc) {
         kvs_err_prefix(err, "%s: allocator %s", mn, st->comp->allocator->name);
@@ -209,7 +280,7 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
                 for (int h = 0; h < H; h++) cl[h] = B;
                 continue;
             }
-            const float *sc = st->scores + (size_t)l * H * (size_t)N; /* [Hkv][N] */
+            const float *sc = layer_scores(st, l, p, q); /* [Hkv][N] */
             rc = st->comp->heads->split(&st->ctx, l, sc, p, N - q, k, cl, err);
             if (rc) {
                 kvs_err_prefix(err, "%s: head allocator %s", mn, st->comp->heads->name);
@@ -221,11 +292,13 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
     } else
         rc = kvs_plan_init(out, mn, L, H, N, budgets, err);
     if (rc) goto cleanup;
-    out->merge = st->comp->merge;
+    out->merge = plan_merge(st);
+    snprintf(out->note, sizeof out->note, "%s", st->note);
     for (int l = 0; l < L && !rc; l++) {
         const int B = budgets[l];
         int p = 0, q = 0;
         if (B < N) protect(st, N, B, &p, &q);
+        const float *lsc = B < N ? layer_scores(st, l, p, q) : NULL; /* [Hkv][N] */
         for (int h = 0; h < H && !rc; h++) {
             int Bh;
             int32_t *row = kvs_plan_head(out, l, h, &Bh); /* [Bh]; Bh == B without a head allocator */
@@ -236,7 +309,7 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
             }
             for (int i = 0; i < p; i++) row[i] = i;
             if (k > 0) {
-                const float *sc = st->scores + ((size_t)l * H + h) * (size_t)N; /* [N] */
+                const float *sc = lsc + (size_t)h * (size_t)N; /* [N] */
                 st->ws.aux = st->aux ? st->aux + ((size_t)l * H + h) * (size_t)N : NULL;
                 rc = st->comp->pick->pick(&st->ctx, sc, p, N - q, k, &st->ws, row + p, err);
                 if (rc) kvs_err_prefix(err, "%s: layer %d: KV head %d", mn, l, h);

@@ -147,7 +147,9 @@ static kvs_status parse_keep(const cJSON *keep, kvs_composition *comp, assign *a
                                   "%s: %s and %s both protect the %s of the prompt (at most one "
                                   "rule each side)",
                                   field, comp->keep[i]->name, r->name,
-                                  r->side == KVS_KEEP_PREFIX ? "start" : "end");
+                                  r->side == KVS_KEEP_PREFIX   ? "start"
+                                  : r->side == KVS_KEEP_SUFFIX ? "end"
+                                                               : "span");
         }
         if (nk >= KVS_PARTS_MAX_KEEP)
             return kvs_errorf(err, KVS_ERR_INVALID, "keep: at most %d rules", KVS_PARTS_MAX_KEEP);
@@ -265,11 +267,26 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
         rc = part_field(o, "heads", KVS_PART_HEADS, NULL, &hd, err);
     if (!rc) rc = part_field(o, "pick", KVS_PART_PICK, "topk", &pk, err);
     if (!rc) rc = parse_keep(cJSON_GetObjectItemCaseSensitive(o, "keep"), &c->comp, as, &na, err);
+    /* merge: core's kvs_apply merges every evicted token into its most
+     * key-similar kept token with the formula; "lookm" / "meda" name the
+     * formula of those methods (pivotal / average) */
+    kvs_merge mg = KVS_MERGE_NONE;
     const cJSON *merge = cJSON_GetObjectItemCaseSensitive(o, "merge");
-    if (!rc && merge && !cJSON_IsNull(merge) &&
-        (!cJSON_IsString(merge) || strcmp(merge->valuestring, "none") != 0))
-        rc = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
-                        "merge: composed methods merge nothing in this slice (only \"none\")");
+    if (!rc && merge && !cJSON_IsNull(merge)) {
+        static const struct {
+            const char *name;
+            kvs_merge m;
+        } merges[] = {{"none", KVS_MERGE_NONE},       {"pivotal", KVS_MERGE_PIVOTAL},
+                      {"average", KVS_MERGE_AVERAGE}, {"weighted", KVS_MERGE_WEIGHTED},
+                      {"lookm", KVS_MERGE_PIVOTAL},   {"meda", KVS_MERGE_AVERAGE}};
+        int found = 0;
+        for (size_t i = 0; cJSON_IsString(merge) && i < sizeof merges / sizeof merges[0]; i++)
+            if (strcmp(merge->valuestring, merges[i].name) == 0) mg = merges[i].m, found = 1;
+        if (!found)
+            rc = kvs_errorf(err, KVS_ERR_INVALID,
+                            "merge: expected none, pivotal, average, weighted, lookm (= pivotal) "
+                            "or meda (= average)");
+    }
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(o, "params");
     if (!rc && params && !cJSON_IsNull(params)) {
         if (!cJSON_IsObject(params)) rc = kvs_errorf(err, KVS_ERR_INVALID, "params: expected an object {name: value}");
@@ -295,7 +312,7 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
     c->comp.allocator = a->part;
     c->comp.pick = pk->part;
     c->comp.heads = hd ? hd->part : NULL;
-    c->comp.merge = KVS_MERGE_NONE;
+    c->comp.merge = mg;
     const kvs_part_info *owner[KVS_MAX_PARAMS];
     int n = 0;
     if ((rc = kvs_compose_table(&c->comp, c->defs, owner, &n, err))) goto fail;
@@ -304,7 +321,7 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
     c->method = kvs_compose_dyn;
     c->method.name = "composed";
     c->method.summary = c->summary;
-    c->method.needs = c->comp.scorer->needs | c->comp.pick->needs;
+    c->method.needs = c->comp.scorer->needs | c->comp.allocator->needs | c->comp.pick->needs;
     c->method.params = c->defs;
     c->method.n_params = n;
     kvs_params p;

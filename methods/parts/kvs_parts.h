@@ -9,16 +9,20 @@
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
  *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
  *              expected_attention, lagkv, cur, leverage
- *   allocator  splits the global budget L * B over layers: uniform, pyramid
+ *   allocator  splits the global budget L * B over layers: uniform, pyramid,
+ *              and the data-driven dba, entropy, cake (they read per-layer
+ *              statistics, kvs_layer_stats, gathered during observe)
  *   head allocator (optional) splits a layer's budget over its KV heads by
  *              the layer's scores: adakv (ragged per-head counts)
  *   keep rules protect rules (a prefix or a suffix of the prompt that is
- *              always kept): sinks, window; and the pick rule, how the rest of
+ *              always kept): sinks, window; span (a protected range forced
+ *              into the pick); and the pick rule, how the rest of
  *              a head's budget is chosen among the unprotected tokens by
  *              score: topk (token by token), chunk (whole chunks, ChunkKV),
  *              critical (CriticalKV's two stages with ||W_o v||, which it
  *              computes from the layer at observe time: needs W_o)
- *   merge      none only in this slice (the plan's merge field)
+ *   merge      the plan's merge field: the composition's, or the method's
+ *              `merge` parameter when it declares one (lookm, meda)
  *
  * Parameters are namespaced by name, not by prefix: a part reads the
  * parameters it knows from the composed method's one flat table
@@ -46,7 +50,7 @@
  * What it is not: no GPU path (a composed method on a CUDA view fails with
  * KVS_ERR_UNSUPPORTED naming the method and "not implemented on GPU";
  * kvs_gpu_compress (methods/gpu/) refuses it like every method without a GPU
- * driver), no merging.
+ * driver); merging itself is core's kvs_apply (the plan's merge field).
  */
 #ifndef KVS_PARTS_H
 #define KVS_PARTS_H
@@ -59,10 +63,36 @@ extern "C" {
 
 /* What every part is told: the composed method (its name for messages, its
  * parameter table), its parameter values, and the cache shape. */
+/* Per-layer statistics that data-driven allocators read (filled during
+ * observe, by the scorer when it computes them anyway, else by the
+ * allocator's own measure). `have` says which groups are set. */
+enum {
+    KVS_STAT_ENERGY = 1u << 0,  /* DBA: DCT high-band / total energy of K and V */
+    KVS_STAT_ENTROPY = 1u << 1, /* MEDA: entropies of the head-averaged attention */
+    KVS_STAT_CAKE = 1u << 2,    /* CAKE: dispersion and shift of the window's attention */
+};
+typedef struct {
+    unsigned have;        /* KVS_STAT_* set for this layer */
+    double e_high[2];     /* [K, V] sum over heads of ||X[m >= omega]||^2 */
+    double e_tot[2];      /* [K, V] sum over heads of ||X||^2 */
+    kvs_entropy_stats ent;
+    double cake_disp;     /* entropy of the window's attention over prefix keys */
+    double cake_var;      /* its variance over the window queries, summed */
+} kvs_layer_stats;
+
 typedef struct {
     const kvs_method *m;
     const kvs_params *p;
     kvs_shape shape;
+    /* Set by the composition (NULL / 0 for a part used alone): the layer
+     * being observed's modality (NULL: all text), the statistics [L] the
+     * allocator reads (a scorer that computes one of them anyway writes
+     * stats[layer] and sets its `have` bit), which groups it reads, and room
+     * for a line the plan's note carries. */
+    const uint8_t *modality;
+    kvs_layer_stats *stats;
+    unsigned want_stats;
+    char *note; /* [256] or NULL */
 } kvs_part_ctx;
 
 /* Value of parameter `name` of method m, or `absent` when m does not declare it. */
@@ -85,6 +115,15 @@ typedef struct {
 extern const kvs_scorer kvs_scorer_snapkv, kvs_scorer_h2o, kvs_scorer_tova, kvs_scorer_knorm,
     kvs_scorer_keydiff, kvs_scorer_random;
 
+/* LOOK-M's text prior (the h2o scorer's text_prior, the lookm scorer; the
+ * lookm and meda presets), in place: for each KV head g, every token j with
+ * modality[j] == KVS_MOD_TEXT (all tokens when modality is NULL) gets
+ * scores[g][j] += max_j' scores[g][j'] (the max over ALL tokens of the head,
+ * taken before any boost). */
+void kvs_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality);
+/* `lookm` (score_h2o.c): the h2o scorer with text_prior always on. */
+extern const kvs_scorer kvs_scorer_lookm;
+
 /* ---- allocators ------------------------------------------------------------ */
 
 typedef struct {
@@ -94,9 +133,43 @@ typedef struct {
      * per-layer statistics) as input for data-driven allocators (DBA,
      * entropy), and per-head budgets [L][Hkv] out for AdaKV (ragged heads). */
     kvs_status (*allocate)(const kvs_part_ctx *c, int per_layer, int *budgets, kvs_err *err);
+    /* Data-driven allocators (0 / NULL otherwise): the KVS_STAT_* groups
+     * allocate reads from c->stats, the inputs their measure needs
+     * (KVS_NEED_*) and the query rows it reads, and measure, which computes
+     * the groups for one layer when the scorer did not. */
+    unsigned stats;
+    unsigned needs;
+    int (*queries_wanted)(const kvs_method *m, const kvs_params *p, int N);
+    kvs_status (*measure)(const kvs_part_ctx *c, int layer, const kvs_layer *in,
+                          kvs_layer_stats *out, kvs_err *err);
 } kvs_allocator;
 
 extern const kvs_allocator kvs_alloc_uniform, kvs_alloc_pyramid;
+/* Data-driven allocators: FlashCache's DBA (alloc_dba.c), MEDA's entropy
+ * budgets (alloc_entropy.c), CAKE's layer preferences (alloc_cake.c). */
+extern const kvs_allocator kvs_alloc_dba, kvs_alloc_entropy, kvs_alloc_cake;
+
+/* The allocators' rules alone (exposed for tests), budgets [L] summing
+ * exactly to L * per_layer, each in [B_min, N] with B_min =
+ * min(max(1, ceil(0.01 N)), per_layer):
+ * DBA: weights R^l = sum over K, V of e_high / e_tot (a zero-energy block
+ * adds 0; *n_zero counts them); entropy: weights softmax_l(E^l); CAKE:
+ * the window w is kept in every layer and (per_layer - w) * L is split by
+ * P_l = disp_l^(1/tau1) * var_l^(1/tau2). */
+kvs_status kvs_dba_budgets(const kvs_layer_stats *st, int L, int N, int per_layer, int *budgets,
+                           int *n_zero, kvs_err *err);
+kvs_status kvs_entropy_budgets(const double *E, int L, int N, int per_layer, int *budgets,
+                               kvs_err *err);
+kvs_status kvs_cake_budgets(const double *disp, const double *var, int L, int N, int per_layer,
+                            int window, double tau1, double tau2, int *budgets, kvs_err *err);
+/* CAKE's statistics of one layer from the last w query rows (in->q holds
+ * Nq >= w rows): per query head, A = softmax of each window row over the keys
+ * it sees; over the prefix keys j < N - w, disp = -sum A log A and
+ * var = sum_j var_i A[i][j] (unbiased over the w rows), both summed over
+ * heads (log A, not the official code's log(A + 1e-10): alloc_cake.c).
+ * w must be in [2, N - 1]. */
+kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, double *var,
+                            kvs_err *err);
 
 /* A head allocator: splits layer `layer`'s pick budget over its KV heads.
  * scores [Hkv][N] are the layer's (finite); every head's candidates are
@@ -122,17 +195,21 @@ kvs_status kvs_pyramid_budgets(int L, int N, int per_layer, int window, double b
 
 /* ---- keep rules ------------------------------------------------------------ */
 
-typedef enum { KVS_KEEP_PREFIX = 0, KVS_KEEP_SUFFIX = 1 } kvs_keep_side;
+typedef enum { KVS_KEEP_PREFIX = 0, KVS_KEEP_SUFFIX = 1, KVS_KEEP_SPAN = 2 } kvs_keep_side;
 
 /* A protect rule: `count` tokens at one end of the prompt, given the layer
- * budget B (the composition clamps it to what is left of B). */
+ * budget B (the composition clamps it to what is left of B). A span rule
+ * (side KVS_KEEP_SPAN) gives a range [a, b) instead, forced into the pick
+ * (keep_span.c); its count is b - a. */
 typedef struct {
     const char *name;
     kvs_keep_side side;
     int (*count)(const kvs_part_ctx *c, int N, int B);
+    void (*span)(const kvs_part_ctx *c, int N, int *a, int *b); /* KVS_KEEP_SPAN only */
 } kvs_keep_rule;
 
 extern const kvs_keep_rule kvs_keep_sinks, kvs_keep_window;
+extern const kvs_keep_rule kvs_keep_span; /* keep_span.c: a protected span */
 
 /* Scratch a pick rule may use, allocated once per compression (sizes N). */
 typedef struct {
@@ -170,7 +247,7 @@ kvs_status kvs_critical_wo_norms(const kvs_layer *in, int threads, float *wnorm,
 
 /* ---- the composition ------------------------------------------------------- */
 
-#define KVS_PARTS_MAX_KEEP 2 /* at most one prefix and one suffix rule */
+#define KVS_PARTS_MAX_KEEP 3 /* at most one prefix, one suffix and one span rule */
 
 typedef struct {
     const kvs_scorer *scorer;
@@ -178,7 +255,7 @@ typedef struct {
     const kvs_head_allocator *heads;               /* NULL: equal counts per head */
     const kvs_keep_rule *keep[KVS_PARTS_MAX_KEEP]; /* priority order; NULL ends */
     const kvs_pick_rule *pick;
-    kvs_merge merge; /* KVS_MERGE_NONE only in this slice */
+    kvs_merge merge; /* the plan's merge (a method's `merge` parameter wins) */
 } kvs_composition;
 
 /* The kvs_method entry points of a composition; m is the composed method
@@ -263,6 +340,31 @@ void kvs_compose_destroy(void *state);
 #define KVS_PARTS_P_SKETCH(def) \
     {"sketch_dimension", KVS_PARAM_INT, (def), 1, 4096, NULL, \
      "leverage: columns of the Gaussian sketch of the centred keys"}
+#define KVS_PARTS_P_DBA(def) \
+    {"dba", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "FlashCache's dynamic budget allocation: layer budgets by high-band energy share R^l"}
+#define KVS_PARTS_P_GRANULARITY(def) \
+    {"granularity", KVS_PARAM_ENUM, (def), 0, 1, "head|layer", \
+     "FlashCache: select per KV head, or one set per layer from Dev summed over heads"}
+#define KVS_PARTS_P_TEXT_PRIOR(def) \
+    {"text_prior", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "LOOK-M's text prior: every text token's score += the head's maximum score"}
+#define KVS_PARTS_P_TAU1(def) \
+    {"tau1", KVS_PARAM_FLOAT, (def), 1e-3, 1e3, NULL, \
+     "CAKE: preference P = dispersion^(1/tau1) * shift^(1/tau2)"}
+#define KVS_PARTS_P_TAU2(def) \
+    {"tau2", KVS_PARAM_FLOAT, (def), 1e-3, 1e3, NULL, \
+     "CAKE: preference P = dispersion^(1/tau1) * shift^(1/tau2)"}
+#define KVS_PARTS_P_MERGE(def) \
+    {"merge", KVS_PARAM_ENUM, (def), 0, 0, "pivotal|average|weighted|none", \
+     "how evicted tokens are merged into their most key-similar kept token at apply"}
+
+#define KVS_PARTS_P_SPAN(def) \
+    {"span", KVS_PARAM_INT, (def), -KVS_PARTS_IMAX, KVS_PARTS_IMAX, NULL, \
+     "first token of the protected span (negative: from the end, -20 = the last 20 tokens)"}
+#define KVS_PARTS_P_SPAN_LEN(def) \
+    {"span_len", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
+     "length of the protected span in tokens (0: none)"}
 
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
@@ -342,7 +444,8 @@ typedef struct kvs_composed kvs_composed;
  *                                         of its own name, true its default;
  *                                         also a list ["sinks", "window"]
  *    "pick": "chunk",                     default "topk"
- *    "merge": "none",                     the only merge of this slice
+ *    "merge": "none",                     none|pivotal|average|weighted, or
+ *                                         lookm (= pivotal) / meda (= average)
  *    "params": {"chunk": 16, ...}}        any parameter of the parts above
  * Errors name the field and the part: "score: unknown scorer 'tovaa' (did
  * you mean 'tova'?)", "params.chunk: 0 is out of range [1, ...] (pick
@@ -375,6 +478,13 @@ extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
 extern const kvs_method kvs_preset_lagkv;
 extern const kvs_method kvs_preset_criticalkv, kvs_preset_criticaladakv;
 extern const kvs_method kvs_preset_cur, kvs_preset_leverage;
+/* FlashCache as a composition (dba allocator; bit-identity proof against
+ * methods/flashcache.c in tests/parts; not registered: the monolith's
+ * threaded observe stays the fast path). The registered lookm and meda
+ * (kvs_method_lookm, kvs_method_meda, methods/kvsieve_methods.h) are
+ * presets defined in presets.c: the lookm scorer, uniform or entropy
+ * allocator, window rule (recent_frac), topk, their merges. */
+extern const kvs_method kvs_preset_flashcache_parts;
 
 /* The presets in table order, and the composition behind one (NULL if m is
  * not a preset). */

@@ -25,10 +25,10 @@ static const kvs_param_def p_snapkv[] = {
     KVS_PARTS_P_KERNEL(7),
     KVS_PARTS_P_POOL(0),
 };
-static const kvs_param_def p_h2o[] = {KVS_PARTS_P_NORMALIZE(0)};
+static const kvs_param_def p_h2o[] = {KVS_PARTS_P_NORMALIZE(0), KVS_PARTS_P_TEXT_PRIOR(0)};
 static const kvs_param_def p_keydiff[] = {KVS_PARTS_P_ANCHOR(0)};
 static const kvs_param_def p_random[] = {KVS_PARTS_P_SEED(0)};
-static const kvs_param_def p_flashcache[] = {KVS_PARTS_P_GAMMA(0.2)};
+static const kvs_param_def p_flashcache[] = {KVS_PARTS_P_GAMMA(0.2), KVS_PARTS_P_GRANULARITY(0)};
 static const kvs_param_def p_expected[] = {
     {"sinks", KVS_PARAM_INT, 4, 0, KVS_PARTS_IMAX, NULL,
      "first tokens left out of the query statistics and the softmax, scored as the maximum"},
@@ -61,6 +61,13 @@ static const kvs_param_def p_chunk[] = {KVS_PARTS_P_CHUNK(10)};
 static const kvs_param_def p_adakv[] = {KVS_PARTS_P_ALPHA(0.2)};
 static const kvs_param_def p_critical[] = {KVS_PARTS_P_FIRST_STAGE(0.5),
                                            KVS_PARTS_P_CRIT_EPSILON(1e-4)};
+static const kvs_param_def p_dba[] = {KVS_PARTS_P_GAMMA(0.2), KVS_PARTS_P_DBA(1)};
+static const kvs_param_def p_span[] = {KVS_PARTS_P_SPAN(0), KVS_PARTS_P_SPAN_LEN(0)};
+static const kvs_param_def p_cake[] = {
+    KVS_PARTS_P_WINDOW(32, 0, "observation window w: its attention is measured; kept in every layer"),
+    KVS_PARTS_P_TAU1(1.0),
+    KVS_PARTS_P_TAU2(1.0),
+};
 
 #define PART(K, N, P, S, T) {K, N, P, S, T, NP(T)}
 #define PART0(K, N, P, S) {K, N, P, S, NULL, 0}
@@ -110,6 +117,18 @@ static const kvs_part_info table[] = {
     PART(KVS_PART_HEADS, "adakv", &kvs_heads_adakv,
          "AdaKV: a floor of alpha * b per head, the rest by one top-k over all heads (ragged)",
          p_adakv),
+    /* appended: data-driven allocators (each kind stays append only) */
+    PART(KVS_PART_ALLOCATOR, "dba", &kvs_alloc_dba,
+         "FlashCache's DBA: layer budgets by the DCT high-band energy share of K and V", p_dba),
+    PART0(KVS_PART_ALLOCATOR, "entropy", &kvs_alloc_entropy,
+          "MEDA: layer budgets by softmax of the cross-modal attention entropy"),
+    PART(KVS_PART_ALLOCATOR, "cake", &kvs_alloc_cake,
+         "CAKE: layer budgets by attention dispersion x shift over the window", p_cake),
+    PART0(KVS_PART_SCORER, "lookm", &kvs_scorer_lookm,
+          "LOOK-M: H2O's accumulated attention with the text prior always on"),
+    PART(KVS_PART_KEEP, "span", &kvs_keep_span,
+         "a protected span [span, span + span_len) (span < 0: from the end), forced into the pick",
+         p_span),
 };
 
 const char *kvs_part_kind_name(kvs_part_kind k) {

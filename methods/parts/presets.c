@@ -56,8 +56,17 @@
  *                       kv_product, local window 16)
  *   leverage            leverage scorer (arXiv 2507.08143) + topk, no forced
  *                       tokens (LeverageScorePress keeps none); sketch 48
+ *   flashcache_parts    flashcache scorer + dba + sinks / window + topk with
+ *                       FlashCache's parameter names: methods/flashcache.c
+ *                       bit for bit (tests/parts); not registered
+ *   lookm, meda         the registered kvs_method_lookm / kvs_method_meda:
+ *                       lookm scorer + uniform / entropy + window
+ *                       (recent_frac) + topk, merge from `merge`; the
+ *                       monolithic files' parameter tables, bit for bit their
+ *                       plans (they were removed once proven identical)
  */
 #include "kvs_parts.h"
+#include "kvsieve_methods.h" /* kvs_method_lookm, kvs_method_meda are defined here */
 
 #include <string.h>
 
@@ -295,6 +304,99 @@ KVS_PRESET(leverage, "leverage",
            0,
            {.scorer = &kvs_scorer_leverage, .allocator = &kvs_alloc_uniform,
             .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+/* FlashCache as parts: the public parameter names of methods/flashcache.c
+ * (keep_sinks / keep_recent are the sinks / window rules' parameters by
+ * part_param.c's aliases). */
+static const kvs_param_def params_flashcache_parts[] = {
+    KVS_PARTS_P_GAMMA(0.2),
+    KVS_PARTS_P_DBA(1),
+    KVS_PARTS_P_GRANULARITY(0),
+    {"keep_sinks", KVS_PARAM_INT, 0, 0, KVS_PARTS_IMAX, NULL,
+     "always keep the first s tokens (ablation; counted in the budget)"},
+    {"keep_recent", KVS_PARAM_INT, 0, 0, KVS_PARTS_IMAX, NULL,
+     "always keep the last r tokens (ablation; counted in the budget)"},
+};
+KVS_PRESET(flashcache_parts, "flashcache_parts",
+           "FlashCache as parts: flashcache scorer + dba + sinks / window rules + topk "
+           "(== flashcache)",
+           0,
+           {.scorer = &kvs_scorer_flashcache, .allocator = &kvs_alloc_dba,
+            .keep = {&kvs_keep_sinks, &kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
+/* LOOK-M and MEDA (methods.md): registered under their names with the
+ * parameter tables they had as monolithic files (same names, order,
+ * defaults, help), so their results keys are unchanged. The lookm scorer
+ * is h2o with the text prior on; the plan's merge comes from `merge`
+ * (compose.c). Their plans were proven bit-identical to the monolithic
+ * methods/lookm.c and meda.c before those were removed
+ * (tests/parts/test_parts_identity_seed.c now checks them against a
+ * reference built from methods/textprior.c's helpers). */
+static const kvs_param_def params_lookm[] = {
+    {"text_policy", KVS_PARAM_ENUM, 0, 0, 0, "budget|keep_all",
+     "budget: text prior within the exact budget (paper); keep_all (released code, may exceed "
+     "the budget) is rejected as unsupported"},
+    KVS_PARTS_P_MERGE(0),
+    {"recent_frac", KVS_PARAM_FLOAT, 0.5, 0.0, 1.0, NULL,
+     "share of the budget kept as the recent window, M = floor(B * recent_frac) (spec: 0.5)"},
+};
+static const kvs_composition comp_lookm = {
+    .scorer = &kvs_scorer_lookm, .allocator = &kvs_alloc_uniform, .keep = {&kvs_keep_window},
+    .pick = &kvs_pick_topk, .merge = KVS_MERGE_PIVOTAL};
+static kvs_status create_lookm(const kvs_params *p, const kvs_shape *s, void **state,
+                               kvs_err *err) {
+    *state = NULL;
+    /* text_policy=keep_all (the released code) may keep more than B tokens */
+    if (p->n == NPARAMS(params_lookm) && p->v[0] == 1.0)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "lookm: text_policy=keep_all keeps every text token and may exceed the "
+                          "budget, which breaks the exact-budget plan contract (each layer keeps "
+                          "exactly its budget); use text_policy=budget");
+    return kvs_compose_create(&comp_lookm, &kvs_method_lookm, p, s, state, err);
+}
+static int queries_lookm(const kvs_params *p, int N) {
+    return kvs_compose_queries_wanted(&comp_lookm, &kvs_method_lookm, p, N);
+}
+const kvs_method kvs_method_lookm = {
+    .name = "lookm",
+    .summary = "LOOK-M: H2O scores with a text prior, recent window, evicted tokens merged",
+    .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+    .params = params_lookm,
+    .n_params = NPARAMS(params_lookm),
+    .queries_wanted = queries_lookm,
+    .create = create_lookm,
+    .observe = kvs_compose_observe,
+    .select = kvs_compose_select,
+    .destroy = kvs_compose_destroy,
+};
+
+static const kvs_param_def params_meda[] = {
+    {"recent_frac", KVS_PARAM_FLOAT, 0.5, 0.0, 1.0, NULL,
+     "share of each layer's budget kept as the recent window (released code 0.5, paper 0.75)"},
+    KVS_PARTS_P_MERGE(1),
+};
+static const kvs_composition comp_meda = {
+    .scorer = &kvs_scorer_lookm, .allocator = &kvs_alloc_entropy, .keep = {&kvs_keep_window},
+    .pick = &kvs_pick_topk, .merge = KVS_MERGE_AVERAGE};
+static kvs_status create_meda(const kvs_params *p, const kvs_shape *s, void **state,
+                              kvs_err *err) {
+    return kvs_compose_create(&comp_meda, &kvs_method_meda, p, s, state, err);
+}
+static int queries_meda(const kvs_params *p, int N) {
+    return kvs_compose_queries_wanted(&comp_meda, &kvs_method_meda, p, N);
+}
+const kvs_method kvs_method_meda = {
+    .name = "meda",
+    .summary = "MEDA: cross-modal entropy layer budgets, text-prior selection, average merging",
+    .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+    .params = params_meda,
+    .n_params = NPARAMS(params_meda),
+    .queries_wanted = queries_meda,
+    .create = create_meda,
+    .observe = kvs_compose_observe,
+    .select = kvs_compose_select,
+    .destroy = kvs_compose_destroy,
+};
 
 static const struct {
     const kvs_method *m;
@@ -318,6 +420,9 @@ static const struct {
     {&kvs_preset_criticaladakv, &comp_criticaladakv},
     {&kvs_preset_cur, &comp_cur},
     {&kvs_preset_leverage, &comp_leverage},
+    {&kvs_preset_flashcache_parts, &comp_flashcache_parts},
+    {&kvs_method_lookm, &comp_lookm},
+    {&kvs_method_meda, &comp_meda},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

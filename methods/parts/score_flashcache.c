@@ -16,8 +16,11 @@
  * it). Parameter: gamma (float in (0, 1], absent: 0.2, FlashCache's
  * default).
  * Decisions: DBA (FlashCache's layer budgets from the high-band energy) is
- * an allocator's business, not this scorer's; granularity=layer (one set
- * per layer) is not offered (the pick is per KV head). One thread: the
+ * an allocator's business (alloc_dba.c); when the composition's allocator
+ * reads the energies (KVS_STAT_ENERGY) this scorer writes them from the
+ * transform it runs anyway. Parameter granularity (enum head|layer, absent
+ * head): layer writes the sum of Dev over heads (summed in head order, as
+ * methods/flashcache.c) to every head's row, so every head picks one set. One thread: the
  * monolithic method's threaded observe is the fast path.
  * Memory: one DCT plan (about 4 N d floats of scratch) and [2][N] floats.
  */
@@ -71,13 +74,27 @@ static kvs_status fcs_score(void *state, int layer, const kvs_layer *in, float *
     fcs_state *st = state;
     const int N = st->c->shape.n_tokens, H = st->c->shape.n_kv_heads;
     const float inv_d = 1.0f / (float)st->c->shape.head_dim;
+    /* the energies DBA reads (alloc_dba.c), summed as it sums them */
+    const int energy = st->c->stats && (st->c->want_stats & KVS_STAT_ENERGY);
+    double eh[2] = {0, 0}, et[2] = {0, 0};
     for (int h = 0; h < H; h++) {
-        double lo = 0.0;
+        double lo = 0.0, hi = 0.0;
         kvs_status rc = kvs_dct_lowpass_sqres(st->plan, &in->k, h, st->omega, &lo, st->acc, err);
         if (rc) return kvs_err_prefix(err, "flashcache: layer %d head %d K", layer, h);
+        if (energy) {
+            for (int n = 0; n < N; n++) hi += st->acc[n];
+            eh[0] += hi;
+            et[0] += lo + hi;
+        }
         for (int n = 0; n < N; n++) st->part[n] = st->acc[n] * inv_d;
+        lo = hi = 0.0;
         rc = kvs_dct_lowpass_sqres(st->plan, &in->v, h, st->omega, &lo, st->acc, err);
         if (rc) return kvs_err_prefix(err, "flashcache: layer %d head %d V", layer, h);
+        if (energy) {
+            for (int n = 0; n < N; n++) hi += st->acc[n];
+            eh[1] += hi;
+            et[1] += lo + hi;
+        }
         /* V's share in its own pass, then one add: the float operations of
          * methods/flashcache.c (no product fused into the sum) */
         for (int n = 0; n < N; n++) st->acc[n] *= inv_d;
@@ -90,6 +107,17 @@ static kvs_status fcs_score(void *state, int layer, const kvs_layer *in, float *
                                   "finite (values too large for fp32 squares)",
                                   layer, h, n);
         }
+    }
+    if (kvs_part_param(st->c->m, st->c->p, "granularity", 0) == 1) /* one set per layer */
+        for (int n = 0; n < N; n++) {
+            float a = 0.0f;
+            for (int h = 0; h < H; h++) a += scores[(size_t)h * N + n];
+            for (int h = 0; h < H; h++) scores[(size_t)h * N + n] = a;
+        }
+    if (energy) {
+        kvs_layer_stats *ls = &st->c->stats[layer];
+        for (int t = 0; t < 2; t++) ls->e_high[t] = eh[t], ls->e_tot[t] = et[t];
+        ls->have |= KVS_STAT_ENERGY;
     }
     return KVS_OK;
 }

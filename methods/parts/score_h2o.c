@@ -8,7 +8,13 @@
  * It computes exactly what methods/h2o.c (textprior.c) computes: core's
  * kvs_attn_colsum_fused over all N queries, then the optional division in
  * fp32, so the scores are bit-identical to h2o's.
- * Parameters: normalize (bool, absent: false). Needs all N queries. Cost
+ * Parameters: normalize (bool, absent: false); text_prior (bool, absent:
+ * false): LOOK-M's text prior, every text token's score += the head's
+ * maximum score (kvs_text_boost below; modality absent = all text), as
+ * the monolithic lookm.c and meda.c scored. Needs all N queries. When the
+ * composition's allocator reads MEDA's entropies (KVS_STAT_ENTROPY) the
+ * pass is core's kvs_attn_stats_fused, which yields them with the column
+ * sums (as the monolithic meda.c). Cost
  * Hq * N^2 * d / 2 (one fused pass); memory [Hq][N] + the scores.
  * Decisions where sources disagree: raw sums by default (the original code);
  * `normalize` is the spec's option. H2O's recent window is not part of the
@@ -21,9 +27,21 @@
 
 typedef struct {
     const kvs_part_ctx *c;
-    int normalize;
-    float *lse; /* [Hq][N] */
+    int normalize, text_prior;
+    float *lse;        /* [Hq][N] */
+    uint8_t *all_text; /* [N] KVS_MOD_TEXT: the entropies' mask when modality is absent */
 } h2o_sc_state;
+
+void kvs_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality) {
+    for (int g = 0; g < Hkv; g++) {
+        float *s = scores + (size_t)g * N; /* [N] */
+        float mx = s[0];
+        for (int j = 1; j < N; j++)
+            if (s[j] > mx) mx = s[j];
+        for (int j = 0; j < N; j++)
+            if (!modality || modality[j] == KVS_MOD_TEXT) s[j] += mx;
+    }
+}
 
 static int h2o_sc_queries(const kvs_method *m, const kvs_params *p, int N) {
     (void)m;
@@ -35,10 +53,16 @@ static void h2o_sc_destroy(void *state) {
     h2o_sc_state *st = state;
     if (!st) return;
     free(st->lse);
+    free(st->all_text);
     free(st);
 }
 
-static kvs_status h2o_sc_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
+static kvs_status h2o_sc_make(const kvs_part_ctx *c, int text_prior, void **state, kvs_err *err) {
+    if (c->shape.n_queries <= 0)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "needs the queries of all N=%d prompt positions (KVS_NEED_Q_ALL) but "
+                          "none were given (Nq=0)",
+                          c->shape.n_tokens);
     if (c->shape.n_queries != c->shape.n_tokens)
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "needs the queries of all N=%d prompt positions (KVS_NEED_Q_ALL) but "
@@ -48,13 +72,23 @@ static kvs_status h2o_sc_create(const kvs_part_ctx *c, void **state, kvs_err *er
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     st->c = c;
     st->normalize = kvs_part_param(c->m, c->p, "normalize", 0) != 0;
+    st->text_prior = text_prior || kvs_part_param(c->m, c->p, "text_prior", 0) != 0;
     st->lse = malloc(sizeof(float) * (size_t)c->shape.n_q_heads * (size_t)c->shape.n_tokens);
-    if (!st->lse) {
+    st->all_text = calloc((size_t)c->shape.n_tokens, 1); /* KVS_MOD_TEXT == 0 */
+    if (!st->lse || !st->all_text) {
         h2o_sc_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     }
     *state = st;
     return KVS_OK;
+}
+
+static kvs_status h2o_sc_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
+    return h2o_sc_make(c, 0, state, err);
+}
+
+static kvs_status lookm_sc_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
+    return h2o_sc_make(c, 1, state, err);
 }
 
 static kvs_status h2o_sc_score(void *state, int layer, const kvs_layer *in, float *scores,
@@ -67,8 +101,15 @@ static kvs_status h2o_sc_score(void *state, int layer, const kvs_layer *in, floa
                           "%s: layer %d: needs the queries of all N=%d prompt positions "
                           "(KVS_NEED_Q_ALL) but got Nq=%d",
                           mn, layer, N, in->q.data ? in->q.n_tokens : 0);
-    kvs_status rc =
-        kvs_attn_colsum_fused(&in->q, &in->k, st->lse, scores, NULL, st->c->shape.threads, err);
+    /* MEDA's entropies (alloc_entropy.c) come from the same fused pass */
+    kvs_layer_stats *ls = st->c->stats && (st->c->want_stats & KVS_STAT_ENTROPY)
+                              ? &st->c->stats[layer]
+                              : NULL;
+    const uint8_t *mod = st->c->modality;
+    kvs_status rc = ls ? kvs_attn_stats_fused(&in->q, &in->k, mod ? mod : st->all_text, st->lse,
+                                              scores, NULL, &ls->ent, st->c->shape.threads, err)
+                       : kvs_attn_colsum_fused(&in->q, &in->k, st->lse, scores, NULL,
+                                               st->c->shape.threads, err);
     if (rc) return kvs_err_prefix(err, "%s: layer %d", mn, layer);
     for (int g = 0; g < H; g++) {
         float *s = scores + (size_t)g * N; /* [N] */
@@ -81,6 +122,8 @@ static kvs_status h2o_sc_score(void *state, int layer, const kvs_layer *in, floa
             if (st->normalize) s[j] /= (float)(N - j);
         }
     }
+    if (ls) ls->have |= KVS_STAT_ENTROPY;
+    if (st->text_prior) kvs_text_boost(scores, H, N, mod);
     return KVS_OK;
 }
 
@@ -89,6 +132,17 @@ const kvs_scorer kvs_scorer_h2o = {
     .needs = KVS_NEED_Q_ALL,
     .queries_wanted = h2o_sc_queries,
     .create = h2o_sc_create,
+    .score = h2o_sc_score,
+    .destroy = h2o_sc_destroy,
+};
+
+/* `lookm`: the same scorer with LOOK-M's text prior always on (the scorer of
+ * the lookm and meda presets, whose parameter tables predate the parts). */
+const kvs_scorer kvs_scorer_lookm = {
+    .name = "lookm",
+    .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+    .queries_wanted = h2o_sc_queries,
+    .create = lookm_sc_create,
     .score = h2o_sc_score,
     .destroy = h2o_sc_destroy,
 };

@@ -265,8 +265,8 @@ static void test_errors(void) {
                 err, "Nq=0");
     CHECK_MSG(strstr(err->msg, "meda") != NULL, "message: %s", err->msg);
     CHECK_FAILS(m2_run_direct(&kvs_method_meda, &p, &c, -1, 4, &plan, err), KVS_ERR_INVALID, err,
-                "meda: needs the queries of all N=8 prompt positions (KVS_NEED_Q_ALL) but none "
-                "were given (Nq=0)");
+                "meda: scorer lookm: needs the queries of all N=8 prompt positions "
+                "(KVS_NEED_Q_ALL) but none were given (Nq=0)");
     m2_cache_views(&c, 5);
     CHECK_FAILS(m2_run_direct(&kvs_method_meda, &p, &c, -1, 4, &plan, err), KVS_ERR_INVALID, err,
                 "got Nq=5");

@@ -65,7 +65,7 @@ static void test_errors(void) {
     expect_error("{\"score\":\"knorm\",\"keep\":{\"sinks\":-1}}", "keep.sinks: parameter sinks = -1");
     expect_error("{\"score\":\"knorm\",\"keep\":{\"window\":{\"recent_frac\":2}}}",
                  "keep.window.recent_frac: parameter recent_frac = 2 is out of range");
-    expect_error("{\"score\":\"knorm\",\"merge\":\"pivotal\"}", "merge: composed methods merge nothing");
+    expect_error("{\"score\":\"knorm\",\"merge\":\"sum\"}", "merge: expected none, pivotal");
     expect_error("{\"score\":\"knorm\",\"params\":{\"parts\":3}}", "`parts` is fixed");
     expect_error("{\"score\":\"knorm\",\"params\":{\"seed\":1}}",
                  "no part of this composition reads 'seed'");

@@ -156,9 +156,12 @@ static void test_presets(uint64_t *rng) {
         const kvs_composition *comp = kvs_parts_composition(m);
         CHECK(comp != NULL);
         if (!comp) continue;
-        CHECK_MSG(m->needs == (comp->scorer->needs | comp->pick->needs),
-                  "%s: needs %u but its scorer and pick rule need %u", m->name, m->needs,
-                  comp->scorer->needs | comp->pick->needs);
+        /* a preset needs what its scorer, allocator and pick rule need (the
+         * text prior reads the modality mask, an optional input) */
+        const unsigned parts_needs = comp->scorer->needs | comp->allocator->needs | comp->pick->needs;
+        CHECK_MSG((m->needs & ~KVS_NEED_MODALITY) == (parts_needs & ~KVS_NEED_MODALITY),
+                  "%s: needs %u but its scorer, allocator and pick rule need %u", m->name, m->needs,
+                  parts_needs);
         for (int rep = 0; rep < 6; rep++) {
             m1_cache c;
             const int Hkv = irand(rng, 1, 3), G = irand(rng, 1, 3), N = irand(rng, 1, 200);

@@ -50,7 +50,8 @@ static const char *PARAGRAPH =
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsieve bench --model PATH|default [--prompt-len N] [--gen N] [--threads N] [--reps N]\n"
-               "                     [--cache-type f16|bf16|f32] [--batch B1,B2,..] [--db PATH | --no-store]\n"
+               "                     [--cache-type f16|bf16|f32|q8_0|q4_0] [-ctk T] [-ctv T]\n"
+               "                     [--batch B1,B2,..] [--db PATH | --no-store]\n"
                "  --batch LIST  batched decode of B sequences for each B in LIST (prints only)\n"
                "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1 --cache-type f16\n"
                "  --db PATH   results database for the engine_bench row (default results/kvsieve.db)\n"
@@ -128,7 +129,7 @@ fail:
 /* Batched decode: prefill once into s, then for each B decode gen steps of B
  * copies together. Returns 0 or 1 (error printed). */
 static int bench_batch(kvs_model *m, kvs_session *s, const int32_t *toks, int n, int gen, int threads, int cache_type,
-                       const int *batches, int nb) {
+                       int cache_type_v, const int *batches, int nb) {
     kvs_err err = {0};
     const int V = kvs_model_get_info(m)->n_vocab;
     int maxb = 0;
@@ -146,7 +147,7 @@ static int bench_batch(kvs_model *m, kvs_session *s, const int32_t *toks, int n,
     kvs_session_reset(s);
     if (kvs_session_prefill(s, toks, n, NULL, lg, &err) != KVS_OK) goto fail;
     int first = argmax(lg, V);
-    kvs_session_opts so = {n + gen + 1, 1, 0, cache_type};
+    kvs_session_opts so = {n + gen + 1, 1, 0, cache_type, cache_type_v};
     kvs_compress_opts co;
     memset(&co, 0, sizeof co); /* full: the copies keep every token, local layers their window */
     for (int i = 0; i < maxb; i++)
@@ -195,7 +196,8 @@ done:
 int kvs_cmd_bench(int argc, char **argv) {
     const char *model_spec = NULL, *db = NULL;
     long plen = 2048, gen = 64, threads = 2, reps = 1;
-    int no_store = 0, cache_type = KVS_CACHE_F16;
+    int no_store = 0, cache_type = KVS_CACHE_F16, cache_type_v = 0, ctr;
+    char ctname[32];
     int batches[16], n_batches = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -213,13 +215,8 @@ int kvs_cmd_bench(int argc, char **argv) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 256, &threads)) return 2;
         } else if (!strcmp(a, "--reps")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 100, &reps)) return 2;
-        } else if (!strcmp(a, "--cache-type")) {
-            kvs_err e = {0};
-            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
-            if (kvs_cache_type_parse(v, &cache_type, &e) != KVS_OK) {
-                fprintf(stderr, "kvsieve bench: --cache-type: %s\n", e.msg);
-                return 2;
-            }
+        } else if ((ctr = kvs_arg_cache_type("bench", argc, argv, &i, &cache_type, &cache_type_v)) >= 0) {
+            if (ctr) return 2;
         } else if (!strcmp(a, "--batch")) {
             if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
             char buf[256];
@@ -309,7 +306,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         goto cleanup;
     }
     n = (int)plen;
-    kvs_session_opts so = {n + (int)gen + 1, (int)threads, 0, cache_type};
+    kvs_session_opts so = {n + (int)gen + 1, (int)threads, 0, cache_type, cache_type_v};
     if (kvs_session_new(m, &so, &s, &err) != KVS_OK) goto fail;
     logits = malloc((size_t)info->n_vocab * sizeof *logits); /* [n_vocab] */
     pf = malloc((size_t)reps * sizeof *pf);                   /* [reps] prefill tok/s, wall */
@@ -321,7 +318,7 @@ int kvs_cmd_bench(int argc, char **argv) {
            "%d heads / %d kv, d %d, vocab %d), %s KV cache, prompt %d tokens, decode %ld tokens, %ld repetition(s)\n",
            cpu, sysconf(_SC_NPROCESSORS_ONLN), threads, BENCH_BUILD, openblas_get_corename(), info->name, info->arch,
            info->weight_types, info->n_layers, info->n_embd, info->n_heads, info->n_kv_heads,
-           info->head_dim, info->n_vocab, kvs_cache_type_name(cache_type), n, gen, reps);
+           info->head_dim, info->n_vocab, kvs_cache_types_str(cache_type, cache_type_v, ctname), n, gen, reps);
     if (sha[0]) printf("model file %s sha256 %s\n", path, sha);
     /* warm-up: touch every weight page of the mapping once (not timed) */
     if (kvs_session_prefill(s, toks, n < 16 ? n : 16, NULL, logits, &err) != KVS_OK ||
@@ -337,7 +334,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         fclose(lf);
     }
     if (n_batches > 0) {
-        rc = bench_batch(m, s, toks, n, (int)gen, (int)threads, cache_type, batches, n_batches);
+        rc = bench_batch(m, s, toks, n, (int)gen, (int)threads, cache_type, cache_type_v, batches, n_batches);
         goto cleanup;
     }
     for (long r = 0; r < reps; r++) {
@@ -372,9 +369,10 @@ int kvs_cmd_bench(int argc, char **argv) {
 #ifdef KVS_HAVE_EVAL
     if (st) {
         snprintf(cmdline, sizeof cmdline,
-                 "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-type %s\n"
+                 "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-type%s %s%s%s\n"
                  "model_path=%s",
-                 model_spec, plen, gen, threads, reps, kvs_cache_type_name(cache_type), path);
+                 model_spec, plen, gen, threads, reps, cache_type_v ? "-k" : "", kvs_cache_type_name(cache_type),
+                 cache_type_v ? " --cache-type-v " : "", cache_type_v ? kvs_cache_type_name(cache_type_v - 1) : "", path);
         char quant[sizeof info->weight_types];
         snprintf(quant, sizeof quant, "%s", info->weight_types);
         for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';

@@ -270,10 +270,11 @@ kvs_status kvs_chat_apply(const kvs_model *m, const kvs_chat_msg *msgs, int n,
 
 typedef struct kvs_session kvs_session;
 
-/* The KV cache's element type is kvs_cache_type (kvs_cpu.h).
- * "f16" "bf16" "f32" ("?" for anything else). */
+/* The KV cache's element type is kvs_cache_type (kvs_cpu.h), K and V each
+ * their own (llama.cpp's -ctk / -ctv).
+ * "f16" "bf16" "f32" "q8_0" "q4_0" ("?" for anything else). */
 const char *kvs_cache_type_name(int t);
-/* "f16" | "bf16" | "f32" -> *out; anything else is KVS_ERR_INVALID naming it. */
+/* One of those names -> *out; anything else is KVS_ERR_INVALID naming it. */
 kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err);
 
 typedef struct {
@@ -282,8 +283,11 @@ typedef struct {
     /* Queries recorded during prefill for methods (post-RoPE, per layer):
      * 0 none, -1 all prompt positions, k > 0 the last k positions. */
     int record_queries;
-    int cache_type;     /* kvs_cache_type; 0: f16 */
+    int cache_type;     /* kvs_cache_type of K, and of V unless cache_type_v is set; 0: f16.
+                           Q8_0 / Q4_0 need head_dim a multiple of 32 (<= KVS_CACHE_QMAX) */
+    int cache_type_v;   /* 0: as cache_type; else KVS_CACHE_V(type of V) */
 } kvs_session_opts;
+#define KVS_CACHE_V(t) ((t) + 1) /* cache_type_v of V type t (0 stays "as K") */
 
 kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *opts, kvs_session **out,
                            kvs_err *err);

@@ -273,6 +273,7 @@ static void admit(kvs_server *s, srv_job *j) {
     so.n_threads = s->cfg.threads;
     so.record_queries = queries_to_record(g);
     so.cache_type = s->cfg.cache_type;
+    so.cache_type_v = s->cfg.cache_type_v;
     if (kvs_session_new(s->model, &so, &pre, &err) != KVS_OK) {
         srv_fail(&j->e, 500, "", "cannot create a session: %s", err.msg);
         goto fail;

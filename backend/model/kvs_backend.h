@@ -352,9 +352,11 @@ kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t 
                             float *logits, kvs_err *err);
 
 /* Copy src's whole state (cache bytes, lengths, positions, recorded queries,
- * modality, trimmed sliding-window layers) into dst (same model, same cache
- * type, dst->n_ctx >= src->n_past). One prefill,
- * many compressions: prefill once, then copy into a work session per variant. */
+ * modality, trimmed sliding-window layers) into dst (same model, dst->n_ctx
+ * >= src->n_past). One prefill, many compressions: prefill once, then copy
+ * into a work session per variant. Where dst's K or V cache type differs from
+ * src's, the rows are converted (through fp32: dequantised, then quantised or
+ * rounded to dst's type). */
 kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err);
 
 /* View of the cache as methods see it, for the layers selected by

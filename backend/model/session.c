@@ -386,14 +386,15 @@ kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
 kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err) {
     if (dst == src) return KVS_OK;
     if (dst->m != src->m) return kvs_errorf(err, KVS_ERR_INVALID, "session copy: sessions of different models");
-    if (dst->ctype_k != src->ctype_k || dst->ctype_v != src->ctype_v)
-        return kvs_errorf(err, KVS_ERR_INVALID,
-                          "session copy: cache types differ (destination K %s V %s, source K %s V %s)",
-                          kvs_cache_type_name(dst->ctype_k), kvs_cache_type_name(dst->ctype_v),
-                          kvs_cache_type_name(src->ctype_k), kvs_cache_type_name(src->ctype_v));
-    if (dst->n_ctx < src->n_past)
+    /* other cache types: rows converted through fp32 (bench: one prefill, decode per type) */
+    const int conv = dst->ctype_k != src->ctype_k || dst->ctype_v != src->ctype_v;
+    float *tmp = conv ? malloc(sizeof(float) * (size_t)src->m->info.head_dim) : NULL;
+    if (conv && !tmp) return kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory");
+    if (dst->n_ctx < src->n_past) {
+        free(tmp);
         return kvs_errorf(err, KVS_ERR_INVALID, "session copy: destination context %d < source length %d", dst->n_ctx,
                           src->n_past);
+    }
     const kvs_model_info *MI = &src->m->info;
     const int D = MI->head_dim, Hkv = MI->n_kv_heads, Hq = MI->n_heads;
     /* forget dst's sequence without kvs_session_reset's reallocation: every
@@ -419,14 +420,23 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         if (c->cap != cap || a->lag) {
             kvs_status st = kv_alloc(c, Hkv, cap, a->lag, dst->rsz_k, dst->rsz_v, err);
             if (st) {
+                free(tmp);
                 kvs_session_reset(dst);
                 return st;
             }
         }
         for (int g = 0; g < Hkv; g++) { /* each head's own rows */
             const size_t rows = (size_t)(a->len - kvs_kv_lag(a, g));
-            memcpy(kvs_kv_krow(dst, c, g, 0), kvs_kv_krow(src, a, g, 0), rows * src->rsz_k);
-            memcpy(kvs_kv_vrow(dst, c, g, 0), kvs_kv_vrow(src, a, g, 0), rows * src->rsz_v);
+            if (!conv) {
+                memcpy(kvs_kv_krow(dst, c, g, 0), kvs_kv_krow(src, a, g, 0), rows * src->rsz_k);
+                memcpy(kvs_kv_vrow(dst, c, g, 0), kvs_kv_vrow(src, a, g, 0), rows * src->rsz_v);
+            } else
+                for (size_t r = 0; r < rows; r++) {
+                    kvs_cache_to_f32(src->ctype_k, kvs_kv_krow(src, a, g, (int)r), tmp, D);
+                    kvs_cache_from_f32(dst->ctype_k, tmp, kvs_kv_krow(dst, c, g, (int)r), D);
+                    kvs_cache_to_f32(src->ctype_v, kvs_kv_vrow(src, a, g, (int)r), tmp, D);
+                    kvs_cache_from_f32(dst->ctype_v, tmp, kvs_kv_vrow(dst, c, g, (int)r), D);
+                }
             memcpy(kvs_kv_pos(c, g), kvs_kv_pos(a, g), rows * 4);
         }
         c->len = a->len;
@@ -435,6 +445,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         if (a->q) {
             c->q = malloc((size_t)Hq * a->nq * D * 4);
             if (!c->q) {
+                free(tmp);
                 kvs_session_reset(dst);
                 return kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory for queries");
             }
@@ -442,6 +453,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
             c->nq = a->nq;
         }
     }
+    free(tmp);
     memcpy(dst->modality, src->modality, (size_t)src->n_past);
     dst->n_past = src->n_past;
     dst->n_prompt = src->n_prompt;

@@ -55,6 +55,8 @@ static void usage(FILE *f) {
                "  --batch LIST  batched decode of B sequences for each B in LIST (prints only)\n"
                "  --cache-types LIST  decode tok/s per KV cache type (f16,q8_0,q4_0) after one prefill in the\n"
                "                first type's cache, interleaved per repetition; one stored row per type\n"
+               "  --fill random  with --cache-types: random cache rows instead of the prefill (decode costs\n"
+               "                the same; a long context without minutes of prefill); prints only\n"
                "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1 --cache-type f16\n"
                "  --db PATH   results database for the engine_bench row (default results/kvsieve.db)\n"
                "  --no-store  print only; write no row\n");
@@ -135,7 +137,7 @@ fail:
  * and gen tokens decoded from the same first token. dec [nt][reps] gets the
  * tok/s, *pf the prefill's. Returns 0 or 1 (error printed). */
 static int bench_types(kvs_model *m, kvs_session *s, const int32_t *toks, int n, int gen, int threads, long reps,
-                       const int *types, int nt, double *dec, double *pf) {
+                       const int *types, int nt, int fill, double *dec, double *pf) {
     kvs_err err = {0};
     const int V = kvs_model_get_info(m)->n_vocab;
     float *lg = malloc((size_t)V * sizeof *lg); /* [n_vocab] */
@@ -147,11 +149,19 @@ static int bench_types(kvs_model *m, kvs_session *s, const int32_t *toks, int n,
     }
     kvs_session_reset(s);
     double t0 = kvs_now_ms();
-    if (kvs_session_prefill(s, toks, n, NULL, lg, &err) != KVS_OK) goto fail;
-    *pf = n * 1000.0 / (kvs_now_ms() - t0);
-    const int first = argmax(lg, V);
-    printf("cache types: prompt %d tokens prefilled once (%s cache, %.1f tok/s), then per type and repetition a "
-           "copy decodes %d tokens\n", n, kvs_cache_type_name(types[0]), *pf, gen);
+    int first = toks[0];
+    if (fill) { /* random rows: a decode step costs the same whatever they hold */
+        if (kvs_session_fill_random(s, n, 7, &err) != KVS_OK) goto fail;
+        *pf = 0;
+        printf("cache types: %d cache rows per layer filled with random values (no prefill: --fill random), then "
+               "per type and repetition a copy decodes %d tokens\n", n, gen);
+    } else {
+        if (kvs_session_prefill(s, toks, n, NULL, lg, &err) != KVS_OK) goto fail;
+        *pf = n * 1000.0 / (kvs_now_ms() - t0);
+        first = argmax(lg, V);
+        printf("cache types: prompt %d tokens prefilled once (%s cache, %.1f tok/s), then per type and repetition a "
+               "copy decodes %d tokens\n", n, kvs_cache_type_name(types[0]), *pf, gen);
+    }
     for (int i = 0; i < nt; i++) {
         kvs_session_opts so = {n + gen + 1, threads, 0, types[i], 0};
         if (kvs_session_new(m, &so, &ss[i], &err) != KVS_OK) goto fail;
@@ -262,7 +272,7 @@ int kvs_cmd_bench(int argc, char **argv) {
     long plen = 2048, gen = 64, threads = 2, reps = 1;
     int no_store = 0, cache_type = KVS_CACHE_F16, cache_type_v = 0, ctr;
     char ctname[32];
-    int batches[16], n_batches = 0, types[8], n_types = 0;
+    int batches[16], n_batches = 0, types[8], n_types = 0, fill = 0;
     char types_arg[64] = "";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -300,6 +310,13 @@ int kvs_cmd_bench(int argc, char **argv) {
                 return 2;
             }
             no_store = 1;
+        } else if (!strcmp(a, "--fill")) {
+            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
+            if (strcmp(v, "random") != 0) {
+                fprintf(stderr, "kvsieve bench: --fill takes 'random', got '%s'\n", v);
+                return 2;
+            }
+            fill = 1;
         } else if (!strcmp(a, "--cache-types")) {
             if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
             char buf[64];
@@ -420,19 +437,20 @@ int kvs_cmd_bench(int argc, char **argv) {
     if (n_types > 0) {
         double *dec = malloc(sizeof *dec * (size_t)n_types * (size_t)reps), pfr = 0; /* [n_types][reps] */
         if (!dec) goto oom;
-        rc = bench_types(m, s, toks, n, (int)gen, (int)threads, reps, types, n_types, dec, &pfr);
+        rc = bench_types(m, s, toks, n, (int)gen, (int)threads, reps, types, n_types, fill, dec, &pfr);
 #ifdef KVS_HAVE_EVAL
         for (int i = 0; rc == 0 && i < n_types; i++) {
-            if (!st) {
-                printf("not stored (--no-store)\n");
+            if (!st || fill) { /* an engine_bench row needs a prefill rate, which a random fill has not */
+                printf("not stored (%s)\n", fill ? "--fill random: no prefill rate for engine_bench" : "--no-store");
                 break;
             }
             const double *d = dec + (size_t)i * reps;
             snprintf(cmdline, sizeof cmdline,
-                     "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-types %s\n"
-                     "row: --cache-type %s (one shared prefill in %s)\nmodel_path=%s",
-                     model_spec, plen, gen, threads, reps, types_arg, kvs_cache_type_name(types[i]),
-                     kvs_cache_type_name(types[0]), path);
+                     "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-types %s%s\n"
+                     "row: --cache-type %s (one shared %s in %s)\nmodel_path=%s",
+                     model_spec, plen, gen, threads, reps, types_arg, fill ? " --fill random" : "",
+                     kvs_cache_type_name(types[i]), fill ? "random fill" : "prefill", kvs_cache_type_name(types[0]),
+                     path);
             char quant[sizeof info->weight_types];
             snprintf(quant, sizeof quant, "%s", info->weight_types);
             for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';

@@ -9,9 +9,9 @@
  * Keys: the query is quantised to 8 bits once per call (kvs_q8a_quantize)
  * and multiplied with the rows by the weight kernels' integer dot products
  * (kvs_dot_q8a, kvs_dot_q8a_rows: dot.c, the block-scale route where the CPU
- * has it), as llama.cpp's CPU attention does with a quantised K. Values: a
- * block at a time is dequantised in registers (the values kvs_dequant_row
- * gives) and added to two heads' accumulators per pass. Nothing larger than
+ * has it), as llama.cpp's CPU attention does with a quantised K. Values: half
+ * a block at a time is dequantised in registers (the values kvs_dequant_row
+ * gives) and added to four heads' accumulators per pass. Nothing larger than
  * one block (decode) or one key tile of prefill (kvs_cache_to_f32) is ever
  * dequantised.
  * What it is not: no block format of its own (quant.c), no threads, no float
@@ -81,42 +81,55 @@ static void dot_heads_q(int ctype, const float *q, size_t qstride, int nh, const
 }
 
 #ifdef KVS_HAVE_AVX2
-/* The 32 values of a Q8_0 / Q4_0 block as 4 x 8 floats d * q: the products
- * kvs_dequant_row makes, so prefill and decode read the same values. */
-static inline __attribute__((always_inline)) void blk_f32(int ctype, const uint8_t *blk, __m256 v[4]) {
+/* Half hf (elements 16 hf .. 16 hf + 15) of a Q8_0 / Q4_0 block as 2 x 8
+ * floats d * q: the products kvs_dequant_row makes, so prefill and decode
+ * read the same values. */
+static inline __attribute__((always_inline)) void half_f32(int ctype, const uint8_t *blk, int hf, __m256 v[2]) {
     const __m256 d = _mm256_set1_ps(h2f(blk));
-    const __m256i q = ctype == KVS_CACHE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2)) : q4_0_unpack(blk);
-    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-    v[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
-    v[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
-    v[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
-    v[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+    __m128i q;
+    if (ctype == KVS_CACHE_Q8_0) q = _mm_loadu_si128((const __m128i *)(blk + 2 + 16 * hf));
+    else { /* Q4_0: elements 0..15 the low nibbles of qs, 16..31 the high ones */
+        const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 2)), m4 = _mm_set1_epi8(0xF);
+        q = _mm_sub_epi8(_mm_and_si128(hf ? _mm_srli_epi16(qs, 4) : qs, m4), _mm_set1_epi8(8));
+    }
+    v[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    v[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
 }
 
-/* One block column (32 elements) of HN <= 2 heads over all rows: 8
- * accumulators in registers, one fma per element and row, rows in order. */
-static inline __attribute__((always_inline)) void axpy_blk2(int ctype, int HN, float *o, size_t ostride,
-                                                            const float *p, size_t pstride, const uint8_t *x,
-                                                            size_t rb, int nrows) {
-    __m256 a[2][4], v[4];
-    #pragma GCC unroll 2
+/* 16 elements (half hf of one block column) of HN <= 4 heads over nrows
+ * rows: 8 accumulators in registers, one fma per element and row, rows in
+ * order (each half is dequantised once per pass of up to 4 heads). */
+static inline __attribute__((always_inline)) void axpy_half4(int ctype, int HN, int hf, float *o, size_t ostride,
+                                                             const float *p, size_t pstride, const uint8_t *x,
+                                                             size_t rb, int nrows) {
+    __m256 a[4][2], v[2];
+    #pragma GCC unroll 4
     for (int h = 0; h < HN; h++)
-        #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) a[h][i] = _mm256_loadu_ps(o + (size_t)h * ostride + 8 * i);
-    for (int t = 0; t < nrows; t++) {
-        blk_f32(ctype, x + (size_t)t * rb, v);
         #pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) a[h][i] = _mm256_loadu_ps(o + (size_t)h * ostride + 8 * i);
+    for (int t = 0; t < nrows; t++) {
+        half_f32(ctype, x + (size_t)t * rb, hf, v);
+        #pragma GCC unroll 4
         for (int h = 0; h < HN; h++) {
             const __m256 w = _mm256_set1_ps(p[(size_t)h * pstride + t]);
-            #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) a[h][i] = _mm256_fmadd_ps(w, v[i], a[h][i]);
+            #pragma GCC unroll 2
+            for (int i = 0; i < 2; i++) a[h][i] = _mm256_fmadd_ps(w, v[i], a[h][i]);
         }
     }
-    #pragma GCC unroll 2
+    #pragma GCC unroll 4
     for (int h = 0; h < HN; h++)
-        #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + (size_t)h * ostride + 8 * i, a[h][i]);
+        #pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) _mm256_storeu_ps(o + (size_t)h * ostride + 8 * i, a[h][i]);
 }
+
+/* One type and head count per instance: the accumulators stay in registers. */
+#define KVS_AXPY_CASES(T)                                                                    \
+    switch (hn) {                                                                            \
+    case 4: axpy_half4(T, 4, hf, ob, ostride, pb, pstride, xt, rb, nr); break;               \
+    case 3: axpy_half4(T, 3, hf, ob, ostride, pb, pstride, xt, rb, nr); break;               \
+    case 2: axpy_half4(T, 2, hf, ob, ostride, pb, pstride, xt, rb, nr); break;               \
+    default: axpy_half4(T, 1, hf, ob, ostride, pb, pstride, xt, rb, nr); break;              \
+    }
 #endif
 
 /* o_h += p_h[t] row t, each element's sum over the rows in order: the same
@@ -124,28 +137,27 @@ static inline __attribute__((always_inline)) void axpy_blk2(int ctype, int HN, f
 static void axpy_heads_q(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride,
                          const void *x, size_t rstride, int nrows, int n) {
     assert(n % 32 == 0 && n <= KVS_CACHE_QMAX && rstride % 32 == 0);
-    const size_t rb = kvs_cache_row_size(ctype, (int64_t)rstride), bb = kvs_cache_row_size(ctype, 32);
+    const size_t rb = kvs_cache_row_size(ctype, (int64_t)rstride);
     const uint8_t *xb = x;
 #ifdef KVS_HAVE_AVX2
-    /* blocks of ROWS rows stay in L1 while the block columns and head pairs pass over them */
+    const size_t bb = kvs_cache_row_size(ctype, 32);
+    /* blocks of ROWS rows stay in L1 while the half blocks and head passes go over them */
     enum { ROWS = 32 };
     for (int t0 = 0; t0 < nrows; t0 += ROWS) {
         const int nr = nrows - t0 < ROWS ? nrows - t0 : ROWS;
         for (int b = 0; b < n / 32; b++)
-            for (int h0 = 0; h0 < nh; h0 += 2) {
-                float *ob = o + (size_t)h0 * ostride + (size_t)b * 32;
-                const float *pb = p + (size_t)h0 * pstride + t0;
-                const uint8_t *xt = xb + (size_t)t0 * rb + b * bb;
-                /* compile-time type and head count: the accumulators stay in registers */
-                const int two = nh - h0 >= 2;
-                if (ctype == KVS_CACHE_Q8_0) {
-                    if (two) axpy_blk2(KVS_CACHE_Q8_0, 2, ob, ostride, pb, pstride, xt, rb, nr);
-                    else axpy_blk2(KVS_CACHE_Q8_0, 1, ob, ostride, pb, pstride, xt, rb, nr);
-                } else {
-                    if (two) axpy_blk2(KVS_CACHE_Q4_0, 2, ob, ostride, pb, pstride, xt, rb, nr);
-                    else axpy_blk2(KVS_CACHE_Q4_0, 1, ob, ostride, pb, pstride, xt, rb, nr);
+            for (int hf = 0; hf < 2; hf++)
+                for (int h0 = 0; h0 < nh; h0 += 4) {
+                    const int hn = nh - h0 < 4 ? nh - h0 : 4;
+                    float *ob = o + (size_t)h0 * ostride + (size_t)b * 32 + 16 * hf;
+                    const float *pb = p + (size_t)h0 * pstride + t0;
+                    const uint8_t *xt = xb + (size_t)t0 * rb + b * bb;
+                    if (ctype == KVS_CACHE_Q8_0) {
+                        KVS_AXPY_CASES(KVS_CACHE_Q8_0)
+                    } else {
+                        KVS_AXPY_CASES(KVS_CACHE_Q4_0)
+                    }
                 }
-            }
     }
 #else
     float row[KVS_CACHE_QMAX];
@@ -198,6 +210,6 @@ void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const flo
 }
 
 const char *kvs_attn_kernels(int ctype, int n) {
-    if (kvs_cache_is_block(ctype)) return "q8 query dots, values a row at a time";
+    if (kvs_cache_is_block(ctype)) return "q8 query dots, value blocks in registers";
     return kvs_attn_kernels_float(ctype, n);
 }

@@ -308,7 +308,12 @@ const kvs_model *kvs_session_model(const kvs_session *s);
  * the last position's logits (may be NULL). */
 kvs_status kvs_session_prefill(kvs_session *s, const int32_t *tokens, int n,
                                const uint8_t *modality, float *logits, kvs_err *err);
-/* Same with external input embeddings embd [n][n_embd] (already scaled as the
+/* For decode-speed benchmarks: fill an empty session as if a prompt of n
+ * tokens had been prefilled, every layer's K and V rows drawn from N(0, 1)
+ * (seed), positions 0..n-1, no model arithmetic (a decode step's cost does
+ * not depend on the values). Not for outputs anyone reads. */
+kvs_status kvs_session_fill_random(kvs_session *s, int n, uint64_t seed, kvs_err *err);
+/* Same as kvs_session_prefill with external input embeddings embd [n][n_embd] (already scaled as the
  * model's token embeddings are, i.e. the caller multiplies by the embedding
  * scale where the architecture has one). */
 kvs_status kvs_session_prefill_embd(kvs_session *s, const float *embd, int n,

@@ -381,6 +381,36 @@ kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
     return KVS_OK;
 }
 
+kvs_status kvs_session_fill_random(kvs_session *s, int n, uint64_t seed, kvs_err *err) {
+    const kvs_model_info *MI = &s->m->info;
+    const int D = MI->head_dim, Hkv = MI->n_kv_heads;
+    if (s->n_past != 0) return kvs_errorf(err, KVS_ERR_INVALID, "fill: the session must be empty (reset it)");
+    if (n < 1 || n > s->n_ctx)
+        return kvs_errorf(err, KVS_ERR_INVALID, "fill: %d rows outside [1, n_ctx %d]", n, s->n_ctx);
+    float *tmp = malloc(sizeof(float) * (size_t)D);
+    if (!tmp) return kvs_errorf(err, KVS_ERR_NOMEM, "fill: out of memory");
+    for (int l = 0; l < MI->n_layers; l++) {
+        kv_layer *c = &s->kv[l];
+        if (c->cap < n) {
+            free(tmp);
+            return kvs_errorf(err, KVS_ERR_NOMEM, "fill: layer %d has room for %d rows", l, c->cap);
+        }
+        for (int g = 0; g < Hkv; g++)
+            for (int r = 0; r < n; r++) {
+                for (int i = 0; i < D; i++) tmp[i] = (float)kvs_rng_normal(&seed);
+                kvs_cache_from_f32(s->ctype_k, tmp, kvs_kv_krow(s, c, g, r), D);
+                for (int i = 0; i < D; i++) tmp[i] = (float)kvs_rng_normal(&seed);
+                kvs_cache_from_f32(s->ctype_v, tmp, kvs_kv_vrow(s, c, g, r), D);
+                kvs_kv_pos(c, g)[r] = r;
+            }
+        c->len = n;
+    }
+    free(tmp);
+    memset(s->modality, KVS_MOD_TEXT, (size_t)n);
+    s->n_past = s->n_prompt = n;
+    return KVS_OK;
+}
+
 /* ---- copies, views, compression --------------------------------------------------- */
 
 kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err) {

@@ -18,7 +18,9 @@
  * - prefill + snapkv + decode: logits within 0.1 (q8_0) / 0.35 (q4_0) of the
  *   largest |logit| of the f32 cache's, not identical;
  * - extend of <= 64 tokens and kvs_batch_decode of 3 sessions bit-identical to
- *   decoding alone; a session copy decodes identically;
+ *   decoding alone; a session copy decodes identically; a copy from an f32
+ *   session (rows converted) decodes close to it; kvs_session_fill_random
+ *   gives a prefill's stats and decodes;
  * - a plan keeping every token (gather of whole rows) leaves decode bit-
  *   identical; a merging plan (lookm) works on quantised rows;
  * - sliding-window layers trimmed to their window decode bit-identically to
@@ -263,6 +265,21 @@ static void run_model(const char *arch, int D, int ctk, int ctv) {
         for (int l = 0; l < I->n_layers; l++) rows += st.tokens_after[l];
         CHECK_EQ_INT(st.bytes_after_total, rows * I->n_kv_heads * (int64_t)(rk + rv));
     }
+
+    /* a copy from the f32 session converts its rows: close to it, as above */
+    CHECK_OK(kvs_session_copy(c, f, &err), &err);
+    CHECK_OK(kvs_session_decode(f, 9, l32, &err), &err);
+    CHECK_OK(kvs_session_decode(c, 9, lb, &err), &err);
+    d = rel_diff(lb, l32, V);
+    CHECK_MSG(d <= tol && d > 0, "%s: converted copy differs from f32 by %g (tolerance %g)", what, d, tol);
+    /* random rows for benchmarks: the stats of a prefill, decoding works, only on an empty session */
+    kvs_session_reset(c);
+    CHECK_OK(kvs_session_fill_random(c, N, 3, &err), &err);
+    kvs_session_kv_stats(c, &st);
+    CHECK_EQ_INT(st.bytes_before_total, (int64_t)N * I->n_layers * I->n_kv_heads * (int64_t)(rk + rv));
+    CHECK_OK(kvs_session_decode(c, 5, lb, &err), &err);
+    CHECK(isfinite(lb[0]) && isfinite(lb[V - 1]));
+    CHECK_FAILS(kvs_session_fill_random(c, N, 3, &err), KVS_ERR_INVALID, &err, "empty");
 
     /* a copy decodes identically; extend <= 64 tokens == decode one by one */
     CHECK_OK(kvs_session_copy(b, a, &err), &err);

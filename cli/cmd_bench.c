@@ -509,7 +509,8 @@ int kvs_cmd_bench(int argc, char **argv) {
                  "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-type%s %s%s%s\n"
                  "model_path=%s",
                  model_spec, plen, gen, threads, reps, cache_type_v ? "-k" : "", kvs_cache_type_name(cache_type),
-                 cache_type_v ? " --cache-type-v " : "", cache_type_v ? kvs_cache_type_name(cache_type_v - 1) : "", path);
+                 cache_type_v ? " --cache-type-v " : "", cache_type_v ? kvs_cache_type_name(cache_type_v - 1) : "",
+                 path);
         char quant[sizeof info->weight_types];
         snprintf(quant, sizeof quant, "%s", info->weight_types);
         for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';

@@ -199,8 +199,8 @@ int kvs_cmd_generate(int argc, char **argv) {
             "prompt %d tokens: prefill %.1f ms (%.1f tok/s)\n"
             "compress (%s): %.2f ms; KV bytes %lld -> %lld (global %lld -> %lld, local %lld -> %lld)%s%s\n"
             "decode %d tokens: %.1f ms (%.1f tok/s)\n",
-            info->name, info->arch, info->n_layers, info->n_local_layers, t_load, kvs_cache_types_str(cache_type, cache_type_v, ctname), n,
-            t_prefill,
+            info->name, info->arch, info->n_layers, info->n_local_layers, t_load,
+            kvs_cache_types_str(cache_type, cache_type_v, ctname), n, t_prefill,
             n * 1000.0 / t_prefill, st.method, st.compress_ms, (long long)st.bytes_before_total,
             (long long)st.bytes_after_total, (long long)st.bytes_before_global, (long long)st.bytes_after_global,
             (long long)st.bytes_before_local, (long long)st.bytes_after_local, st.note[0] ? "; " : "", st.note,

@@ -225,7 +225,8 @@ static kvs_status expand(const kvs_experiment *e, const kvs_dataset *d, const ch
                         "kvsieve-cell 2\nexperiment=%s\nkind=task\nmodel=%s %s%s%s\n"
                         "dataset=%s version=%s sha256=%s\nsample=%s\ntemplate=%s sha256=%s\n"
                         "mode=%s\nn_predict=%d stop=%s%s\nmethod=%s\nparams=%s\nbudget=%s\n",
-                        e->name, model_name, model_hash, kv_cache[0] ? " kv_cache=" : "", kv_cache, d->name, d->version, d->hash,
+                        e->name, model_name, model_hash, kv_cache[0] ? " kv_cache=" : "", kv_cache,
+                        d->name, d->version, d->hash,
                         d->samples[si].id, tmpl, tmpl_hash,
                         kvs_prompt_mode_name((kvs_prompt_mode)e->modes[m]),
                         sample_n_predict(e, &d->samples[si]), stops_at_newline(e) ? "newline" : "none",

@@ -107,8 +107,8 @@ const char *kvs_attn_kernels_float(int ctype, int n) {
     return kvs_attn_kernels_base(ctype);
 }
 
-void kvs_dot_cache_heads_float(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
-                         int n, float scale, float *out, size_t ostride) {
+void kvs_dot_cache_heads_float(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride,
+                               int nrows, int n, float scale, float *out, size_t ostride) {
 #ifdef KVS_HAVE_ATTN512
     if (use_attn512(ctype, n)) {
         kvs_dot_cache_heads512(ctype == KVS_CACHE_BF16, q, qstride, nh, k, rstride, nrows, n, scale, out, ostride);
@@ -118,8 +118,8 @@ void kvs_dot_cache_heads_float(int ctype, const float *q, size_t qstride, int nh
     kvs_dot_cache_heads_base(ctype, q, qstride, nh, k, rstride, nrows, n, scale, out, ostride);
 }
 
-void kvs_axpy_cache_heads_float(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride, const void *x,
-                          size_t rstride, int nrows, int n) {
+void kvs_axpy_cache_heads_float(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride,
+                                const void *x, size_t rstride, int nrows, int n) {
 #ifdef KVS_HAVE_ATTN512
     if (use_attn512(ctype, n)) {
         kvs_axpy_cache_heads512(ctype == KVS_CACHE_BF16, o, ostride, nh, p, pstride, x, rstride, nrows, n);

@@ -481,7 +481,8 @@ void kvs_dot_cache_heads_base(int ctype, const float *q, size_t qstride, int nh,
     const size_t rb = rstride * elem_size(ctype);
     for (int h = 0; h < nh; h++)
         for (int t = 0; t < nrows; t++)
-            out[(size_t)h * ostride + t] = kvs_dot_cache_float(ctype, q + (size_t)h * qstride, kb + (size_t)t * rb, n) * scale;
+            out[(size_t)h * ostride + t] =
+                kvs_dot_cache_float(ctype, q + (size_t)h * qstride, kb + (size_t)t * rb, n) * scale;
 }
 
 void kvs_axpy_cache_heads_base(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride,

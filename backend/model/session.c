@@ -7,8 +7,9 @@
  * session's element types (f16 default, bf16, f32, or GGUF's Q8_0 / Q4_0
  * blocks; K and V each their own) and the original position of every row
  * [Hkv][cap]. A block type's row is D / 32 whole blocks, so rows are still
- * per token: copies, trims and plans move whole rows of bytes. After compression each layer has its own length (and capacity:
- * kept + room for the rest of the context), each KV head its own kept
+ * per token: copies, trims and plans move whole rows of bytes. After
+ * compression each layer has its own length (and capacity: kept + room for
+ * the rest of the context), each KV head its own kept
  * positions; RoPE was applied before caching, so kept keys keep their
  * rotation and decoding continues at position n_past.
  * What it is not: no arithmetic of the forward pass (forward.c), no sampling

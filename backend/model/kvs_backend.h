@@ -370,7 +370,10 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
  * call that changes the session. layers_storage is [KVS_MAX_LAYERS];
  * layer_map [KVS_MAX_LAYERS] receives the model layer of each view layer.
  * K and V views have the cache's element type (KVS_F16, KVS_BF16, KVS_F32);
- * queries are fp32, included when recorded (q.data NULL otherwise). */
+ * a Q8_0 / Q4_0 K or V is viewed as an fp32 copy of its dequantised rows,
+ * made by this call and held by the session (methods, GPU kernels and the
+ * ABI read only these dtypes; nothing sees the blocks themselves). Queries
+ * are fp32, included when recorded (q.data NULL otherwise). */
 kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_cache_view *out,
                                   kvs_layer *layers_storage, int *layer_map, int *n_mapped,
                                   kvs_err *err);

@@ -42,6 +42,13 @@ int kvs_arg_int(const char *flag, const char *text, long lo, long hi, long *out)
 int kvs_arg_double(const char *flag, const char *text, double lo, double hi, double *out);
 /* Value of `--flag VALUE` at argv[*i]; advances *i. NULL + message if absent. */
 const char *kvs_arg_value(int argc, char **argv, int *i);
+/* cache_args.c (builds with the backend). The KV cache type flags at argv[*i]: --cache-type T (K and V), --cache-type-k
+ * / -ctk T, --cache-type-v / -ctv T (llama.cpp's; the other keeps its type).
+ * *ctk as kvs_session_opts.cache_type, *ctv as its cache_type_v. Returns -1
+ * if argv[*i] is none of them, 0 when parsed (advances *i), 2 after a message. */
+int kvs_arg_cache_type(const char *cmd, int argc, char **argv, int *i, int *ctk, int *ctv);
+/* "q8_0", or "q8_0/q4_0" (K/V) where they differ, into buf[32]. */
+const char *kvs_cache_types_str(int ctk, int ctv, char *buf);
 /* flag is "--ratio" or "--tokens": parse into b and mark which was given
  * (the range check is core's: kvs_budget_per_layer). */
 int kvs_arg_budget(const char *flag, const char *text, kvs_budget *b, int *ratio_given, int *tokens_given);

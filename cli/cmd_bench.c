@@ -50,8 +50,13 @@ static const char *PARAGRAPH =
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsieve bench --model PATH|default [--prompt-len N] [--gen N] [--threads N] [--reps N]\n"
-               "                     [--cache-type f16|bf16|f32] [--batch B1,B2,..] [--db PATH | --no-store]\n"
+               "                     [--cache-type f16|bf16|f32|q8_0|q4_0] [-ctk T] [-ctv T]\n"
+               "                     [--batch B1,B2,..] [--cache-types T1,T2,..] [--db PATH | --no-store]\n"
                "  --batch LIST  batched decode of B sequences for each B in LIST (prints only)\n"
+               "  --cache-types LIST  decode tok/s per KV cache type (f16,q8_0,q4_0) after one prefill in the\n"
+               "                first type's cache, interleaved per repetition; one stored row per type\n"
+               "  --fill random  with --cache-types: random cache rows instead of the prefill (decode costs\n"
+               "                the same; a long context without minutes of prefill); prints only\n"
                "  defaults: --prompt-len 2048 --gen 64 --threads 2 --reps 1 --cache-type f16\n"
                "  --db PATH   results database for the engine_bench row (default results/kvsieve.db)\n"
                "  --no-store  print only; write no row\n");
@@ -125,10 +130,80 @@ fail:
 }
 #endif
 
+/* Decode speed per KV cache type at one context length: the prompt is
+ * prefilled once into s (the first type's cache), then for each repetition
+ * and each type in turn (interleaved, so a change of load hits every type
+ * alike) copied into a session of that type (rows converted: kvs_session_copy)
+ * and gen tokens decoded from the same first token. dec [nt][reps] gets the
+ * tok/s, *pf the prefill's. Returns 0 or 1 (error printed). */
+static int bench_types(kvs_model *m, kvs_session *s, const int32_t *toks, int n, int gen, int threads, long reps,
+                       const int *types, int nt, int fill, double *dec, double *pf) {
+    kvs_err err = {0};
+    const int V = kvs_model_get_info(m)->n_vocab;
+    float *lg = malloc((size_t)V * sizeof *lg); /* [n_vocab] */
+    kvs_session **ss = calloc((size_t)nt, sizeof *ss);
+    int rc = 1;
+    if (!lg || !ss) {
+        fprintf(stderr, "kvsieve bench: out of memory\n");
+        goto done;
+    }
+    kvs_session_reset(s);
+    double t0 = kvs_now_ms();
+    int first = toks[0];
+    if (fill) { /* random rows: a decode step costs the same whatever they hold */
+        if (kvs_session_fill_random(s, n, 7, &err) != KVS_OK) goto fail;
+        *pf = 0;
+        printf("cache types: %d cache rows per layer filled with random values (no prefill: --fill random), then "
+               "per type and repetition a copy decodes %d tokens\n", n, gen);
+    } else {
+        if (kvs_session_prefill(s, toks, n, NULL, lg, &err) != KVS_OK) goto fail;
+        *pf = n * 1000.0 / (kvs_now_ms() - t0);
+        first = argmax(lg, V);
+        printf("cache types: prompt %d tokens prefilled once (%s cache, %.1f tok/s), then per type and repetition a "
+               "copy decodes %d tokens\n", n, kvs_cache_type_name(types[0]), *pf, gen);
+    }
+    for (int i = 0; i < nt; i++) {
+        kvs_session_opts so = {n + gen + 1, threads, 0, types[i], 0};
+        if (kvs_session_new(m, &so, &ss[i], &err) != KVS_OK) goto fail;
+    }
+    for (long r = 0; r < reps; r++)
+        for (int i = 0; i < nt; i++) {
+            if (kvs_session_copy(ss[i], s, &err) != KVS_OK) goto fail;
+            int tok = first;
+            double t1 = kvs_now_ms();
+            for (int g = 0; g < gen; g++) {
+                if (kvs_session_decode(ss[i], tok, lg, &err) != KVS_OK) goto fail;
+                tok = argmax(lg, V);
+            }
+            dec[(size_t)i * reps + r] = gen * 1000.0 / (kvs_now_ms() - t1);
+            kvs_kv_stats st;
+            kvs_session_kv_stats(ss[i], &st);
+            printf("rep %ld %-5s: decode %d tokens at %d..%d: %.2f tok/s, KV cache %.1f MiB\n", r + 1,
+                   kvs_cache_type_name(types[i]), gen, n, n + gen, dec[(size_t)i * reps + r],
+                   (double)st.bytes_after_total / 1048576.0);
+        }
+    for (int i = 0; i < nt; i++) qsort(dec + (size_t)i * reps, (size_t)reps, sizeof *dec, cmp_d);
+    for (int i = 0; i < nt; i++) {
+        const double med = quantile(dec + (size_t)i * reps, reps, 0.5), base = quantile(dec, reps, 0.5);
+        printf("median %-5s: decode %.2f tok/s [p10 %.2f, p90 %.2f], %.3f x %s\n", kvs_cache_type_name(types[i]), med,
+               quantile(dec + (size_t)i * reps, reps, 0.1), quantile(dec + (size_t)i * reps, reps, 0.9), med / base,
+               kvs_cache_type_name(types[0]));
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "kvsieve bench: %s\n", err.msg);
+done:
+    for (int i = 0; ss && i < nt; i++) kvs_session_free(ss[i]);
+    free(ss);
+    free(lg);
+    return rc;
+}
+
 /* Batched decode: prefill once into s, then for each B decode gen steps of B
  * copies together. Returns 0 or 1 (error printed). */
 static int bench_batch(kvs_model *m, kvs_session *s, const int32_t *toks, int n, int gen, int threads, int cache_type,
-                       const int *batches, int nb) {
+                       int cache_type_v, const int *batches, int nb) {
     kvs_err err = {0};
     const int V = kvs_model_get_info(m)->n_vocab;
     int maxb = 0;
@@ -146,7 +221,7 @@ static int bench_batch(kvs_model *m, kvs_session *s, const int32_t *toks, int n,
     kvs_session_reset(s);
     if (kvs_session_prefill(s, toks, n, NULL, lg, &err) != KVS_OK) goto fail;
     int first = argmax(lg, V);
-    kvs_session_opts so = {n + gen + 1, 1, 0, cache_type};
+    kvs_session_opts so = {n + gen + 1, 1, 0, cache_type, cache_type_v};
     kvs_compress_opts co;
     memset(&co, 0, sizeof co); /* full: the copies keep every token, local layers their window */
     for (int i = 0; i < maxb; i++)
@@ -195,8 +270,10 @@ done:
 int kvs_cmd_bench(int argc, char **argv) {
     const char *model_spec = NULL, *db = NULL;
     long plen = 2048, gen = 64, threads = 2, reps = 1;
-    int no_store = 0, cache_type = KVS_CACHE_F16;
-    int batches[16], n_batches = 0;
+    int no_store = 0, cache_type = KVS_CACHE_F16, cache_type_v = 0, ctr;
+    char ctname[32];
+    int batches[16], n_batches = 0, types[8], n_types = 0, fill = 0;
+    char types_arg[64] = "";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -213,13 +290,8 @@ int kvs_cmd_bench(int argc, char **argv) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 256, &threads)) return 2;
         } else if (!strcmp(a, "--reps")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 100, &reps)) return 2;
-        } else if (!strcmp(a, "--cache-type")) {
-            kvs_err e = {0};
-            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
-            if (kvs_cache_type_parse(v, &cache_type, &e) != KVS_OK) {
-                fprintf(stderr, "kvsieve bench: --cache-type: %s\n", e.msg);
-                return 2;
-            }
+        } else if ((ctr = kvs_arg_cache_type("bench", argc, argv, &i, &cache_type, &cache_type_v)) >= 0) {
+            if (ctr) return 2;
         } else if (!strcmp(a, "--batch")) {
             if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
             char buf[256];
@@ -238,6 +310,31 @@ int kvs_cmd_bench(int argc, char **argv) {
                 return 2;
             }
             no_store = 1;
+        } else if (!strcmp(a, "--fill")) {
+            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
+            if (strcmp(v, "random") != 0) {
+                fprintf(stderr, "kvsieve bench: --fill takes 'random', got '%s'\n", v);
+                return 2;
+            }
+            fill = 1;
+        } else if (!strcmp(a, "--cache-types")) {
+            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", v);
+            snprintf(types_arg, sizeof types_arg, "%s", v);
+            n_types = 0;
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                kvs_err e = {0};
+                if (n_types == 8 || kvs_cache_type_parse(tok, &types[n_types], &e) != KVS_OK) {
+                    fprintf(stderr, "kvsieve bench: --cache-types: %s\n", n_types == 8 ? "at most 8 types" : e.msg);
+                    return 2;
+                }
+                n_types++;
+            }
+            if (n_types == 0) {
+                fprintf(stderr, "kvsieve bench: --cache-types needs a list such as f16,q8_0,q4_0\n");
+                return 2;
+            }
         } else if (!strcmp(a, "--db")) {
             if (!(db = kvs_arg_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--no-store")) {
@@ -309,7 +406,8 @@ int kvs_cmd_bench(int argc, char **argv) {
         goto cleanup;
     }
     n = (int)plen;
-    kvs_session_opts so = {n + (int)gen + 1, (int)threads, 0, cache_type};
+    if (n_types > 0) cache_type = types[0], cache_type_v = 0; /* the shared prefill's cache */
+    kvs_session_opts so = {n + (int)gen + 1, (int)threads, 0, cache_type, cache_type_v};
     if (kvs_session_new(m, &so, &s, &err) != KVS_OK) goto fail;
     logits = malloc((size_t)info->n_vocab * sizeof *logits); /* [n_vocab] */
     pf = malloc((size_t)reps * sizeof *pf);                   /* [reps] prefill tok/s, wall */
@@ -321,7 +419,7 @@ int kvs_cmd_bench(int argc, char **argv) {
            "%d heads / %d kv, d %d, vocab %d), %s KV cache, prompt %d tokens, decode %ld tokens, %ld repetition(s)\n",
            cpu, sysconf(_SC_NPROCESSORS_ONLN), threads, BENCH_BUILD, openblas_get_corename(), info->name, info->arch,
            info->weight_types, info->n_layers, info->n_embd, info->n_heads, info->n_kv_heads,
-           info->head_dim, info->n_vocab, kvs_cache_type_name(cache_type), n, gen, reps);
+           info->head_dim, info->n_vocab, kvs_cache_types_str(cache_type, cache_type_v, ctname), n, gen, reps);
     if (sha[0]) printf("model file %s sha256 %s\n", path, sha);
     /* warm-up: touch every weight page of the mapping once (not timed) */
     if (kvs_session_prefill(s, toks, n < 16 ? n : 16, NULL, logits, &err) != KVS_OK ||
@@ -336,8 +434,44 @@ int kvs_cmd_bench(int argc, char **argv) {
             la = -1;
         fclose(lf);
     }
+    if (n_types > 0) {
+        double *dec = malloc(sizeof *dec * (size_t)n_types * (size_t)reps), pfr = 0; /* [n_types][reps] */
+        if (!dec) goto oom;
+        rc = bench_types(m, s, toks, n, (int)gen, (int)threads, reps, types, n_types, fill, dec, &pfr);
+#ifdef KVS_HAVE_EVAL
+        for (int i = 0; rc == 0 && i < n_types; i++) {
+            if (!st || fill) { /* an engine_bench row needs a prefill rate, which a random fill has not */
+                printf("not stored (%s)\n", fill ? "--fill random: no prefill rate for engine_bench" : "--no-store");
+                break;
+            }
+            const double *d = dec + (size_t)i * reps;
+            snprintf(cmdline, sizeof cmdline,
+                     "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-types %s%s\n"
+                     "row: --cache-type %s (one shared %s in %s)\nmodel_path=%s",
+                     model_spec, plen, gen, threads, reps, types_arg, fill ? " --fill random" : "",
+                     kvs_cache_type_name(types[i]), fill ? "random fill" : "prefill", kvs_cache_type_name(types[0]),
+                     path);
+            char quant[sizeof info->weight_types];
+            snprintf(quant, sizeof quant, "%s", info->weight_types);
+            for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';
+            kvs_engine_bench_row row = {
+                .model = info->name, .model_sha256 = sha, .model_path = path, .arch = info->arch,
+                .quant_types = quant, .device = "cpu", .prompt_len = n, .gen_tokens = gen,
+                .threads = threads, .repetitions = reps, .prefill_tok_s = pfr, .prefill_tok_s_p10 = pfr,
+                .prefill_tok_s_p90 = pfr, .decode_tok_s = quantile(d, reps, 0.5),
+                .decode_tok_s_p10 = quantile(d, reps, 0.1), .decode_tok_s_p90 = quantile(d, reps, 0.9),
+                .prefill_cpu_tok_s = -1, .decode_cpu_tok_s = -1, .load_avg_before = la, .host_cpu = cpu,
+                .build_type = BENCH_BUILD};
+            if (store_row(st, db, cmdline, &row)) rc = 1;
+        }
+#else
+        printf("not stored (--no-store)\n");
+#endif
+        free(dec);
+        goto cleanup;
+    }
     if (n_batches > 0) {
-        rc = bench_batch(m, s, toks, n, (int)gen, (int)threads, cache_type, batches, n_batches);
+        rc = bench_batch(m, s, toks, n, (int)gen, (int)threads, cache_type, cache_type_v, batches, n_batches);
         goto cleanup;
     }
     for (long r = 0; r < reps; r++) {
@@ -372,9 +506,11 @@ int kvs_cmd_bench(int argc, char **argv) {
 #ifdef KVS_HAVE_EVAL
     if (st) {
         snprintf(cmdline, sizeof cmdline,
-                 "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-type %s\n"
+                 "kvsieve bench --model %s --prompt-len %ld --gen %ld --threads %ld --reps %ld --cache-type%s %s%s%s\n"
                  "model_path=%s",
-                 model_spec, plen, gen, threads, reps, kvs_cache_type_name(cache_type), path);
+                 model_spec, plen, gen, threads, reps, cache_type_v ? "-k" : "", kvs_cache_type_name(cache_type),
+                 cache_type_v ? " --cache-type-v " : "", cache_type_v ? kvs_cache_type_name(cache_type_v - 1) : "",
+                 path);
         char quant[sizeof info->weight_types];
         snprintf(quant, sizeof quant, "%s", info->weight_types);
         for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';

@@ -21,7 +21,8 @@ static void usage(FILE *f) {
             "  --max-tokens N      tokens to generate (default 64)\n"
             "  --threads N         worker threads (default 2)\n"
             "  --ctx N             context length (default: prompt + max tokens)\n"
-            "  --cache-type T      KV cache element type: f16 (default), bf16, f32\n"
+            "  --cache-type T      KV cache element type: f16 (default), bf16, f32, q8_0, q4_0\n"
+            "  -ctk T, -ctv T      the K / V cache type alone (--cache-type-k, --cache-type-v)\n"
             "  --chat              wrap the prompt in the model's chat template\n"
             "  --method M          compress the cache after prefill (see `kvsieve methods`; a name or\n"
             "                      a composition such as {\"score\":\"tova\",\"keep\":{\"sinks\":4}})\n"
@@ -46,7 +47,8 @@ int kvs_cmd_generate(int argc, char **argv) {
     const char *params[KVS_MAX_PARAMS];
     int n_params = 0, chat = 0, compress_local = 0, show_tokens = 0;
     long max_tokens = 64, threads = 2, ctx = 0;
-    int cache_type = KVS_CACHE_F16;
+    int cache_type = KVS_CACHE_F16, cache_type_v = 0, ctr;
+    char ctname[32];
     double ratio = 0;
     long tokens_budget = 0;
     for (int i = 1; i < argc; i++) {
@@ -69,14 +71,8 @@ int kvs_cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--ctx")) {
             const char *v = kvs_arg_value(argc, argv, &i);
             if (!v || kvs_arg_int(a, v, 1, 1 << 24, &ctx)) return 2;
-        } else if (!strcmp(a, "--cache-type")) {
-            const char *v = kvs_arg_value(argc, argv, &i);
-            kvs_err e = {0};
-            if (!v) return 2;
-            if (kvs_cache_type_parse(v, &cache_type, &e) != KVS_OK) {
-                fprintf(stderr, "kvsieve generate: --cache-type: %s\n", e.msg);
-                return 2;
-            }
+        } else if ((ctr = kvs_arg_cache_type("generate", argc, argv, &i, &cache_type, &cache_type_v)) >= 0) {
+            if (ctr) return 2;
         } else if (!strcmp(a, "--ratio")) {
             const char *v = kvs_arg_value(argc, argv, &i);
             if (!v || kvs_arg_double(a, v, 1e-9, 1.0, &ratio)) return 2;
@@ -169,7 +165,7 @@ int kvs_cmd_generate(int argc, char **argv) {
         for (int i = 0; i < n; i++) fprintf(stderr, " %d", toks[i]);
         fprintf(stderr, "\n");
     }
-    kvs_session_opts so = {ctx > 0 ? (int)ctx : n + (int)max_tokens + 1, (int)threads, 0, cache_type};
+    kvs_session_opts so = {ctx > 0 ? (int)ctx : n + (int)max_tokens + 1, (int)threads, 0, cache_type, cache_type_v};
     if (co.method) so.record_queries = kvs_method_queries_needed(co.method, &co.params, n);
     if (kvs_session_new(m, &so, &s, &err) != KVS_OK) goto fail;
     logits = malloc((size_t)info->n_vocab * sizeof *logits);
@@ -203,8 +199,8 @@ int kvs_cmd_generate(int argc, char **argv) {
             "prompt %d tokens: prefill %.1f ms (%.1f tok/s)\n"
             "compress (%s): %.2f ms; KV bytes %lld -> %lld (global %lld -> %lld, local %lld -> %lld)%s%s\n"
             "decode %d tokens: %.1f ms (%.1f tok/s)\n",
-            info->name, info->arch, info->n_layers, info->n_local_layers, t_load, kvs_cache_type_name(cache_type), n,
-            t_prefill,
+            info->name, info->arch, info->n_layers, info->n_local_layers, t_load,
+            kvs_cache_types_str(cache_type, cache_type_v, ctname), n, t_prefill,
             n * 1000.0 / t_prefill, st.method, st.compress_ms, (long long)st.bytes_before_total,
             (long long)st.bytes_after_total, (long long)st.bytes_before_global, (long long)st.bytes_after_global,
             (long long)st.bytes_before_local, (long long)st.bytes_after_local, st.note[0] ? "; " : "", st.note,

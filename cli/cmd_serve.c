@@ -22,7 +22,7 @@ static void serve_usage(FILE *f) {
             "usage: kvsieve serve --model PATH|default [--host 127.0.0.1] [--port 8080]\n"
             "                     [--threads N] [--ctx N] [--slots N] [--alias NAME] [--queue N]\n"
             "                     [--batch N] [--n-predict-max N] [--drain-timeout S] [--max-conn N]\n"
-            "                     [--cache-type f16|bf16|f32] [--api-key KEY]\n"
+            "                     [--cache-type f16|bf16|f32|q8_0|q4_0] [-ctk T] [-ctv T] [--api-key KEY]\n"
             "                     [--prepend-bos] [--kv-compression JSON]\n"
             "  --model    a GGUF file, or `default` (Gemma 3 270M Q4_K_M, see the README)\n"
             "  --host     address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
@@ -40,7 +40,8 @@ static void serve_usage(FILE *f) {
             "  --drain-timeout  seconds SIGTERM waits for requests in flight (default 10);\n"
             "             then the rest is cancelled (503) and the server exits 0\n"
             "  --max-conn simultaneous connections (default 512; polled, so > 1024 works)\n"
-            "  --cache-type  KV cache element type: f16 (default), bf16, f32\n"
+            "  --cache-type  KV cache element type: f16 (default), bf16, f32, q8_0, q4_0 (GGUF blocks)\n"
+            "  -ctk, -ctv    the K / V cache type alone (--cache-type-k, --cache-type-v)\n"
             "  --api-key  require `Authorization: Bearer KEY` on every endpoint but /health\n"
             "             (401 otherwise); default: the KVSIEVE_API_KEY environment variable\n"
             "  --prepend-bos  token-id prompts without BOS get it (models whose tokenizer adds\n"
@@ -54,6 +55,8 @@ static void serve_usage(FILE *f) {
 int kvs_cmd_serve(int argc, char **argv) {
     kvs_server_config cfg;
     kvs_server_config_defaults(&cfg);
+    int ctr;
+    char ctname[32];
     const char *model_spec = NULL;
     long port = cfg.port, threads = sysconf(_SC_NPROCESSORS_ONLN), ctx = 0, slots = cfg.slots, queue = cfg.queue,
          batch = cfg.batch, npmax = cfg.n_predict_max, drain = (long)cfg.drain_timeout_s, max_conn = cfg.max_conn;
@@ -85,13 +88,8 @@ int kvs_cmd_serve(int argc, char **argv) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 1L << 24, &npmax)) return 2;
         } else if (!strcmp(a, "--drain-timeout")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 0, 86400, &drain)) return 2;
-        } else if (!strcmp(a, "--cache-type")) {
-            kvs_err e = {0};
-            if (!(v = kvs_arg_value(argc, argv, &i))) return 2;
-            if (kvs_cache_type_parse(v, &cfg.cache_type, &e) != KVS_OK) {
-                fprintf(stderr, "kvsieve serve: --cache-type: %s\n", e.msg);
-                return 2;
-            }
+        } else if ((ctr = kvs_arg_cache_type("serve", argc, argv, &i, &cfg.cache_type, &cfg.cache_type_v)) >= 0) {
+            if (ctr) return 2;
         } else if (!strcmp(a, "--prepend-bos")) {
             cfg.prepend_bos = 1;
         } else if (!strcmp(a, "--api-key")) {
@@ -166,7 +164,7 @@ int kvs_cmd_serve(int argc, char **argv) {
     int v6 = strchr(cfg.host, ':') != NULL; /* an IPv6 literal goes in brackets in a URL */
     fprintf(stderr, "kvsieve serve: listening on http://%s%s%s:%d (slots %d, threads %ld, %s KV cache%s)\n",
             v6 ? "[" : "", cfg.host, v6 ? "]" : "", kvs_server_port(srv), cfg.slots, threads,
-            kvs_cache_type_name(cfg.cache_type), cfg.api_key ? ", API key required" : "");
+            kvs_cache_types_str(cfg.cache_type, cfg.cache_type_v, ctname), cfg.api_key ? ", API key required" : "");
     if (cfg.kv_compression) fprintf(stderr, "kvsieve serve: default kv_compression %s\n", cfg.kv_compression);
     fflush(stderr);
     int sig = 0;

@@ -70,6 +70,44 @@ done:
     return rc;
 }
 
+/* backend.cache = { type = T } (K and V) or { k = T, v = T } (llama.cpp's -ctk /
+ * -ctv; the one not given stays f16, or type's): kvsieve serve's KV cache types. */
+static kvs_status parse_backend_cache(const vctx *v, int idx, int line, kvs_experiment *e) {
+    lua_State *L = v->L;
+    static const char *const types[] = {"f16", "bf16", "f32", "q8_0", "q4_0", NULL};
+    static const char *const keys[] = {"type", "k", "v", NULL};
+    lua_getfield(L, idx, "cache");
+    int c = lua_gettop(L);
+    kvs_status rc = KVS_OK;
+    if (lua_isnil(L, c)) goto done;
+    if (lua_type(L, c) != LUA_TTABLE) {
+        rc = kvs_cfg_ferr(v, line, "backend.cache", KVS_ERR_INVALID,
+                          "expected { type = \"q8_0\" } or { k = \"q8_0\", v = \"q4_0\" }, got a %s",
+                          kvs_cfg_type_name(L, c));
+        goto done;
+    }
+    int cl = kvs_cfg_table_line(L, c, line), wt = 0, wk = 0, wv = 0; /* 0: f16 */
+    char ty[16], k[16], vv[16];
+    if ((rc = kvs_cfg_check_keys(v, c, cl, "backend.cache.", keys)) ||
+        (rc = kvs_cfg_get_string(v, c, cl, "type", "backend.cache.type", ty, sizeof ty, 0)) ||
+        (rc = kvs_cfg_get_string(v, c, cl, "k", "backend.cache.k", k, sizeof k, 0)) ||
+        (rc = kvs_cfg_get_string(v, c, cl, "v", "backend.cache.v", vv, sizeof vv, 0)))
+        goto done;
+    if (ty[0] && (k[0] || vv[0])) {
+        rc = kvs_cfg_ferr(v, cl, "backend.cache", KVS_ERR_INVALID, "give type (K and V) or k and v, not both");
+        goto done;
+    }
+    if ((ty[0] && (rc = kvs_cfg_check_choice(v, cl, "backend.cache.type", ty, types, &wt))) ||
+        (k[0] && (rc = kvs_cfg_check_choice(v, cl, "backend.cache.k", k, types, &wk))) ||
+        (vv[0] && (rc = kvs_cfg_check_choice(v, cl, "backend.cache.v", vv, types, &wv))))
+        goto done;
+    snprintf(e->backend_cache_k, sizeof e->backend_cache_k, "%s", types[ty[0] ? wt : wk]);
+    snprintf(e->backend_cache_v, sizeof e->backend_cache_v, "%s", types[ty[0] ? wt : wv]);
+done:
+    lua_pop(L, 1);
+    return rc;
+}
+
 kvs_status kvs_cfg_parse_backend(const vctx *v, int t, kvs_experiment *e) {
     lua_State *L = v->L;
     kvs_status rc = KVS_OK;
@@ -84,8 +122,8 @@ kvs_status kvs_cfg_parse_backend(const vctx *v, int t, kvs_experiment *e) {
                           kvs_cfg_type_name(L, idx));
     } else {
         int line = kvs_cfg_table_line(L, idx, e->line);
-        static const char *const keys[] = {"embedded", "url",     "model",     "api",
-                                           "threads",  "ctx",     "in_flight", NULL};
+        static const char *const keys[] = {"embedded", "url", "model",     "api",   "threads",
+                                           "ctx",      "cache", "in_flight", NULL};
         int64_t x;
         char api[16];
         if (!(rc = kvs_cfg_check_keys(v, idx, line, "backend.", keys)) &&
@@ -117,8 +155,12 @@ kvs_status kvs_cfg_parse_backend(const vctx *v, int t, kvs_experiment *e) {
                 e->backend_ctx = (int)x;
             if (!rc && !(rc = kvs_cfg_get_int(v, idx, line, "in_flight", "backend.in_flight", 1, 64, 2, &x)))
                 e->in_flight = (int)x;
-            if (!rc && !e->backend_embedded && (e->backend_threads || e->backend_ctx))
-                rc = kvs_cfg_ferr(v, line, e->backend_threads ? "backend.threads" : "backend.ctx",
+            if (!rc) rc = parse_backend_cache(v, idx, line, e);
+            if (!rc && !e->backend_embedded && (e->backend_threads || e->backend_ctx || e->backend_cache_k[0]))
+                rc = kvs_cfg_ferr(v, line,
+                                  e->backend_threads ? "backend.threads"
+                                  : e->backend_ctx   ? "backend.ctx"
+                                                     : "backend.cache",
                                   KVS_ERR_INVALID, "only for embedded = true (a url backend is started "
                                   "by whoever runs it)");
         }

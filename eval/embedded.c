@@ -88,7 +88,7 @@ kvs_status kvs_embedded_start(const kvs_embedded_opts *o, kvs_embedded **out, kv
     snprintf(threads, sizeof threads, "%d", o->threads);
     snprintf(ctx, sizeof ctx, "%d", o->ctx);
     snprintf(slots, sizeof slots, "%d", o->slots > 0 ? o->slots : 1);
-    const char *argv[16];
+    const char *argv[24];
     int a = 0;
     argv[a++] = "kvsieve";
     argv[a++] = "serve";
@@ -102,6 +102,8 @@ kvs_status kvs_embedded_start(const kvs_embedded_opts *o, kvs_embedded **out, kv
     argv[a++] = slots;
     if (o->threads > 0) argv[a++] = "--threads", argv[a++] = threads;
     if (o->ctx > 0) argv[a++] = "--ctx", argv[a++] = ctx;
+    if (o->cache_type_k && o->cache_type_k[0]) argv[a++] = "--cache-type-k", argv[a++] = o->cache_type_k;
+    if (o->cache_type_v && o->cache_type_v[0]) argv[a++] = "--cache-type-v", argv[a++] = o->cache_type_v;
     argv[a] = NULL;
     pid_t parent = getpid();
     pid_t pid = fork();

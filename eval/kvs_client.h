@@ -190,6 +190,7 @@ typedef struct {
     int threads;       /* --threads (0: its default) */
     int ctx;           /* --ctx (0: its default) */
     int slots;         /* --slots (0: 1) */
+    const char *cache_type_k, *cache_type_v; /* --cache-type-k / -v (NULL or "": f16) */
     double start_timeout_s; /* model load + /health (0: 300) */
 } kvs_embedded_opts;
 

@@ -145,6 +145,8 @@ typedef struct {
     char (*backend_urls)[256]; /* [n_backend_urls] */
     int backend_openai;        /* backend.api = "openai": plain OpenAI server, `full` only */
     int backend_threads, backend_ctx; /* embedded: serve --threads / --ctx (0: its default) */
+    char backend_cache_k[8], backend_cache_v[8]; /* embedded: serve -ctk / -ctv, backend.cache
+                                                    ("": not given, the server's f16) */
     int in_flight;             /* requests in flight per backend URL */
     /* ruler{ tasks, lengths, n, seed, data, setting }: the tasks with their
      * arguments (lengths, seeds[0] and per_cell = n hold the rest);

@@ -119,8 +119,9 @@ kvs_status kvs_sha256_file(const char *path, char out[65], kvs_err *err) {
 /* name and hash of the model a backend serves (GET /v1/models). */
 static kvs_status model_identity(const char *url, char *name, size_t name_n, char *hash,
                                  size_t hash_n, char *ident, size_t ident_n, double *file_bytes,
-                                 kvs_err *err) {
+                                 char kv_cache[32], kvs_err *err) {
     *file_bytes = -1;
+    kv_cache[0] = 0;
     long status = 0;
     char *body = NULL;
     kvs_status rc = kvs_http_get(url, "/v1/models", 30, &status, &body, err);
@@ -153,8 +154,12 @@ static kvs_status model_identity(const char *url, char *name, size_t name_n, cha
         snprintf(hash, hash_n, "meta-sha256:%s", hex);
         free(txt);
     }
-    snprintf(ident, ident_n, "%s size=%.0f", name,
-             cJSON_IsNumber(size) ? size->valuedouble : -1.0);
+    /* the KV cache type the server decodes with ("f16", "q4_0", "q8_0/q4_0" for K/V): outputs
+     * depend on it, so a cell key carries it where it is not the default f16 */
+    const cJSON *ct = meta ? cJSON_GetObjectItemCaseSensitive(meta, "cache_type") : NULL;
+    if (cJSON_IsString(ct) && strcmp(ct->valuestring, "f16") != 0) snprintf(kv_cache, 32, "%s", ct->valuestring);
+    snprintf(ident, ident_n, "%s size=%.0f%s%s", name, cJSON_IsNumber(size) ? size->valuedouble : -1.0,
+             kv_cache[0] ? " kv_cache=" : "", kv_cache);
     /* what a decode step reads: the server's step_bytes where it reports one (kvsieve serve: the file's
      * tensors less an untied embedding table), else the file's size */
     const cJSON *step = meta ? cJSON_GetObjectItemCaseSensitive(meta, "step_bytes") : NULL;
@@ -190,7 +195,7 @@ static void budget_text(const kvs_budget *b, char *out, size_t n) {
 }
 
 static kvs_status expand(const kvs_experiment *e, const kvs_dataset *d, const char *model_name,
-                         const char *model_hash, const char *tmpl, const char *tmpl_hash,
+                         const char *model_hash, const char *kv_cache, const char *tmpl, const char *tmpl_hash,
                          tcell **out, int *n_out, kvs_err *err) {
     *out = NULL;
     *n_out = 0;
@@ -217,10 +222,11 @@ static kvs_status expand(const kvs_experiment *e, const kvs_dataset *d, const ch
                     if (!full) budget_text(&e->budgets[b], bt, sizeof bt);
                     int len = snprintf(
                         x->def, sizeof x->def,
-                        "kvsieve-cell 2\nexperiment=%s\nkind=task\nmodel=%s %s\n"
+                        "kvsieve-cell 2\nexperiment=%s\nkind=task\nmodel=%s %s%s%s\n"
                         "dataset=%s version=%s sha256=%s\nsample=%s\ntemplate=%s sha256=%s\n"
                         "mode=%s\nn_predict=%d stop=%s%s\nmethod=%s\nparams=%s\nbudget=%s\n",
-                        e->name, model_name, model_hash, d->name, d->version, d->hash,
+                        e->name, model_name, model_hash, kv_cache[0] ? " kv_cache=" : "", kv_cache,
+                        d->name, d->version, d->hash,
                         d->samples[si].id, tmpl, tmpl_hash,
                         kvs_prompt_mode_name((kvs_prompt_mode)e->modes[m]),
                         sample_n_predict(e, &d->samples[si]), stops_at_newline(e) ? "newline" : "none",
@@ -663,6 +669,8 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
         eo.threads = e->backend_threads > 0 ? e->backend_threads : o->threads_override;
         eo.ctx = e->backend_ctx;
         eo.slots = 1;
+        eo.cache_type_k = e->backend_cache_k;
+        eo.cache_type_v = e->backend_cache_v;
         if (o->progress)
             fprintf(o->progress, "experiment '%s': starting the embedded backend (kvsieve serve "
                     "--model %s)\n", e->name, e->model);
@@ -671,15 +679,15 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     } else {
         for (int i = 0; i < e->n_backend_urls && i < 64; i++) urls[n_urls++] = e->backend_urls[i];
     }
-    char model_name[256], model_hash[128], ident[300];
+    char model_name[256], model_hash[128], ident[340], kv_cache[32];
     double file_bytes;
     if ((rc = model_identity(urls[0], model_name, sizeof model_name, model_hash, sizeof model_hash,
-                             ident, sizeof ident, &file_bytes, err)))
+                             ident, sizeof ident, &file_bytes, kv_cache, err)))
         goto fail;
     for (int i = 1; i < n_urls; i++) {
-        char n2[256], h2[128], id2[300];
+        char n2[256], h2[128], id2[340], kv2[32];
         double fb2;
-        if ((rc = model_identity(urls[i], n2, sizeof n2, h2, sizeof h2, id2, sizeof id2, &fb2, err)))
+        if ((rc = model_identity(urls[i], n2, sizeof n2, h2, sizeof h2, id2, sizeof id2, &fb2, kv2, err)))
             goto fail;
         if (strcmp(ident, id2) != 0) {
             rc = kvs_errorf(err, KVS_ERR_INVALID,
@@ -706,7 +714,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     }
 
     /* grid and resume */
-    if ((rc = expand(e, d, model_name, model_hash, tmpl_name, tmpl_hash, &cells, &n, err))) goto fail;
+    if ((rc = expand(e, d, model_name, model_hash, kv_cache, tmpl_name, tmpl_hash, &cells, &n, err))) goto fail;
     if (o->shard_count > 1) { /* this shard's request units, whole (kvs_shard_of) */
         int k = 0;
         for (int i = 0; i < n; i++) {

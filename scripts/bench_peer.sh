@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# bench_peer.sh [--rounds N] [--threads T] [--gen N] [MODEL...] -- kvsieve's
-# engine against llama.cpp's llama-bench on the same GGUF files, same machine,
-# same run: prefill tokens/s at 512 and 2048 prompt tokens and decode tokens/s
-# after each of those prompts, side by side with the ratio kvsieve / llama.cpp.
+# bench_peer.sh [--rounds N] [--threads T] [--gen N] [--lens L1,L2] [--cache-types T1,T2] [MODEL...]
+# -- kvsieve's engine against llama.cpp's llama-bench on the same GGUF files,
+# same machine, same run: prefill tokens/s at 512 and 2048 prompt tokens
+# (--lens) and decode tokens/s after each of those prompts, side by side with
+# the ratio kvsieve / llama.cpp, for each KV cache type of --cache-types
+# (default f16; e.g. f16,q8_0,q4_0: kvsieve --cache-type T against llama-bench
+# -ctk T -ctv T, the quantised cache's decode at 8K tokens with --lens 8192).
 # Models are registry names (scripts/models.tsv; default: gemma3-270m
 # qwen2.5-0.5b smollm2-135m) and must be installed (scripts/install_model.sh).
 #
@@ -10,8 +13,8 @@
 # below; PyPI is a registry this project may use, a git host is not), unpacked
 # into build-peer/ (git-ignored, never committed) and built once: only the
 # llama-bench target, CPU only, -DGGML_NATIVE=ON, no HTTPS/CURL.
-# Both sides: T threads (default 2), fp16 KV cache (kvsieve's default after the
-# engine issue; llama-bench -ctk f16 -ctv f16), greedy decode of --gen tokens
+# Both sides: T threads (default 2), the same KV cache type (default f16,
+# kvsieve's default; llama-bench -ctk f16 -ctv f16), greedy decode of --gen tokens
 # (default 64). Rounds interleave the two engines (kvsieve 512, llama 512,
 # kvsieve 2048, llama 2048 per model, then the next model, then the next round)
 # so that load from other processes falls on both alike; the table shows the
@@ -43,6 +46,7 @@ BENCH="$PEER/build/bin/llama-bench"
 KVS=${KVSIEVE:-$ROOT/build/kvsieve}
 PY=${PYTHON:-python3}
 ROUNDS=3 THREADS=2 GEN=64 PEER_WAIT=passive PEER_REPACK=auto
+LENS=(512 2048) CTYPES=(f16)
 models=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -52,13 +56,14 @@ while [ $# -gt 0 ]; do
   --build-only) BUILD_ONLY=1; shift ;;
   --peer-spin) PEER_WAIT=active; shift ;;
   --peer-repack) PEER_REPACK=$2; shift 2 ;;
-  -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --lens) IFS=, read -r -a LENS <<<"$2"; shift 2 ;;
+  --cache-types) IFS=, read -r -a CTYPES <<<"$2"; shift 2 ;;
+  -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "bench_peer: unknown option $1" >&2; exit 2 ;;
   *) models+=("$1"); shift ;;
   esac
 done
 [ ${#models[@]} -gt 0 ] || models=(gemma3-270m qwen2.5-0.5b smollm2-135m)
-LENS=(512 2048)
 
 # ---- the peer: download (PyPI sdist), unpack, build llama-bench once ----------
 if [ ! -x "$BENCH" ]; then
@@ -118,15 +123,14 @@ echo "bench_peer: $(date -u '+%Y-%m-%d %H:%M UTC'), kvsieve $rev$dirty, llama.cp
      "$LLAMA_CPP_PYTHON_VERSION, $(nproc) cpus, threads $THREADS, decode $GEN tokens, $ROUNDS rounds," \
      "load average before: $(load)"
 
-# kvsieve's cache element type: f16 where this build has --cache-type (the
-# engine issue's default); before that the engine only has an fp32 cache, and
-# the table says so rather than pretending.
-if "$KVS" bench --help 2>&1 | grep -q -- --cache-type; then
-  KVS_CACHE=(--cache-type f16) KVS_CACHE_NAME=f16
-else
-  KVS_CACHE=() KVS_CACHE_NAME="f32 (this kvsieve has no --cache-type)"
-fi
-echo "kvsieve KV cache: $KVS_CACHE_NAME; llama.cpp KV cache: f16; llama.cpp OMP_WAIT_POLICY=$PEER_WAIT"
+# the KV cache types: kvsieve --cache-type T, llama-bench -ctk T -ctv T (q8_0 /
+# q4_0 need a kvsieve with GGUF block caches; an older one is refused here)
+for T in "${CTYPES[@]}"; do
+  "$KVS" bench --help 2>&1 | grep -q -- "--cache-type.*$T" ||
+    { echo "bench_peer: this kvsieve has no --cache-type $T" >&2; exit 1; }
+done
+echo "KV cache types: ${CTYPES[*]} (kvsieve --cache-type T, llama-bench -ctk T -ctv T);" \
+     "llama.cpp OMP_WAIT_POLICY=$PEER_WAIT"
 # kvsieve's prefill is mostly OpenBLAS sgemm, so the kernels OpenBLAS runs
 # (OPENBLAS_CORETYPE, if set, chooses them) decide much of that ratio;
 # llama.cpp uses its own kernels.
@@ -135,21 +139,22 @@ blas_core=$("$KVS" bench --model "${PATHS[${models[0]}]}" --prompt-len 1 --gen 1
 echo "kvsieve OpenBLAS kernels: ${blas_core:-unknown} (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-unset})"
 
 # kvsieve: one run gives prefill at L and decode after L tokens.
-run_kvs() { # model len round
+run_kvs() { # model len round cache
   "$KVS" bench --model "${PATHS[$1]}" --prompt-len "$2" --gen "$GEN" --threads "$THREADS" --reps 1 \
-    "${KVS_CACHE[@]}" --no-store >"$OUT/kvs-$1-$2-$3.txt" 2>&1 || { cat "$OUT/kvs-$1-$2-$3.txt" >&2; return 1; }
-  sed -n 's/^median: prefill \([0-9.]*\) tok\/s.*decode \([0-9.]*\) tok\/s.*/\1 \2/p' "$OUT/kvs-$1-$2-$3.txt"
+    --cache-type "$4" --no-store >"$OUT/kvs-$1-$2-$3-$4.txt" 2>&1 || { cat "$OUT/kvs-$1-$2-$3-$4.txt" >&2; return 1; }
+  sed -n 's/^median: prefill \([0-9.]*\) tok\/s.*decode \([0-9.]*\) tok\/s.*/\1 \2/p' "$OUT/kvs-$1-$2-$3-$4.txt"
 }
 # llama-bench: pp L, and tg GEN at depth L (decode after an L-token prompt).
-run_peer() { # model len round
-  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" --repack "${REPACK[$1]}" -ctk f16 -ctv f16 \
+run_peer() { # model len round cache (e.g. llama-bench -ctk q8_0 -ctv q8_0)
+  local o="$OUT/$1-$2-$3-$4"
+  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" --repack "${REPACK[$1]}" -ctk "$4" -ctv "$4" \
     -r 1 -o csv -p "$2" -n 0 \
-    >"$OUT/pp-$1-$2-$3.csv" 2>"$OUT/pp-$1-$2-$3.err" || { cat "$OUT/pp-$1-$2-$3.err" >&2; return 1; }
-  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" --repack "${REPACK[$1]}" -ctk f16 -ctv f16 \
+    >"$o.pp.csv" 2>"$o.pp.err" || { cat "$o.pp.err" >&2; return 1; }
+  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" --repack "${REPACK[$1]}" -ctk "$4" -ctv "$4" \
     -r 1 -o csv -p 0 -n "$GEN" \
     -d "$2" \
-    >"$OUT/tg-$1-$2-$3.csv" 2>"$OUT/tg-$1-$2-$3.err" || { cat "$OUT/tg-$1-$2-$3.err" >&2; return 1; }
-  "$PY" - "$OUT/pp-$1-$2-$3.csv" "$OUT/tg-$1-$2-$3.csv" <<'EOF'
+    >"$o.tg.csv" 2>"$o.tg.err" || { cat "$o.tg.err" >&2; return 1; }
+  "$PY" - "$o.pp.csv" "$o.tg.csv" <<'EOF'
 import csv, sys
 def ts(path):
     rows = list(csv.DictReader(open(path)))
@@ -161,36 +166,40 @@ EOF
 for r in $(seq 1 "$ROUNDS"); do
   for m in "${models[@]}"; do
     for L in "${LENS[@]}"; do
-      echo "$m $L $r kvs $(run_kvs "$m" "$L" "$r")" >>"$OUT/results"
-      echo "$m $L $r peer $(run_peer "$m" "$L" "$r")" >>"$OUT/results"
+      for T in "${CTYPES[@]}"; do
+        echo "$m $L $T $r kvs $(run_kvs "$m" "$L" "$r" "$T")" >>"$OUT/results"
+        echo "$m $L $T $r peer $(run_peer "$m" "$L" "$r" "$T")" >>"$OUT/results"
+      done
     done
   done
   echo "bench_peer: round $r of $ROUNDS done, load average $(load)" >&2
 done
-"$PY" - "$OUT/results" "$THREADS" "$GEN" "$KVS_CACHE_NAME" "$PEER_WAIT" <<'EOF'
+"$PY" - "$OUT/results" "$THREADS" "$GEN" "$PEER_WAIT" <<'EOF'
 import statistics as st, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-threads, gen, kvs_cache, wait = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+threads, gen, wait = sys.argv[2], sys.argv[3], sys.argv[4]
 data = {}
-for m, L, r, who, pf, dc in rows:
-    data.setdefault((m, int(L), who), []).append((float(pf), float(dc)))
+for m, L, T, r, who, pf, dc in rows:
+    data.setdefault((m, int(L), T, who), []).append((float(pf), float(dc)))
 models = list(dict.fromkeys(r[0] for r in rows))
+types = list(dict.fromkeys(r[2] for r in rows))
 n_rounds = max(len(v) for v in data.values())
 print()
-print(f"| model | prompt | prefill tok/s kvsieve | llama.cpp | ratio | decode tok/s kvsieve | llama.cpp | ratio |")
-print(f"|---|---:|---:|---:|---:|---:|---:|---:|")
+print(f"| model | prompt | KV cache | prefill tok/s kvsieve | llama.cpp | ratio | decode tok/s kvsieve | llama.cpp | ratio |")
+print(f"|---|---:|---|---:|---:|---:|---:|---:|---:|")
 for m in models:
     for L in sorted({k[1] for k in data if k[0] == m}):
-        k, p = data[(m, L, "kvs")], data[(m, L, "peer")]
-        kp, kd = st.median(x[0] for x in k), st.median(x[1] for x in k)
-        pp, pd = st.median(x[0] for x in p), st.median(x[1] for x in p)
-        print(f"| {m} | {L} | {kp:.1f} | {pp:.1f} | {kp / pp:.2f}x | {kd:.2f} | {pd:.2f} | {kd / pd:.2f}x |")
+        for T in types:
+            k, p = data[(m, L, T, "kvs")], data[(m, L, T, "peer")]
+            kp, kd = st.median(x[0] for x in k), st.median(x[1] for x in k)
+            pp, pd = st.median(x[0] for x in p), st.median(x[1] for x in p)
+            print(f"| {m} | {L} | {T} | {kp:.1f} | {pp:.1f} | {kp / pp:.2f}x | {kd:.2f} | {pd:.2f} | {kd / pd:.2f}x |")
 print()
-print(f"medians of {n_rounds} interleaved rounds; {threads} threads; KV cache: kvsieve {kvs_cache}, "
-      f"llama.cpp f16 (llama-bench -ctk f16 -ctv f16, flash attention auto, OMP_WAIT_POLICY={wait}); decode = {gen} greedy tokens after the prompt "
-      f"(llama-bench tg{gen} @ d512 / d2048). Ratio = kvsieve / llama.cpp (>1: kvsieve faster).")
+print(f"medians of {n_rounds} interleaved rounds; {threads} threads; KV cache: kvsieve --cache-type T, "
+      f"llama.cpp llama-bench -ctk T -ctv T (flash attention auto, OMP_WAIT_POLICY={wait}); decode = {gen} greedy "
+      f"tokens after the prompt (llama-bench tg{gen} @ d = prompt). Ratio = kvsieve / llama.cpp (>1: kvsieve faster).")
 print("per round (prefill, decode):")
-for (m, L, who), v in sorted(data.items()):
-    print(f"  {m} {L} {who}: " + "  ".join(f"{a:.1f}/{b:.2f}" for a, b in v))
+for (m, L, T, who), v in sorted(data.items()):
+    print(f"  {m} {L} {T} {who}: " + "  ".join(f"{a:.1f}/{b:.2f}" for a, b in v))
 EOF
 echo "load average after: $(load)"

@@ -64,7 +64,19 @@ float kvs_dot_q8a_bs_ref(int type, const void *row, const kvs_q8a_block *x, int6
 void kvs_dot_amx_rows(int type, const uint8_t *rows, size_t rb, int64_t nrows, const kvs_q8a_block *x, int64_t xs,
                       int ncols, int64_t n, float *out, int64_t os);
 
-/* ---- KV cache rows (simd.c, attn512.c) ---------------------------------------- */
+/* ---- KV cache rows (kvcache.c, simd.c, attn512.c) ------------------------------- */
+/* The float cache types' kernels behind kvcache.c's entry points (which
+ * handle Q8_0 / Q4_0 rows itself): simd.c's one-head kernels and dispatch.c's
+ * choice of GQA-group kernels, for f32 / f16 / bf16 rows. */
+void kvs_cache_to_f32_float(int ctype, const void *src, float *dst, int n);
+void kvs_cache_from_f32_float(int ctype, const float *src, void *dst, int n);
+float kvs_dot_cache_float(int ctype, const float *q, const void *k, int n);
+void kvs_axpy_cache_float(int ctype, float *o, float a, const void *x, int n);
+void kvs_dot_cache_heads_float(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride,
+                               int nrows, int n, float scale, float *out, size_t ostride);
+void kvs_axpy_cache_heads_float(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride,
+                                const void *x, size_t rstride, int nrows, int n);
+const char *kvs_attn_kernels_float(int ctype, int n);
 /* simd.c's own kernels (AVX2 + F16C, or one head at a time) for
  * kvs_dot_cache_heads / kvs_axpy_cache_heads, and their name for
  * kvs_attn_kernels: "avx2" or "one head at a time". */

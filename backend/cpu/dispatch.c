@@ -8,7 +8,8 @@
  *     dot_amx.c's tiles from KVS_AMX_MIN_COLS columns), else dot.c's kernels
  *     built with AVX-512 VNNI (dot_vnni.c) where the CPU has them, else
  *     dot.c's x86-64-v3 or scalar kernels;
- *   kvs_dot_cache_heads, kvs_axpy_cache_heads (kvs_attn_kernels):
+ *   kvs_dot_cache_heads, kvs_axpy_cache_heads (kvs_attn_kernels) of f32 /
+ *     f16 / bf16 rows (kvcache.c sends them here as *_float):
  *     attn512.c for f16 / bf16 rows of a multiple of 32 elements where the
  *     CPU has AVX-512F, else simd.c's kernels.
  *
@@ -92,10 +93,12 @@ void kvs_dot_q8a_rows_bs_vnni(int type, const void *rows, size_t row_bytes, int6
 
 #ifdef KVS_HAVE_ATTN512
 /* attn512.c takes f16/bf16 rows of a multiple of 32 elements on AVX-512F CPUs */
-static int use_attn512(int ctype, int n) { return ctype != KVS_CACHE_F32 && n % 32 == 0 && kvs_attn512_available(); }
+static int use_attn512(int ctype, int n) {
+    return (ctype == KVS_CACHE_F16 || ctype == KVS_CACHE_BF16) && n % 32 == 0 && kvs_attn512_available();
+}
 #endif
 
-const char *kvs_attn_kernels(int ctype, int n) {
+const char *kvs_attn_kernels_float(int ctype, int n) {
 #ifdef KVS_HAVE_ATTN512
     if (use_attn512(ctype, n)) return "avx512f";
 #else
@@ -104,8 +107,8 @@ const char *kvs_attn_kernels(int ctype, int n) {
     return kvs_attn_kernels_base(ctype);
 }
 
-void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
-                         int n, float scale, float *out, size_t ostride) {
+void kvs_dot_cache_heads_float(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride,
+                               int nrows, int n, float scale, float *out, size_t ostride) {
 #ifdef KVS_HAVE_ATTN512
     if (use_attn512(ctype, n)) {
         kvs_dot_cache_heads512(ctype == KVS_CACHE_BF16, q, qstride, nh, k, rstride, nrows, n, scale, out, ostride);
@@ -115,8 +118,8 @@ void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, cons
     kvs_dot_cache_heads_base(ctype, q, qstride, nh, k, rstride, nrows, n, scale, out, ostride);
 }
 
-void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride, const void *x,
-                          size_t rstride, int nrows, int n) {
+void kvs_axpy_cache_heads_float(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride,
+                                const void *x, size_t rstride, int nrows, int n) {
 #ifdef KVS_HAVE_ATTN512
     if (use_attn512(ctype, n)) {
         kvs_axpy_cache_heads512(ctype == KVS_CACHE_BF16, o, ostride, nh, p, pstride, x, rstride, nrows, n);

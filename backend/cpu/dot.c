@@ -51,6 +51,18 @@ static float dot_q5_0_scalar(const uint8_t *row, const kvs_q8a_block *x, int64_t
     return acc;
 }
 
+static float dot_q4_0_scalar(const uint8_t *row, const kvs_q8a_block *x, int64_t nb) {
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * 18;
+        const uint8_t *qs = blk + 2;
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += ((qs[j] & 0xF) - 8) * x[b].q[j] + ((qs[j] >> 4) - 8) * x[b].q[j + 16];
+        acc += h2f(blk) * x[b].d * (float)s;
+    }
+    return acc;
+}
+
 /* sum (d q + m) xd xq = d xd sum(q xq) + m xd sum(xq) */
 static float dot_q4_1_scalar(const uint8_t *row, const kvs_q8a_block *x, int64_t nb) {
     float acc = 0;
@@ -167,6 +179,18 @@ static float dot_q5_0_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t n
     return hsum8(acc);
 }
 
+/* Q4_0's nibbles less 8 as signed int8, then as Q5_0 (t_q5_0 shares it). */
+static float dot_q4_0_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * 18;
+        __m256i w = q4_0_unpack(blk);
+        __m256 p = _mm256_cvtepi32_ps(dot_i8(w, _mm256_loadu_si256((const __m256i *)x[b].q)));
+        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(blk) * x[b].d), acc);
+    }
+    return hsum8(acc);
+}
+
 /* Nibbles are unsigned, so maddubs takes them as its unsigned operand
  * directly; the offset m enters through the activations' block sums. */
 static float dot_q4_1_avx2(const uint8_t *row, const kvs_q8a_block *x, int64_t nb) {
@@ -243,6 +267,7 @@ static float dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t 
 #ifdef KVS_HAVE_AVX2
     switch (type) {
     case KVS_GGML_Q8_0: return dot_q8_0_avx2(r, x, n / 32);
+    case KVS_GGML_Q4_0: return dot_q4_0_avx2(r, x, n / 32);
     case KVS_GGML_Q5_0: return dot_q5_0_avx2(r, x, n / 32);
     case KVS_GGML_Q4_1: return dot_q4_1_avx2(r, x, n / 32);
     case KVS_GGML_Q4_K: return dot_q4_k_avx2(r, x, n / 256);
@@ -252,6 +277,7 @@ static float dot_q8a(int type, const void *row, const kvs_q8a_block *x, int64_t 
 #else
     switch (type) {
     case KVS_GGML_Q8_0: return dot_q8_0_scalar(r, x, n / 32);
+    case KVS_GGML_Q4_0: return dot_q4_0_scalar(r, x, n / 32);
     case KVS_GGML_Q5_0: return dot_q5_0_scalar(r, x, n / 32);
     case KVS_GGML_Q4_1: return dot_q4_1_scalar(r, x, n / 32);
     case KVS_GGML_Q4_K: return dot_q4_k_scalar(r, x, n / 256);
@@ -329,6 +355,7 @@ float kvs_dot_q8a_scalar(int type, const void *row, const kvs_q8a_block *x, int6
     const uint8_t *r = row;
     switch (type) {
     case KVS_GGML_Q8_0: return dot_q8_0_scalar(r, x, n / 32);
+    case KVS_GGML_Q4_0: return dot_q4_0_scalar(r, x, n / 32);
     case KVS_GGML_Q5_0: return dot_q5_0_scalar(r, x, n / 32);
     case KVS_GGML_Q4_1: return dot_q4_1_scalar(r, x, n / 32);
     case KVS_GGML_Q4_K: return dot_q4_k_scalar(r, x, n / 256);
@@ -396,7 +423,7 @@ float kvs_dot_ff(const float *a, const float *b, int64_t n) { return dot_ff(a, b
  * vector operations from activation data transposed once per call. */
 
 #ifdef KVS_HAVE_AVX2
-/* Q8_0 / Q5_0 tiles: one row against NC <= T columns (NC a compile-time
+/* Q8_0 / Q5_0 (and Q4_0) tiles: one row against NC <= T columns (NC a compile-time
  * count), the same operations per column as dot_q8_0_avx2 / dot_q5_0_avx2
  * (same accumulators, same block order, same scale products d * xd), but
  * the scale products of a block are made for all T columns with one vector
@@ -448,15 +475,17 @@ static inline __attribute__((always_inline)) void t_q8_0(int NC, const uint8_t *
     for (int c = 0; c < NC; c++) y[c] = hsum8(acc[c]);
 }
 
-static inline __attribute__((always_inline)) void t_q5_0(int NC, const uint8_t *row, const kvs_q8a_block *x,
-                                                         int64_t xs, int64_t nb, const float *xdT, float *y) {
+/* Q5_0 or Q4_0 (type): the same operations once the block is unpacked. */
+static inline __attribute__((always_inline)) void t_q5_0(int type, int NC, const uint8_t *row,
+                                                         const kvs_q8a_block *x, int64_t xs, int64_t nb,
+                                                         const float *xdT, float *y) {
     __m256 acc[KVS_T5];
     #pragma GCC unroll 8
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     float sc[KVS_T5];
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * 22;
-        __m256i w = q5_0_unpack(blk);
+        const uint8_t *blk = row + b * (type == KVS_GGML_Q4_0 ? 18 : 22);
+        __m256i w = type == KVS_GGML_Q4_0 ? q4_0_unpack(blk) : q5_0_unpack(blk);
         __m256i aw = _mm256_sign_epi8(w, w);
         _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(h2f(blk)), _mm256_loadu_ps(xdT + b * KVS_T5)));
         #pragma GCC unroll 8
@@ -517,14 +546,14 @@ static inline __attribute__((always_inline)) void t_rows(int type, int T, const 
                         }
                     } else {
                         switch (nc) {
-                        case 8: t_q5_0(8, row, xc, xs, nb, xt, y); break;
-                        case 7: t_q5_0(7, row, xc, xs, nb, xt, y); break;
-                        case 6: t_q5_0(6, row, xc, xs, nb, xt, y); break;
-                        case 5: t_q5_0(5, row, xc, xs, nb, xt, y); break;
-                        case 4: t_q5_0(4, row, xc, xs, nb, xt, y); break;
-                        case 3: t_q5_0(3, row, xc, xs, nb, xt, y); break;
-                        case 2: t_q5_0(2, row, xc, xs, nb, xt, y); break;
-                        default: t_q5_0(1, row, xc, xs, nb, xt, y); break;
+                        case 8: t_q5_0(type, 8, row, xc, xs, nb, xt, y); break;
+                        case 7: t_q5_0(type, 7, row, xc, xs, nb, xt, y); break;
+                        case 6: t_q5_0(type, 6, row, xc, xs, nb, xt, y); break;
+                        case 5: t_q5_0(type, 5, row, xc, xs, nb, xt, y); break;
+                        case 4: t_q5_0(type, 4, row, xc, xs, nb, xt, y); break;
+                        case 3: t_q5_0(type, 3, row, xc, xs, nb, xt, y); break;
+                        case 2: t_q5_0(type, 2, row, xc, xs, nb, xt, y); break;
+                        default: t_q5_0(type, 1, row, xc, xs, nb, xt, y); break;
                         }
                     }
                     for (int c = 0; c < nc; c++) out[(int64_t)(cc + c) * os + r] = y[c];
@@ -692,6 +721,10 @@ static void dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t n
     }
     if (type == KVS_GGML_Q5_0) {
         t_rows(KVS_GGML_Q5_0, KVS_T5, rw, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
+        return;
+    }
+    if (type == KVS_GGML_Q4_0) { /* Q8_0 / Q4_0 KV cache rows against the query heads (kvcache.c) */
+        t_rows(KVS_GGML_Q4_0, KVS_T5, rw, row_bytes, nrows, x, xstride, ncols, n, out, ostride);
         return;
     }
     if (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K) {

@@ -98,11 +98,27 @@ void kvs_dot_q8a_rows(int type, const void *rows, size_t row_bytes, int64_t nrow
  * activations and take decode's kernels. */
 int kvs_dot_bs_route(int type, int64_t n);
 
-/* ---- vector helpers and KV cache rows (simd.c) -------------------------------- */
+/* ---- vector helpers (simd.c) and KV cache rows (kvcache.c) ------------------- */
 /* Element type of the KV cache. Attention always accumulates in fp32; f16 and
  * bf16 rows are converted in registers (decode) or per key tile (prefill).
+ * Q8_0 and Q4_0 are GGUF's blocks of 32 values with an f16 scale (34 and 18
+ * bytes): a row of n elements (n a multiple of 32) is n / 32 blocks, so a
+ * cache row is still one token of one head. Decode dots keys with the query
+ * quantised to 8 bits (kvs_q8a_block, as llama.cpp) and adds values a row
+ * at a time dequantised into a stack buffer (attn_quant.c); prefill
+ * dequantises per key tile as for f16.
  * 0 (a zero-initialised opts) is f16, as llama.cpp's default cache. */
-typedef enum { KVS_CACHE_F16 = 0, KVS_CACHE_BF16 = 1, KVS_CACHE_F32 = 2 } kvs_cache_type;
+typedef enum {
+    KVS_CACHE_F16 = 0,
+    KVS_CACHE_BF16 = 1,
+    KVS_CACHE_F32 = 2,
+    KVS_CACHE_Q8_0 = 3,
+    KVS_CACHE_Q4_0 = 4
+} kvs_cache_type;
+#define KVS_CACHE_N_TYPES 5
+/* Longest row (elements) of a block cache type the kernels take: head_dim of
+ * Q8_0 / Q4_0 caches must be a multiple of 32 and at most this. */
+#define KVS_CACHE_QMAX 512
 /* x[i] = exp(x[i] - sub); returns the sum. */
 double kvs_vexp_sub(float *x, int n, float sub);
 void kvs_vgelu_mul(float *g, const float *u, int n); /* g = gelu_tanh(g) * u */
@@ -111,14 +127,18 @@ void kvs_vaxpy(float *o, float a, const float *x, int n); /* o += a x */
 float kvs_vmax(const float *x, int n);                   /* max x[i], NaN skipped; -inf if n = 0 */
 void kvs_vscale(float *x, int n, float a);               /* x *= a */
 double kvs_sumsq(const float *x, int n);                 /* sum of squares */
-/* KV cache rows of element type ctype (kvs_cache_type); n elements. */
-size_t kvs_cache_elem_size(int ctype);
+/* KV cache rows of element type ctype (kvs_cache_type); n elements (block
+ * types: n a multiple of 32, at most KVS_CACHE_QMAX for the dot and axpy
+ * kernels, and every pointer at a block boundary). */
+int kvs_cache_is_block(int ctype);                 /* 1 for Q8_0, Q4_0 */
+int kvs_cache_ggml_type(int ctype);                /* KVS_GGML_* of the type, -1 if unknown */
+size_t kvs_cache_row_size(int ctype, int64_t n);   /* bytes of n elements; 0 if unknown */
 void kvs_cache_to_f32(int ctype, const void *src, float *dst, int n);
 void kvs_cache_from_f32(int ctype, const float *src, void *dst, int n);
 float kvs_dot_cache(int ctype, const float *q, const void *k, int n);       /* q . k */
 void kvs_axpy_cache(int ctype, float *o, float a, const void *x, int n);    /* o += a x */
 /* nh query heads (head h at q + h * qstride) against nrows rows (row t at k +
- * t * rstride elements): out[h * ostride + t] = kvs_dot_cache(q_h, row t) *
+ * kvs_cache_row_size(ctype, t * rstride) bytes): out[h * ostride + t] = kvs_dot_cache(q_h, row t) *
  * scale, bit for bit, each f16/bf16 element converted once per pass of up to
  * 4 heads. */
 void kvs_dot_cache_heads(int ctype, const float *q, size_t qstride, int nh, const void *k, size_t rstride, int nrows,
@@ -129,7 +149,8 @@ void kvs_axpy_cache_heads(int ctype, float *o, size_t ostride, int nh, const flo
                           size_t rstride, int nrows, int n);
 /* Which kernels kvs_dot_cache_heads / kvs_axpy_cache_heads run for rows of
  * type ctype and size n on this machine: "avx512f", "avx2" or "one head at a
- * time" (f32 rows, builds without F16C). For tests and logs. */
+ * time" (f32 rows, builds without F16C), or the Q8_0 / Q4_0 kernels' name.
+ * For tests and logs. */
 const char *kvs_attn_kernels(int ctype, int n);
 
 #ifdef __cplusplus

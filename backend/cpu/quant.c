@@ -24,7 +24,7 @@ typedef struct {
 
 static const type_info TYPES[] = {
     {KVS_GGML_F32, "F32", 1, 4, 1},       {KVS_GGML_F16, "F16", 1, 2, 1},
-    {KVS_GGML_Q4_0, "Q4_0", 32, 18, 0},   {KVS_GGML_Q4_1, "Q4_1", 32, 20, 1},
+    {KVS_GGML_Q4_0, "Q4_0", 32, 18, 1},   {KVS_GGML_Q4_1, "Q4_1", 32, 20, 1},
     {KVS_GGML_Q5_0, "Q5_0", 32, 22, 1},   {KVS_GGML_Q5_1, "Q5_1", 32, 24, 0},
     {KVS_GGML_Q8_0, "Q8_0", 32, 34, 1},   {KVS_GGML_Q8_1, "Q8_1", 32, 36, 0},
     {KVS_GGML_Q2_K, "Q2_K", 256, 84, 0},  {KVS_GGML_Q3_K, "Q3_K", 256, 110, 0},
@@ -103,6 +103,15 @@ static void deq_q5_0(const uint8_t *b, float *y) {
 }
 #endif
 
+static void deq_q4_0(const uint8_t *b, float *y) {
+    float d = h2f(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)((qs[j] & 0xF) - 8);
+        y[j + 16] = d * (float)((qs[j] >> 4) - 8);
+    }
+}
+
 static void deq_q4_1(const uint8_t *b, float *y) {
     float d = h2f(b), m = h2f(b + 2);
     const uint8_t *qs = b + 4;
@@ -155,6 +164,7 @@ kvs_status kvs_dequant_row(int type, const void *src, float *dst, int64_t n, kvs
             const uint8_t *blk = p + (size_t)b * t->size;
             float *y = dst + b * t->blck;
             if (type == KVS_GGML_Q8_0) deq_q8_0(blk, y);
+            else if (type == KVS_GGML_Q4_0) deq_q4_0(blk, y);
             else if (type == KVS_GGML_Q5_0) deq_q5_0(blk, y);
             else if (type == KVS_GGML_Q4_1) deq_q4_1(blk, y);
             else if (type == KVS_GGML_Q4_K) deq_q4_k(blk, y);
@@ -176,6 +186,21 @@ static void quant_q8_0(const float *x, uint8_t *b) {
     f2h(b, d);
     int8_t *q = (int8_t *)(b + 2);
     for (int i = 0; i < 32; i++) q[i] = (int8_t)clampi(iround(x[i] * id), -127, 127);
+}
+
+/* The value of largest magnitude maps to -8 (the sign kept), so the 16
+ * levels [-8, 7] cover it exactly; everything else rounds to nearest. */
+static void quant_q4_0(const float *x, uint8_t *b) {
+    float mx = 0, amax = 0;
+    for (int i = 0; i < 32; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), mx = x[i];
+    float d = mx / -8, id = d != 0 ? 1 / d : 0;
+    f2h(b, d);
+    uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        int q0 = clampi(iround(x[j] * id) + 8, 0, 15), q1 = clampi(iround(x[j + 16] * id) + 8, 0, 15);
+        qs[j] = (uint8_t)(q0 | (q1 << 4));
+    }
 }
 
 static void quant_q5_0(const float *x, uint8_t *b) {
@@ -310,6 +335,7 @@ kvs_status kvs_quant_row(int type, const float *src, void *dst, int64_t n, kvs_e
             uint8_t *blk = p + (size_t)b * t->size;
             const float *x = src + b * t->blck;
             if (type == KVS_GGML_Q8_0) quant_q8_0(x, blk);
+            else if (type == KVS_GGML_Q4_0) quant_q4_0(x, blk);
             else if (type == KVS_GGML_Q5_0) quant_q5_0(x, blk);
             else if (type == KVS_GGML_Q4_1) quant_q4_1(x, blk);
             else if (type == KVS_GGML_Q4_K) quant_q4_k(x, blk);

@@ -7,6 +7,8 @@
  *   Q8_0  32 values: f16 d, int8 q[32]                 x = d*q
  *   Q5_0  32 values: f16 d, u8 qh[4], u8 qs[16]        x = d*((nib | hbit<<4) - 16)
  *         element j < 16: low nibble of qs[j], element j+16: high nibble; hbit = bit j of qh
+ *   Q4_0  32 values: f16 d, u8 qs[16]                  x = d*(nib - 8)
+ *         element j < 16: low nibble of qs[j], element j+16: high nibble
  *   Q4_1  32 values: f16 d, f16 m, u8 qs[16]           x = d*nib + m
  *         element j < 16: low nibble of qs[j], element j+16: high nibble
  *   Q4_K  256 values: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
@@ -86,6 +88,14 @@ static inline __m256i q5_0_unpack_u(const uint8_t *blk) {
 }
 static inline __m256i q5_0_unpack(const uint8_t *blk) {
     return _mm256_sub_epi8(q5_0_unpack_u(blk), _mm256_set1_epi8(16));
+}
+
+/* A Q4_0 block's 32 values as int8 in [-8, 7], element order (low nibbles of
+ * qs are elements 0..15, high nibbles 16..31): the dot kernels' unpacking. */
+static inline __m256i q4_0_unpack(const uint8_t *blk) {
+    const __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 2)), m4 = _mm_set1_epi8(0xF);
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+    return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
 }
 
 /* Half n (0, 1) of a Q6_K superblock: its four 32-value blocks as u8 q in

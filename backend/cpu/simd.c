@@ -3,9 +3,10 @@
  * softmax), GELU-tanh gating, axpy. AVX2 + FMA when the build targets it
  * (Release: -march=x86-64-v3), plain C otherwise; both paths agree to ~1e-6
  * relative (exp is a degree-6 polynomial after range reduction, as in Cephes).
- * Also the KV cache row kernels (f32 / f16 / bf16 rows: conversion, dot with
- * an fp32 query, axpy into an fp32 output), one query head at a time or all
- * the heads of a GQA group per pass over the rows.
+ * Also the KV cache row kernels of the float types (f32 / f16 / bf16 rows:
+ * conversion, dot with an fp32 query, axpy into an fp32 output), one query
+ * head at a time or all the heads of a GQA group per pass over the rows
+ * (kvcache.c routes the kvs_cache_* entry points here; block types are its own).
  * These are the references of attn512.c's AVX-512F kernels, which give
  * their bits (tests/backend/test_backend_attn.c); dispatch.c picks.
  * What it is not: no matrix products (OpenBLAS and quant.c).
@@ -223,9 +224,9 @@ static inline float hsum8_ps(__m256 v) {
 }
 #endif
 
-size_t kvs_cache_elem_size(int ctype) { return ctype == KVS_CACHE_F32 ? 4 : 2; }
+static size_t elem_size(int ctype) { return ctype == KVS_CACHE_F32 ? 4 : 2; }
 
-void kvs_cache_to_f32(int ctype, const void *src, float *dst, int n) {
+void kvs_cache_to_f32_float(int ctype, const void *src, float *dst, int n) {
     if (ctype == KVS_CACHE_F32) {
         memcpy(dst, src, (size_t)n * 4);
         return;
@@ -245,7 +246,7 @@ void kvs_cache_to_f32(int ctype, const void *src, float *dst, int n) {
     }
 }
 
-void kvs_cache_from_f32(int ctype, const float *src, void *dst, int n) {
+void kvs_cache_from_f32_float(int ctype, const float *src, void *dst, int n) {
     if (ctype == KVS_CACHE_F32) {
         memcpy(dst, src, (size_t)n * 4);
         return;
@@ -264,7 +265,7 @@ void kvs_cache_from_f32(int ctype, const float *src, void *dst, int n) {
     }
 }
 
-float kvs_dot_cache(int ctype, const float *q, const void *k, int n) {
+float kvs_dot_cache_float(int ctype, const float *q, const void *k, int n) {
     if (ctype == KVS_CACHE_F32) return kvs_dot_ff(q, k, n);
     const uint16_t *h = k;
     int i = 0;
@@ -293,7 +294,7 @@ float kvs_dot_cache(int ctype, const float *q, const void *k, int n) {
     return s;
 }
 
-void kvs_axpy_cache(int ctype, float *o, float a, const void *x, int n) {
+void kvs_axpy_cache_float(int ctype, float *o, float a, const void *x, int n) {
     if (ctype == KVS_CACHE_F32) {
         kvs_vaxpy(o, a, x, n);
         return;
@@ -477,10 +478,11 @@ void kvs_dot_cache_heads_base(int ctype, const float *q, size_t qstride, int nh,
 #endif
     /* f32 rows (nothing to convert) and builds without F16C: the one-head kernel per head */
     const uint8_t *kb = k;
-    const size_t rb = rstride * kvs_cache_elem_size(ctype);
+    const size_t rb = rstride * elem_size(ctype);
     for (int h = 0; h < nh; h++)
         for (int t = 0; t < nrows; t++)
-            out[(size_t)h * ostride + t] = kvs_dot_cache(ctype, q + (size_t)h * qstride, kb + (size_t)t * rb, n) * scale;
+            out[(size_t)h * ostride + t] =
+                kvs_dot_cache_float(ctype, q + (size_t)h * qstride, kb + (size_t)t * rb, n) * scale;
 }
 
 void kvs_axpy_cache_heads_base(int ctype, float *o, size_t ostride, int nh, const float *p, size_t pstride,
@@ -502,8 +504,8 @@ void kvs_axpy_cache_heads_base(int ctype, float *o, size_t ostride, int nh, cons
     }
 #endif
     const uint8_t *xb = x;
-    const size_t rb = rstride * kvs_cache_elem_size(ctype);
+    const size_t rb = rstride * elem_size(ctype);
     for (int h = 0; h < nh; h++)
         for (int t = 0; t < nrows; t++)
-            kvs_axpy_cache(ctype, o + (size_t)h * ostride, p[(size_t)h * pstride + t], xb + (size_t)t * rb, n);
+            kvs_axpy_cache_float(ctype, o + (size_t)h * ostride, p[(size_t)h * pstride + t], xb + (size_t)t * rb, n);
 }

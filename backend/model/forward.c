@@ -183,16 +183,15 @@ static void att_run(void *arg, int ith, int nth) {
         int h0 = g * G + G * part / ns, nh = g * G + G * (part + 1) / ns - h0;
         const kvs_session *s = j->ss[i];
         const kv_layer *c = &s->kv[j->l];
-        const int ct = s->ctype, pos = j->db->pos[i], len = j->db->lim[i] - kvs_kv_lag(c, g);
-        const uint8_t *K = kvs_kv_row(s, c, c->k, g, 0), *V = kvs_kv_row(s, c, c->v, g, 0);
+        const int pos = j->db->pos[i], len = j->db->lim[i] - kvs_kv_lag(c, g);
         const int j0 = att_first_row(c, g, len, pos, j->window);
         /* head h0 + k's scores at sc + k * scs, indexed by row */
         float *sc = j->sbuf ? j->sbuf + (size_t)ith * G * j->sstride : s->scores + (size_t)h0 * s->n_ctx;
         const size_t scs = j->sbuf ? j->sstride : (size_t)s->n_ctx;
         const float *qh = j->db->q + ((size_t)i * Hq + h0) * D;
         float *o = j->db->att + ((size_t)i * Hq + h0) * D;
-        kvs_dot_cache_heads(ct, qh, D, nh, K + (size_t)j0 * D * s->esz, D, len - j0, D, s->m->attn_scale, sc + j0,
-                            scs);
+        kvs_dot_cache_heads(s->ctype_k, qh, D, nh, kvs_kv_krow(s, c, g, j0), D, len - j0, D, s->m->attn_scale,
+                            sc + j0, scs);
         for (int k = 0; k < nh; k++) {
             float *r = sc + k * scs;
             const float mx = kvs_vmax(r + j0, len - j0);
@@ -201,7 +200,7 @@ static void att_run(void *arg, int ith, int nth) {
             kvs_vscale(r + j0, len - j0, inv); /* the weight of row t, as sc[t] * inv before */
             memset(o + (size_t)k * D, 0, sizeof(float) * (size_t)D);
         }
-        kvs_axpy_cache_heads(ct, o, D, nh, sc + j0, scs, V + (size_t)j0 * D * s->esz, D, len - j0, D);
+        kvs_axpy_cache_heads(s->ctype_v, o, D, nh, sc + j0, scs, kvs_kv_vrow(s, c, g, j0), D, len - j0, D);
     }
 }
 
@@ -229,7 +228,7 @@ static void att_split_run(void *arg, int ith, int nth) {
         const int g = j->phase == 1 ? job % Hq / G : job % (Hkv * P) / P, part = job % P;
         const kvs_session *s = j->ss[i];
         const kv_layer *c = &s->kv[j->l];
-        const int ct = s->ctype, len = j->db->lim[i] - kvs_kv_lag(c, g);
+        const int len = j->db->lim[i] - kvs_kv_lag(c, g);
         const int j0 = att_first_row(c, g, len, j->db->pos[i], j->window);
         float *sc = s->scores + (size_t)g * G * s->n_ctx; /* head g G + k's scores at sc + k n_ctx */
         const float *qh = j->db->q + ((size_t)i * Hq + (size_t)g * G) * D;
@@ -237,9 +236,10 @@ static void att_split_run(void *arg, int ith, int nth) {
         if (j->phase == 0) {
             const int r0 = j0 + (int)((int64_t)(len - j0) * part / P);
             const int r1 = j0 + (int)((int64_t)(len - j0) * (part + 1) / P);
-            const uint8_t *K = kvs_kv_row(s, c, c->k, g, r0);
+            const uint8_t *K = kvs_kv_krow(s, c, g, r0);
             if (r1 > r0)
-                kvs_dot_cache_heads(ct, qh, D, G, K, D, r1 - r0, D, s->m->attn_scale, sc + r0, (size_t)s->n_ctx);
+                kvs_dot_cache_heads(s->ctype_k, qh, D, G, K, D, r1 - r0, D, s->m->attn_scale, sc + r0,
+                                    (size_t)s->n_ctx);
         } else if (j->phase == 1) {
             const int k = job % Hq % G;
             float *r = sc + (size_t)k * s->n_ctx;
@@ -248,15 +248,15 @@ static void att_split_run(void *arg, int ith, int nth) {
             kvs_vscale(r + j0, len - j0, (float)(1.0 / sum));
             memset(o + (size_t)k * D, 0, sizeof(float) * (size_t)D);
         } else {
-            const uint8_t *V = kvs_kv_row(s, c, c->v, g, j0);
+            const uint8_t *V = kvs_kv_vrow(s, c, g, j0);
             if (dsplit) {
                 const int d0 = D / P * part, dn = D / P;
-                kvs_axpy_cache_heads(ct, o + d0, D, G, sc + j0, (size_t)s->n_ctx, V + (size_t)d0 * s->esz, D,
-                                     len - j0, dn);
+                kvs_axpy_cache_heads(s->ctype_v, o + d0, D, G, sc + j0, (size_t)s->n_ctx,
+                                     V + kvs_cache_row_size(s->ctype_v, d0), D, len - j0, dn);
             } else {
                 const int h0 = G * part / P, nh = G * (part + 1) / P - h0;
                 if (nh > 0)
-                    kvs_axpy_cache_heads(ct, o + (size_t)h0 * D, D, nh, sc + (size_t)h0 * s->n_ctx + j0,
+                    kvs_axpy_cache_heads(s->ctype_v, o + (size_t)h0 * D, D, nh, sc + (size_t)h0 * s->n_ctx + j0,
                                          (size_t)s->n_ctx, V, D, len - j0, D);
             }
         }
@@ -318,8 +318,8 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
             assert(c->len < c->cap);
             for (int g = 0; g < Hkv; g++) {
                 const int row = c->len - kvs_kv_lag(c, g); /* ragged heads: after the head's own rows */
-                kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, row), D);
-                kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, row), D);
+                kvs_cache_from_f32(s->ctype_k, k + (size_t)g * D, kvs_kv_krow(s, c, g, row), D);
+                kvs_cache_from_f32(s->ctype_v, v + (size_t)g * D, kvs_kv_vrow(s, c, g, row), D);
                 kvs_kv_pos(c, g)[row] = pos;
             }
             c->len++;
@@ -476,7 +476,7 @@ typedef struct {
     float *X, *XN, *Q, *K, *V, *A, *G, *U, *O; /* [T][E] [T][max] [T][Hq*D] [T][Hkv*D] x2 [T][Hq*D] [T][F] x2 [T][E] */
     float *W;                                   /* [max rows*cols] dequantised weight */
     float *S;                                   /* [threads][QTILE][kmax] attention scores, one tile per thread */
-    float *KT, *VT;                             /* [threads][kmax][D] fp32 key/value tiles (f16/bf16 caches) */
+    float *KT, *VT;                             /* [threads][kmax][D] fp32 key/value tiles (non-f32 caches), or NULL */
     int kmax;                                   /* most keys one query tile may see */
     float *cs, *sn;                             /* [2][T][D/2] rope tables (global, local) */
     kvs_q8a_block *XQ;                          /* [T][nqb] quantised input of a matmul on the block-scale route, or NULL */
@@ -625,23 +625,20 @@ static void at_run(void *arg, int ith, int nth) {
         int kmin = j->window > 0 ? first_in_window(P, 0, kmax, pf, j->window) : 0;
         int nk = kmax - kmin;
         assert(nk <= b->kmax);
-        const float *Kc, *Vc; /* rows kmin.. of head g in fp32 */
-        if (s->ctype == KVS_CACHE_F32) {
-            Kc = (const float *)kvs_kv_row(s, c, c->k, g, kmin);
-            Vc = (const float *)kvs_kv_row(s, c, c->v, g, kmin);
-        } else {
-            float *KT = b->KT + (size_t)ith * b->kmax * D, *VT = b->VT + (size_t)ith * b->kmax * D;
-            /* heads of one group share the conversion when their jobs follow each other */
-            if (conv_g != g || conv_lo != kmin || conv_hi != kmax) {
-                kvs_cache_to_f32(s->ctype, kvs_kv_row(s, c, c->k, g, kmin), KT, nk * D);
-                kvs_cache_to_f32(s->ctype, kvs_kv_row(s, c, c->v, g, kmin), VT, nk * D);
-                conv_g = g;
-                conv_lo = kmin;
-                conv_hi = kmax;
-            }
-            Kc = KT;
-            Vc = VT;
-        }
+        /* rows kmin.. of head g in fp32: f32 caches in place, others converted
+         * (block types a tile of this head's rows at a time: never the whole cache) */
+        const float *Kc = (const float *)kvs_kv_krow(s, c, g, kmin), *Vc = (const float *)kvs_kv_vrow(s, c, g, kmin);
+        float *KT = b->KT ? b->KT + (size_t)ith * b->kmax * D : NULL;
+        float *VT = b->VT ? b->VT + (size_t)ith * b->kmax * D : NULL;
+        /* heads of one group share the conversion when their jobs follow each other */
+        const int conv = conv_g != g || conv_lo != kmin || conv_hi != kmax;
+        if (KT && conv) kvs_cache_to_f32(s->ctype_k, kvs_kv_krow(s, c, g, kmin), KT, nk * D);
+        if (VT && conv) kvs_cache_to_f32(s->ctype_v, kvs_kv_vrow(s, c, g, kmin), VT, nk * D);
+        conv_g = g;
+        conv_lo = kmin;
+        conv_hi = kmax;
+        if (KT) Kc = KT;
+        if (VT) Vc = VT;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, nk, D, s->m->attn_scale,
                     b->Q + ((size_t)t0 * Hq + h) * D, Hq * D, Kc, D, 0.0f, S, nk);
         int lo = kmin;
@@ -700,8 +697,8 @@ static void ew_run(void *arg, int ith, int nth) {
             int p = j->p0 + t;
             for (int g = 0; g < Hkv; g++) {
                 const int row = j->len0 - kvs_kv_lag(c, g) + t; /* ragged heads: each after its own rows */
-                kvs_cache_from_f32(s->ctype, k + (size_t)g * D, kvs_kv_row(s, c, c->k, g, row), D);
-                kvs_cache_from_f32(s->ctype, v + (size_t)g * D, kvs_kv_row(s, c, c->v, g, row), D);
+                kvs_cache_from_f32(s->ctype_k, k + (size_t)g * D, kvs_kv_krow(s, c, g, row), D);
+                kvs_cache_from_f32(s->ctype_v, v + (size_t)g * D, kvs_kv_vrow(s, c, g, row), D);
                 kvs_kv_pos(c, g)[row] = p;
             }
             int first = j->n_total - c->nq; /* record queries of positions [n_total - nq, n_total) */
@@ -826,10 +823,8 @@ static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float 
     b.O = malloc((size_t)ub * E * 4);
     b.W = malloc(maxw * 4);
     b.S = malloc((size_t)s->n_threads * KVS_QTILE * b.kmax * 4);
-    if (s->ctype != KVS_CACHE_F32) {
-        b.KT = malloc((size_t)s->n_threads * b.kmax * D * 4);
-        b.VT = malloc((size_t)s->n_threads * b.kmax * D * 4);
-    }
+    if (s->ctype_k != KVS_CACHE_F32) b.KT = malloc((size_t)s->n_threads * b.kmax * D * 4);
+    if (s->ctype_v != KVS_CACHE_F32) b.VT = malloc((size_t)s->n_threads * b.kmax * D * 4);
     b.cs = malloc((size_t)2 * ub * D / 2 * 4);
     b.sn = malloc((size_t)2 * ub * D / 2 * 4);
     b.nqb = (maxv > Hq * D ? maxv : Hq * D) / 32 + 1; /* the widest matmul input: XN, G or A */
@@ -838,7 +833,7 @@ static kvs_status run_chunks(kvs_session *s, const int32_t *tokens, const float 
         goto cleanup;
     }
     if (!b.X || !b.XN || !b.Q || !b.K || !b.V || !b.A || !b.G || !b.U || !b.O || !b.W || !b.S || !b.cs || !b.sn ||
-        (s->ctype != KVS_CACHE_F32 && (!b.KT || !b.VT))) {
+        (s->ctype_k != KVS_CACHE_F32 && !b.KT) || (s->ctype_v != KVS_CACHE_F32 && !b.VT)) {
         st = kvs_errorf(err, KVS_ERR_NOMEM, "prefill: out of memory for a %d-token chunk", ub);
         goto cleanup;
     }

@@ -270,10 +270,11 @@ kvs_status kvs_chat_apply(const kvs_model *m, const kvs_chat_msg *msgs, int n,
 
 typedef struct kvs_session kvs_session;
 
-/* The KV cache's element type is kvs_cache_type (kvs_cpu.h).
- * "f16" "bf16" "f32" ("?" for anything else). */
+/* The KV cache's element type is kvs_cache_type (kvs_cpu.h), K and V each
+ * their own (llama.cpp's -ctk / -ctv).
+ * "f16" "bf16" "f32" "q8_0" "q4_0" ("?" for anything else). */
 const char *kvs_cache_type_name(int t);
-/* "f16" | "bf16" | "f32" -> *out; anything else is KVS_ERR_INVALID naming it. */
+/* One of those names -> *out; anything else is KVS_ERR_INVALID naming it. */
 kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err);
 
 typedef struct {
@@ -282,8 +283,11 @@ typedef struct {
     /* Queries recorded during prefill for methods (post-RoPE, per layer):
      * 0 none, -1 all prompt positions, k > 0 the last k positions. */
     int record_queries;
-    int cache_type;     /* kvs_cache_type; 0: f16 */
+    int cache_type;     /* kvs_cache_type of K, and of V unless cache_type_v is set; 0: f16.
+                           Q8_0 / Q4_0 need head_dim a multiple of 32 (<= KVS_CACHE_QMAX) */
+    int cache_type_v;   /* 0: as cache_type; else KVS_CACHE_V(type of V) */
 } kvs_session_opts;
+#define KVS_CACHE_V(t) ((t) + 1) /* cache_type_v of V type t (0 stays "as K") */
 
 kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *opts, kvs_session **out,
                            kvs_err *err);
@@ -304,7 +308,12 @@ const kvs_model *kvs_session_model(const kvs_session *s);
  * the last position's logits (may be NULL). */
 kvs_status kvs_session_prefill(kvs_session *s, const int32_t *tokens, int n,
                                const uint8_t *modality, float *logits, kvs_err *err);
-/* Same with external input embeddings embd [n][n_embd] (already scaled as the
+/* For decode-speed benchmarks: fill an empty session as if a prompt of n
+ * tokens had been prefilled, every layer's K and V rows drawn from N(0, 1)
+ * (seed), positions 0..n-1, no model arithmetic (a decode step's cost does
+ * not depend on the values). Not for outputs anyone reads. */
+kvs_status kvs_session_fill_random(kvs_session *s, int n, uint64_t seed, kvs_err *err);
+/* Same as kvs_session_prefill with external input embeddings embd [n][n_embd] (already scaled as the
  * model's token embeddings are, i.e. the caller multiplies by the embedding
  * scale where the architecture has one). */
 kvs_status kvs_session_prefill_embd(kvs_session *s, const float *embd, int n,
@@ -348,9 +357,11 @@ kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t 
                             float *logits, kvs_err *err);
 
 /* Copy src's whole state (cache bytes, lengths, positions, recorded queries,
- * modality, trimmed sliding-window layers) into dst (same model, same cache
- * type, dst->n_ctx >= src->n_past). One prefill,
- * many compressions: prefill once, then copy into a work session per variant. */
+ * modality, trimmed sliding-window layers) into dst (same model, dst->n_ctx
+ * >= src->n_past). One prefill, many compressions: prefill once, then copy
+ * into a work session per variant. Where dst's K or V cache type differs from
+ * src's, the rows are converted (through fp32: dequantised, then quantised or
+ * rounded to dst's type). */
 kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err);
 
 /* View of the cache as methods see it, for the layers selected by
@@ -359,7 +370,10 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
  * call that changes the session. layers_storage is [KVS_MAX_LAYERS];
  * layer_map [KVS_MAX_LAYERS] receives the model layer of each view layer.
  * K and V views have the cache's element type (KVS_F16, KVS_BF16, KVS_F32);
- * queries are fp32, included when recorded (q.data NULL otherwise). */
+ * a Q8_0 / Q4_0 K or V is viewed as an fp32 copy of its dequantised rows,
+ * made by this call and held by the session (methods, GPU kernels and the
+ * ABI read only these dtypes; nothing sees the blocks themselves). Queries
+ * are fp32, included when recorded (q.data NULL otherwise). */
 kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_cache_view *out,
                                   kvs_layer *layers_storage, int *layer_map, int *n_mapped,
                                   kvs_err *err);

@@ -3,10 +3,13 @@
  * views for methods, plans applied, compression, statistics, and the
  * sliding-window trim.
  *
- * The cache: per layer K and V as [Hkv][cap][D] in the session's element
- * type (f16 default, bf16, f32) and the original position of every row
- * [Hkv][cap]. After compression each layer has its own length (and capacity:
- * kept + room for the rest of the context), each KV head its own kept
+ * The cache: per layer K and V as [Hkv][cap] rows of D elements in the
+ * session's element types (f16 default, bf16, f32, or GGUF's Q8_0 / Q4_0
+ * blocks; K and V each their own) and the original position of every row
+ * [Hkv][cap]. A block type's row is D / 32 whole blocks, so rows are still
+ * per token: copies, trims and plans move whole rows of bytes. After
+ * compression each layer has its own length (and capacity: kept + room for
+ * the rest of the context), each KV head its own kept
  * positions; RoPE was applied before caching, so kept keys keep their
  * rotation and decoding continues at position n_past. A compressed cache can
  * be compressed again (kvs_session_recompress, chunked compression): the plan
@@ -29,22 +32,57 @@ const char *kvs_cache_type_name(int t) {
     case KVS_CACHE_F16: return "f16";
     case KVS_CACHE_BF16: return "bf16";
     case KVS_CACHE_F32: return "f32";
+    case KVS_CACHE_Q8_0: return "q8_0";
+    case KVS_CACHE_Q4_0: return "q4_0";
     default: return "?";
     }
 }
 
 kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err) {
-    static const int all[] = {KVS_CACHE_F16, KVS_CACHE_BF16, KVS_CACHE_F32};
-    for (int i = 0; i < 3; i++)
-        if (s && !strcmp(s, kvs_cache_type_name(all[i]))) {
-            *out = all[i];
+    for (int t = 0; t < KVS_CACHE_N_TYPES; t++)
+        if (s && !strcmp(s, kvs_cache_type_name(t))) {
+            *out = t;
             return KVS_OK;
         }
-    return kvs_errorf(err, KVS_ERR_INVALID, "cache type '%s' is not one of f16, bf16, f32", s ? s : "(null)");
+    return kvs_errorf(err, KVS_ERR_INVALID, "cache type '%s' is not one of f16, bf16, f32, q8_0, q4_0",
+                      s ? s : "(null)");
 }
 
+/* The dtype methods see: block types are dequantised to fp32 for them. */
 static kvs_dtype cache_dtype(int ctype) {
     return ctype == KVS_CACHE_F16 ? KVS_F16 : ctype == KVS_CACHE_BF16 ? KVS_BF16 : KVS_F32;
+}
+
+/* Views of layer c's K and V for methods ([Hkv][len][D]): the cache itself,
+ * or for a block type an fp32 copy (c->kf, c->vf, made again on each call:
+ * methods read fp32; decoding never reads these). Heads must not be ragged. */
+static kvs_status layer_views(const kvs_session *s, kv_layer *c, kvs_view *kv, kvs_view *vv, kvs_err *err) {
+    const int D = s->m->info.head_dim, Hkv = s->m->info.n_kv_heads;
+    for (int w = 0; w < 2; w++) {
+        const int ct = w ? s->ctype_v : s->ctype_k;
+        uint8_t *buf = w ? c->v : c->k;
+        kvs_view *out = w ? vv : kv;
+        if (!kvs_cache_is_block(ct)) {
+            *out = (kvs_view){buf, cache_dtype(ct), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
+            continue;
+        }
+        float **f = w ? &c->vf : &c->kf;
+        free(*f);
+        *f = malloc((size_t)Hkv * c->len * D * sizeof(float) + 1);
+        if (!*f) return kvs_errorf(err, KVS_ERR_NOMEM, "cache view: out of memory for an fp32 copy of %s %s",
+                                   w ? "V" : "K", kvs_cache_type_name(ct));
+        const size_t rsz = w ? s->rsz_v : s->rsz_k;
+        for (int g = 0; g < Hkv; g++)
+            kvs_cache_to_f32(ct, buf + kvs_kv_off(c, g) * rsz, *f + (size_t)g * c->len * D, c->len * D);
+        *out = (kvs_view){*f, KVS_F32, KVS_HOST, Hkv, c->len, D, (int64_t)c->len * D, D};
+    }
+    return KVS_OK;
+}
+
+static void free_views(kv_layer *c) {
+    free(c->kf);
+    free(c->vf);
+    c->kf = c->vf = NULL;
 }
 
 /* ---- lifecycle ---------------------------------------------------------------- */
@@ -55,6 +93,7 @@ static void kv_layer_free(kv_layer *c) {
     free(c->pos);
     free(c->q);
     free(c->lag);
+    free_views(c);
     memset(c, 0, sizeof *c);
 }
 
@@ -123,8 +162,10 @@ void kvs_session_free(kvs_session *s) {
 
 /* (Re)allocate a layer's buffers with capacity cap (contents undefined);
  * lag [Hkv] (or NULL) packs ragged heads: head g gets cap - lag[g] rows, and
- * the layer keeps a copy of lag. */
-static kvs_status kv_alloc(kv_layer *c, int Hkv, int D, int cap, const int32_t *lag, size_t esz, kvs_err *err) {
+ * the layer keeps a copy of lag; rsz_k, rsz_v: bytes of a K, V row. */
+static kvs_status kv_alloc(kv_layer *c, int Hkv, int cap, const int32_t *lag, size_t rsz_k, size_t rsz_v,
+                          kvs_err *err) {
+    free_views(c);
     free(c->k);
     free(c->v);
     free(c->pos);
@@ -132,8 +173,8 @@ static kvs_status kv_alloc(kv_layer *c, int Hkv, int D, int cap, const int32_t *
     c->lag = NULL;
     size_t rows = (size_t)Hkv * cap;
     for (int g = 0; lag && g < Hkv; g++) rows -= (size_t)lag[g];
-    c->k = malloc(rows * D * esz);
-    c->v = malloc(rows * D * esz);
+    c->k = malloc(rows * rsz_k);
+    c->v = malloc(rows * rsz_v);
     c->pos = malloc(rows * sizeof(int32_t));
     if (lag && (c->lag = malloc(sizeof(int32_t) * (size_t)Hkv))) memcpy(c->lag, lag, sizeof(int32_t) * (size_t)Hkv);
     c->cap = cap;
@@ -155,15 +196,27 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
     s->n_ctx = o && o->n_ctx > 0 ? o->n_ctx : (MI->n_ctx_train < 8192 ? MI->n_ctx_train : 8192);
     s->n_threads = o && o->n_threads > 0 ? o->n_threads : m->n_threads;
     s->record_queries = o ? o->record_queries : 0;
-    s->ctype = o ? o->cache_type : KVS_CACHE_F16;
+    s->ctype_k = o ? o->cache_type : KVS_CACHE_F16;
+    s->ctype_v = o && o->cache_type_v > 0 ? o->cache_type_v - 1 : s->ctype_k;
     s->ubatch = KVS_UBATCH;
     kvs_status st = KVS_OK;
-    if (s->ctype != KVS_CACHE_F16 && s->ctype != KVS_CACHE_BF16 && s->ctype != KVS_CACHE_F32) {
-        st = kvs_errorf(err, KVS_ERR_INVALID, "session: cache_type %d is not one of f16 (0), bf16 (1), f32 (2)",
-                        s->ctype);
-        goto cleanup;
+    for (int w = 0; w < 2; w++) {
+        const int ct = w ? s->ctype_v : s->ctype_k;
+        if (ct < 0 || ct >= KVS_CACHE_N_TYPES) {
+            st = kvs_errorf(err, KVS_ERR_INVALID,
+                            "session: %s %d is not one of f16 (0), bf16 (1), f32 (2), q8_0 (3), q4_0 (4)",
+                            w ? "cache_type_v - 1" : "cache_type", ct);
+            goto cleanup;
+        }
+        if (kvs_cache_is_block(ct) && (MI->head_dim % 32 || MI->head_dim > KVS_CACHE_QMAX)) {
+            st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                            "session: %s cache %s needs head_dim a multiple of 32 up to %d; %s has %d",
+                            w ? "V" : "K", kvs_cache_type_name(ct), KVS_CACHE_QMAX, MI->name, MI->head_dim);
+            goto cleanup;
+        }
     }
-    s->esz = kvs_cache_elem_size(s->ctype);
+    s->rsz_k = kvs_cache_row_size(s->ctype_k, MI->head_dim);
+    s->rsz_v = kvs_cache_row_size(s->ctype_v, MI->head_dim);
     if (s->n_ctx > MI->n_ctx_train) {
         st = kvs_errorf(err, KVS_ERR_INVALID, "n_ctx %d exceeds the model's context length %d", s->n_ctx,
                         MI->n_ctx_train);
@@ -194,7 +247,7 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
     }
     /* capacity n_ctx per layer: pages are only committed when written */
     for (int l = 0; l < L; l++)
-        if ((st = kv_alloc(&s->kv[l], Hkv, D, s->n_ctx, NULL, s->esz, err))) goto cleanup;
+        if ((st = kv_alloc(&s->kv[l], Hkv, s->n_ctx, NULL, s->rsz_k, s->rsz_v, err))) goto cleanup;
     /* the pool parallelises sgemm calls itself (each thread its own block) */
     openblas_set_num_threads(1);
     *out = s;
@@ -215,9 +268,10 @@ void kvs_session_reset(kvs_session *s) {
         free(c->lag);
         c->lag = NULL;
         if (c->cap != s->n_ctx || packed) {
-            kvs_status st = kv_alloc(c, MI->n_kv_heads, MI->head_dim, s->n_ctx, NULL, s->esz, NULL);
+            kvs_status st = kv_alloc(c, MI->n_kv_heads, s->n_ctx, NULL, s->rsz_k, s->rsz_v, NULL);
             if (st) c->cap = 0; /* next prefill reports the allocation failure */
         }
+        free_views(c);
         c->len = 0;
         c->compressed = 0;
         c->bounded = 0;
@@ -259,13 +313,13 @@ static int kv_droppable(const kvs_session *s, const kv_layer *c, int p) {
 
 /* Drop those rows of bounded layer c (one memmove per buffer). */
 static void kv_drop_old(const kvs_session *s, kv_layer *c, int p) {
-    const int Hkv = s->m->info.n_kv_heads, D = s->m->info.head_dim;
+    const int Hkv = s->m->info.n_kv_heads;
     const int drop = kv_droppable(s, c, p);
     if (drop == 0) return;
     const int keep = c->len - drop;
     for (int g = 0; g < Hkv; g++) {
-        memmove(kvs_kv_row(s, c, c->k, g, 0), kvs_kv_row(s, c, c->k, g, drop), (size_t)keep * D * s->esz);
-        memmove(kvs_kv_row(s, c, c->v, g, 0), kvs_kv_row(s, c, c->v, g, drop), (size_t)keep * D * s->esz);
+        memmove(kvs_kv_krow(s, c, g, 0), kvs_kv_krow(s, c, g, drop), (size_t)keep * s->rsz_k);
+        memmove(kvs_kv_vrow(s, c, g, 0), kvs_kv_vrow(s, c, g, drop), (size_t)keep * s->rsz_v);
         int32_t *P = kvs_kv_pos(c, g);
         memmove(P, P + drop, (size_t)keep * sizeof *P);
     }
@@ -292,7 +346,7 @@ int kvs_kv_room(const kvs_session *s, const kv_layer *c, int p, int need) {
 kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
     const kvs_model_info *MI = &s->m->info;
     if (MI->sliding_window <= 0 || s->n_past == 0) return KVS_OK;
-    const int Hkv = MI->n_kv_heads, D = MI->head_dim, room = s->n_ctx - s->n_past;
+    const int Hkv = MI->n_kv_heads, room = s->n_ctx - s->n_past;
     for (int l = 0; l < MI->n_layers; l++) {
         kv_layer *c = &s->kv[l];
         if (!s->m->layers[l].is_local || c->bounded) continue;
@@ -301,9 +355,10 @@ kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
         int cap = c->len + room < window_cap(s) ? c->len + room : window_cap(s);
         if (cap < c->len + 1 && room > 0) cap = c->len + 1;
         if (cap == c->cap) continue;
+        free_views(c);
         kv_layer n = *c;
-        n.k = malloc((size_t)Hkv * cap * D * s->esz);
-        n.v = malloc((size_t)Hkv * cap * D * s->esz);
+        n.k = malloc((size_t)Hkv * cap * s->rsz_k);
+        n.v = malloc((size_t)Hkv * cap * s->rsz_v);
         n.pos = malloc((size_t)Hkv * cap * sizeof(int32_t));
         n.cap = cap;
         if (!n.k || !n.v || !n.pos) {
@@ -313,8 +368,8 @@ kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
             return kvs_errorf(err, KVS_ERR_NOMEM, "trim: layer %d: out of memory for %d rows", l, cap);
         }
         for (int g = 0; g < Hkv; g++) {
-            memcpy(kvs_kv_row(s, &n, n.k, g, 0), kvs_kv_row(s, c, c->k, g, 0), (size_t)c->len * D * s->esz);
-            memcpy(kvs_kv_row(s, &n, n.v, g, 0), kvs_kv_row(s, c, c->v, g, 0), (size_t)c->len * D * s->esz);
+            memcpy(kvs_kv_krow(s, &n, g, 0), kvs_kv_krow(s, c, g, 0), (size_t)c->len * s->rsz_k);
+            memcpy(kvs_kv_vrow(s, &n, g, 0), kvs_kv_vrow(s, c, g, 0), (size_t)c->len * s->rsz_v);
             memcpy(kvs_kv_pos(&n, g), kvs_kv_pos(c, g), (size_t)c->len * sizeof(int32_t));
         }
         free(c->k);
@@ -330,17 +385,50 @@ kvs_status kvs_session_trim_local(kvs_session *s, kvs_err *err) {
     return KVS_OK;
 }
 
+kvs_status kvs_session_fill_random(kvs_session *s, int n, uint64_t seed, kvs_err *err) {
+    const kvs_model_info *MI = &s->m->info;
+    const int D = MI->head_dim, Hkv = MI->n_kv_heads;
+    if (s->n_past != 0) return kvs_errorf(err, KVS_ERR_INVALID, "fill: the session must be empty (reset it)");
+    if (n < 1 || n > s->n_ctx)
+        return kvs_errorf(err, KVS_ERR_INVALID, "fill: %d rows outside [1, n_ctx %d]", n, s->n_ctx);
+    float *tmp = malloc(sizeof(float) * (size_t)D);
+    if (!tmp) return kvs_errorf(err, KVS_ERR_NOMEM, "fill: out of memory");
+    for (int l = 0; l < MI->n_layers; l++) {
+        kv_layer *c = &s->kv[l];
+        if (c->cap < n) {
+            free(tmp);
+            return kvs_errorf(err, KVS_ERR_NOMEM, "fill: layer %d has room for %d rows", l, c->cap);
+        }
+        for (int g = 0; g < Hkv; g++)
+            for (int r = 0; r < n; r++) {
+                for (int i = 0; i < D; i++) tmp[i] = (float)kvs_rng_normal(&seed);
+                kvs_cache_from_f32(s->ctype_k, tmp, kvs_kv_krow(s, c, g, r), D);
+                for (int i = 0; i < D; i++) tmp[i] = (float)kvs_rng_normal(&seed);
+                kvs_cache_from_f32(s->ctype_v, tmp, kvs_kv_vrow(s, c, g, r), D);
+                kvs_kv_pos(c, g)[r] = r;
+            }
+        c->len = n;
+    }
+    free(tmp);
+    memset(s->modality, KVS_MOD_TEXT, (size_t)n);
+    s->n_past = s->n_prompt = n;
+    return KVS_OK;
+}
+
 /* ---- copies, views, compression --------------------------------------------------- */
 
 kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err) {
     if (dst == src) return KVS_OK;
     if (dst->m != src->m) return kvs_errorf(err, KVS_ERR_INVALID, "session copy: sessions of different models");
-    if (dst->ctype != src->ctype)
-        return kvs_errorf(err, KVS_ERR_INVALID, "session copy: cache types differ (destination %s, source %s)",
-                          kvs_cache_type_name(dst->ctype), kvs_cache_type_name(src->ctype));
-    if (dst->n_ctx < src->n_past)
+    /* other cache types: rows converted through fp32 (bench: one prefill, decode per type) */
+    const int conv = dst->ctype_k != src->ctype_k || dst->ctype_v != src->ctype_v;
+    float *tmp = conv ? malloc(sizeof(float) * (size_t)src->m->info.head_dim) : NULL;
+    if (conv && !tmp) return kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory");
+    if (dst->n_ctx < src->n_past) {
+        free(tmp);
         return kvs_errorf(err, KVS_ERR_INVALID, "session copy: destination context %d < source length %d", dst->n_ctx,
                           src->n_past);
+    }
     const kvs_model_info *MI = &src->m->info;
     const int D = MI->head_dim, Hkv = MI->n_kv_heads, Hq = MI->n_heads;
     /* forget dst's sequence without kvs_session_reset's reallocation: every
@@ -350,6 +438,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         free(c->q);
         c->q = NULL;
         c->nq = 0;
+        free_views(c);
         c->len = 0;
         c->compressed = c->bounded = 0;
         if (c->lag) c->cap = -1; /* packed (smaller) buffers: reallocate below */
@@ -363,16 +452,25 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         int cap = a->len + (dst->n_ctx - src->n_past);
         if (a->bounded && cap > window_cap(src)) cap = a->len < window_cap(src) ? window_cap(src) : a->len + 1;
         if (c->cap != cap || a->lag) {
-            kvs_status st = kv_alloc(c, Hkv, D, cap, a->lag, dst->esz, err);
+            kvs_status st = kv_alloc(c, Hkv, cap, a->lag, dst->rsz_k, dst->rsz_v, err);
             if (st) {
+                free(tmp);
                 kvs_session_reset(dst);
                 return st;
             }
         }
         for (int g = 0; g < Hkv; g++) { /* each head's own rows */
             const size_t rows = (size_t)(a->len - kvs_kv_lag(a, g));
-            memcpy(kvs_kv_row(dst, c, c->k, g, 0), kvs_kv_row(src, a, a->k, g, 0), rows * D * src->esz);
-            memcpy(kvs_kv_row(dst, c, c->v, g, 0), kvs_kv_row(src, a, a->v, g, 0), rows * D * src->esz);
+            if (!conv) {
+                memcpy(kvs_kv_krow(dst, c, g, 0), kvs_kv_krow(src, a, g, 0), rows * src->rsz_k);
+                memcpy(kvs_kv_vrow(dst, c, g, 0), kvs_kv_vrow(src, a, g, 0), rows * src->rsz_v);
+            } else
+                for (size_t r = 0; r < rows; r++) {
+                    kvs_cache_to_f32(src->ctype_k, kvs_kv_krow(src, a, g, (int)r), tmp, D);
+                    kvs_cache_from_f32(dst->ctype_k, tmp, kvs_kv_krow(dst, c, g, (int)r), D);
+                    kvs_cache_to_f32(src->ctype_v, kvs_kv_vrow(src, a, g, (int)r), tmp, D);
+                    kvs_cache_from_f32(dst->ctype_v, tmp, kvs_kv_vrow(dst, c, g, (int)r), D);
+                }
             memcpy(kvs_kv_pos(c, g), kvs_kv_pos(a, g), rows * 4);
         }
         c->len = a->len;
@@ -381,6 +479,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         if (a->q) {
             c->q = malloc((size_t)Hq * a->nq * D * 4);
             if (!c->q) {
+                free(tmp);
                 kvs_session_reset(dst);
                 return kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory for queries");
             }
@@ -388,6 +487,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
             c->nq = a->nq;
         }
     }
+    free(tmp);
     memcpy(dst->modality, src->modality, (size_t)src->n_past);
     dst->n_past = src->n_past;
     dst->n_prompt = src->n_prompt;
@@ -401,7 +501,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
 static kvs_status cache_view(const kvs_session *s, int include_local, int current, kvs_cache_view *out,
                              kvs_layer *layers_storage, int *layer_map, int *n_mapped, kvs_err *err) {
     const kvs_model_info *MI = &s->m->info;
-    const int D = MI->head_dim, Hkv = MI->n_kv_heads, Hq = MI->n_heads;
+    const int D = MI->head_dim, Hq = MI->n_heads;
     if (s->n_prompt == 0) return kvs_errorf(err, KVS_ERR_INVALID, "cache view: no prefill in this session");
     int n = 0, rows = -1;
     for (int l = 0; l < MI->n_layers; l++) {
@@ -421,8 +521,8 @@ static kvs_status cache_view(const kvs_session *s, int include_local, int curren
         rows = c->len;
         kvs_layer *L = &layers_storage[n];
         memset(L, 0, sizeof *L);
-        L->k = (kvs_view){c->k, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
-        L->v = (kvs_view){c->v, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
+        kvs_status st = layer_views(s, &s->kv[l], &L->k, &L->v, err);
+        if (st) return st;
         if (c->q) L->q = (kvs_view){c->q, KVS_F32, KVS_HOST, Hq, c->nq, D, (int64_t)c->nq * D, D};
         else L->q = (kvs_view){NULL, KVS_F32, KVS_HOST, Hq, 0, D, 0, D};
         layer_map[n++] = l;
@@ -443,7 +543,7 @@ kvs_status kvs_session_cache_view(const kvs_session *s, int include_local, kvs_c
 
 /* Bytes of one position in one layer: K and V of every KV head. */
 static int64_t row_bytes(const kvs_session *s) {
-    return (int64_t)s->m->info.n_kv_heads * s->m->info.head_dim * 2 * (int64_t)s->esz;
+    return (int64_t)s->m->info.n_kv_heads * (int64_t)(s->rsz_k + s->rsz_v);
 }
 
 void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
@@ -462,7 +562,7 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
         if (c->lag) { /* ragged heads: each head's own rows (K and V) */
             int64_t lagged = 0;
             for (int g = 0; g < MI->n_kv_heads; g++) lagged += c->lag[g];
-            st->bytes_after[l] -= lagged * MI->head_dim * 2 * (int64_t)s->esz;
+            st->bytes_after[l] -= lagged * (int64_t)(s->rsz_k + s->rsz_v);
             /* the mean per head, exact: the heads' rows sum to Hkv x that */
             st->tokens_after[l] = ((int64_t)MI->n_kv_heads * c->len - lagged) / MI->n_kv_heads;
         }
@@ -493,6 +593,10 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
                           plan->n_layers, plan->n_kv_heads, plan->n_tokens, MI->n_layers, Hkv, s->n_prompt);
     kvs_kv_stats before;
     kvs_session_kv_stats(s, &before);
+    /* a plan that only keeps rows copies them as they are (bytes of any cache
+     * type, block rows whole); one that merges goes through kvs_apply in fp32
+     * and back to the cache type (block types quantise the merged rows again) */
+    const int merge = plan->merge != KVS_MERGE_NONE;
     kvs_layer *views = calloc((size_t)plan->n_layers, sizeof *views);
     kvs_dense_cache dense = {0};
     if (!views) return kvs_errorf(err, KVS_ERR_NOMEM, "apply plan: out of memory");
@@ -529,17 +633,16 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
                             plan->method, l);
             goto cleanup;
         }
-        views[pl].k = (kvs_view){c->k, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
-        views[pl].v = (kvs_view){c->v, cache_dtype(s->ctype), KVS_HOST, Hkv, c->len, D, (int64_t)c->cap * D, D};
+        if (merge && (st = layer_views(s, &s->kv[l], &views[pl].k, &views[pl].v, err))) goto cleanup;
         views[pl].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, D, 0, D};
     }
     kvs_cache_view cv = {plan->n_layers, views, current ? NULL : s->modality};
-    if ((st = kvs_apply(&cv, plan, &dense, err))) goto cleanup;
+    if (merge && (st = kvs_apply(&cv, plan, &dense, err))) goto cleanup;
     int room = s->n_ctx - s->n_past;
     for (int pl = 0; pl < plan->n_layers; pl++) {
         int l = layer_map[pl];
         kv_layer *c = &s->kv[l];
-        const kvs_dense_layer *dl = &dense.layers[pl];
+        const kvs_dense_layer *dl = merge ? &dense.layers[pl] : NULL;
         /* len = the longest head; a ragged head g holds len - lag[g] rows */
         int B = 0;
         for (int g = 0; g < Hkv; g++) {
@@ -547,7 +650,7 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
             kvs_plan_head(plan, pl, g, &Bg);
             B = Bg > B ? Bg : B;
         }
-        assert(dl->n_kv_heads == Hkv && dl->head_dim == D);
+        assert(!dl || (dl->n_kv_heads == Hkv && dl->head_dim == D));
         int cap = B + room;
         int32_t *lag = plan->layers[pl].counts ? malloc(sizeof(int32_t) * (size_t)Hkv) : NULL; /* [Hkv] */
         if (plan->layers[pl].counts && !lag) {
@@ -562,7 +665,7 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
         /* the new buffers: each head its kept rows plus the room to decode
          * (ragged heads packed, kv_alloc), then the kept rows */
         kv_layer n = {0};
-        st = kv_alloc(&n, Hkv, D, cap, lag, s->esz, err);
+        st = kv_alloc(&n, Hkv, cap, lag, s->rsz_k, s->rsz_v, err);
         free(lag);
         if (st) {
             kv_layer_free(&n);
@@ -572,10 +675,15 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
         for (int g = 0; g < Hkv; g++) {
             int Bg;
             const int32_t *row = kvs_plan_head(plan, pl, g, &Bg);
-            const int64_t off = kvs_dense_head(dl, g, NULL);
-            /* kvs_apply's dense output is fp32: back to the cache type */
-            kvs_cache_from_f32(s->ctype, dl->k + (size_t)off * D, kvs_kv_row(s, &n, n.k, g, 0), Bg * D);
-            kvs_cache_from_f32(s->ctype, dl->v + (size_t)off * D, kvs_kv_row(s, &n, n.v, g, 0), Bg * D);
+            if (merge) { /* kvs_apply's dense output is fp32: back to the cache types */
+                const int64_t off = kvs_dense_head(dl, g, NULL);
+                kvs_cache_from_f32(s->ctype_k, dl->k + (size_t)off * D, kvs_kv_krow(s, &n, g, 0), Bg * D);
+                kvs_cache_from_f32(s->ctype_v, dl->v + (size_t)off * D, kvs_kv_vrow(s, &n, g, 0), Bg * D);
+            } else
+                for (int i = 0; i < Bg; i++) {
+                    memcpy(kvs_kv_krow(s, &n, g, i), kvs_kv_krow(s, c, g, row[i]), s->rsz_k);
+                    memcpy(kvs_kv_vrow(s, &n, g, i), kvs_kv_vrow(s, c, g, row[i]), s->rsz_v);
+                }
             /* the kept rows' original positions (a prefill cache: row == position) */
             const int32_t *old_pos = kvs_kv_pos(c, g);
             int32_t *new_pos = kvs_kv_pos(&n, g);
@@ -586,6 +694,7 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
         free(c->v);
         free(c->pos);
         free(c->q);
+        free_views(c);
         c->q = NULL;
         c->nq = 0;
         c->lag = n.lag;

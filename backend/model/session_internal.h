@@ -15,13 +15,16 @@
 #define KVS_EXTEND_COLS 64 /* extends up to this length run as one pass of the decode kernels */
 
 typedef struct {
-    uint8_t *k, *v; /* [Hkv][cap][D] elements of the cache type */
+    uint8_t *k, *v; /* [Hkv][cap] rows of D elements of the K / V cache type (a block
+                       type's row is D / 32 blocks) */
     int32_t *pos;   /* [Hkv][cap] original positions, ascending per head */
     int cap, len;
     int compressed;
     int bounded;    /* sliding-window layer trimmed to its window: cap <= window + slack, old rows dropped */
     float *q;       /* [Hq][nq][D] recorded queries (post-RoPE, fp32), or NULL */
     int nq;
+    float *kf, *vf; /* [Hkv][len][D] fp32 copies of K / V where its type is a block type
+                       (Q8_0, Q4_0), made for a cache view (methods read fp32), or NULL */
     int32_t *lag;   /* [Hkv] or NULL: after a ragged plan (per-head counts) head g holds
                        len - lag[g] rows in a capacity of cap - lag[g] (heads packed one
                        after the other: only each head's own rows are stored); every step
@@ -56,8 +59,8 @@ typedef struct {
 struct kvs_session {
     kvs_model *m;
     int n_ctx, n_threads, record_queries, ubatch;
-    int ctype;          /* kvs_cache_type */
-    size_t esz;         /* bytes per cache element */
+    int ctype_k, ctype_v; /* kvs_cache_type of K and of V */
+    size_t rsz_k, rsz_v;  /* bytes of one cache row (head_dim elements) of K, of V */
     int n_past, n_prompt;
     int rec_end;        /* > 0: kvs_session_record_window armed: record queries of [rec_end - nq, rec_end) */
     kv_layer *kv;       /* [L] */
@@ -88,9 +91,12 @@ static inline int kvs_kv_first_visible(const int32_t *P, int n, int pos, int win
     return lo;
 }
 
-/* Row n of KV head g (K or V buffer of layer c). */
-static inline uint8_t *kvs_kv_row(const kvs_session *s, const kv_layer *c, uint8_t *base, int g, int n) {
-    return base + (kvs_kv_off(c, g) + (size_t)n) * s->m->info.head_dim * s->esz;
+/* Row n of KV head g in layer c's K / V buffer. */
+static inline uint8_t *kvs_kv_krow(const kvs_session *s, const kv_layer *c, int g, int n) {
+    return c->k + (kvs_kv_off(c, g) + (size_t)n) * s->rsz_k;
+}
+static inline uint8_t *kvs_kv_vrow(const kvs_session *s, const kv_layer *c, int g, int n) {
+    return c->v + (kvs_kv_off(c, g) + (size_t)n) * s->rsz_v;
 }
 
 /* session.c */

@@ -165,7 +165,9 @@ typedef struct {
                           n_predict above it is refused (400 naming the field) */
     double drain_timeout_s; /* kvs_server_stop waits this long for the requests in flight
                                (default 10), then cancels what is left */
-    int cache_type;    /* kvs_cache_type of every session's KV cache (default 0: f16) */
+    int cache_type;    /* kvs_cache_type of every session's KV cache: K, and V unless
+                          cache_type_v is set (default 0: f16; q8_0 / q4_0: GGUF blocks) */
+    int cache_type_v;  /* 0: as cache_type; else KVS_CACHE_V(type of V) (kvs_backend.h) */
     int prepend_bos;   /* 1: a prompt given as token ids that does not start with BOS gets it, for
                           a model whose tokenizer adds BOS (lm-eval's remote tokenizer sends ids
                           without it); echo does not show the added position */

@@ -248,6 +248,7 @@ static int score_run(kvs_server *s, void *user, srv_error *e) {
     so.n_ctx = s->cfg.n_ctx;
     so.n_threads = s->cfg.threads;
     so.cache_type = s->cfg.cache_type;
+    so.cache_type_v = s->cfg.cache_type_v;
     kvs_session *ses = NULL;
     float *logits = malloc((size_t)V * sizeof *logits);
     if (!logits) return srv_fail(e, 500, "", "out of memory");

@@ -275,6 +275,7 @@ static void admit(kvs_server *s, srv_job *j) {
     const variant_req *chunked = g->n_variants == 1 && g->variants[0].chunk > 0 ? &g->variants[0] : NULL;
     so.record_queries = chunked ? 0 : queries_to_record(g);
     so.cache_type = s->cfg.cache_type;
+    so.cache_type_v = s->cfg.cache_type_v;
     if (kvs_session_new(s->model, &so, &pre, &err) != KVS_OK) {
         srv_fail(&j->e, 500, "", "cannot create a session: %s", err.msg);
         goto fail;

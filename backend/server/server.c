@@ -89,7 +89,13 @@ static void handle_models(kvs_server *s, kvs_http_response *rs) {
     cJSON_AddNumberToObject(meta, "step_bytes", (double)in->step_bytes); /* ours: weights a decode step reads */
     cJSON_AddStringToObject(meta, "weight_types", in->weight_types);
     cJSON_AddNumberToObject(meta, "slots", s->cfg.slots);
-    cJSON_AddStringToObject(meta, "cache_type", kvs_cache_type_name(s->cfg.cache_type));
+    /* cache_type: the one type of K and V, or "K/V" where they differ */
+    const int ctk = s->cfg.cache_type, ctv = s->cfg.cache_type_v ? s->cfg.cache_type_v - 1 : ctk;
+    char ct[32];
+    snprintf(ct, sizeof ct, ctk == ctv ? "%s" : "%s/%s", kvs_cache_type_name(ctk), kvs_cache_type_name(ctv));
+    cJSON_AddStringToObject(meta, "cache_type", ct);
+    cJSON_AddStringToObject(meta, "cache_type_k", kvs_cache_type_name(ctk));
+    cJSON_AddStringToObject(meta, "cache_type_v", kvs_cache_type_name(ctv));
     cJSON_AddItemToObject(meta, "kv_compression", s->default_kc ? cJSON_Duplicate(s->default_kc, 1) : cJSON_CreateNull());
     srv_json_response(rs, 200, root);
 }
@@ -539,7 +545,11 @@ kvs_status kvs_server_start(kvs_model *model, const kvs_server_config *cfg, kvs_
     if (cfg->batch < 1 || cfg->batch > 4096)
         return kvs_errorf(err, KVS_ERR_INVALID, "server: batch must be in [1, 4096], got %d", cfg->batch);
     if (strcmp(kvs_cache_type_name(cfg->cache_type), "?") == 0)
-        return kvs_errorf(err, KVS_ERR_INVALID, "server: unknown cache type %d (f16, bf16, f32)", cfg->cache_type);
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: unknown cache type %d (f16, bf16, f32, q8_0, q4_0)",
+                          cfg->cache_type);
+    if (cfg->cache_type_v && strcmp(kvs_cache_type_name(cfg->cache_type_v - 1), "?") == 0)
+        return kvs_errorf(err, KVS_ERR_INVALID, "server: unknown V cache type %d (f16, bf16, f32, q8_0, q4_0)",
+                          cfg->cache_type_v - 1);
     if (cfg->n_predict_max < 1)
         return kvs_errorf(err, KVS_ERR_INVALID, "server: n_predict_max must be >= 1, got %d", cfg->n_predict_max);
     if (!(cfg->drain_timeout_s >= 0) || cfg->drain_timeout_s > 86400)

@@ -609,6 +609,7 @@ static int dump_run(kvs_server *s, void *user, srv_error *e) {
     so.n_threads = s->cfg.threads;
     so.record_queries = dj->nq;
     so.cache_type = s->cfg.cache_type;
+    so.cache_type_v = s->cfg.cache_type_v;
     if (kvs_session_new(s->model, &so, &dj->ses, &err) != KVS_OK) {
         srv_fail(e, 500, "", "cannot create a session: %s", err.msg);
         return -1;

@@ -90,7 +90,7 @@ static void run_arch(const char *arch, int ctype, int kv_head_dim) {
     kvs_session *a = NULL, *b = NULL, *ss[NS] = {0}, *solo[NS] = {0};
     kvs_batch *bt = NULL;
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4), *lbat = malloc((size_t)NS * V * 4);
-    kvs_session_opts so = {160, 2, -1, ctype};
+    kvs_session_opts so = {160, 2, -1, ctype, 0};
     CHECK_OK(kvs_session_new(m, &so, &a, &err), &err);
     CHECK_OK(kvs_session_new(m, &so, &b, &err), &err);
     if (!a || !b || !la || !lb || !lbat) goto done;
@@ -206,7 +206,7 @@ static void run_arch(const char *arch, int ctype, int kv_head_dim) {
      * where the trimmed buffer is full: fp32 rounding apart) */
     if (bt && sp.sliding_window > 0) {
         kvs_session *u = NULL, *t = NULL;
-        kvs_session_opts so4 = {250, 2, 0, ctype};
+        kvs_session_opts so4 = {250, 2, 0, ctype, 0};
         CHECK_OK(kvs_session_new(m, &so4, &u, &err), &err);
         CHECK_OK(kvs_session_new(m, &so4, &t, &err), &err);
         if (u && t) {
@@ -278,7 +278,7 @@ static void run_types(void) {
     for (int i = 0; i < 48; i++) toks[i] = (int32_t)(kvs_rng_next(&rng) % (uint64_t)V);
     float *l32 = malloc((size_t)V * 4), *lx = malloc((size_t)V * 4);
     kvs_session *s32 = NULL;
-    kvs_session_opts so32 = {64, 2, -1, KVS_CACHE_F32};
+    kvs_session_opts so32 = {64, 2, -1, KVS_CACHE_F32, 0};
     CHECK_OK(kvs_session_new(m, &so32, &s32, &err), &err);
     kvs_layer *ls = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
     int map[KVS_MAX_LAYERS], nm = 0;
@@ -287,7 +287,7 @@ static void run_types(void) {
         for (int t = 0; t < 6; t++) CHECK_OK(kvs_session_decode(s32, toks[N + t], l32, &err), &err);
         for (int ct = KVS_CACHE_F16; ct <= KVS_CACHE_BF16; ct++) {
             kvs_session *s = NULL;
-            kvs_session_opts so = {64, 2, -1, ct};
+            kvs_session_opts so = {64, 2, -1, ct, 0};
             CHECK_OK(kvs_session_new(m, &so, &s, &err), &err);
             if (!s) continue;
             CHECK_OK(kvs_session_prefill(s, toks, N, NULL, NULL, &err), &err);
@@ -313,7 +313,7 @@ static void run_types(void) {
     CHECK(!strcmp(kvs_cache_type_name(KVS_CACHE_F16), "f16"));
     {
         kvs_session *bad = NULL;
-        kvs_session_opts sob = {64, 1, 0, 7};
+        kvs_session_opts sob = {64, 1, 0, 7, 0};
         CHECK_FAILS(kvs_session_new(m, &sob, &bad, &err), KVS_ERR_INVALID, &err, "cache_type 7");
         kvs_session_free(bad);
     }

@@ -88,7 +88,7 @@ int main(void) {
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4), *lbat = malloc((size_t)NS * V * 4);
     kvs_session *p = NULL, *a = NULL, *b = NULL, *ss[NS] = {0}, *solo[NS] = {0};
     kvs_batch *bt = NULL;
-    kvs_session_opts so = {1024, 2, -1, KVS_CACHE_F32};
+    kvs_session_opts so = {1024, 2, -1, KVS_CACHE_F32, 0};
     CHECK_OK(kvs_session_new(m, &so, &p, &err), &err);
     CHECK_OK(kvs_session_new(m, &so, &a, &err), &err);
     CHECK_OK(kvs_session_new(m, &so, &b, &err), &err);
@@ -138,7 +138,7 @@ int main(void) {
     static const char *bm[NS] = {"snapkv", "full", "streamingllm", "h2o", "snapkv", "streamingllm", "full", "h2o"};
     int ok = bt != NULL;
     for (int i = 0; i < NS && ok; i++) {
-        kvs_session_opts so2 = {1024, 1, -1, i % 3 == 0 ? KVS_CACHE_F32 : KVS_CACHE_F16};
+        kvs_session_opts so2 = {1024, 1, -1, i % 3 == 0 ? KVS_CACHE_F32 : KVS_CACHE_F16, 0};
         CHECK_OK(kvs_session_new(m, &so2, &ss[i], &err), &err);
         CHECK_OK(kvs_session_new(m, &so2, &solo[i], &err), &err);
         ok = ss[i] && solo[i];
@@ -169,7 +169,7 @@ int main(void) {
         CHECK_OK(kvs_session_prefill(a, pt, np, NULL, la, &err), &err);
         for (int ct = KVS_CACHE_F16; ct <= KVS_CACHE_BF16; ct++) {
             kvs_session *s = NULL;
-            kvs_session_opts so3 = {1024, 2, 0, ct};
+            kvs_session_opts so3 = {1024, 2, 0, ct, 0};
             CHECK_OK(kvs_session_new(m, &so3, &s, &err), &err);
             if (!s) continue;
             CHECK_OK(kvs_session_prefill(s, pt, np, NULL, lb, &err), &err);
@@ -194,7 +194,7 @@ int main(void) {
         int32_t *bt_toks = NULL;
         int nb = 0;
         kvs_session *u = NULL, *t = NULL;
-        kvs_session_opts so5 = {1400, 2, 0, KVS_CACHE_F16};
+        kvs_session_opts so5 = {1400, 2, 0, KVS_CACHE_F16, 0};
         CHECK_OK(kvs_session_new(m, &so5, &u, &err), &err);
         CHECK_OK(kvs_session_new(m, &so5, &t, &err), &err);
         if (big && u && t) {

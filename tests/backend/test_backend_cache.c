@@ -46,7 +46,7 @@ int main(void) {
     int map[KVS_MAX_LAYERS], nm = 0;
     kvs_plan plan;
     memset(&plan, 0, sizeof plan);
-    kvs_session_opts so = {32, 2, -1, KVS_CACHE_F32};
+    kvs_session_opts so = {32, 2, -1, KVS_CACHE_F32, 0};
     CHECK_OK(kvs_session_new(m, &so, &s, &err), &err);
     CHECK_OK(kvs_session_new(m, &so, &w, &err), &err);
     if (!s || !w || !lg || !lg2 || !ref || !keep || !ls) goto done;
@@ -238,7 +238,7 @@ int main(void) {
     {
         const kvs_method *snap = kvs_method_find("snapkv");
         kvs_session *nq = NULL;
-        kvs_session_opts so0 = {32, 1, 0, KVS_CACHE_F32};
+        kvs_session_opts so0 = {32, 1, 0, KVS_CACHE_F32, 0};
         CHECK_OK(kvs_session_new(m, &so0, &nq, &err), &err);
         if (snap && nq) {
             kvs_compress_opts co;
@@ -256,7 +256,7 @@ int main(void) {
      * batched prompt at the same positions (causal: later tokens do not matter) */
     {
         kvs_session *a = NULL, *b = NULL;
-        kvs_session_opts soq = {32, 2, -1, KVS_CACHE_F32};
+        kvs_session_opts soq = {32, 2, -1, KVS_CACHE_F32, 0};
         CHECK_OK(kvs_session_new(m, &soq, &a, &err), &err);
         CHECK_OK(kvs_session_new(m, &soq, &b, &err), &err);
         kvs_layer *lb = malloc(sizeof(kvs_layer) * KVS_MAX_LAYERS);
@@ -288,7 +288,7 @@ int main(void) {
     /* copy into a session with a smaller context is refused */
     {
         kvs_session *small = NULL;
-        kvs_session_opts so2 = {8, 1, 0, KVS_CACHE_F32};
+        kvs_session_opts so2 = {8, 1, 0, KVS_CACHE_F32, 0};
         CHECK_OK(kvs_session_new(m, &so2, &small, &err), &err);
         if (small) CHECK_FAILS(kvs_session_copy(small, s, &err), KVS_ERR_INVALID, &err, "destination context 8");
         kvs_session_free(small);

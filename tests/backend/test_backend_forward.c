@@ -58,7 +58,7 @@ static void check_model(const tiny_spec *sp, const char *label, int quantised) {
           *l1 = malloc((size_t)V * sizeof *l1);
     double *ref = malloc((size_t)V * sizeof *ref), *ref1 = malloc((size_t)V * sizeof *ref1);
     kvs_session *s = NULL, *s1 = NULL;
-    kvs_session_opts so = {64, 2, 0, KVS_CACHE_F32};
+    kvs_session_opts so = {64, 2, 0, KVS_CACHE_F32, 0};
     CHECK_OK(kvs_session_new(m, &so, &s, &err), &err);
     if (!s || !lp || !ld || !ref || !l1 || !ref1) goto done;
     /* prefill of all n vs reference */
@@ -81,7 +81,7 @@ static void check_model(const tiny_spec *sp, const char *label, int quantised) {
     e = max_rel(ld, ref, V);
     CHECK_MSG(e <= (quantised ? 5e-2 : 2e-3), "%s: token-by-token logits differ from the reference by %g", label, e);
     /* a single thread gives the same logits (sgemm blocking may change the last bits) */
-    kvs_session_opts so1 = {64, 1, 0, KVS_CACHE_F32};
+    kvs_session_opts so1 = {64, 1, 0, KVS_CACHE_F32, 0};
     CHECK_OK(kvs_session_new(m, &so1, &s1, &err), &err);
     if (s1) {
         CHECK_OK(kvs_session_prefill(s1, toks, n, NULL, l1, &err), &err);
@@ -95,7 +95,7 @@ static void check_model(const tiny_spec *sp, const char *label, int quantised) {
     /* chunked prefill: chunks of 5 tokens see the earlier chunks through the cache */
     {
         kvs_session *sc = NULL;
-        kvs_session_opts soc = {64, 2, 0, KVS_CACHE_F32};
+        kvs_session_opts soc = {64, 2, 0, KVS_CACHE_F32, 0};
         CHECK_OK(kvs_session_new(m, &soc, &sc, &err), &err);
         static const int ubs[] = {1, 2, 3, 5, 12};
         for (int u = 0; sc && u < 5; u++) {

@@ -178,7 +178,7 @@ int main(int argc, char **argv) {
     int32_t *toks = NULL, *long_toks = NULL;
     int nt = 0, nl = 0;
     kvs_session *s = NULL;
-    kvs_session_opts so = {1024, 2, -1, KVS_CACHE_F32};
+    kvs_session_opts so = {1024, 2, -1, KVS_CACHE_F32, 0};
     CHECK_OK(kvs_session_new(m, &so, &s, &err), &err);
     if (!s || !lg || !lg2 || !ref) goto done;
 

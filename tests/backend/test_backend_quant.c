@@ -1,7 +1,7 @@
 /*
  * test_backend_quant.c -- tensor types: hand-built blocks with known values
  * (golden), quantise/dequantise round trips within each type's error bound,
- * integer dot products (AVX2 and scalar) against dequantise + naive double
+ * (Q4_0 included: the KV cache's type), integer dot products (AVX2 and scalar) against dequantise + naive double
  * dot, fp32 dot products for every type, errors for unsupported types, and
  * Q5_0's vectorised dequantisation bit for bit against the format's
  * definition evaluated here in scalar code (random blocks, every bit pattern
@@ -31,6 +31,17 @@ static void golden(void) {
     CHECK_OK(kvs_dequant_row(KVS_GGML_Q8_0, q8, y, 32, &err), &err);
     CHECK_NEAR(y[0], -8.0, 0);
     CHECK_NEAR(y[31], 7.5, 0);
+    /* Q4_0: element j < 16 = low nibble of qs[j] - 8, j + 16 the high nibble */
+    uint8_t q40[18] = {0};
+    put_h(q40, 0.25f);
+    q40[2] = 0x3F;  /* element 0: 15 - 8 = 7; element 16: 3 - 8 = -5 */
+    q40[17] = 0x80; /* element 15: 0 - 8; element 31: 8 - 8 = 0 */
+    CHECK_OK(kvs_dequant_row(KVS_GGML_Q4_0, q40, y, 32, &err), &err);
+    CHECK_NEAR(y[0], 0.25 * 7, 0);
+    CHECK_NEAR(y[16], 0.25 * -5, 0);
+    CHECK_NEAR(y[15], 0.25 * -8, 0);
+    CHECK_NEAR(y[31], 0.0, 0);
+    CHECK_NEAR(y[1], 0.25 * -8, 0);
     /* Q5_0: element 0 = low nibble of qs[0] | bit 0 of qh << 4, minus 16 */
     uint8_t q5[22] = {0};
     put_h(q5, 0.25f);
@@ -98,7 +109,9 @@ static void sizes(void) {
     CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q4_1), 20);
     CHECK_EQ_INT(kvs_ggml_row_size(KVS_GGML_Q4_1, 576), 360);
     CHECK(kvs_ggml_type_supported(KVS_GGML_Q4_1));
-    CHECK(!kvs_ggml_type_supported(KVS_GGML_Q4_0));
+    CHECK(kvs_ggml_type_supported(KVS_GGML_Q4_0));
+    CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q4_0), 18);
+    CHECK(!kvs_ggml_type_supported(KVS_GGML_Q5_1));
     CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q4_K), 144);
     CHECK_EQ_INT(kvs_ggml_type_size(KVS_GGML_Q6_K), 210);
     CHECK_EQ_INT(kvs_ggml_row_size(KVS_GGML_Q4_K, 512), 288);
@@ -122,6 +135,7 @@ static double bound(int type) {
     case KVS_GGML_BF16: return 8e-3;
     case KVS_GGML_Q8_0: return 1.0 / 127 * 0.51 + 1e-3;
     case KVS_GGML_Q5_0: return 1.0 / 16 + 2e-3; /* the far extreme clamps to 15: error up to d */
+    case KVS_GGML_Q4_0: return 1.0 / 8 + 2e-3;  /* d = amax / 8; the far extreme clamps to 7: error up to d */
     case KVS_GGML_Q4_1: return 1.0 / 15 + 3e-3; /* d/2 with d = range/15 <= 2 amax/15, plus f16 rounding */
     case KVS_GGML_Q4_K: return 0.2;
     case KVS_GGML_Q6_K: return 0.05;
@@ -130,7 +144,7 @@ static double bound(int type) {
 }
 
 static void round_trips_and_dots(void) {
-    static const int types[] = {KVS_GGML_F32, KVS_GGML_F16, KVS_GGML_BF16, KVS_GGML_Q8_0,
+    static const int types[] = {KVS_GGML_F32, KVS_GGML_F16,  KVS_GGML_BF16, KVS_GGML_Q8_0, KVS_GGML_Q4_0,
                                 KVS_GGML_Q5_0, KVS_GGML_Q4_1, KVS_GGML_Q4_K, KVS_GGML_Q6_K};
     uint64_t rng = 42;
     kvs_err err = {0};

@@ -1,7 +1,7 @@
 /*
  * test_backend_quant_cols.c -- the multi-column integer dot products of
  * batched decode (kvs_dot_q8a_cols): for every quantised weight type with an
- * integer kernel (Q8_0, Q5_0, Q4_K, Q6_K), random rows against 1..19 random
+ * integer kernel (Q8_0, Q5_0, Q4_K, Q6_K, Q4_0), random rows against 1..19 random
  * activation columns give results bit-identical to kvs_dot_q8a column by
  * column (the batch == alone guarantee rests on it), and close to the
  * dequantised double dot (the test can fail: a wrong unpacking is caught by
@@ -48,7 +48,7 @@ static void check_builds(int type, const uint8_t *rows, size_t rb, int nrows, co
 
 int main(void) {
     kvs_err err = {0};
-    static const int types[] = {KVS_GGML_Q8_0, KVS_GGML_Q5_0, KVS_GGML_Q4_K, KVS_GGML_Q6_K};
+    static const int types[] = {KVS_GGML_Q8_0, KVS_GGML_Q5_0, KVS_GGML_Q4_K, KVS_GGML_Q6_K, KVS_GGML_Q4_0};
     enum { NMAX = 1024, MAXC = 19, R = 6 };
     float *w = malloc(NMAX * sizeof *w), *xs = malloc((size_t)MAXC * NMAX * sizeof *xs), *wd = malloc(NMAX * sizeof *wd);
     uint8_t *row = malloc(R * kvs_ggml_row_size(KVS_GGML_Q8_0, NMAX) + 64);
@@ -56,10 +56,10 @@ int main(void) {
     float y[MAXC], yr[MAXC * (R + 1)];
     uint64_t rng = 42;
     if (!w || !xs || !wd || !row || !xq) return 1;
-    for (int ti = 0; ti < 8; ti++) {
-        int type = types[ti % 4];
+    for (int ti = 0; ti < 10; ti++) {
+        int type = types[ti % 5];
         /* 32 or 3 blocks of 256 (K types), 32 or 21 blocks of 32 */
-        const int N = ti < 4 ? NMAX : (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K ? 768 : 672);
+        const int N = ti < 5 ? NMAX : (type == KVS_GGML_Q4_K || type == KVS_GGML_Q6_K ? 768 : 672);
         const size_t rb = kvs_ggml_row_size(type, N);
         for (int rep = 0; rep < 8; rep++) {
             for (int i = 0; i < N; i++) w[i] = (float)(kvs_rng_uniform(&rng) * 2 - 1) * (1 + (i % 7));

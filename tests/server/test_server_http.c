@@ -142,7 +142,7 @@ static void expect_error(const char *path, const char *json, long want_status, c
 static int engine_greedy(kvs_model *m, const int32_t *prompt, int n, int n_predict, int32_t *out) {
     kvs_err err_ = {0}, *err = &err_;
     kvs_session *s = NULL;
-    kvs_session_opts so = {N_CTX, 1, 0, KVS_CACHE_F16};
+    kvs_session_opts so = {N_CTX, 1, 0, KVS_CACHE_F16, 0};
     const int V = kvs_model_get_info(m)->n_vocab;
     float *logits = malloc((size_t)V * sizeof *logits);
     int k = 0;

@@ -98,6 +98,26 @@ int main(void) {
            "give exactly one of embedded = true or url", NULL);
     refuse(HEAD "  backend = { url = \"http://a:1\", threads = 2 },\n" NIAH TAIL "}\n",
            "backend.threads", "only for embedded = true");
+    /* backend.cache: kvsieve serve's KV cache types */
+    CHECK_OK(load(HEAD "  backend = { embedded = true, cache = { type = \"q4_0\" } },\n" NIAH TAIL "}\n", &cfg, &err),
+             &err);
+    if (!err.code) {
+        CHECK(!strcmp(cfg.experiments[0].backend_cache_k, "q4_0") && !strcmp(cfg.experiments[0].backend_cache_v, "q4_0"));
+        kvs_config_free(&cfg);
+    }
+    CHECK_OK(load(HEAD "  backend = { embedded = true, cache = { k = \"q8_0\" } },\n" NIAH TAIL "}\n", &cfg, &err),
+             &err);
+    if (!err.code) {
+        CHECK(!strcmp(cfg.experiments[0].backend_cache_k, "q8_0") && !strcmp(cfg.experiments[0].backend_cache_v, "f16"));
+        kvs_config_free(&cfg);
+    }
+    refuse(HEAD "  backend = { embedded = true, cache = { type = \"q5_0\" } },\n" NIAH TAIL "}\n",
+           "backend.cache.type", "'q5_0' is not one of: f16, bf16, f32, q8_0, q4_0");
+    refuse(HEAD "  backend = { embedded = true, cache = { type = \"q8_0\", v = \"q4_0\" } },\n" NIAH TAIL "}\n",
+           "backend.cache", "not both");
+    refuse(HEAD "  backend = { embedded = true, cache = \"q8_0\" },\n" NIAH TAIL "}\n", "backend.cache", "got a string");
+    refuse(HEAD "  backend = { url = \"http://a:1\", cache = { type = \"q8_0\" } },\n" NIAH TAIL "}\n",
+           "backend.cache", "only for embedded = true");
     refuse(HEAD "  backend = { embedded = true, model = \"a\" }, model = \"b\",\n" NIAH TAIL "}\n",
            "model", "differs from backend.model 'a'");
     refuse(HEAD NIAH TAIL "  mode = \"agnostic\",\n}\n", "task.lua:5: mode",

@@ -416,6 +416,14 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *out, k
  * Format from the extension (.svg or .png). */
 kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *path, kvs_err *err);
 
+/* The leaderboard of one task experiment of RULER scores (o->experiment
+ * required; experiments/leaderboard.lua) into the folder dir (created):
+ * scores.csv, summary.md, leaderboard.svg, tasks.svg, provenance.json
+ * (eval/report_board.c says what each holds). note (NULL: none) is printed
+ * under summary.md's title (what the data is: "a slice: ..."). Output is a
+ * function of the database, o->bootstrap and o->seed only. */
+kvs_status kvs_report_board(kvs_store *s, const kvs_report_opts *o, const char *dir, const char *note,
+                            kvs_err *err);
 /* The decode-speed study (eval/report_decode.c, experiments/decode.lua): for
  * the task cells decoded to a fixed length (ignore_eos), per experiment,
  * model, prompt-length class (tokens rounded to a power of two) and budget:

@@ -84,7 +84,7 @@ kvs_status kvs_embedded_start(const kvs_embedded_opts *o, kvs_embedded **out, kv
         free(b);
         return rc;
     }
-    char threads[16], ctx[16], slots[16];
+    char threads[16], ctx[16], slots[16], batch[16];
     snprintf(threads, sizeof threads, "%d", o->threads);
     snprintf(ctx, sizeof ctx, "%d", o->ctx);
     snprintf(slots, sizeof slots, "%d", o->slots > 0 ? o->slots : 1);
@@ -102,6 +102,8 @@ kvs_status kvs_embedded_start(const kvs_embedded_opts *o, kvs_embedded **out, kv
     argv[a++] = slots;
     if (o->threads > 0) argv[a++] = "--threads", argv[a++] = threads;
     if (o->ctx > 0) argv[a++] = "--ctx", argv[a++] = ctx;
+    snprintf(batch, sizeof batch, "%d", o->batch);
+    if (o->batch > 0) argv[a++] = "--batch", argv[a++] = batch;
     argv[a] = NULL;
     pid_t parent = getpid();
     pid_t pid = fork();

@@ -190,6 +190,8 @@ typedef struct {
     int threads;       /* --threads (0: its default) */
     int ctx;           /* --ctx (0: its default) */
     int slots;         /* --slots (0: 1) */
+    int batch;         /* --batch: sequences per decode step, also the most variants one
+                          request may carry (0: the server's default, 64) */
     double start_timeout_s; /* model load + /health (0: 300) */
 } kvs_embedded_opts;
 

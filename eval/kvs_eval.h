@@ -137,10 +137,12 @@ typedef struct {
     int ignore_eos; /* 1: decode exactly n_predict tokens: end-of-generation tokens and the
                      * newline stop do not end an answer (llama-server's ignore_eos, sent in
                      * every request; part of the cell key: it changes the decoded length) */
-    int variants_per_request; /* at most this many variants share one request (1..64, default
-                               * 64); 1 decodes every variant alone, as a decode-speed study
-                               * needs (a batched decode times all variants together). Not in
-                               * the key: outputs do not depend on it */
+    int variants_per_request; /* at most this many variants share one request (1..128;
+                               * 0: 128 for the embedded backend, started with --batch 128,
+                               * 64 for a URL, the server's default batch); 1 decodes every
+                               * variant alone, as a decode-speed study needs (a batched
+                               * decode times all variants together). Not in the key:
+                               * outputs do not depend on it */
     int n_backend_urls;
     char (*backend_urls)[256]; /* [n_backend_urls] */
     int backend_openai;        /* backend.api = "openai": plain OpenAI server, `full` only */

@@ -791,6 +791,11 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     co.api = e->backend_openai ? KVS_API_OPENAI : KVS_API_KVSIEVE;
     co.model = e->backend_openai ? e->model : NULL;
     co.per_url = e->in_flight > 0 ? e->in_flight : 2;
+    /* The embedded server is ours and local: a request of a whole leaderboard
+     * grid (up to 128 variants) queued behind another can take far longer
+     * than a URL backend's 900 s on a loaded machine; its death ends the run
+     * through the connection, not through this clock. */
+    if (e->backend_embedded) co.timeout_s = 4 * 3600.0;
     if ((rc = kvs_client_new(&co, &cl, err))) goto fail;
 
     x.s = s, x.e = e, x.o = o, x.d = d, x.run_id = run_id, x.cells = cells, x.units = units;

@@ -14,17 +14,44 @@ static void report_usage(FILE *f) {
             "usage: kvsieve report [--db PATH] [--experiment NAME | --run ID]\n"
             "                      [--format md|latex|csv|json] [--out FILE] [--plot FILE.svg|.png]\n"
             "                      [--bootstrap B] [--seed S]\n"
+            "       kvsieve report --experiment NAME --board DIR [--note FILE] [--db PATH]\n"
             "  tables: method x metric per budget, mean [95%% bootstrap CI], delta vs full, best\n"
             "  marked; task tables add paired differences (vs full, vs the best other variant:\n"
             "  paired bootstrap CI, exact McNemar p, Holm-Bonferroni marks, detectable difference);\n"
             "  latency tables (N x method, median [p10, p90]) when latency rows exist.\n"
             "  --plot  score vs budget (and overhead vs N, log-log, when latency rows exist) via\n"
             "          gnuplot; needle experiments also get FILE-heatmap.svg (depth x length per\n"
-            "          variant)\n");
+            "          variant)\n"
+            "  --board DIR  the leaderboard of one RULER experiment (experiments/leaderboard.lua)\n"
+            "          into DIR: scores.csv, summary.md, leaderboard.svg, tasks.svg,\n"
+            "          provenance.json; --note FILE puts FILE's text under summary.md's title\n");
+}
+
+/* The whole of a small text file (--note), or NULL. */
+static char *read_note(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *t = NULL;
+    size_t n = 0, cap = 0;
+    int c;
+    while ((c = fgetc(f)) != EOF && n < (1u << 16)) {
+        if (n + 2 > cap) {
+            char *nt = realloc(t, cap = cap ? 2 * cap : 1024);
+            if (!nt) break;
+            t = nt;
+        }
+        t[n++] = (char)c;
+    }
+    fclose(f);
+    if (t) {
+        while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == ' ')) n--;
+        t[n] = '\0';
+    }
+    return t ? t : calloc(1, 1);
 }
 
 int kvs_cmd_report(int argc, char **argv) {
-    const char *db = KVS_STORE_DEFAULT_PATH, *out = NULL, *plot = NULL;
+    const char *db = KVS_STORE_DEFAULT_PATH, *out = NULL, *plot = NULL, *board = NULL, *note = NULL;
     kvs_report_opts o;
     memset(&o, 0, sizeof o);
     o.format = KVS_REPORT_MD;
@@ -57,6 +84,10 @@ int kvs_cmd_report(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--out")) {
             if (!(out = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--board")) {
+            if (!(board = kvs_arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--note")) {
+            if (!(note = kvs_arg_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--plot")) {
             if (!(plot = kvs_arg_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--bootstrap")) {
@@ -78,6 +109,14 @@ int kvs_cmd_report(int argc, char **argv) {
         fprintf(stderr, "kvsieve report: give --experiment or --run, not both\n");
         return 2;
     }
+    if (board && (out || plot || o.format != KVS_REPORT_MD)) {
+        fprintf(stderr, "kvsieve report: --board writes its own files; drop --out, --plot and --format\n");
+        return 2;
+    }
+    if (note && !board) {
+        fprintf(stderr, "kvsieve report: --note goes with --board\n");
+        return 2;
+    }
     FILE *probe = fopen(db, "rb");
     if (!probe) {
         fprintf(stderr, "kvsieve report: no database at %s (run an experiment first, or --db PATH)\n", db);
@@ -90,6 +129,23 @@ int kvs_cmd_report(int argc, char **argv) {
     FILE *f = NULL;
     if (kvs_store_open(db, &st, &err)) {
         fprintf(stderr, "kvsieve report: %s\n", err.msg);
+        goto cleanup;
+    }
+    if (board) {
+        char *text = NULL;
+        if (note && !(text = read_note(note))) {
+            fprintf(stderr, "kvsieve report: cannot read --note %s\n", note);
+            goto cleanup;
+        }
+        kvs_status rc = kvs_report_board(st, &o, board, text, &err);
+        free(text);
+        if (rc) {
+            fprintf(stderr, "kvsieve report: %s\n", err.msg);
+            goto cleanup;
+        }
+        fprintf(stderr, "kvsieve report: wrote %s/{scores.csv,summary.md,leaderboard.svg,tasks.svg,"
+                "provenance.json}\n", board);
+        code = 0;
         goto cleanup;
     }
     f = out ? fopen(out, "w") : stdout;

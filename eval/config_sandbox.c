@@ -3,7 +3,10 @@
  * state per file and the helpers a config may call (experiment{...},
  * synthetic{...}, niah{...}, ruler{...}, jsonl{...}, longbench{...},
  * milebench{...}, shape{...}, backend{...}), which only tag and collect
- * tables: experiment{} appends to a list in the registry (KVS_CFG_REG_LIST).
+ * tables: experiment{} appends to a list in the registry (KVS_CFG_REG_LIST);
+ * presets() returns the names of the registered methods in registry order
+ * (what `kvsieve methods` lists), so a config can run every preset without
+ * naming them.
  *
  * Sandbox: base library without dofile/loadfile (load is text-only),
  * string, table, math, utf8, coroutine; os has only clock/date/time/
@@ -15,6 +18,7 @@
  */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "config_internal.h"
+#include "kvsieve_methods.h"
 
 #include <errno.h>
 #include <lauxlib.h>
@@ -53,6 +57,17 @@ static int l_helper(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 1);
     tag_table(L, name);
+    return 1;
+}
+
+/* presets(): { "full", "random", ... } in registry order. */
+static int l_presets(lua_State *L) {
+    int n = kvs_methods_count();
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushstring(L, kvs_method_at(i)->name);
+        lua_rawseti(L, -2, i + 1);
+    }
     return 1;
 }
 
@@ -159,6 +174,8 @@ static void open_sandbox(lua_State *L, const char *dir) {
     lua_setfield(L, LUA_REGISTRYINDEX, KVS_CFG_REG_LIST);
     lua_pushcfunction(L, l_experiment);
     lua_setglobal(L, "experiment");
+    lua_pushcfunction(L, l_presets);
+    lua_setglobal(L, "presets");
     static const char *const helpers[] = {"synthetic", "niah",      "shape",     "backend",
                                            "jsonl",     "longbench", "milebench", "ruler"};
     for (size_t i = 0; i < sizeof helpers / sizeof helpers[0]; i++) {

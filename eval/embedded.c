@@ -84,7 +84,7 @@ kvs_status kvs_embedded_start(const kvs_embedded_opts *o, kvs_embedded **out, kv
         free(b);
         return rc;
     }
-    char threads[16], ctx[16], slots[16];
+    char threads[16], ctx[16], slots[16], batch[16];
     snprintf(threads, sizeof threads, "%d", o->threads);
     snprintf(ctx, sizeof ctx, "%d", o->ctx);
     snprintf(slots, sizeof slots, "%d", o->slots > 0 ? o->slots : 1);
@@ -104,6 +104,8 @@ kvs_status kvs_embedded_start(const kvs_embedded_opts *o, kvs_embedded **out, kv
     if (o->ctx > 0) argv[a++] = "--ctx", argv[a++] = ctx;
     if (o->cache_type_k && o->cache_type_k[0]) argv[a++] = "--cache-type-k", argv[a++] = o->cache_type_k;
     if (o->cache_type_v && o->cache_type_v[0]) argv[a++] = "--cache-type-v", argv[a++] = o->cache_type_v;
+    snprintf(batch, sizeof batch, "%d", o->batch);
+    if (o->batch > 0) argv[a++] = "--batch", argv[a++] = batch;
     argv[a] = NULL;
     pid_t parent = getpid();
     pid_t pid = fork();

@@ -191,6 +191,8 @@ typedef struct {
     int ctx;           /* --ctx (0: its default) */
     int slots;         /* --slots (0: 1) */
     const char *cache_type_k, *cache_type_v; /* --cache-type-k / -v (NULL or "": f16) */
+    int batch;         /* --batch: sequences per decode step, also the most variants one
+                          request may carry (0: the server's default, 64) */
     double start_timeout_s; /* model load + /health (0: 300) */
 } kvs_embedded_opts;
 

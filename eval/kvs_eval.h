@@ -137,10 +137,12 @@ typedef struct {
     int ignore_eos; /* 1: decode exactly n_predict tokens: end-of-generation tokens and the
                      * newline stop do not end an answer (llama-server's ignore_eos, sent in
                      * every request; part of the cell key: it changes the decoded length) */
-    int variants_per_request; /* at most this many variants share one request (1..64, default
-                               * 64); 1 decodes every variant alone, as a decode-speed study
-                               * needs (a batched decode times all variants together). Not in
-                               * the key: outputs do not depend on it */
+    int variants_per_request; /* at most this many variants share one request (1..128;
+                               * 0: 128 for the embedded backend, started with --batch 128,
+                               * 64 for a URL, the server's default batch); 1 decodes every
+                               * variant alone, as a decode-speed study needs (a batched
+                               * decode times all variants together). Not in the key:
+                               * outputs do not depend on it */
     int n_backend_urls;
     char (*backend_urls)[256]; /* [n_backend_urls] */
     int backend_openai;        /* backend.api = "openai": plain OpenAI server, `full` only */
@@ -418,6 +420,14 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *out, k
  * Format from the extension (.svg or .png). */
 kvs_status kvs_report_plot(kvs_store *s, const kvs_report_opts *o, const char *path, kvs_err *err);
 
+/* The leaderboard of one task experiment of RULER scores (o->experiment
+ * required; experiments/leaderboard.lua) into the folder dir (created):
+ * scores.csv, summary.md, leaderboard.svg, tasks.svg, provenance.json
+ * (eval/report_board.c says what each holds). note (NULL: none) is printed
+ * under summary.md's title (what the data is: "a slice: ..."). Output is a
+ * function of the database, o->bootstrap and o->seed only. */
+kvs_status kvs_report_board(kvs_store *s, const kvs_report_opts *o, const char *dir, const char *note,
+                            kvs_err *err);
 /* The decode-speed study (eval/report_decode.c, experiments/decode.lua): for
  * the task cells decoded to a fixed length (ignore_eos), per experiment,
  * model, prompt-length class (tokens rounded to a power of two) and budget:

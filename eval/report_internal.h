@@ -132,4 +132,49 @@ kvs_status kvs_rpt_gather_engine(sqlite3 *db, const kvs_report_opts *o, eng_row 
                                  kvs_err *err);
 void kvs_rpt_write_engine(const eng_row *rows, int n, FILE *f, kvs_report_format fmt);
 
+/* ---- the leaderboard export (report_board.c, report_prov.c, report_svg.c) -------- */
+
+/* One task experiment's board: its settings (query_agnostic first), the
+ * variants of each (layout order, full first), compressed budgets by ratio
+ * (largest first), the RULER tasks present (RULER's order). */
+typedef struct {
+    const dataset *d;
+    int e;                /* the experiment */
+    int m_avg;            /* metric "ruler": the average */
+    int n_set;
+    char set[2][32];      /* setting names */
+    int *rows[2];         /* [n_rows[s]] labels of setting s */
+    int n_rows[2];
+    int *budgets, n_budgets; /* compressed budgets */
+    int full_b;           /* full's budget (-1 none) */
+    int b_task;           /* the compressed budget nearest 0.25 (-1 none) */
+    int *tasks, n_tasks;  /* task metrics */
+} board;
+
+/* What the database says about the board's cells beyond the scores. */
+typedef struct {
+    char model[256], model_hash[128], dataset[64], dataset_version[128];
+    int64_t n_cells;
+    int n_samples;
+    char note[2048];      /* the caller's text for summary.md (e.g. "a slice: ...") */
+    int n_params;
+    char (*param_label)[200]; /* [n_params] label -> params JSON */
+    char (*param_json)[400];
+} board_meta;
+
+void kvs_rpt_board_setting(const char *label, char *out, size_t n);
+void kvs_rpt_board_name(const char *label, char *out, size_t n);
+kvs_status kvs_rpt_board_build(const dataset *d, int e, board *bd, kvs_err *err);
+void kvs_rpt_board_free(board *bd);
+int kvs_rpt_board_group(const board *bd, int l, int b, int m);
+/* report_prov.c: the model, dataset, counts and parameters of the cells. */
+kvs_status kvs_rpt_board_meta(sqlite3 *db, const kvs_report_opts *o, board_meta *mt, kvs_err *err);
+void kvs_rpt_board_meta_free(board_meta *mt);
+const char *kvs_rpt_board_params(const board_meta *mt, const char *label);
+kvs_status kvs_rpt_board_provenance(sqlite3 *db, const kvs_report_opts *o, const board *bd,
+                                    const board_meta *mt, FILE *f, kvs_err *err);
+/* report_svg.c: the plots, plain SVG written here (no gnuplot: byte-stable). */
+void kvs_rpt_svg_leaderboard(const board *bd, const board_meta *mt, FILE *f);
+void kvs_rpt_svg_tasks(const board *bd, const board_meta *mt, FILE *f);
+
 #endif

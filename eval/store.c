@@ -333,6 +333,34 @@ void kvs_store_host_cpu(char *model, size_t n) {
     }
 }
 
+/* The CPU's vector and matrix features that change which kernels run (from
+ * /proc/cpuinfo's flags), space-separated; "" when unknown. */
+static void host_cpu_flags(char *out, size_t n) {
+    static const char *const keep[] = {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                       "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+                                       "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve"};
+    out[0] = '\0';
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0 && strncmp(line, "Features", 8) != 0) continue;
+        const char *c = strchr(line, ':');
+        if (!c) break;
+        size_t w = 0;
+        for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
+            const size_t kl = strlen(keep[i]);
+            for (const char *p = c + 1; (p = strstr(p, keep[i])) != NULL; p += kl)
+                if (p[-1] == ' ' && (p[kl] == ' ' || p[kl] == '\n' || p[kl] == '\0')) {
+                    w += (size_t)snprintf(out + w, w < n ? n - w : 0, "%s%s", w ? " " : "", keep[i]);
+                    break;
+                }
+        }
+        break;
+    }
+    fclose(f);
+}
+
 /* "cpu: <model name> (<n> threads)". */
 static void device_name(char *out, size_t n) {
     char model[256];
@@ -365,14 +393,16 @@ cleanup:
 
 kvs_status kvs_store_run_begin(kvs_store *s, const kvs_run_info *info, int64_t *run_id,
                                kvs_err *err) {
-    char host[256] = "", dev[400], git[64], now[32], versions[512];
+    char host[256] = "", dev[400], git[64], now[32], versions[768], flags[200];
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown");
     device_name(dev, sizeof dev);
     git_revision(info->config_dir, git, sizeof git);
     iso_now(now, sizeof now);
+    host_cpu_flags(flags, sizeof flags);
     snprintf(versions, sizeof versions,
-             "{\"kvsieve\":\"%s\",\"sqlite\":\"%s\",\"lua\":\"%s\",\"cjson\":\"%s\",\"fftw\":\"%s\"}",
-             KVS_VERSION, sqlite3_libversion(), LUA_RELEASE, cJSON_Version(), fftwf_version);
+             "{\"kvsieve\":\"%s\",\"sqlite\":\"%s\",\"lua\":\"%s\",\"cjson\":\"%s\",\"fftw\":\"%s\","
+             "\"cpu_flags\":\"%s\"}",
+             KVS_VERSION, sqlite3_libversion(), LUA_RELEASE, cJSON_Version(), fftwf_version, flags);
     mark_abandoned(s, host);
 
     sqlite3_stmt *st = NULL;

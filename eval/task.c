@@ -49,7 +49,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define MAX_PER_REQUEST 64 /* the kvsieve server's limit on variants per request */
+/* Variants per request at most: the embedded server is started with --batch
+ * MAX_PER_REQUEST so that a sample's whole grid (every preset at four ratios)
+ * shares one prefill and one observation per method; a URL backend gets the
+ * server's default batch, URL_PER_REQUEST, unless variants_per_request says more. */
+#define MAX_PER_REQUEST 128
+#define URL_PER_REQUEST 64
 
 typedef struct {
     char key[65];
@@ -671,6 +676,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
         eo.slots = 1;
         eo.cache_type_k = e->backend_cache_k;
         eo.cache_type_v = e->backend_cache_v;
+        eo.batch = MAX_PER_REQUEST;
         if (o->progress)
             fprintf(o->progress, "experiment '%s': starting the embedded backend (kvsieve serve "
                     "--model %s)\n", e->name, e->model);
@@ -750,8 +756,11 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
             fprintf(o->progress, "experiment '%s': all %d cells already done\n", e->name, n);
         goto fail;
     }
-    /* units: pending cells grouped per (mode, sample), <= 64 each; cells of a
-     * (mode, sample) are adjacent in the grid */
+    /* units: pending cells grouped per (mode, sample), <= per_request each;
+     * cells of a (mode, sample) are adjacent in the grid */
+    const int per_request = e->variants_per_request > 0 ? e->variants_per_request
+                            : e->backend_embedded       ? MAX_PER_REQUEST
+                                                        : URL_PER_REQUEST;
     units = calloc((size_t)(n - n_done), sizeof *units);
     if (!units) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
@@ -761,7 +770,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
         if (done[i]) continue;
         unit *u = n_units ? &units[n_units - 1] : NULL;
         if (!u || u->mode != cells[i].mode || u->sample != cells[i].sample ||
-            u->n == MAX_PER_REQUEST || u->n == e->variants_per_request) {
+            u->n == per_request) {
             u = &units[n_units++];
             u->mode = cells[i].mode;
             u->sample = cells[i].sample;
@@ -790,6 +799,11 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     co.api = e->backend_openai ? KVS_API_OPENAI : KVS_API_KVSIEVE;
     co.model = e->backend_openai ? e->model : NULL;
     co.per_url = e->in_flight > 0 ? e->in_flight : 2;
+    /* The embedded server is ours and local: a request of a whole leaderboard
+     * grid (up to 128 variants) queued behind another can take far longer
+     * than a URL backend's 900 s on a loaded machine; its death ends the run
+     * through the connection, not through this clock. */
+    if (e->backend_embedded) co.timeout_s = 4 * 3600.0;
     if ((rc = kvs_client_new(&co, &cl, err))) goto fail;
 
     x.s = s, x.e = e, x.o = o, x.d = d, x.run_id = run_id, x.cells = cells, x.units = units;

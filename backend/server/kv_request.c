@@ -141,7 +141,8 @@ int srv_parse_kv_compression(const kvs_server *s, const cJSON *kc, gen_req *g, s
     if (list) {
         int n = cJSON_GetArraySize(list);
         if (n < 1) return srv_fail(e, 400, base, "%s must not be empty", base);
-        if (n > 64) return srv_fail(e, 400, base, "%s: at most 64 variants, got %d", base, n);
+        const int maxv = s->cfg.batch > 64 ? s->cfg.batch : 64; /* --batch above 64 raises it */
+        if (n > maxv) return srv_fail(e, 400, base, "%s: at most %d variants, got %d", base, maxv, n);
         g->variants = calloc((size_t)n, sizeof *g->variants);
         if (!g->variants) return srv_fail(e, 500, "", "out of memory");
         g->n_variants = n;

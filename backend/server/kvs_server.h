@@ -159,7 +159,8 @@ typedef struct {
     const char *alias; /* model id shown by /v1/models (NULL: the model's name) */
     int queue;         /* requests waiting for a slot at most (default 64); one more: 503 */
     int batch;         /* sequences (variants of all running requests) decoded together at
-                          most (default 64); a request with more variants is refused (400) */
+                          most (default 64); a request with more variants, or with more than
+                          max(64, batch), is refused (400) */
     int n_predict_max; /* tokens one variant generates at most (default 4096): a request
                           without n_predict stops there (stop_type "limit"); an explicit
                           n_predict above it is refused (400 naming the field) */

@@ -3,7 +3,8 @@
  * method parameters through the registry), grid counts and key stability,
  * -D overrides, the sandbox (no os.execute/io.popen/require, io.open
  * read-only and only below the config's folder), and methods composed from
- * parts (a table in `methods`: label, identity, stable keys, errors). */
+ * parts (a table in `methods`: label, identity, stable keys, errors), presets()
+ * and the shipped experiments/leaderboard.lua. */
 #include "eval_test_util.h"
 #include "kvs_eval.h"
 #include "test_util.h"
@@ -234,8 +235,9 @@ static void test_sandbox(void) {
              "assert(os.execute == nil and io.popen == nil and require == nil)\n"
              "assert(dofile == nil and loadfile == nil and package == nil and os.remove == nil)\n"
              "assert(load(string.dump(function() end)) == nil)\n"
+             "assert(#presets() == %d and presets()[1] == \"full\")\n"
              "local f = assert(io.open(\"name.txt\"))\nNAME = f:read(\"l\")\nf:close()\n%s",
-             base);
+             kvs_methods_count(), base);
     CHECK_OK(load("sandbox.lua", text, NULL, 0, &cfg, &err), &err);
     if (!err.code) {
         CHECK(!strcmp(cfg.experiments[0].name, "from-file"));
@@ -288,6 +290,39 @@ static void test_shipped(const char *golden_dir) {
     CHECK_OK(kvs_grid_expand(e, &cells, &n, &err), &err);
     CHECK_EQ_INT(n, 2 * 2 * (1 + (e->n_variants - 1) * 3));
     free(cells);
+    kvs_config_free(&cfg);
+}
+
+/* experiments/leaderboard.lua: one experiment{} per model, every
+ * registered method (presets(): the registry at run time, in its order), four
+ * kept ratios, both settings, 20 samples per task; -D and presets() agree. */
+static void test_leaderboard(const char *golden_dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/../../../experiments/leaderboard.lua", golden_dir);
+    kvs_config cfg;
+    kvs_err err = {0};
+    CHECK_OK(kvs_config_load(path, NULL, 0, &cfg, &err), &err);
+    if (err.code) return;
+    CHECK_EQ_INT(cfg.n_experiments, 3);
+    static const char *const names[3] = {"leaderboard-qwen2.5-0.5b", "leaderboard-smollm2-135m",
+                                         "leaderboard-gemma3-270m"};
+    for (int x = 0; x < cfg.n_experiments && x < 3; x++) {
+        const kvs_experiment *e = &cfg.experiments[x];
+        CHECK_MSG(!strcmp(e->name, names[x]), "experiment %d is '%s'", x, e->name);
+        CHECK(!strcmp(e->model, names[x] + strlen("leaderboard-")));
+        CHECK_EQ_INT(e->n_variants, kvs_methods_count());
+        for (int i = 0; i < e->n_variants && i < kvs_methods_count(); i++)
+            CHECK(e->variants[i].method == kvs_method_at(i));
+        CHECK_EQ_INT(e->n_budgets, 4);
+        CHECK_EQ_INT(e->n_modes, 2);
+        CHECK_EQ_INT(e->per_cell, 20);
+    }
+    kvs_config_free(&cfg);
+    const char *ov[2] = {"methods={\"full\",\"tova\"}", "dataset.n=2"};
+    CHECK_OK(kvs_config_load(path, ov, 2, &cfg, &err), &err);
+    if (err.code) return;
+    CHECK_EQ_INT(cfg.experiments[1].n_variants, 2);
+    CHECK_EQ_INT(cfg.experiments[1].per_cell, 2);
     kvs_config_free(&cfg);
 }
 
@@ -387,6 +422,7 @@ static void test_composed(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1) test_shipped(argv[1]);
+    if (argc > 1) test_leaderboard(argv[1]);
     if (eval_tmpdir(dir, "cfg")) {
         fprintf(stderr, "mkdtemp failed\n");
         return 1;

@@ -105,6 +105,12 @@ static void exe_dir(char *out, size_t n) {
     snprintf(out, n, "%s", buf);
 }
 
+/* The model's weight types for a stored row, without the trailing blanks. */
+static void weight_types(const kvs_model_info *info, char *out, size_t n) {
+    snprintf(out, n, "%s", info->weight_types);
+    for (size_t k = strlen(out); k > 0 && out[k - 1] == ' '; k--) out[k - 1] = '\0';
+}
+
 /* Write the engine_bench row with a runs row of kind "bench" around it.
  * Returns 0 or prints an error naming the database and returns 1. */
 static int store_row(kvs_store *st, const char *db, const char *cmdline, kvs_engine_bench_row *row) {
@@ -452,8 +458,7 @@ int kvs_cmd_bench(int argc, char **argv) {
                      kvs_cache_type_name(types[i]), fill ? "random fill" : "prefill", kvs_cache_type_name(types[0]),
                      path);
             char quant[sizeof info->weight_types];
-            snprintf(quant, sizeof quant, "%s", info->weight_types);
-            for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';
+            weight_types(info, quant, sizeof quant);
             kvs_engine_bench_row row = {
                 .model = info->name, .model_sha256 = sha, .model_path = path, .arch = info->arch,
                 .quant_types = quant, .device = "cpu", .prompt_len = n, .gen_tokens = gen,
@@ -512,8 +517,7 @@ int kvs_cmd_bench(int argc, char **argv) {
                  cache_type_v ? " --cache-type-v " : "", cache_type_v ? kvs_cache_type_name(cache_type_v - 1) : "",
                  path);
         char quant[sizeof info->weight_types];
-        snprintf(quant, sizeof quant, "%s", info->weight_types);
-        for (size_t k = strlen(quant); k > 0 && quant[k - 1] == ' '; k--) quant[k - 1] = '\0';
+        weight_types(info, quant, sizeof quant);
         kvs_engine_bench_row row = {
             .model = info->name, .model_sha256 = sha, .model_path = path, .arch = info->arch,
             .quant_types = quant, .device = "cpu", .prompt_len = n, .gen_tokens = gen,

@@ -63,12 +63,7 @@ kvs_status srv_chunked_prefill(const kvs_server *s, kvs_session *ses, const vari
                                int n, srv_pos_fn each, void *user, float *logits, srv_chunk_log *log, kvs_err *err) {
     const int C = v->chunk > 0 ? v->chunk : n;
     const int compress = v->method && strcmp(v->method->name, "full") != 0;
-    kvs_compress_opts co;
-    memset(&co, 0, sizeof co);
-    co.method = v->method;
-    co.params = v->params;
-    co.compress_local = v->compress_local;
-    co.threads = s->cfg.threads;
+    kvs_compress_opts co = srv_variant_compress_opts(s, v); /* its budget is set per chunk below */
     kvs_status st = KVS_OK;
     int held = 0; /* rows the compressed layers hold before the chunk */
     for (int a = 0, b; a < n; a = b) {

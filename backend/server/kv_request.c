@@ -165,3 +165,14 @@ int srv_parse_kv_compression(const kvs_server *s, const cJSON *kc, gen_req *g, s
     g->n_variants = 1;
     return parse_variant(s, kc, "kv_compression", &g->variants[0], e);
 }
+
+kvs_compress_opts srv_variant_compress_opts(const kvs_server *s, const variant_req *v) {
+    kvs_compress_opts co;
+    memset(&co, 0, sizeof co);
+    co.method = v->method;
+    co.params = v->params;
+    co.budget = v->budget;
+    co.compress_local = v->compress_local;
+    co.threads = s->cfg.threads;
+    return co;
+}

@@ -69,12 +69,7 @@ int srv_plans_make(const kvs_server *s, kvs_session *pre, const gen_req *g, srv_
                 budgets[n++] = g->variants[k].budget;
             }
         if (n < 2) continue;
-        kvs_compress_opts co;
-        memset(&co, 0, sizeof co);
-        co.method = v->method;
-        co.params = v->params;
-        co.compress_local = v->compress_local;
-        co.threads = s->cfg.threads;
+        const kvs_compress_opts co = srv_variant_compress_opts(s, v); /* budgets[] are the group's */
         const double t0 = kvs_now_ms();
         st = kvs_session_plan_many(pre, &co, budgets, n, plans, map, sel, err);
         const double total = kvs_now_ms() - t0;

@@ -355,13 +355,7 @@ static void admit(kvs_server *s, srv_job *j) {
             snprintf(o->stats.method, sizeof o->stats.method, "%s", v->method->name);
             srv_note_compress(s, o->compress_ms);
         } else if (v && v->method && strcmp(v->method->name, "full") != 0) {
-            kvs_compress_opts co;
-            memset(&co, 0, sizeof co);
-            co.method = v->method;
-            co.params = v->params;
-            co.budget = v->budget;
-            co.compress_local = v->compress_local;
-            co.threads = s->cfg.threads;
+            kvs_compress_opts co = srv_variant_compress_opts(s, v);
             kvs_status st;
             if (plans.planned && plans.planned[i]) { /* its plan is ready: apply it to this copy */
                 const int *map = plans.maps + (size_t)i * KVS_MAX_LAYERS;

@@ -300,6 +300,9 @@ const cJSON *srv_kv_compression(const kvs_server *s, const cJSON *root);
 /* Parse a kv_compression value kc into g's variants (kv_request.c); free
  * them with srv_variants_free (srv_gen_req_free does). */
 int srv_parse_kv_compression(const kvs_server *s, const cJSON *kc, gen_req *g, srv_error *e);
+/* The compression options of variant v on this server (method, params,
+ * budget, compress_local, the server's threads); kv_request.c. */
+kvs_compress_opts srv_variant_compress_opts(const kvs_server *s, const variant_req *v);
 void srv_variants_free(gen_req *g);
 void srv_gen_req_free(gen_req *g);
 void srv_handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);

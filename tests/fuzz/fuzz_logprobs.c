@@ -11,33 +11,12 @@
  * tests cover those). Errors are expected; a crash or a sanitizer report is
  * a bug.
  */
-#include "fuzz_util.h"
-#include "server_internal.h"
-#include "tiny_model.h"
+#include "fuzz_server_util.h"
 
 static kvs_server *server(void) {
-    static kvs_server s;
-    if (s.model) return &s;
-    char path[128];
-    snprintf(path, sizeof path, "%s/tiny.gguf", fuzz_tmpdir());
-    tiny_spec sp = tiny_default("gemma3");
-    kvs_err err = {0};
-    if (tiny_write(&sp, path, &err) || kvs_model_load(path, NULL, &s.model, &err)) {
-        fprintf(stderr, "fuzz_logprobs: %s\n", err.msg);
-        abort();
-    }
-    remove(path);
-    s.info = kvs_model_get_info(s.model);
-    kvs_server_config_defaults(&s.cfg);
-    s.cfg.n_ctx = 64;
-    s.cfg.n_predict_max = 8;
-    s.cfg.threads = 1;
-    snprintf(s.alias, sizeof s.alias, "tiny");
-    s.cfg.alias = s.alias;
-    s.slots_free = s.cfg.slots;
-    pthread_mutex_init(&s.mu, NULL);
-    pthread_cond_init(&s.cv, NULL);
-    return &s;
+    kvs_server *s = fuzz_tiny_server(64, 8, "fuzz_logprobs");
+    s->cfg.threads = 1;
+    return s;
 }
 
 /* A log-prob field: a number in [-9999, 0], or null where allowed. */

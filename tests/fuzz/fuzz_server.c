@@ -10,32 +10,11 @@
  * tiny random gemma3 model of tests/backend/tiny_model.c (context 256).
  * Errors are expected; a crash or a sanitizer report is a bug.
  */
-#include "fuzz_util.h"
-#include "server_internal.h"
-#include "tiny_model.h"
+#include "fuzz_server_util.h"
 
 static kvs_server *server(void) {
-    static kvs_server s;
-    if (s.model) return &s;
-    char path[128];
-    snprintf(path, sizeof path, "%s/tiny.gguf", fuzz_tmpdir());
-    tiny_spec sp = tiny_default("gemma3");
-    kvs_err err = {0};
-    if (tiny_write(&sp, path, &err) || kvs_model_load(path, NULL, &s.model, &err)) {
-        fprintf(stderr, "fuzz_server: %s\n", err.msg);
-        abort();
-    }
-    remove(path);
-    s.info = kvs_model_get_info(s.model);
-    kvs_server_config_defaults(&s.cfg);
-    s.cfg.n_ctx = 256;
-    s.cfg.n_predict_max = 64;
-    snprintf(s.alias, sizeof s.alias, "tiny");
-    s.cfg.alias = s.alias;
-    s.slots_free = s.cfg.slots;
-    pthread_mutex_init(&s.mu, NULL);
-    pthread_cond_init(&s.cv, NULL);
-    return &s;
+    kvs_server *s = fuzz_tiny_server(256, 64, "fuzz_server");
+    return s;
 }
 
 static void check_response(const kvs_http_response *rs) {

@@ -6,7 +6,9 @@
  * tables: experiment{} appends to a list in the registry (KVS_CFG_REG_LIST);
  * presets() returns the names of the registered methods in registry order
  * (what `kvsieve methods` lists), so a config can run every preset without
- * naming them.
+ * naming them; method_needs(name) lists what a method reads beyond K and V
+ * ("q_window", "q_all", "modality", "w_o"), so a config can size a grid by
+ * a method's cost class without naming methods either.
  *
  * Sandbox: base library without dofile/loadfile (load is text-only),
  * string, table, math, utf8, coroutine; os has only clock/date/time/
@@ -68,6 +70,30 @@ static int l_presets(lua_State *L) {
         lua_pushstring(L, kvs_method_at(i)->name);
         lua_rawseti(L, -2, i + 1);
     }
+    return 1;
+}
+
+/* method_needs("h2o"): { "q_all", "modality" }; an unknown name is an error
+ * that suggests a close one. */
+static int l_method_needs(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    kvs_err err = {0};
+    const kvs_method *m = NULL;
+    if (kvs_method_lookup(name, &m, &err) != KVS_OK) return luaL_error(L, "method_needs: %s", err.msg);
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } bits[] = {{KVS_NEED_Q_WINDOW, "q_window"},
+                {KVS_NEED_Q_ALL, "q_all"},
+                {KVS_NEED_MODALITY, "modality"},
+                {KVS_NEED_W_O, "w_o"}};
+    lua_newtable(L);
+    int n = 0;
+    for (size_t i = 0; i < sizeof bits / sizeof bits[0]; i++)
+        if (m->needs & bits[i].bit) {
+            lua_pushstring(L, bits[i].name);
+            lua_rawseti(L, -2, ++n);
+        }
     return 1;
 }
 
@@ -176,6 +202,8 @@ static void open_sandbox(lua_State *L, const char *dir) {
     lua_setglobal(L, "experiment");
     lua_pushcfunction(L, l_presets);
     lua_setglobal(L, "presets");
+    lua_pushcfunction(L, l_method_needs);
+    lua_setglobal(L, "method_needs");
     static const char *const helpers[] = {"synthetic", "niah",      "shape",     "backend",
                                            "jsonl",     "longbench", "milebench", "ruler"};
     for (size_t i = 0; i < sizeof helpers / sizeof helpers[0]; i++) {

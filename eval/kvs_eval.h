@@ -123,7 +123,7 @@ typedef struct {
         char method[32];
         char shape[48]; /* "" = every shape */
         int max_tokens;
-    } limits[64];
+    } limits[192]; /* every preset x three shapes, with room */
 
     /* task (eval/task.c): file datasets jsonl{...} / longbench{...} /
      * milebench{...}, prompt template and modes, generation length, and the

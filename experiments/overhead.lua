@@ -1,5 +1,7 @@
 -- overhead.lua: the paper's latency table -- compression overhead vs prompt
--- length N for every method (performance.md section 1). Each cell times the
+-- length N for every preset `kvsieve methods` lists (performance.md
+-- section 1; presets() and method_needs() read them at run time, so presets
+-- added later join with the limits of their cost class). Each cell times the
 -- whole compression step (kvs_compress + kvs_apply: scoring, budget
 -- allocation, selection, compaction, merging, all layers): 2 warm-up runs,
 -- then 20 timed runs rotated over 3 synthetic input sets (seeds 1, 2, 3);
@@ -24,7 +26,8 @@
 -- One dtype or one thread count only:  -D dtype=f16   --threads 1
 --
 -- Where and why the default CPU grid stops lower (2 shared cores, 23 GB):
---   * H2O, LOOK-M, MEDA recompute causal attention over all N queries:
+--   * Methods that read every query (H2O, LOOK-M, MEDA, Expected Attention:
+--     method_needs(m) has "q_all") recompute causal attention over all N queries:
 --     2 d Hq L N^2 / 2 FLOPs = 1.2 TFLOP per run at the Gemma shape and 8K,
 --     6.5 s on 2 idle cores (about 1.6 s at 4K), so 2 warm-ups + 20 repetitions +
 --     10 dominant-term runs x 3 methods x 2 dtypes would take 20 minutes at
@@ -39,6 +42,19 @@
 
 local attention = { ["gemma3-270m"] = 2048, ["qwen2.5-vl-7b"] = 0, ["llava-1.5-7b"] = 0 }
 local linear    = { ["gemma3-270m"] = 32768, ["qwen2.5-vl-7b"] = 16384, ["llava-1.5-7b"] = 2048 }
+-- W_o readers (criticalkv, criticaladakv) add a synthetic [Hq][Hq d][d]
+-- projection (51 MB at the Qwen shape) and ||W_o v|| per token: linear, but
+-- Hq d^2 E flops per token, so the 7B shapes stop at 4K.
+local wo        = { ["gemma3-270m"] = 32768, ["qwen2.5-vl-7b"] = 4096, ["llava-1.5-7b"] = 2048 }
+
+local methods, max_tokens = presets(), {}
+for _, m in ipairs(methods) do
+  local class = linear
+  for _, need in ipairs(method_needs(m)) do
+    if need == "q_all" then class = attention elseif need == "w_o" and class == linear then class = wo end
+  end
+  max_tokens[m] = class
+end
 
 experiment {
   name    = "overhead",
@@ -49,15 +65,12 @@ experiment {
     n_tokens = { 2048, 4096, 8192, 16384, 32768, 65536 },
     seeds    = { 1, 2, 3 },          -- the input sets rotated over the repetitions
   },
-  methods = { "full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache" },
+  methods = methods,
   budgets = 0.2,
   device  = "cpu",
   dtype   = { "f32", "f16" },
   threads = 2,
   repeats = 20,
   warmup  = 2,
-  max_tokens = {
-    h2o = attention, lookm = attention, meda = attention,
-    full = linear, random = linear, streamingllm = linear, snapkv = linear, flashcache = linear,
-  },
+  max_tokens = max_tokens,
 }

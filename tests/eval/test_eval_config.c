@@ -236,6 +236,10 @@ static void test_sandbox(void) {
              "assert(dofile == nil and loadfile == nil and package == nil and os.remove == nil)\n"
              "assert(load(string.dump(function() end)) == nil)\n"
              "assert(#presets() == %d and presets()[1] == \"full\")\n"
+             "local n = method_needs(\"lookm\")\n"
+             "assert(#n == 2 and n[1] == \"q_all\" and n[2] == \"modality\")\n"
+             "assert(#method_needs(\"full\") == 0 and method_needs(\"snapkv\")[1] == \"q_window\")\n"
+             "assert(method_needs(\"criticalkv\")[2] == \"w_o\")\n"
              "local f = assert(io.open(\"name.txt\"))\nNAME = f:read(\"l\")\nf:close()\n%s",
              kvs_methods_count(), base);
     CHECK_OK(load("sandbox.lua", text, NULL, 0, &cfg, &err), &err);
@@ -257,6 +261,8 @@ static void test_sandbox(void) {
                 KVS_ERR_INVALID, &err, "loop.lua:2: the config ran for more than");
     CHECK_FAILS(load("none.lua", "local x = 1\n", NULL, 0, &cfg, &err), KVS_ERR_INVALID, &err,
                 "no experiment{...}");
+    CHECK_FAILS(load("needs.lua", "\nlocal n = method_needs(\"snapkvv\")\n", NULL, 0, &cfg, &err),
+                KVS_ERR_INVALID, &err, "needs.lua:2: method_needs: unknown method 'snapkvv' (did you mean 'snapkv'?");
     /* memory: one huge string, and a table growing until the ceiling (before the
      * instruction cap); each an error naming the file, never the machine's memory */
     CHECK_FAILS(load("rep.lua", "local s = string.rep(\"x\", 1 << 30)\n", NULL, 0, &cfg, &err),

@@ -28,7 +28,13 @@
  *                         "one norm pass" of the bar (leverage's Gaussian
  *                         sketch, N d k per head, is more than that: its
  *                         ratio shows by how much).
- * Methods that read W_o (criticalkv, criticaladakv) get one synthetic
+ * The leverage scorer's presets: the Gaussian sketch its scores cannot
+ * avoid, fp32 keys [N][d] x Phi [d][k] per (layer, KV head) (one sgemm; k =
+ * sketch_dimension), the keys converted to fp32 as the scorer does.
+ * Methods that read W_o (criticalkv, criticaladakv): the projection of every
+ * value row by each of its query heads' W_o, what ||W_o v|| cannot avoid:
+ * one sgemm [128 tokens][d] x [d][E] per (layer, query head, block) (BLAS
+ * threads itself, as the part's does). They get one synthetic
  * [Hq][Hq d][d] projection (seeded, shared by every layer): a synthetic shape
  * has no hidden size, and Hq d is the real one for the two 7B shapes.
  * kvs_apply_into writes into the buffers of the previous run (an engine
@@ -68,6 +74,7 @@
 #include "kvs_parts.h"
 
 #include <assert.h>
+#include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -83,9 +90,9 @@
 #define KVS_BUILD_TYPE "unknown"
 #endif
 
-enum { DOM_GATHER = 0, DOM_DCT = 1, DOM_ATTN = 2 };
+enum { DOM_GATHER = 0, DOM_DCT = 1, DOM_ATTN = 2, DOM_WO = 3, DOM_SKETCH = 4 };
 static const char *const dom_names[] = {"cache read + gather", "DCT-II+III pair",
-                                        "attention pass"};
+                                        "attention pass", "W_o projection", "key sketch"};
 
 /* One finished cell, for the closing summary. */
 typedef struct {
@@ -226,6 +233,8 @@ static int queries_wanted(const kvs_variant *var, int N) {
 static int dominant_kind(const kvs_method *m) {
     const kvs_composition *comp = kvs_parts_composition(m);
     if (!strcmp(m->name, "flashcache") || (comp && comp->scorer == &kvs_scorer_flashcache)) return DOM_DCT;
+    if (comp && comp->scorer == &kvs_scorer_leverage) return DOM_SKETCH;
+    if (m->needs & KVS_NEED_W_O) return DOM_WO; /* Hq E d per token: more than the window's attention */
     if (m->needs & (KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW)) return DOM_ATTN;
     return DOM_GATHER;
 }
@@ -514,6 +523,40 @@ static kvs_status gather_run(const kvs_layer *ly, int L, const kvs_plan *p, floa
     return st;
 }
 
+/* The dominant term of the W_o readers: V rows [N][d] (fp32) x W_o^T
+ * [d][E] for every (layer, query head), in blocks of 128 tokens into prod
+ * [128][E]; vrows [N][d]. The synthetic W_o is contiguous [Hq][E][d]. */
+static void wo_run(const kvs_layer *ly, int L, float *vrows, float *prod) {
+    for (int l = 0; l < L; l++) {
+        const kvs_view *v = &ly[l].v, *wo = &ly[l].wo;
+        const int H = v->n_heads, N = v->n_tokens, d = v->head_dim, G = wo->n_heads / H, E = wo->n_tokens;
+        for (int h = 0; h < H; h++) {
+            kvs_view_rows_f32(v, h, 0, N, vrows);
+            for (int g = 0; g < G; g++) {
+                const float *w = (const float *)wo->data + (size_t)(h * G + g) * (size_t)wo->s_head;
+                for (int j0 = 0; j0 < N; j0 += 128) {
+                    const int nb = N - j0 < 128 ? N - j0 : 128;
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, E, d, 1.0f, vrows + (size_t)j0 * d,
+                                d, w, d, 0.0f, prod, E);
+                }
+            }
+        }
+    }
+}
+
+/* The dominant term of the leverage scorer: krows [N][d] (fp32) x phi
+ * [d][k] into y [N][k] for every (layer, KV head). */
+static void sketch_run(const kvs_layer *ly, int L, int k, float *krows, const float *phi, float *y) {
+    for (int l = 0; l < L; l++) {
+        const kvs_view *x = &ly[l].k;
+        const int N = x->n_tokens, d = x->head_dim;
+        for (int h = 0; h < x->n_heads; h++) {
+            kvs_view_rows_f32(x, h, 0, N, krows);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, k, d, 1.0f, krows, d, phi, k, 0.0f, y, k);
+        }
+    }
+}
+
 /* ---- one cell ------------------------------------------------------------------ */
 
 typedef struct {
@@ -550,6 +593,7 @@ static kvs_status run_cpu(kvs_overhead *x, const kvs_experiment *e, const kvs_ce
     dct_bench db;
     memset(&db, 0, sizeof db);
     float *scratch = NULL, *wo = NULL;
+    int sk = 0; /* sketch columns (DOM_SKETCH) */
     kvs_layer *work = calloc((size_t)S * L, sizeof *work); /* [S][L] */
     kvs_cache_view *cv = calloc((size_t)S, sizeof *cv);  /* [S] */
     double *t = malloc(sizeof *t * 3 * (size_t)R);       /* [3][R]: step, compress, apply */
@@ -628,6 +672,11 @@ static kvs_status run_cpu(kvs_overhead *x, const kvs_experiment *e, const kvs_ce
         if ((rc = dct_bench_init(&db, in, threads, err))) goto cleanup;
     } else if (dk == DOM_ATTN) {
         scratch = malloc(sizeof *scratch * (size_t)in->Hkv * in->N); /* [Hkv][N] colsum */
+    } else if (dk == DOM_SKETCH) { /* krows [N][d], phi [d][k] (any values: the cost does not depend on them), y [N][k] */
+        sk = (int)kvs_part_param(m, &var->params, "sketch_dimension", 48);
+        scratch = calloc((size_t)in->N * in->d + (size_t)in->d * sk + (size_t)in->N * sk, sizeof *scratch);
+    } else if (dk == DOM_WO) {
+        scratch = malloc(sizeof *scratch * ((size_t)in->N * in->d + (size_t)128 * in->Hq * in->d)); /* vrows, prod */
     } else {
         int maxB = 1;
         for (int l = 0; l < L; l++)
@@ -653,6 +702,11 @@ static kvs_status run_cpu(kvs_overhead *x, const kvs_experiment *e, const kvs_ce
         double t0 = kvs_now_ms();
         if (dk == DOM_DCT) {
             if ((rc = dct_bench_run(&db, err))) goto cleanup;
+        } else if (dk == DOM_SKETCH) {
+            float *phi = scratch + (size_t)in->N * in->d;
+            sketch_run(ly, L, sk, scratch, phi, phi + (size_t)in->d * sk);
+        } else if (dk == DOM_WO) {
+            wo_run(ly, L, scratch, scratch + (size_t)in->N * in->d);
         } else if (dk == DOM_ATTN) {
             for (int l = 0; l < L; l++)
                 if ((rc = kvs_attn_colsum_fused(&ly[l].q, &ly[l].k, NULL, scratch, NULL, threads,

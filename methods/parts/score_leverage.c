@@ -22,7 +22,8 @@
  *   - Phi is drawn from a seeded stream per (layer, head): seed +
  *     (l * Hkv + h + 1) * 0x9E3779B97F4A7C15 (kvpress draws it unseeded with
  *     torch.randn, so its plans vary from run to run); fp32 sgemm for Y,
- *     the Gram matrix, Cholesky and solves in double.
+ *     the Gram matrix (dsyrk), Cholesky and the solves (one dtrsm over all
+ *     rows) in double.
  *   - The jitter sequence is kvpress's; if five factorisations fail the
  *     head is an error naming layer and head (kvpress raises too).
  * Cost per head N d k (sgemm) + N k^2 (Gram and solves); memory [N][d] +
@@ -79,38 +80,37 @@ kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t s
     for (int j = 0; j < N; j++)
         for (int a = 0; a < k; a++) y[(size_t)j * k + a] = (float)(y[(size_t)j * k + a] - mphi[a]);
     free(phi), free(mean), free(mphi);
-    /* G = Y'Y (double), symmetric */
-    for (int a = 0; a < k; a++)
-        for (int b = 0; b <= a; b++) {
-            double s = 0.0;
-            for (int j = 0; j < N; j++) s += (double)y[(size_t)j * k + a] * y[(size_t)j * k + b];
-            z[(size_t)a * k + b] = z[(size_t)b * k + a] = s;
-        }
+    /* yd [N][k] = Y in double; G = Y'Y (dsyrk, lower) */
+    double *yd = malloc(sizeof(double) * (size_t)N * k);
+    if (!yd) return kvs_errorf(err, KVS_ERR_NOMEM, "leverage: out of memory for [N=%d][k=%d] doubles", N, k);
+    for (size_t i = 0; i < (size_t)N * k; i++) yd[i] = y[i];
+    cblas_dsyrk(CblasRowMajor, CblasLower, CblasTrans, k, N, 1.0, yd, k, 0.0, z, k);
+    for (int a = 0; a < k; a++) /* the upper triangle too (the jitter loop copies all of z) */
+        for (int b = 0; b < a; b++) z[(size_t)b * k + a] = z[(size_t)a * k + b];
     double jitter = 1e-2;
     int tries = 0;
     for (;; tries++) {
-        if (tries == 5)
+        if (tries == 5) {
+            free(yd);
             return kvs_errorf(err, KVS_ERR_NUMERIC,
                               "leverage: the Cholesky factorisation of the %d x %d sketch Gram "
                               "matrix failed with jitter up to %g",
                               k, k, jitter / 10);
+        }
         for (size_t i = 0; i < (size_t)k * k; i++) g[i] = z[i];
         for (int a = 0; a < k; a++) g[(size_t)a * k + a] += jitter;
         if (!cholesky(g, k)) break;
         jitter *= 10;
     }
-    /* l_j = ||L^-1 y_j||^2 by forward substitution (z reused as [k]) */
+    /* l_j = ||L^-1 y_j||^2: rows of yd L^-T (dtrsm, one triangular solve for all rows) */
+    cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, N, k, 1.0, g, k, yd, k);
     for (int j = 0; j < N; j++) {
-        const float *yj = y + (size_t)j * k;
+        const double *x = yd + (size_t)j * k;
         double s = 0.0;
-        for (int a = 0; a < k; a++) {
-            double t = yj[a];
-            for (int p = 0; p < a; p++) t -= g[(size_t)a * k + p] * z[p];
-            z[a] = t / g[(size_t)a * k + a];
-            s += z[a] * z[a];
-        }
+        for (int a = 0; a < k; a++) s += x[a] * x[a];
         out[j] = s > 0 ? s : 0.0;
     }
+    free(yd);
     return KVS_OK;
 }
 

@@ -171,6 +171,7 @@ int kvs_cmd_run(int argc, char **argv) {
         if (sum.n_done > 0 || sum.n_already > 0)
             fprintf(stderr, "kvsieve run: %d cells stored this time are kept; resume with: %s\n",
                     sum.n_done, hint);
+        if (sum.run_id > 0) kvs_run_account_print(stderr, &sum.acct);
         goto cleanup;
     }
     if (dry) {
@@ -179,6 +180,8 @@ int kvs_cmd_run(int argc, char **argv) {
     } else if (!quiet) {
         fprintf(stderr, "%s: %d new cells, %d already done, %d total; report: kvsieve report --db %s\n",
                 sum.interrupted ? "interrupted" : "done", sum.n_done, sum.n_already, sum.n_cells, db);
+        /* where the time went (also in each run's row and a board's provenance.json) */
+        if (sum.run_id > 0) kvs_run_account_print(stderr, &sum.acct);
     }
     /* a task experiment's head-to-head table (and the decode-speed table of a fixed-length
      * decode study), at the end of a run that finished */

@@ -226,7 +226,7 @@ int kvs_shard_of(const char *partition_key, int n_shards);
 
 /* ---- The store ------------------------------------------------------------ */
 
-#define KVS_STORE_SCHEMA_VERSION 4
+#define KVS_STORE_SCHEMA_VERSION 5
 #define KVS_STORE_DEFAULT_PATH "results/kvsieve.db"
 
 typedef struct kvs_store kvs_store;
@@ -257,6 +257,27 @@ kvs_status kvs_store_run_shard(kvs_store *s, int64_t run_id, const char *shard, 
 /* status: "done", "interrupted" or "failed". */
 kvs_status kvs_store_run_end(kvs_store *s, int64_t run_id, const char *status, int64_t n_done,
                              const char *error, kvs_err *err);
+
+/* Where a run's time went (runs columns of schema 5; `kvsieve run` prints
+ * it, provenance.json reports it per run and summed over runs, so a merged
+ * database sums its shards). */
+typedef struct {
+    int64_t cells;     /* new cells stored by the run (runs.n_done) */
+    int64_t requests;  /* task: answered requests (one prefill each); 0 for other kinds */
+    double wall_s;     /* the experiment end to end: backend start, prompts, cells, backend stop */
+    double cpu_s;      /* user + system seconds of this process and of the children it waited
+                        * for (the embedded `kvsieve serve`; a URL backend is not counted) */
+    const char *cpu_scope; /* what cpu_s counts, in words (kvs_run_cpu_scope) */
+    /* the work's own clocks, summed: task, the server's per request (its one
+     * prefill, every variant's compression, the batch's longest decode);
+     * fidelity, compress + apply per cell; overhead, 0 */
+    double prefill_ms, compress_ms, decode_ms;
+} kvs_run_account;
+
+/* Store a's columns in run_id's row (wall_s, cpu_s, cpu_scope, requests,
+ * prefill_ms, compress_ms, decode_ms). */
+kvs_status kvs_store_run_account(kvs_store *s, int64_t run_id, const kvs_run_account *a,
+                                 kvs_err *err);
 
 typedef struct {
     const char *name;
@@ -394,7 +415,17 @@ typedef struct {
     int64_t run_id;
     int n_cells, n_already, n_done, n_failed;
     int interrupted;
+    /* summed over the runs this call started (each is also stored in its runs
+     * row); cpu_scope: the last run's. A task run adds its server clocks and
+     * requests here; kvs_run_config adds the rest. */
+    kvs_run_account acct;
 } kvs_run_summary;
+
+/* What cpu_s of an experiment's run counts (static text). */
+const char *kvs_run_cpu_scope(const kvs_experiment *e);
+/* One line: cells, wall and CPU seconds, cells per CPU-second, and the
+ * prefill / compress / decode shares of their sum. */
+void kvs_run_account_print(FILE *f, const kvs_run_account *a);
 
 /* Run (or, dry_run, describe on opts->progress) every experiment of a
  * config against the store. Finished cells are skipped; each new cell is

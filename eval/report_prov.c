@@ -5,7 +5,10 @@
  * library versions, config path and hash, the -D overrides and the command
  * that reproduces it, shard, start, end, wall time), the models' SHA-256,
  * the dataset version, cell and sample counts, and where the server's time
- * went (prefill, compress, decode, summed per request).
+ * went (prefill, compress, decode, summed per request), and each run's
+ * accounting (wall and CPU seconds, cells, requests, the server's clocks)
+ * with its sum over the runs ("accounting": a merged database sums its
+ * shards).
  *
  * What it is not: no scores (report_data.c), no tables (report_board.c).
  */
@@ -121,19 +124,87 @@ static void write_command(FILE *f, const char *config, const char *overrides, co
     kvs_rpt_json_str(f, buf);
 }
 
+/* The runs' accounting summed (runs with a stored wall_s: schema 5). */
+typedef struct {
+    int n, n_unmeasured, n_cpu;
+    double cells, cpu_cells, wall_s, cpu_s, prefill_s, compress_s, decode_s, requests;
+    char scopes[512]; /* the distinct cpu_scope texts, as JSON strings joined by ", " */
+} run_totals;
+
+static double real_or_nan(sqlite3_stmt *st, int i) {
+    return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
+}
+
+static void json_num_or_null(FILE *f, double v, const char *fmt) {
+    if (isnan(v))
+        fputs("null", f);
+    else
+        fprintf(f, fmt, v);
+}
+
+/* One run's accounting (columns 16..22 of write_runs' query) into f and t. */
+static void write_run_account(sqlite3_stmt *st, FILE *f, run_totals *t) {
+    const double wall = real_or_nan(st, 16), cpu = real_or_nan(st, 17);
+    const double pf = real_or_nan(st, 20), cm = real_or_nan(st, 21), dc = real_or_nan(st, 22);
+    fprintf(f, ",\n     \"cpu_s\": ");
+    json_num_or_null(f, cpu, "%.1f");
+    fprintf(f, ", \"cpu_scope\": ");
+    if (sqlite3_column_type(st, 18) == SQLITE_NULL)
+        fputs("null", f);
+    else
+        kvs_rpt_json_str(f, col(st, 18));
+    fprintf(f, ", \"requests\": ");
+    json_num_or_null(f, real_or_nan(st, 19), "%.0f");
+    fprintf(f, ", \"prefill_s\": ");
+    json_num_or_null(f, isnan(pf) ? pf : pf / 1e3, "%.1f");
+    fprintf(f, ", \"compress_s\": ");
+    json_num_or_null(f, isnan(cm) ? cm : cm / 1e3, "%.1f");
+    fprintf(f, ", \"decode_s\": ");
+    json_num_or_null(f, isnan(dc) ? dc : dc / 1e3, "%.1f");
+    if (isnan(wall)) {
+        t->n_unmeasured++;
+        return;
+    }
+    const double cells = (double)sqlite3_column_int64(st, 13);
+    t->n++;
+    t->cells += cells;
+    t->wall_s += wall;
+    if (!isnan(cpu)) {
+        t->n_cpu++;
+        t->cpu_s += cpu;
+        t->cpu_cells += cells;
+    }
+    t->requests += isnan(real_or_nan(st, 19)) ? 0 : sqlite3_column_double(st, 19);
+    t->prefill_s += isnan(pf) ? 0 : pf / 1e3;
+    t->compress_s += isnan(cm) ? 0 : cm / 1e3;
+    t->decode_s += isnan(dc) ? 0 : dc / 1e3;
+    /* the distinct scopes, in order of first appearance */
+    char one[256];
+    FILE *mem = fmemopen(one, sizeof one, "w");
+    if (!mem) return;
+    kvs_rpt_json_str(mem, col(st, 18));
+    fclose(mem);
+    one[sizeof one - 1] = '\0';
+    if (!strstr(t->scopes, one) && strlen(t->scopes) + strlen(one) + 3 < sizeof t->scopes)
+        snprintf(t->scopes + strlen(t->scopes), sizeof t->scopes - strlen(t->scopes), "%s%s",
+                 t->scopes[0] ? ", " : "", one);
+}
+
 /* The runs of the experiment (those with results under the run filter). */
 static kvs_status write_runs(sqlite3 *db, const kvs_report_opts *o, FILE *f, double *wall_total,
-                             kvs_err *err) {
+                             run_totals *tot, kvs_err *err) {
     sqlite3_stmt *st = NULL;
     kvs_status rc = kvs_rpt_prepare_filtered(
         db,
         "SELECT id, status, started_at, ended_at, git_rev, host, device, versions, config_path,"
         " config_hash, overrides, shard, n_cells, n_done, merged_from,"
-        " (julianday(ended_at) - julianday(started_at)) * 86400.0"
+        " (julianday(ended_at) - julianday(started_at)) * 86400.0,"
+        " wall_s, cpu_s, cpu_scope, requests, prefill_ms, compress_ms, decode_ms"
         " FROM runs WHERE experiment = ?1 AND (?2 <= 0 OR id = ?2) ORDER BY id",
         o, &st, "reading runs", err);
     if (rc) return rc;
     *wall_total = 0;
+    memset(tot, 0, sizeof *tot);
     int r, k = 0;
     fprintf(f, "  \"runs\": [");
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
@@ -147,7 +218,8 @@ static kvs_status write_runs(sqlite3 *db, const kvs_report_opts *o, FILE *f, dou
         else
             kvs_rpt_json_str(f, col(st, 3));
         fprintf(f, ", \"wall_s\": ");
-        const double w = sqlite3_column_type(st, 15) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 15);
+        /* measured (schema 5) where stored, else from the run's timestamps */
+        const double w = !isnan(real_or_nan(st, 16)) ? real_or_nan(st, 16) : real_or_nan(st, 15);
         if (isnan(w))
             fputs("null", f);
         else
@@ -173,8 +245,10 @@ static kvs_status write_runs(sqlite3 *db, const kvs_report_opts *o, FILE *f, dou
         kvs_rpt_json_str(f, col(st, 11));
         fprintf(f, ", \"merged_from\": ");
         kvs_rpt_json_str(f, col(st, 14));
-        fprintf(f, ", \"cells\": %lld, \"done\": %lld}", (long long)sqlite3_column_int64(st, 12),
+        fprintf(f, ", \"cells\": %lld, \"done\": %lld", (long long)sqlite3_column_int64(st, 12),
                 (long long)sqlite3_column_int64(st, 13));
+        write_run_account(st, f, tot);
+        fputc('}', f);
     }
     sqlite3_finalize(st);
     if (r != SQLITE_DONE) return kvs_rpt_sql_fail(db, err, "reading runs");
@@ -212,6 +286,23 @@ static kvs_status write_time(sqlite3 *db, const kvs_report_opts *o, double wall,
     fprintf(f, "  \"server_share\": {\"prefill\": %.3f, \"compress\": %.3f, \"decode\": %.3f},\n",
             tot > 0 ? pf / tot : 0.0, tot > 0 ? cm / tot : 0.0, tot > 0 ? dc / tot : 0.0);
     return KVS_OK;
+}
+
+/* The runs' accounting summed: a merged database sums its shards' runs. */
+static void write_accounting(FILE *f, const run_totals *t) {
+    const double tot = t->prefill_s + t->compress_s + t->decode_s;
+    fprintf(f, "  \"accounting\": {\"runs\": %d, \"runs_not_measured\": %d, \"cells\": %.0f, "
+               "\"requests\": %.0f, \"wall_s\": %.1f, \"cpu_s\": ",
+            t->n, t->n_unmeasured, t->cells, t->requests, t->wall_s);
+    json_num_or_null(f, t->n_cpu > 0 ? t->cpu_s : NAN, "%.1f");
+    fprintf(f, ", \"cells_per_cpu_s\": ");
+    json_num_or_null(f, t->n_cpu > 0 && t->cpu_s > 0 ? t->cpu_cells / t->cpu_s : NAN, "%.4f");
+    fprintf(f, ",\n    \"cpu_scope\": [%s],\n", t->scopes);
+    fprintf(f, "    \"time_s\": {\"prefill\": %.1f, \"compress\": %.1f, \"decode\": %.1f},\n",
+            t->prefill_s, t->compress_s, t->decode_s);
+    fprintf(f, "    \"time_share\": {\"prefill\": %.3f, \"compress\": %.3f, \"decode\": %.3f}},\n",
+            tot > 0 ? t->prefill_s / tot : 0.0, tot > 0 ? t->compress_s / tot : 0.0,
+            tot > 0 ? t->decode_s / tot : 0.0);
 }
 
 kvs_status kvs_rpt_board_provenance(sqlite3 *db, const kvs_report_opts *o, const board *bd,
@@ -254,9 +345,11 @@ kvs_status kvs_rpt_board_provenance(sqlite3 *db, const kvs_report_opts *o, const
     }
     fprintf(f, "},\n  \"cells\": %lld,\n  \"samples\": %d,\n", (long long)mt->n_cells, mt->n_samples);
     double wall = 0;
-    kvs_status rc = write_runs(db, o, f, &wall, err);
+    run_totals tot;
+    kvs_status rc = write_runs(db, o, f, &wall, &tot, err);
     if (rc) return rc;
     if ((rc = write_time(db, o, wall, f, err))) return rc;
+    write_accounting(f, &tot);
     fprintf(f, "  \"report\": {\"bootstrap\": %d, \"seed\": %llu}\n}\n", o->bootstrap,
             (unsigned long long)o->seed);
     return KVS_OK;

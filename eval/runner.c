@@ -6,7 +6,9 @@
  * apply -> attention-output error of probe queries and planted-outlier
  * retention), the dry-run grid listing, the shard filter (--shard I/N:
  * kvs_shard_of of each cell key), progress and interruption; kind
- * `overhead` cells are timed and stored by overhead.c.
+ * `overhead` cells are timed and stored by overhead.c; each run's
+ * accounting (wall and CPU seconds, cells, the prefill / compress / decode
+ * clocks: kvs_run_account) around whichever kind ran.
  * What it is not: kind `task` (prompts over HTTP to a backend) is
  * eval/task.c, called from run_experiment; no HTTP here.
  *
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* ---- progress ------------------------------------------------------------ */
 
@@ -428,6 +431,7 @@ static kvs_status run_experiment(kvs_store *s, const kvs_config *cfg, const kvs_
                 break;
             }
             if ((rc = store_fidelity(s, run_id, e, c, &in, &r, err))) break;
+            sum->acct.compress_ms += r.compress_ms + r.apply_ms;
         }
         n_new++;
         pr.done++;
@@ -458,6 +462,82 @@ cleanup:
     return rc;
 }
 
+/* ---- accounting ------------------------------------------------------------- */
+
+/* User + system seconds of this process and of the children it has waited
+ * for (the embedded server is waited for when its run stops); < 0 unknown. */
+static double cpu_seconds(void) {
+    struct rusage self, kids;
+    if (getrusage(RUSAGE_SELF, &self) != 0 || getrusage(RUSAGE_CHILDREN, &kids) != 0) return -1;
+    const struct timeval *tv[4] = {&self.ru_utime, &self.ru_stime, &kids.ru_utime, &kids.ru_stime};
+    double t = 0;
+    for (int i = 0; i < 4; i++) t += (double)tv[i]->tv_sec + (double)tv[i]->tv_usec * 1e-6;
+    return t;
+}
+
+const char *kvs_run_cpu_scope(const kvs_experiment *e) {
+    if (e->kind != KVS_KIND_TASK) return "kvsieve run (in-process)";
+    return e->backend_embedded ? "kvsieve run and its embedded kvsieve serve"
+                               : "kvsieve run only (the URL backend's CPU is not counted)";
+}
+
+void kvs_run_account_print(FILE *f, const kvs_run_account *a) {
+    const double pf = a->prefill_ms / 1e3, cm = a->compress_ms / 1e3, dc = a->decode_ms / 1e3;
+    const double tot = pf + cm + dc;
+    fprintf(f, "accounting: %lld cells in %.1f s wall", (long long)a->cells, a->wall_s);
+    if (a->cpu_s >= 0)
+        fprintf(f, ", %.1f CPU-s (%s), %.3f cells per CPU-second", a->cpu_s,
+                a->cpu_scope ? a->cpu_scope : "?", a->cpu_s > 0 ? (double)a->cells / a->cpu_s : 0.0);
+    if (tot > 0)
+        fprintf(f, "; prefill %.0f%%, compress %.0f%%, decode %.0f%% of %.1f s%s", 100 * pf / tot,
+                100 * cm / tot, 100 * dc / tot, tot,
+                a->requests > 0 ? " of server time (per request: one prefill, each variant's "
+                                  "compression, the batch's longest decode)"
+                                : "");
+    fputc('\n', f);
+}
+
+/* Run one experiment and, when it started a run, store and add up where its
+ * time went. */
+static kvs_status run_accounted(kvs_store *s, const kvs_config *cfg, const kvs_experiment *e,
+                                const kvs_run_opts *o, kvs_run_summary *sum, kvs_err *err) {
+    const kvs_run_account before = sum->acct;
+    const int64_t prev_run = sum->run_id;
+    const int done0 = sum->n_done;
+    sum->run_id = 0;
+    const double t0 = kvs_now_ms(), c0 = cpu_seconds();
+    kvs_status rc = run_experiment(s, cfg, e, o, sum, err);
+    const double c1 = cpu_seconds();
+    if (sum->run_id <= 0) { /* dry run, or nothing to do */
+        sum->run_id = prev_run;
+        return rc;
+    }
+    kvs_run_account a;
+    memset(&a, 0, sizeof a);
+    a.cells = sum->n_done - done0;
+    a.requests = sum->acct.requests - before.requests;
+    a.wall_s = (kvs_now_ms() - t0) / 1e3;
+    a.cpu_s = c0 >= 0 && c1 >= 0 ? c1 - c0 : -1;
+    a.cpu_scope = kvs_run_cpu_scope(e);
+    a.prefill_ms = sum->acct.prefill_ms - before.prefill_ms;
+    a.compress_ms = sum->acct.compress_ms - before.compress_ms;
+    a.decode_ms = sum->acct.decode_ms - before.decode_ms;
+    kvs_err e2 = {0};
+    kvs_status r2 = kvs_store_run_account(s, sum->run_id, &a, &e2);
+    if (!rc && r2) {
+        rc = r2;
+        *err = e2;
+    }
+    sum->acct.cells += a.cells;
+    sum->acct.wall_s += a.wall_s;
+    if (a.cpu_s >= 0 && sum->acct.cpu_s >= 0)
+        sum->acct.cpu_s += a.cpu_s;
+    else
+        sum->acct.cpu_s = -1;
+    sum->acct.cpu_scope = a.cpu_scope;
+    return rc;
+}
+
 kvs_status kvs_run_config(kvs_store *s, const kvs_config *cfg, const kvs_run_opts *opts,
                           kvs_run_summary *sum, kvs_err *err) {
     memset(sum, 0, sizeof *sum);
@@ -476,7 +556,7 @@ kvs_status kvs_run_config(kvs_store *s, const kvs_config *cfg, const kvs_run_opt
     for (int i = 0; i < cfg->n_experiments; i++) {
         if (opts->only_experiment && strcmp(cfg->experiments[i].name, opts->only_experiment) != 0)
             continue;
-        kvs_status rc = run_experiment(s, cfg, &cfg->experiments[i], opts, sum, err);
+        kvs_status rc = run_accounted(s, cfg, &cfg->experiments[i], opts, sum, err);
         if (rc) return rc;
         if (sum->interrupted) break;
     }

@@ -93,6 +93,18 @@ static const char *const migrations[] = {
     "ALTER TABLE runs ADD COLUMN merged_from TEXT;"
     "ALTER TABLE cells ADD COLUMN model_bytes INTEGER;"
     "UPDATE schema_version SET version = 4;",
+    /* 4 -> 5: where a run's time went (kvs_run_account): wall and CPU
+     * seconds and what the CPU time counts, answered requests, and the
+     * prefill / compress / decode milliseconds of the work's own clocks.
+     * Columns only: older runs keep NULL (not measured). */
+    "ALTER TABLE runs ADD COLUMN wall_s REAL;"
+    "ALTER TABLE runs ADD COLUMN cpu_s REAL;"
+    "ALTER TABLE runs ADD COLUMN cpu_scope TEXT;"
+    "ALTER TABLE runs ADD COLUMN requests INTEGER;"
+    "ALTER TABLE runs ADD COLUMN prefill_ms REAL;"
+    "ALTER TABLE runs ADD COLUMN compress_ms REAL;"
+    "ALTER TABLE runs ADD COLUMN decode_ms REAL;"
+    "UPDATE schema_version SET version = 5;",
 };
 _Static_assert(sizeof migrations / sizeof migrations[0] == KVS_STORE_SCHEMA_VERSION,
                "one migration per schema version");
@@ -464,6 +476,35 @@ kvs_status kvs_store_run_end(kvs_store *s, int64_t run_id, const char *status, i
     sqlite3_bind_text(st, 4, error, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 5, run_id);
     if (sqlite3_step(st) != SQLITE_DONE) rc = db_fail(s, err, "updating run");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+kvs_status kvs_store_run_account(kvs_store *s, int64_t run_id, const kvs_run_account *a,
+                                 kvs_err *err) {
+    sqlite3_stmt *st = NULL;
+    kvs_status rc = KVS_OK;
+    if (sqlite3_prepare_v2(s->db,
+                           "UPDATE runs SET wall_s=?, cpu_s=?, cpu_scope=?, requests=?, prefill_ms=?,"
+                           " compress_ms=?, decode_ms=? WHERE id=?",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_fail(s, err, "preparing run accounting update");
+    sqlite3_bind_double(st, 1, a->wall_s);
+    if (a->cpu_s >= 0)
+        sqlite3_bind_double(st, 2, a->cpu_s);
+    else
+        sqlite3_bind_null(st, 2);
+    sqlite3_bind_text(st, 3, a->cpu_scope ? a->cpu_scope : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 4, a->requests);
+    sqlite3_bind_double(st, 5, a->prefill_ms);
+    sqlite3_bind_double(st, 6, a->compress_ms);
+    sqlite3_bind_double(st, 7, a->decode_ms);
+    sqlite3_bind_int64(st, 8, run_id);
+    if (sqlite3_step(st) != SQLITE_DONE)
+        rc = db_fail(s, err, "recording the run's accounting");
+    else if (sqlite3_changes(s->db) != 1)
+        rc = kvs_errorf(err, KVS_ERR_NOTFOUND, "%s: no run %lld to record accounting for", s->path,
+                        (long long)run_id);
     sqlite3_finalize(st);
     return rc;
 }

@@ -42,7 +42,30 @@ static void build_db(const char *db) {
                        " '-D dataset.n=4 -D dataset.tasks={\"niah_single_1\",\"vt\"}',"
                        " '0123456789abcdef0123456789abcdef01234567', 'host', 'cpu: test (2 threads)',"
                        " '{\"kvsieve\":\"0.1.0\",\"cpu_flags\":\"avx2 fma\"}', '0.1.0',"
-                       " '2026-01-01T00:00:00Z', '2026-01-01T00:20:00Z', 'done', 1, 112, 112)",
+                       " '2026-01-01T00:00:00Z', '2026-01-01T00:20:00Z', 'done', 1, 56, 56)",
+                       NULL, NULL, NULL) == SQLITE_OK);
+    /* two shards: run 1 (its accounting stored through the API) and run 2,
+     * a shard merged in with its accounting columns (samples 2 and 3);
+     * provenance.json sums them */
+    CHECK_OK(kvs_store_run_shard(s, 1, "0/2", &err), &err);
+    kvs_run_account acct = {.cells = 56, .requests = 8, .wall_s = 1210.25, .cpu_s = 2300.5,
+                            .cpu_scope = "kvsieve run and its embedded kvsieve serve",
+                            .prefill_ms = 8004.0, .compress_ms = 200.0, .decode_ms = 4000.0};
+    CHECK_OK(kvs_store_run_account(s, 1, &acct, &err), &err);
+    CHECK_FAILS(kvs_store_run_account(s, 99, &acct, &err), KVS_ERR_NOTFOUND, &err, "no run 99");
+    CHECK(sqlite3_exec(h,
+                       "INSERT INTO runs(id, experiment, kind, config_path, config_text, config_hash,"
+                       " overrides, git_rev, host, device, versions, kvsieve_version, started_at,"
+                       " ended_at, status, pid, n_cells, n_done, shard, merged_from, wall_s, cpu_s,"
+                       " cpu_scope, requests, prefill_ms, compress_ms, decode_ms) VALUES"
+                       "(2, 'lb-tiny', 'task', 'experiments/leaderboard.lua', 'experiment{}',"
+                       " 'aaaabbbbccccddddeeeeffff0000111122223333444455556666777788889999',"
+                       " '-D dataset.n=4 -D dataset.tasks={\"niah_single_1\",\"vt\"}',"
+                       " '0123456789abcdef0123456789abcdef01234567', 'node2', 'cpu: test (2 threads)',"
+                       " '{\"kvsieve\":\"0.1.0\",\"cpu_flags\":\"avx2 fma\"}', '0.1.0',"
+                       " '2026-01-01T00:00:00Z', '2026-01-01T00:15:00Z', 'done', 7, 56, 56, '1/2',"
+                       " 'shard-1.db#1', 905.5, 1700.0, 'kvsieve run and its embedded kvsieve serve',"
+                       " 8, 8020.0, 200.0, 4000.0)",
                        NULL, NULL, NULL) == SQLITE_OK);
     for (int mode = 0; mode < 2; mode++)
         for (int t = 0; t < 2; t++)
@@ -70,7 +93,7 @@ static void build_db(const char *db) {
                         kvs_result_row r = {.prediction = "x", .prefill_ms = 1000.0 + smp, .compress_ms = sc[3].value,
                                             .decode_ms = 500.0, .decode_tokens = 10, .n_scores = 5,
                                             .scores = sc};
-                        CHECK_OK(kvs_store_put(s, 1, &c, &r, 1, &err), &err);
+                        CHECK_OK(kvs_store_put(s, smp < 2 ? 1 : 2, &c, &r, 1, &err), &err);
                     }
     /* an experiment of another kind: no ruler scores */
     kvs_cell_row c = {.key = "other", .experiment = "other", .kind = "task", .definition = "other",

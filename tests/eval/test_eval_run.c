@@ -112,6 +112,30 @@ static void test_end_to_end(void) {
                        "host IS NOT NULL AND device LIKE 'cpu:%' AND length(config_hash)=64 AND "
                        "config_text LIKE '%smoke%' AND ended_at IS NOT NULL"),
                  1);
+    /* the run's accounting: its cells, wall and CPU seconds (this process:
+     * fidelity runs in-process), and compress + apply summed over its cells */
+    CHECK_EQ_INT(sum.acct.cells, CFG_CELLS);
+    CHECK(sum.acct.wall_s > 0 && sum.acct.cpu_s > 0);
+    CHECK(sum.acct.prefill_ms == 0 && sum.acct.decode_ms == 0 && sum.acct.requests == 0);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM runs WHERE wall_s > 0 AND cpu_s > 0 AND requests = 0 AND "
+                       "cpu_scope = 'kvsieve run (in-process)' AND prefill_ms = 0 AND decode_ms = 0"), 1);
+    CHECK_NEAR(qd(h, "SELECT compress_ms FROM runs"), sum.acct.compress_ms, 1e-6);
+    CHECK_NEAR(qd(h, "SELECT wall_s FROM runs"), sum.acct.wall_s, 1e-9);
+    CHECK_NEAR(qd(h, "SELECT sum(s.value) FROM scores s WHERE s.metric IN ('compress_ms', 'apply_ms')"),
+               sum.acct.compress_ms, 1e-6 * sum.acct.compress_ms + 1e-9);
+    CHECK(sum.acct.compress_ms > 0);
+    {
+        char line[1024] = "";
+        FILE *pf = tmpfile();
+        if (pf) {
+            kvs_run_account_print(pf, &sum.acct);
+            rewind(pf);
+            if (!fgets(line, sizeof line, pf)) line[0] = '\0';
+            fclose(pf);
+        }
+        CHECK(strstr(line, "accounting: 60 cells in ") && strstr(line, " CPU-s (kvsieve run (in-process)), ") &&
+              strstr(line, " cells per CPU-second; prefill 0%, compress 100%, decode 0% of "));
+    }
     /* full keeps everything: zero error, all outliers retained */
     CHECK_NEAR(qd(h, "SELECT max(s.value) FROM scores s JOIN cells c ON c.key=s.cell_key "
                      "WHERE c.method='full' AND s.metric='mean_rel_err'"), 0.0, 1e-6);
@@ -135,6 +159,8 @@ static void test_end_to_end(void) {
     CHECK_OK(run_cfg(cfg, db, 0, NULL, &sum, &err), &err);
     CHECK_EQ_INT(sum.n_done, 0);
     CHECK_EQ_INT(sum.n_already, CFG_CELLS);
+    CHECK_EQ_INT(sum.run_id, 0); /* no run started: nothing accounted */
+    CHECK(sum.acct.cells == 0 && sum.acct.wall_s == 0);
 
     /* --limit then resume: the same keys, exactly once */
     char db2[256];

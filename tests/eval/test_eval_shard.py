@@ -22,6 +22,15 @@ driven like a user would, with no model:
    run sends, and the merge equals the single run; ignore_eos = true sends
    "ignore_eos": true and no stop string, is part of the cell key, and
    variants_per_request = 1 sends one variant per request.
+4. the leaderboard through scripts/slurm/kvsieve-array.sbatch with
+   KVSIEVE_BOARD_MODEL (a model the file does not name: a derived copy) as
+   a 2-task array against fake backends that also tokenize: each shard run
+   stores its accounting (cells, requests, wall and CPU seconds, and the
+   server clocks the fake answered: one prefill per request, every
+   variant's compression, the longest decode) and prints it; the merge
+   keeps both runs; `kvsieve report --board` of the merge writes
+   provenance.json whose accounting is the sum of the shards'; RULER
+   requests carry no stop string and the task's tokens_to_generate.
 """
 import hashlib
 import http.server
@@ -409,7 +418,117 @@ check(p.returncode != 0 and "ignore_eos" in p.stderr, "ignore_eos must be a bool
 p = run("run", "fid.lua", "-D", "ignore_eos=true", "--db", "x.db", "--dry-run", ok=False)
 check(p.returncode != 0 and "ignore_eos" in p.stderr, "ignore_eos is for kind task only")
 
-for s in [one, ie] + fakes:
+# ---- 4. the leaderboard as a Slurm array: accounting of shards, merge, board ------------
+
+
+class FakeRuler(Fake):
+    """Fake plus /tokenize (one token per word, and BOS); it keeps, per
+    completion request, the timings it answered, for the accounting."""
+
+    def do_POST(self):
+        if self.path != "/tokenize":
+            return Fake.do_POST(self)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send({"tokens": list(range(len(body["content"].split()) + 1))})
+
+    def send(self, obj):
+        if "variants" in obj:
+            self.server.answered.append([v["timings"] for v in obj["variants"]])
+        Fake.send(self, obj)
+
+
+def fake_ruler():
+    s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeRuler)
+    s.log, s.answered = [], []
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    return s
+
+
+# a leaderboard file in the shape of experiments/leaderboard.lua: the script
+# runs one model of it, here one the file does not name (a derived copy)
+BOARD = """local models = { "m0", "m1" }
+for _, model in ipairs(models) do
+  experiment {
+    name = "leaderboard-" .. model, kind = "task",
+    backend = { url = "http://127.0.0.1:1", model = model },
+    dataset = ruler { lengths = { 1024 }, n = 3, seed = 1, tasks = { "niah_single_1", "vt" } },
+    methods = { "full", "snapkv" },
+    budgets = { 0.5, 0.25 },
+    setting = { "query_agnostic", "query_aware" },
+    metrics = { "ruler" },
+  }
+end
+"""
+with open(os.path.join(TMP, "board.lua"), "w") as f:
+    f.write(BOARD)
+bfakes = [fake_ruler() for _ in range(2)]
+bprocs = []
+for i in range(2):
+    env = dict(os.environ, SLURM_ARRAY_TASK_ID=str(i), SLURM_ARRAY_TASK_MIN="0",
+               SLURM_ARRAY_TASK_MAX="1", SLURM_ARRAY_JOB_ID="88", SLURM_SUBMIT_DIR=TMP,
+               SLURM_CPUS_PER_TASK="1", KVSIEVE_CONFIG="board.lua", KVSIEVE_BOARD_MODEL="fake",
+               KVSIEVE_BIN=BIN, KVSIEVE_DEFINES="-D backend.url=http://127.0.0.1:%d"
+               % bfakes[i].server_address[1])
+    bprocs.append(subprocess.Popen(["bash", SBATCH], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True))
+berr = []
+for i, p in enumerate(bprocs):
+    out, err = p.communicate()
+    berr.append(err)
+    check(p.returncode == 0, "board task %d: exit %d: %s" % (i, p.returncode, err[-2000:]))
+    check("--experiment leaderboard-fake" in err and "\naccounting: " in err,
+          "board task %d runs leaderboard-fake and prints its accounting: %s" % (i, err[-600:]))
+derived = os.path.join(TMP, "results/shards/88/leaderboard-fake.lua")
+check(os.path.exists(derived) and open(derived).read().startswith('local models = { "fake" }'),
+      "KVSIEVE_BOARD_MODEL writes the config with that one model")
+SH = ["results/shards/88/shard-%d-of-2.db" % i for i in range(2)]
+ACCT = ("SELECT n_done, requests, wall_s, cpu_s, prefill_ms, compress_ms, decode_ms, cpu_scope,"
+        " experiment FROM runs")
+shard_runs = [q(db, ACCT) for db in SH]
+check(all(len(r) == 1 for r in shard_runs), "one run per board shard")
+for i, r in enumerate(shard_runs):
+    if len(r) != 1:
+        continue
+    n_done, req, wall, cpu, pf, cm, dc, scope, exp = r[0]
+    ans = bfakes[i].answered
+    check(exp == "leaderboard-fake" and n_done == sum(len(a) for a in ans) and n_done > 0,
+          "board shard %d stored its answered cells: %s" % (i, r))
+    check(req == len(ans) and wall > 0 and cpu > 0 and "not counted" in scope,
+          "board shard %d: requests, wall and CPU seconds, CPU scope: %s" % (i, r))
+    # the server's clocks: per request one prefill, every variant's compression, the longest decode
+    want = (sum(a[0]["prompt_ms"] for a in ans), sum(t["compress_ms"] for a in ans for t in a),
+            sum(max(t["predicted_ms"] for t in a) for a in ans))
+    check(all(abs(x - y) < 1e-6 for x, y in zip((pf, cm, dc), want)),
+          "board shard %d: prefill/compress/decode ms %s, the fake answered %s" % (i, (pf, cm, dc), want))
+p = run("merge", "board.db", *SH)
+merged = q("board.db", ACCT + " ORDER BY id")
+check(sorted(merged) == sorted(sum(shard_runs, [])), "the merge keeps both shard runs' accounting")
+p = run("report", "--db", "board.db", "--experiment", "leaderboard-fake", "--board", "boardout")
+check(p.returncode == 0, "report --board of the merged shards: " + p.stderr[-1000:])
+try:
+    prov = json.load(open(os.path.join(TMP, "boardout", "provenance.json")))
+except (OSError, ValueError) as ex:
+    prov = {}
+    check(False, "provenance.json: %s" % ex)
+acc = prov.get("accounting", {})
+tot = [sum(r[k] for r in sum(shard_runs, [])) for k in range(7)]
+check(acc.get("runs") == 2 and acc.get("runs_not_measured") == 0 and acc.get("cells") == tot[0]
+      and acc.get("requests") == tot[1], "provenance sums the shards' runs: %s vs %s" % (acc, tot))
+check(abs(acc.get("wall_s", -1) - tot[2]) <= 0.051 and abs(acc.get("cpu_s", -1) - tot[3]) <= 0.051,
+      "provenance: wall and CPU seconds are the shards' sums: %s vs %s" % (acc, tot))
+ts = acc.get("time_s", {})
+check(all(abs(ts.get(k, -1) - tot[j] / 1e3) <= 0.051
+          for k, j in (("prefill", 4), ("compress", 5), ("decode", 6))),
+      "provenance: prefill/compress/decode seconds are the shards' sums: %s vs %s" % (ts, tot))
+check(abs(acc.get("cells_per_cpu_s", -1) - tot[0] / tot[3]) <= 1e-4 * max(1, tot[0] / tot[3]),
+      "provenance: cells per CPU-second of the sums")
+check(len(prov.get("runs", [])) == 2 and all("cpu_s" in r and r.get("shard") in ("0/2", "1/2")
+                                             for r in prov.get("runs", [])),
+      "provenance lists both shard runs with their accounting")
+check(all("stop" not in b and b["max_tokens"] in (128, 30) for f in bfakes for b in f.log),
+      "RULER requests: no stop string, each task's tokens_to_generate (niah 128, vt 30) as the cap")
+
+for s in [one, ie] + fakes + bfakes:
     s.shutdown()
 if fails == 0:
     shutil.rmtree(TMP)

@@ -1,6 +1,6 @@
-/* test_eval_store.c -- the results store: migration from schema version 1
- * (its SQL is written out here, as it shipped), data kept across the
- * migration; a newer schema is refused; batched puts; a finished cell is
+/* test_eval_store.c -- the results store: migration from schema versions 1
+ * and 4 (their SQL is written out here, as it shipped), data kept across the
+ * migration, run accounting on a migrated run; a newer schema is refused; batched puts; a finished cell is
  * never overwritten; two processes writing at once; bootstrap CI
  * determinism and coverage. */
 #include "eval_test_util.h"
@@ -38,6 +38,39 @@ static const char *V1 =
     " 'seed=1', 'tiny', 64, 1, 'snapkv', 'snapkv', '{}', 0.2, 0, NULL);"
     "INSERT INTO results VALUES('k1', 1, NULL, 0, 1.5, 0, 0, 100, 20, NULL, '2026-01-01T00:00:30Z');"
     "INSERT INTO scores VALUES('k1', 'mean_rel_err', 0.25);";
+
+/* From version 1 to 4, as those migrations shipped, and a version-4 run
+ * (a merged shard) with its accounting not yet measured. */
+static const char *V1_TO_V4 =
+    "ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'fidelity';"
+    "ALTER TABLE runs ADD COLUMN overrides TEXT;"
+    "ALTER TABLE runs ADD COLUMN device TEXT;"
+    "ALTER TABLE runs ADD COLUMN versions TEXT;"
+    "ALTER TABLE runs ADD COLUMN pid INTEGER;"
+    "ALTER TABLE runs ADD COLUMN n_cells INTEGER;"
+    "ALTER TABLE runs ADD COLUMN n_done INTEGER;"
+    "ALTER TABLE runs ADD COLUMN error TEXT;"
+    "CREATE TABLE latency(id INTEGER PRIMARY KEY, run_id INTEGER REFERENCES runs(id),"
+    " cell_key TEXT, method TEXT NOT NULL, params TEXT, device TEXT NOT NULL, shape TEXT NOT NULL,"
+    " n_tokens INTEGER NOT NULL, dtype TEXT NOT NULL, repetitions INTEGER NOT NULL,"
+    " median_ms REAL NOT NULL, p10_ms REAL, p90_ms REAL, bytes_moved REAL, gbps REAL);"
+    "CREATE INDEX latency_run ON latency(run_id);"
+    "CREATE TABLE engine_bench(id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),"
+    " model TEXT NOT NULL, model_sha256 TEXT NOT NULL, model_path TEXT, arch TEXT, quant_types TEXT,"
+    " device TEXT NOT NULL, prompt_len INTEGER NOT NULL, gen_tokens INTEGER NOT NULL,"
+    " threads INTEGER NOT NULL, repetitions INTEGER NOT NULL,"
+    " prefill_tok_s REAL NOT NULL, prefill_tok_s_p10 REAL, prefill_tok_s_p90 REAL,"
+    " decode_tok_s REAL NOT NULL, decode_tok_s_p10 REAL, decode_tok_s_p90 REAL,"
+    " prefill_cpu_tok_s REAL, decode_cpu_tok_s REAL, load_avg_before REAL, host_cpu TEXT,"
+    " build_type TEXT NOT NULL, finished_at TEXT NOT NULL);"
+    "CREATE INDEX engine_bench_run ON engine_bench(run_id);"
+    "ALTER TABLE runs ADD COLUMN shard TEXT;"
+    "ALTER TABLE runs ADD COLUMN merged_from TEXT;"
+    "ALTER TABLE cells ADD COLUMN model_bytes INTEGER;"
+    "UPDATE schema_version SET version = 4;"
+    "UPDATE runs SET kind = 'task', pid = 42, n_cells = 3, n_done = 1, shard = '1/4',"
+    " merged_from = 'shard-1.db#7' WHERE id = 1;"
+    "UPDATE cells SET model_bytes = 123456 WHERE key = 'k1';";
 
 static long long q1(sqlite3 *db, const char *sql) {
     sqlite3_stmt *st = NULL;
@@ -93,6 +126,47 @@ static void test_migration(void) {
                bad, sizeof bad);
     CHECK(kvs_store_open(bad, &s, &err) != KVS_OK);
     CHECK(strstr(err.msg, "junk.db") != NULL);
+}
+
+/* A version-4 database (written by the kvsieve before run accounting)
+ * migrates to the current version with every stored value kept; its runs
+ * read as not measured (NULL) and take accounting afterwards. */
+static void test_migration_v4(void) {
+    char db[256];
+    snprintf(db, sizeof db, "%s/v4.db", dir);
+    sqlite3 *h = NULL;
+    CHECK(sqlite3_open(db, &h) == SQLITE_OK);
+    CHECK(sqlite3_exec(h, V1, NULL, NULL, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(h, V1_TO_V4, NULL, NULL, NULL) == SQLITE_OK);
+    CHECK_EQ_INT(q1(h, "SELECT version FROM schema_version"), 4);
+    sqlite3_close(h);
+    kvs_store *s = NULL;
+    kvs_err err = {0};
+    CHECK_OK(kvs_store_open(db, &s, &err), &err);
+    if (!s) return;
+    CHECK_EQ_INT(kvs_store_schema_version(s), KVS_STORE_SCHEMA_VERSION);
+    h = kvs_store_db(s);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM runs WHERE id = 1 AND experiment = 'old' AND kind = 'task'"
+                       " AND pid = 42 AND n_cells = 3 AND n_done = 1 AND shard = '1/4'"
+                       " AND merged_from = 'shard-1.db#7' AND started_at = '2026-01-01T00:00:00Z'"
+                       " AND ended_at = '2026-01-01T00:01:00Z' AND status = 'done'"), 1);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM runs WHERE id = 1 AND wall_s IS NULL AND cpu_s IS NULL"
+                       " AND cpu_scope IS NULL AND requests IS NULL AND prefill_ms IS NULL"
+                       " AND compress_ms IS NULL AND decode_ms IS NULL"), 1);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM cells WHERE key = 'k1' AND model_bytes = 123456"), 1);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM results WHERE cell_key = 'k1' AND compress_ms = 1.5"
+                       " AND kv_bytes_after = 20"), 1);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM scores WHERE cell_key = 'k1' AND value = 0.25"), 1);
+    kvs_run_account a = {.cells = 1, .requests = 2, .wall_s = 12.5, .cpu_s = 20.25,
+                         .cpu_scope = "scope", .prefill_ms = 300, .compress_ms = 40, .decode_ms = 500};
+    CHECK_OK(kvs_store_run_account(s, 1, &a, &err), &err);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM runs WHERE id = 1 AND wall_s = 12.5 AND cpu_s = 20.25"
+                       " AND cpu_scope = 'scope' AND requests = 2 AND prefill_ms = 300"
+                       " AND compress_ms = 40 AND decode_ms = 500 AND n_done = 1"), 1);
+    a.cpu_s = -1; /* unknown CPU time is stored as NULL */
+    CHECK_OK(kvs_store_run_account(s, 1, &a, &err), &err);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM runs WHERE id = 1 AND cpu_s IS NULL"), 1);
+    kvs_store_close(s);
 }
 
 /* n rows with keys "<tag>-<i>", 3 scores each, batches of `batch`. */
@@ -230,6 +304,7 @@ static void test_bootstrap(void) {
 int main(void) {
     if (eval_tmpdir(dir, "store")) return 1;
     test_migration();
+    test_migration_v4();
     test_writes();
     test_bootstrap();
     eval_rmdir(dir);

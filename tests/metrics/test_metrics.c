@@ -1,9 +1,12 @@
 /*
  * test_metrics.c -- eval/metrics.c on hand-computed cases: normalisation,
  * exact match, contains, multiple-choice extraction, ROUGE-L F1 (LCS worked
- * out by hand in the comments), needle accuracy, and the lookup by name.
+ * out by hand in the comments), needle accuracy, RULER's string_match_all /
+ * _part (and that they only grow with the prediction: why RULER requests
+ * stop at no string), and the lookup by name.
  * Not a test of aggregation or reports.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "kvs_metrics.h"
@@ -107,6 +110,46 @@ int main(void) {
         CHECK(rf == kvs_metric_string_match_all);
         CHECK_OK(kvs_metric_lookup("string_match_part", &rf, &e0), &e0);
         CHECK(rf == kvs_metric_string_match_part);
+    }
+
+    /* Why RULER requests carry no stop string (docs/experiments.md): both
+     * metrics only grow as the prediction grows (a reference found in a
+     * prefix is found in every extension), so stopping early can only lose
+     * references, and a stop that does not know the answers, a newline
+     * included, loses them whenever the model writes one after it. Checked
+     * on every prefix of pseudo-random predictions, then the newline cases. */
+    {
+        const char *refs[] = {"42", "7a", "b 9"};
+        const char alpha[] = "0123456789ab \n";
+        uint32_t x = 12345;
+        for (int t = 0; t < 300; t++) {
+            char pred[64];
+            const int len = 1 + t % 60;
+            for (int i = 0; i < len; i++) {
+                x = x * 1664525u + 1013904223u;
+                pred[i] = alpha[(x >> 16) % (sizeof alpha - 1)];
+            }
+            pred[len] = '\0';
+            double prev_all = 0, prev_part = 0;
+            for (int k = 0; k <= len; k++) {
+                char pre[64];
+                memcpy(pre, pred, (size_t)k);
+                pre[k] = '\0';
+                const double a = kvs_metric_string_match_all(pre, refs, 3, NULL, 0);
+                const double pt = kvs_metric_string_match_part(pre, refs, 3, NULL, 0);
+                CHECK(a >= prev_all && pt >= prev_part); /* never falls as text is added */
+                if (prev_all == 1.0) CHECK(a == 1.0); /* complete: stays complete */
+                prev_all = a, prev_part = pt;
+            }
+        }
+        const char *two[] = {"1234567", "7654321"};
+        const char *qa[] = {"Paris"};
+        /* a newline stop would keep only the first line */
+        CHECK_NEAR(kvs_metric_string_match_all("1. 1234567\n2. 7654321", two, 2, NULL, 0), 1.0, 0);
+        CHECK_NEAR(kvs_metric_string_match_all("1. 1234567", two, 2, NULL, 0), 0.5, 0);
+        CHECK_NEAR(kvs_metric_string_match_part("The answer is in the last document.\nParis", qa, 1, NULL, 0),
+                   1.0, 0);
+        CHECK_NEAR(kvs_metric_string_match_part("The answer is in the last document.", qa, 1, NULL, 0), 0.0, 0);
     }
 
     /* lookup */

@@ -18,7 +18,12 @@
  * the suffix, kv.note says it was tokenized apart from a token-id prompt;
  * same_as: full at several ratios, a repeated method and budget, each with
  * its own kv statistics and the first one's output; refusals (compress_suffix
- * with chunk, not a boolean) naming the field.
+ * with chunk, not a boolean) naming the field. The engine call underneath
+ * (kvs_session_extend_prompt): prefill P, extend the prompt by Q plans byte
+ * for byte as one prefill of P + Q (snapkv's window, h2o's every query, tova,
+ * streamingllm) and decodes the same greedy tokens, with Q through the
+ * prefill kernels (> 64 tokens) and the decode kernels; refused once
+ * something was decoded after the prompt.
  * Not covered: the real models (docs/performance.md gives the leaderboard
  * slice measured before and after).
  */
@@ -26,6 +31,8 @@
 #include "kvs_server.h"
 #include "test_util.h"
 #include "backend/tiny_model.h"
+
+#include "kvsieve_methods.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -230,6 +237,99 @@ static void test_same_as(void) {
     cJSON_Delete(r);
 }
 
+/* Byte for byte the same plan (kept rows of every layer and head, merge). */
+static int plans_equal(const kvs_plan *a, const kvs_plan *b) {
+    if (a->n_layers != b->n_layers || a->n_kv_heads != b->n_kv_heads || a->n_tokens != b->n_tokens || a->merge != b->merge)
+        return 0;
+    for (int l = 0; l < a->n_layers; l++)
+        for (int h = 0; h < a->n_kv_heads; h++) {
+            int na, nb;
+            const int32_t *ra = kvs_plan_head(a, l, h, &na), *rb = kvs_plan_head(b, l, h, &nb);
+            if (na != nb || memcmp(ra, rb, sizeof(int32_t) * (size_t)na)) return 0;
+        }
+    return 1;
+}
+
+/* The engine side (kvs_session_extend_prompt): a prefill of P then the prompt extended by Q plans as one
+ * prefill of P + Q does (window, all-query and query-free methods), the extension's logits and the
+ * greedy tokens after are the same, for a Q of `nq` tokens. */
+static void test_extend_prompt(kvs_model *m, int np, int nq) {
+    kvs_err err = {0};
+    int32_t toks[512];
+    uint64_t st = 1234 + (uint64_t)nq;
+    toks[0] = 2;
+    for (int i = 1; i < np + nq; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        toks[i] = 10 + (int)((st >> 33) % 250);
+    }
+    static const char *const methods[][2] = {{"snapkv", "window=8"}, {"h2o", NULL}, {"tova", NULL}, {"streamingllm", NULL}};
+    const int V = kvs_model_get_info(m)->n_vocab;
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    for (int k = 0; k < 4 && la && lb; k++) {
+        const kvs_method *me = kvs_method_find(methods[k][0]);
+        kvs_compress_opts co;
+        memset(&co, 0, sizeof co);
+        co.method = me;
+        kvs_params_defaults(me, &co.params);
+        if (methods[k][1]) CHECK_OK(kvs_params_set_kv(me, &co.params, methods[k][1], &err), &err);
+        co.budget.ratio = 0.4;
+        const int need = kvs_method_queries_needed(me, &co.params, np + nq);
+        kvs_session_opts so;
+        memset(&so, 0, sizeof so);
+        so.n_ctx = 256;
+        so.n_threads = 1;
+        kvs_session *a = NULL, *b = NULL;
+        so.record_queries = need >= np + nq ? -1 : need;
+        CHECK_OK(kvs_session_new(m, &so, &a, &err), &err);
+        /* as the server records for compress_suffix: what the window needs before Q, at least one */
+        so.record_queries = need >= np + nq ? -1 : need - nq > 1 ? need - nq : 1;
+        CHECK_OK(kvs_session_new(m, &so, &b, &err), &err);
+        if (!a || !b) break;
+        CHECK_OK(kvs_session_prefill(a, toks, np + nq, NULL, la, &err), &err);
+        CHECK_OK(kvs_session_prefill(b, toks, np, NULL, NULL, &err), &err);
+        CHECK_OK(kvs_session_extend_prompt(b, toks + np, nq, lb, &err), &err);
+        CHECK(kvs_session_n_past(b) == np + nq);
+        kvs_plan pa, pb;
+        int ma[KVS_MAX_LAYERS], mb[KVS_MAX_LAYERS];
+        CHECK_OK(kvs_session_plan_many(a, &co, &co.budget, 1, &pa, ma, NULL, &err), &err);
+        CHECK_OK(kvs_session_plan_many(b, &co, &co.budget, 1, &pb, mb, NULL, &err), &err);
+        CHECK_MSG(plans_equal(&pa, &pb) && !memcmp(ma, mb, sizeof(int) * (size_t)pa.n_layers),
+                  "%s, prompt %d + %d: the plan after extend_prompt differs from one prefill's", methods[k][0], np, nq);
+        CHECK_OK(kvs_session_compress_with(a, &pa, ma, NULL, &err), &err);
+        CHECK_OK(kvs_session_compress_with(b, &pb, mb, NULL, &err), &err);
+        /* greedy: 8 tokens each */
+        int same = 1;
+        for (int t = 0; t < 8; t++) {
+            int ia = 0, ib = 0;
+            for (int v = 1; v < V; v++) {
+                if (la[v] > la[ia]) ia = v;
+                if (lb[v] > lb[ib]) ib = v;
+            }
+            same &= ia == ib;
+            CHECK_OK(kvs_session_decode(a, ia, la, &err), &err);
+            CHECK_OK(kvs_session_decode(b, ib, lb, &err), &err);
+        }
+        CHECK_MSG(same, "%s, prompt %d + %d: greedy tokens differ", methods[k][0], np, nq);
+        kvs_plan_free(&pa);
+        kvs_plan_free(&pb);
+        kvs_session_free(a);
+        kvs_session_free(b);
+    }
+    free(la);
+    free(lb);
+    /* refused on a session holding more than its prompt */
+    kvs_session_opts so;
+    memset(&so, 0, sizeof so);
+    so.n_ctx = 256;
+    kvs_session *c = NULL;
+    CHECK_OK(kvs_session_new(m, &so, &c, &err), &err);
+    if (!c) return;
+    CHECK_OK(kvs_session_prefill(c, toks, np, NULL, NULL, &err), &err);
+    CHECK_OK(kvs_session_decode(c, 11, NULL, &err), &err);
+    CHECK_FAILS(kvs_session_extend_prompt(c, toks, 3, NULL, &err), KVS_ERR_INVALID, &err, "nothing after it");
+    kvs_session_free(c);
+}
+
 static void expect_400(const char *body, const char *field) {
     long st;
     cJSON *r = call("POST", "/v1/completions", body, &st);
@@ -267,8 +367,10 @@ int main(int argc, char **argv) {
     if (!srv) goto done;
     g_port = kvs_server_port(srv);
     test_settings(70, 1); /* > 64 tokens: the extension runs through the prefill kernels */
-    test_settings(12, 0); /* the decode kernels: the same kept rows */
+    test_settings(12, 1); /* the decode kernels: here the same tokens too (equal up to rounding in general) */
     test_same_as();
+    test_extend_prompt(m, 90, 70); /* > 64: the prefill kernels */
+    test_extend_prompt(m, 90, 20); /* the decode kernels */
     expect_400("{\"prompt\": [2, 11, 12], \"kv_compression\": {\"method\": \"streamingllm\", \"ratio\": 0.5, "
                "\"chunk\": 2, \"suffix\": \"ab\", \"compress_suffix\": true}}",
                "kv_compression.compress_suffix");

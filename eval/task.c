@@ -827,7 +827,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     co.model = e->backend_openai ? e->model : NULL;
     co.per_url = e->in_flight > 0 ? e->in_flight : 2;
     /* The embedded server is ours and local: a request of a whole leaderboard
-     * grid (up to 128 variants) queued behind another can take far longer
+     * grid (up to 160 variants) queued behind another can take far longer
      * than a URL backend's 900 s on a loaded machine; its death ends the run
      * through the connection, not through this clock. */
     if (e->backend_embedded) co.timeout_s = 4 * 3600.0;

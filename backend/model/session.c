@@ -335,6 +335,11 @@ void kvs_kv_make_room(kvs_session *s, int p, int need) {
     }
 }
 
+void kvs_kv_drop_bounded(kvs_session *s, int p) {
+    for (int l = 0; l < s->m->info.n_layers; l++)
+        if (s->kv[l].bounded) kv_drop_old(s, &s->kv[l], p);
+}
+
 /* Rows layer c can take from position p on (bounded layers: after dropping);
  * the exact count only when it is below need. */
 int kvs_kv_room(const kvs_session *s, const kv_layer *c, int p, int need) {
@@ -824,74 +829,6 @@ kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o,
     if (st == KVS_OK) st = kvs_session_compress_with(s, out_plan, map, stats, err);
     if (st == KVS_OK) stats->compress_ms = kvs_now_ms() - t0; /* view + observe + select + apply + trim */
     return st;
-}
-
-/* ---- the prompt grows (compress_suffix) --------------------------------------------- */
-
-kvs_status kvs_session_extend_prompt(kvs_session *s, const int32_t *tokens, int n, float *logits, kvs_err *err) {
-    const kvs_model_info *MI = &s->m->info;
-    const int Hq = MI->n_heads, D = MI->head_dim, L = MI->n_layers;
-    if (s->n_prompt == 0 || s->n_past != s->n_prompt || s->rec_end)
-        return kvs_errorf(err, KVS_ERR_INVALID,
-                          "extend prompt: the session must hold a prefill and nothing after it (prompt %d, n_past %d%s)",
-                          s->n_prompt, s->n_past, s->rec_end ? ", a record window armed" : "");
-    if (n < 1) return kvs_errorf(err, KVS_ERR_INVALID, "extend prompt: %d tokens (need >= 1)", n);
-    for (int l = 0; l < L; l++)
-        if (s->kv[l].compressed) return kvs_errorf(err, KVS_ERR_INVALID, "extend prompt: layer %d is compressed", l);
-    /* every recording layer's queries grow by n rows per head: [n_prompt - nq, n_prompt + n) */
-    if (L < 1 || L > KVS_MAX_LAYERS) return kvs_errorf(err, KVS_ERR_INTERNAL, "extend prompt: %d layers", L);
-    float **grown = calloc((size_t)L, sizeof *grown);
-    if (!grown) return kvs_errorf(err, KVS_ERR_NOMEM, "extend prompt: out of memory");
-    int rec = 0;
-    for (int l = 0; l < L; l++) {
-        const kv_layer *c = &s->kv[l];
-        if (!c->q || c->nq <= 0) continue;
-        const size_t nq2 = (size_t)c->nq + (size_t)n;
-        if (!(grown[l] = calloc((size_t)Hq * nq2 * D, sizeof(float)))) {
-            for (int k = 0; k < l; k++) free(grown[k]);
-            free(grown);
-            return kvs_errorf(err, KVS_ERR_NOMEM, "extend prompt: out of memory for %zu queries", nq2);
-        }
-        for (int h = 0; h < Hq; h++)
-            memcpy(grown[l] + (size_t)h * nq2 * D, c->q + (size_t)h * c->nq * D, (size_t)c->nq * D * sizeof(float));
-        rec = 1;
-    }
-    float **old = malloc((size_t)L * sizeof *old);
-    if (!old) {
-        for (int l = 0; l < L; l++) free(grown[l]);
-        free(grown);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "extend prompt: out of memory");
-    }
-    for (int l = 0; l < L; l++) {
-        kv_layer *c = &s->kv[l];
-        old[l] = c->q;
-        if (grown[l]) {
-            c->q = grown[l];
-            c->nq += n;
-        }
-    }
-    s->rec_end = rec ? s->n_prompt + n : 0; /* positions [n_prompt + n - nq, n_prompt + n) per layer */
-    kvs_status st = kvs_session_extend(s, tokens, n, logits, err);
-    s->rec_end = 0;
-    for (int l = 0; l < L; l++) {
-        kv_layer *c = &s->kv[l];
-        if (!grown[l]) continue;
-        if (st) { /* extend changed nothing: the old record comes back */
-            free(c->q);
-            c->q = old[l];
-            c->nq -= n;
-        } else {
-            free(old[l]);
-        }
-    }
-    free(old);
-    free(grown);
-    if (st) return st;
-    s->n_prompt = s->n_past;
-    /* trimmed sliding-window layers hold what a trim at the new length would keep */
-    for (int l = 0; l < L; l++)
-        if (s->kv[l].bounded) kv_drop_old(s, &s->kv[l], s->n_past);
-    return KVS_OK;
 }
 
 /* ---- chunked compression: record a window, compress again ------------------------- */

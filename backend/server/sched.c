@@ -397,7 +397,7 @@ static void admit(kvs_server *s, srv_job *j) {
             kvs_session_free(bs);
             goto fail;
         }
-        bses[nb] = bs;
+        if (bs != pre) bses[nb] = bs; /* else bses[0] holds it */
         if (kvs_session_extend_prompt(bs, v->suffix, v->n_suffix, logits0 + (size_t)nb * V, &err) != KVS_OK) {
             srv_fail(&j->e, 500, "", "variant %d: running the suffix before the compression failed: %s", i, err.msg);
             goto fail;

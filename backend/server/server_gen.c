@@ -510,7 +510,7 @@ static cJSON *build_response(kvs_server *s, int ep, const gen_req *g, const gen_
         cJSON_AddNumberToObject(u, "total_tokens", g->n_prompt + o->n_toks);
         cJSON_AddStringToObject(root, "system_fingerprint", "kvsieve-" KVS_VERSION);
     }
-    cJSON_AddItemToObject(root, "timings", timings_json(g->n_prompt, prompt_ms, o));
+    cJSON_AddItemToObject(root, "timings", timings_json(g->n_prompt + o->n_extend, prompt_ms + o->extend_ms, o));
     cJSON_AddItemToObject(root, "kv", kv_json(g, v0, o));
     if (g->several) {
         cJSON *vs = cJSON_AddArrayToObject(root, "variants");

@@ -190,6 +190,16 @@ static void test_settings(int n_suffix_words, int exact) {
             free(ra);
             free(rb);
         }
+    /* one variant alone extends the prefill itself: the same as its place in the list */
+    snprintf(body, sizeof body, "{\"prompt\": [%s], \"max_tokens\": 12, \"kv_compression\": {\"method\": \"snapkv\", "
+             "\"ratio\": 0.5, \"params\": {\"window\": 8}, \"suffix\": \"%s\", \"compress_suffix\": true}}", ids, sfx);
+    cJSON *alone = call("POST", "/v1/completions", body, &st);
+    CHECK(st == 200);
+    const cJSON *c0 = cJSON_GetArrayItem(obj(alone, "choices"), 0);
+    CHECK(vb && c0 && !strcmp(str(c0, "text"), str(cJSON_GetArrayItem(vb, NV + 1), "content")));
+    CHECK(num(obj(alone, "timings"), "prompt_n") == 90 + nq);
+    CHECK(num(obj(alone, "kv"), "tokens_after") == num(obj(cJSON_GetArrayItem(vb, NV + 1), "kv"), "tokens_after"));
+    cJSON_Delete(alone);
     cJSON_Delete(aware);
     cJSON_Delete(agn);
     cJSON_Delete(both);

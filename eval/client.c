@@ -247,6 +247,7 @@ static kvs_status build_body(const kvs_client *c, const kvs_client_request *r, c
                 cJSON_AddItemToObject(o, "params", p);
             }
             if (r->suffix) cJSON_AddStringToObject(o, "suffix", r->suffix);
+            if (r->suffix && v->compress_suffix) cJSON_AddBoolToObject(o, "compress_suffix", 1);
         }
     }
     if (r->n_media > 0) {

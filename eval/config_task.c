@@ -215,7 +215,7 @@ kvs_status kvs_cfg_parse_task_fields(const vctx *v, int t, kvs_experiment *e) {
     lua_pop(v->L, 1);
     if (has_ie && !ie_ok)
         return kvs_cfg_ferr(v, e->line, "ignore_eos", KVS_ERR_INVALID, "expected true or false");
-    if ((rc = kvs_cfg_get_int(v, t, e->line, "variants_per_request", "variants_per_request", 0, 128, 0,
+    if ((rc = kvs_cfg_get_int(v, t, e->line, "variants_per_request", "variants_per_request", 0, 160, 0,
                               &x)))
         return rc;
     e->variants_per_request = (int)x;

@@ -27,7 +27,11 @@
  * kv_compression (answers without `variants`) is an error, never a silent
  * `full`. Query-agnostic mode sends the question as a per-variant `suffix`
  * (decoded after the compression); a server without that field answers 400
- * naming it, which is surfaced.
+ * naming it, which is surfaced. A variant with compress_suffix sends
+ * "compress_suffix": true: the server prefills the suffix after the prompt
+ * and before compressing (query-aware), so one request carries both
+ * settings of a sample over one prefill of the context (kvsieve serve lists
+ * "compress_suffix" in /v1/models data[0].kv_compression_fields).
  * Images (llama-server's multimodal fields): a request with media sends
  * "multimodal_data": [base64 of each image's file bytes, ...] (standard
  * base64 with padding, OpenSSL's EVP_EncodeBlock) and its prompt carries one
@@ -83,6 +87,8 @@ typedef struct {
     const char *params_json; /* JSON object {name: value} or NULL */
     double ratio;            /* budget ratio in (0, 1] when tokens == 0 */
     int64_t tokens;          /* > 0: a token budget */
+    int compress_suffix;     /* 1: the request's suffix is prefilled before the compression (query-aware on
+                                the query-agnostic prompt: sent as "compress_suffix": true) */
 } kvs_client_variant;
 
 typedef struct {

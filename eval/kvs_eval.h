@@ -137,8 +137,9 @@ typedef struct {
     int ignore_eos; /* 1: decode exactly n_predict tokens: end-of-generation tokens and the
                      * newline stop do not end an answer (llama-server's ignore_eos, sent in
                      * every request; part of the cell key: it changes the decoded length) */
-    int variants_per_request; /* at most this many variants share one request (1..128;
-                               * 0: 128 for the embedded backend, started with --batch 128,
+    int variants_per_request; /* at most this many variants share one request (1..160;
+                               * 0: 160 for the embedded backend, started with --batch 160
+                               * (a sample's two settings of a leaderboard grid),
                                * 64 for a URL, the server's default batch); 1 decodes every
                                * variant alone, as a decode-speed study needs (a batched
                                * decode times all variants together). Not in the key:

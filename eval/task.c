@@ -53,7 +53,7 @@
  * MAX_PER_REQUEST so that a sample's whole grid (every preset at four ratios)
  * shares one prefill and one observation per method; a URL backend gets the
  * server's default batch, URL_PER_REQUEST, unless variants_per_request says more. */
-#define MAX_PER_REQUEST 128
+#define MAX_PER_REQUEST 160
 #define URL_PER_REQUEST 64
 
 typedef struct {
@@ -62,9 +62,11 @@ typedef struct {
     int mode, sample, variant, budget; /* budget -1: full */
 } tcell;
 
-/* One request: the pending cells of one (mode, sample), at most 64. */
+/* One request: the pending cells of one (mode, sample), or of one sample in
+ * both settings (both: the backend takes compress_suffix), at most per_request. */
 typedef struct {
     int mode, sample;
+    int both; /* cells of both modes: the query-agnostic prompt, query-aware cells with compress_suffix */
     int n;
     int cells[MAX_PER_REQUEST]; /* indices into the cell array */
     int state; /* 0 waiting, 1 in flight, 2 done */
@@ -124,8 +126,9 @@ kvs_status kvs_sha256_file(const char *path, char out[65], kvs_err *err) {
 /* name and hash of the model a backend serves (GET /v1/models). */
 static kvs_status model_identity(const char *url, char *name, size_t name_n, char *hash,
                                  size_t hash_n, char *ident, size_t ident_n, double *file_bytes,
-                                 char kv_cache[32], kvs_err *err) {
+                                 char kv_cache[32], int *compress_suffix, kvs_err *err) {
     *file_bytes = -1;
+    *compress_suffix = 0;
     kv_cache[0] = 0;
     long status = 0;
     char *body = NULL;
@@ -140,6 +143,8 @@ static kvs_status model_identity(const char *url, char *name, size_t name_n, cha
         goto done;
     }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(m0, "meta");
+    const cJSON *kf, *fields = cJSON_GetObjectItemCaseSensitive(m0, "kv_compression_fields");
+    cJSON_ArrayForEach(kf, fields) *compress_suffix |= cJSON_IsString(kf) && !strcmp(kf->valuestring, "compress_suffix");
     const cJSON *mname = cJSON_GetObjectItemCaseSensitive(meta, "name");
     const cJSON *path = cJSON_GetObjectItemCaseSensitive(meta, "path");
     const cJSON *size = cJSON_GetObjectItemCaseSensitive(meta, "size");
@@ -687,14 +692,17 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     }
     char model_name[256], model_hash[128], ident[340], kv_cache[32];
     double file_bytes;
+    int csfx = 0; /* every backend takes compress_suffix: a sample's two settings share one request */
     if ((rc = model_identity(urls[0], model_name, sizeof model_name, model_hash, sizeof model_hash,
-                             ident, sizeof ident, &file_bytes, kv_cache, err)))
+                             ident, sizeof ident, &file_bytes, kv_cache, &csfx, err)))
         goto fail;
     for (int i = 1; i < n_urls; i++) {
         char n2[256], h2[128], id2[340], kv2[32];
         double fb2;
-        if ((rc = model_identity(urls[i], n2, sizeof n2, h2, sizeof h2, id2, sizeof id2, &fb2, kv2, err)))
+        int cs2;
+        if ((rc = model_identity(urls[i], n2, sizeof n2, h2, sizeof h2, id2, sizeof id2, &fb2, kv2, &cs2, err)))
             goto fail;
+        csfx &= cs2;
         if (strcmp(ident, id2) != 0) {
             rc = kvs_errorf(err, KVS_ERR_INVALID,
                             "%s:%d: backend.url[%d] %s serves '%s', url[1] %s serves '%s': every "
@@ -757,7 +765,11 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
         goto fail;
     }
     /* units: pending cells grouped per (mode, sample), <= per_request each;
-     * cells of a (mode, sample) are adjacent in the grid */
+     * cells of a (mode, sample) are adjacent in the grid. Where the backend
+     * takes compress_suffix, a sample's cells of both modes join one unit
+     * (one prefill of the context; query-aware cells prefill the question
+     * before their compression): the sample's open unit is found by index. */
+    const int both = csfx && !e->backend_openai && e->n_modes == 2 && e->modes[0] != e->modes[1];
     const int per_request = e->variants_per_request > 0 ? e->variants_per_request
                             : e->backend_embedded       ? MAX_PER_REQUEST
                                                         : URL_PER_REQUEST;
@@ -766,17 +778,32 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    int *open_unit = both ? malloc(sizeof(int) * (size_t)d->n_samples) : NULL; /* [sample] unit or -1 */
+    if (both && !open_unit) {
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int k = 0; both && k < d->n_samples; k++) open_unit[k] = -1;
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
+        const int sm = cells[i].sample;
         unit *u = n_units ? &units[n_units - 1] : NULL;
-        if (!u || u->mode != cells[i].mode || u->sample != cells[i].sample ||
-            u->n == per_request) {
+        if (both && d->samples[sm].n_media == 0) {
+            u = open_unit[sm] >= 0 ? &units[open_unit[sm]] : NULL;
+            if (u && u->n == per_request) u = NULL;
+            if (u && u->mode != cells[i].mode) u->both = 1;
+        } else if (u && (u->both || u->mode != cells[i].mode || u->sample != sm)) {
+            u = NULL;
+        }
+        if (!u || u->n == per_request) {
+            if (both && d->samples[sm].n_media == 0) open_unit[sm] = n_units;
             u = &units[n_units++];
             u->mode = cells[i].mode;
-            u->sample = cells[i].sample;
+            u->sample = sm;
         }
         u->cells[u->n++] = i;
     }
+    free(open_unit);
 
     kvs_run_info info = {e->name, "task", cfg->path, cfg->text, cfg->hash, cfg->overrides, cfg->dir, n};
     if ((rc = kvs_store_run_begin(s, &info, &run_id, err))) goto fail;
@@ -800,7 +827,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
     co.model = e->backend_openai ? e->model : NULL;
     co.per_url = e->in_flight > 0 ? e->in_flight : 2;
     /* The embedded server is ours and local: a request of a whole leaderboard
-     * grid (up to 128 variants) queued behind another can take far longer
+     * grid (up to 160 variants) queued behind another can take far longer
      * than a URL backend's 900 s on a loaded machine; its death ends the run
      * through the connection, not through this clock. */
     if (e->backend_embedded) co.timeout_s = 4 * 3600.0;
@@ -827,7 +854,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
             }
             const kvs_sample *sm = &d->samples[u->sample];
             char *cp = NULL, *ap = NULL;
-            kvs_prompt_mode mode = (kvs_prompt_mode)e->modes[u->mode];
+            kvs_prompt_mode mode = u->both ? KVS_PROMPT_QUERY_AGNOSTIC : (kvs_prompt_mode)e->modes[u->mode];
             if ((rc = kvs_prompt_render(tmpl, sm, mode, &cp, &ap, err))) {
                 kvs_err_prefix(err, "sample '%s'", sm->id);
                 goto drain;
@@ -840,6 +867,7 @@ kvs_status kvs_task_run(kvs_store *s, const kvs_config *cfg, const kvs_experimen
                 vs[i].params_json = var->method == &kvs_method_full ? NULL : var->params_json;
                 vs[i].ratio = c->budget >= 0 ? e->budgets[c->budget].ratio : 1.0;
                 vs[i].tokens = c->budget >= 0 ? e->budgets[c->budget].tokens : 0;
+                vs[i].compress_suffix = u->both && e->modes[c->mode] == KVS_PROMPT_QUERY_AWARE;
             }
             kvs_client_request rq;
             memset(&rq, 0, sizeof rq);

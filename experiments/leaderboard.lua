@@ -13,7 +13,7 @@
 --                   compressed; the sliding-window layers keep their
 --                   512-token window whatever the method
 -- n = 20 samples per task (260 per model and setting), the same samples for
--- every method (one request per sample and setting carries all variants).
+-- every method (one request per sample carries both settings and all variants).
 -- The paired minimum detectable difference of the RULER average at this n,
 -- and the n an MDE of 0.05 needs, are printed by `kvsieve report` (summary.md,
 -- "Power").

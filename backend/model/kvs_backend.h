@@ -337,6 +337,19 @@ kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_
  * activations of decode). The session must hold a prefill; n_past + n <=
  * n_ctx, else KVS_ERR_INVALID and nothing changes. */
 kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, float *logits, kvs_err *err);
+/* The prompt grows: kvs_session_extend of n tokens on a session that holds
+ * an uncompressed prefill and nothing after it (n_past == the prompt's
+ * length; else KVS_ERR_INVALID), after which the prompt is n_past long, so
+ * views, plans and compressions see the extension as part of the prompt
+ * (the query-aware question of the server's compress_suffix, run on a copy
+ * of a shared context prefill). Every layer that recorded queries (the last
+ * nq of the prefill) keeps them and records the n new ones after them (nq + n
+ * in all: a method reads the last it needs). The new positions' K and V are
+ * extend's (up to 64 tokens: the decode kernels), not a prefill's of the whole
+ * prompt: equal up to fp32 rounding and decode's 8-bit activations. Sliding-
+ * window layers already trimmed keep what a trim at the new length would.
+ * On error nothing changes. */
+kvs_status kvs_session_extend_prompt(kvs_session *s, const int32_t *tokens, int n, float *logits, kvs_err *err);
 
 /* Decode several sessions of one model together: one pass over the weights
  * per step (each weight row is read once and multiplied with every

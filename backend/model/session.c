@@ -335,6 +335,11 @@ void kvs_kv_make_room(kvs_session *s, int p, int need) {
     }
 }
 
+void kvs_kv_drop_bounded(kvs_session *s, int p) {
+    for (int l = 0; l < s->m->info.n_layers; l++)
+        if (s->kv[l].bounded) kv_drop_old(s, &s->kv[l], p);
+}
+
 /* Rows layer c can take from position p on (bounded layers: after dropping);
  * the exact count only when it is below need. */
 int kvs_kv_room(const kvs_session *s, const kv_layer *c, int p, int need) {

@@ -105,6 +105,8 @@ void kvs_dec_buf_free(dec_buf *b);
 /* Make room for `need` rows at positions p, p+1, ... in every trimmed
  * sliding-window layer (drops the rows no query can see any more). */
 void kvs_kv_make_room(kvs_session *s, int p, int need);
+/* Every bounded (trimmed sliding-window) layer drops the rows no query at position >= p can see. */
+void kvs_kv_drop_bounded(kvs_session *s, int p);
 /* Rows layer c can take from position p on (trimmed layers: after dropping);
  * exact only when below need. */
 int kvs_kv_room(const kvs_session *s, const kv_layer *c, int p, int need);

@@ -20,6 +20,7 @@
 void srv_variants_free(gen_req *g) {
     for (int i = 0; g->variants && i < g->n_variants; i++) {
         free(g->variants[i].suffix);
+        free(g->variants[i].suffix_text);
         kvs_composed_free(g->variants[i].owned);
     }
     free(g->variants);
@@ -40,7 +41,7 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
     snprintf(v->field, sizeof v->field, "%s", field);
     if (!cJSON_IsObject(o)) return srv_fail(e, 400, field, "%s must be an object {method, ratio | tokens, params}", field);
     static const char *const known[] = {"method", "ratio", "tokens", "params", "compress_local", "name",
-                                        "suffix", "chunk", NULL};
+                                        "suffix", "compress_suffix", "chunk", NULL};
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
         int ok = 0;
@@ -49,7 +50,7 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
             char f[160];
             snprintf(f, sizeof f, "%s.%s", field, it->string);
             return srv_fail(e, 400, f, "%s: unknown field (known: method, ratio, tokens, params, "
-                            "compress_local, name, suffix, chunk)", f);
+                            "compress_local, name, suffix, compress_suffix, chunk)", f);
         }
     }
     char f[160];
@@ -110,6 +111,46 @@ static int parse_variant(const kvs_server *s, const cJSON *o, const char *field,
         if (!cJSON_IsString(sfx)) return srv_fail(e, 400, f, "%s must be a string", f);
         if (sfx->valuestring[0] && tokenize_suffix(s, sfx->valuestring, f, &v->suffix, &v->n_suffix, e))
             return -1;
+        if (!(v->suffix_text = strdup(sfx->valuestring))) return srv_fail(e, 500, "", "out of memory");
+    }
+    if (srv_get_bool(o, "compress_suffix", field, 0, &v->compress_suffix, e)) return -1;
+    if (v->compress_suffix && v->chunk) {
+        snprintf(f, sizeof f, "%s.compress_suffix", field);
+        return srv_fail(e, 400, f, "%s: not with chunk (the chunked prefill compresses the prompt alone)", f);
+    }
+    return 0;
+}
+
+int srv_join_suffixes(const kvs_server *s, const char *text, gen_req *g, srv_error *e) {
+    for (int i = 0; i < g->n_variants; i++) {
+        variant_req *v = &g->variants[i];
+        if (!v->compress_suffix || v->n_suffix == 0) continue;
+        v->suffix_apart = 1;
+        if (!text) continue; /* token ids: nothing to join */
+        size_t a = strlen(text), b = strlen(v->suffix_text);
+        char *both = malloc(a + b + 1);
+        if (!both) return srv_fail(e, 500, "", "out of memory");
+        memcpy(both, text, a);
+        memcpy(both + a, v->suffix_text, b + 1);
+        int32_t *t = NULL;
+        int n = 0;
+        kvs_err err = {0};
+        kvs_status st = kvs_tokenize(s->model, both, a + b, kvs_model_special(s->model)->add_bos, 1, &t, &n, &err);
+        free(both);
+        if (st != KVS_OK) {
+            char f[96];
+            snprintf(f, sizeof f, "%s.suffix", v->field);
+            return srv_fail_kvs(e, &err, f);
+        }
+        if (n > g->n_prompt && !memcmp(t, g->prompt, (size_t)g->n_prompt * sizeof *t)) {
+            memmove(t, t + g->n_prompt, (size_t)(n - g->n_prompt) * sizeof *t);
+            free(v->suffix);
+            v->suffix = t;
+            v->n_suffix = n - g->n_prompt;
+            v->suffix_apart = 0;
+        } else {
+            free(t);
+        }
     }
     return 0;
 }

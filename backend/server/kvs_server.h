@@ -94,7 +94,7 @@
  *                       arch, n_prompt, layer_map)
  *
  * kv_compression: {method, ratio | tokens, params: {name: value},
- *   compress_local=false, name, suffix, chunk} or {variants: [such objects]} or a
+ *   compress_local=false, name, suffix, compress_suffix=false, chunk} or {variants: [such objects]} or a
  *   bare array of them; absent or null: the server's default (cfg.kv_compression).
  *   chunk C >= 1 (one variant; not with kv_spans): chunked prefill compression
  *   (chunked.c): the prompt enters C tokens at a time, the cache compressed after
@@ -104,6 +104,23 @@
  *   run as one kvs_session_extend chunk on the variant's compressed cache;
  *   generation starts from its last position (timings.suffix_ms). One
  *   prefill per request; each variant compresses a copy of the prefill cache.
+ *   compress_suffix (query-aware evaluation on the same request; not with
+ *   chunk): the suffix runs BEFORE the compression as part of the prompt: one
+ *   copy of the prefill per distinct such suffix, extended by it
+ *   (kvs_session_extend_prompt: its queries recorded after the prompt's, so
+ *   window and all-query methods see prompt + suffix), and its variants
+ *   plan, copy and compress from that copy. A string prompt's suffix tokens
+ *   are those following the prompt's in the joint tokenization of prompt +
+ *   suffix when that starts with the prompt's; else (or token-id prompts)
+ *   tokenized apart, said in kv.note. timings.prompt_n / prompt_ms of such a
+ *   variant include the suffix; kv.compress_suffix echoes the flag.
+ *   same_as (every variant of a list): the index of an earlier variant whose
+ *   cache ends identical (same compress_suffix branch, both full or plans
+ *   byte for byte equal, same suffix after compression): decoded once, this
+ *   variant gets that one's output (tokens, content, stop, predicted_ms)
+ *   with its own kv statistics and compress_ms; null when it decoded itself.
+ *   GET /v1/models data[0].kv_compression_fields lists "suffix" and
+ *   "compress_suffix" (clients check before sending them).
  * kv_spans: [{start, end}] byte offsets [start, end) into a string prompt
  *   (400 naming kv_spans otherwise); each variant's kv then has span_kept
  *   [[s_0 .. s_{L-1}] per span]: per model layer the share of the span's

@@ -8,8 +8,12 @@
  * the prefill session (one observe, one select per budget). Each plan is byte
  * for byte what the variant's own kvs_session_compress would compute on its
  * copy (the copy holds the same cache; tests/methods1/test_compress_many),
- * so the answers do not change. A variant alone in its group is left to the
- * usual per-variant path.
+ * so the answers do not change. A variant alone in its group is planned the
+ * same way (n = 1), so every plan is known before any is applied and
+ * variants whose plans are byte-identical can share one decode
+ * (srv_plans_same). A request whose variants prefill different text before
+ * the compression (compress_suffix) is planned per branch: the variants of
+ * branch b on that branch's session.
  * Timing: a grouped variant's plan_ms is the group's shared time (view +
  * observe, the total less the selects) split evenly over its members, plus
  * its own select; the scheduler adds its own apply + trim (compress_ms).
@@ -38,17 +42,40 @@ void srv_plans_free(srv_plans *P) {
     memset(P, 0, sizeof *P);
 }
 
-int srv_plans_make(const kvs_server *s, kvs_session *pre, const gen_req *g, srv_plans *P, int *bad_variant,
-                   kvs_err *err) {
-    memset(P, 0, sizeof *P);
+int srv_plans_same(const srv_plans *P, int i, int j) {
+    if (!P->planned || !P->planned[i] || !P->planned[j]) return 0;
+    const kvs_plan *a = &P->plans[i], *b = &P->plans[j];
+    if (a->n_layers != b->n_layers || a->n_kv_heads != b->n_kv_heads || a->n_tokens != b->n_tokens ||
+        a->merge != b->merge)
+        return 0;
+    if (memcmp(P->maps + (size_t)i * KVS_MAX_LAYERS, P->maps + (size_t)j * KVS_MAX_LAYERS,
+               sizeof(int) * (size_t)a->n_layers))
+        return 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        const kvs_plan_layer *x = &a->layers[l], *y = &b->layers[l];
+        if (x->budget != y->budget || !x->counts != !y->counts) return 0;
+        if (x->counts && memcmp(x->counts, y->counts, sizeof(int32_t) * (size_t)a->n_kv_heads)) return 0;
+        for (int h = 0; h < a->n_kv_heads; h++) {
+            int nx, ny;
+            const int32_t *rx = kvs_plan_head(a, l, h, &nx), *ry = kvs_plan_head(b, l, h, &ny);
+            if (nx != ny || memcmp(rx, ry, sizeof(int32_t) * (size_t)nx)) return 0;
+        }
+    }
+    return 1;
+}
+
+int srv_plans_make(const kvs_server *s, kvs_session *pre, const gen_req *g, const int *branch, int b, srv_plans *P,
+                   int *bad_variant, kvs_err *err) {
     *bad_variant = -1;
     const int nv = g->n_variants;
     if (nv < 2) return KVS_OK;
-    P->n = nv;
-    P->plans = calloc((size_t)nv, sizeof *P->plans);
-    P->maps = calloc((size_t)nv * KVS_MAX_LAYERS, sizeof *P->maps); /* [nv][KVS_MAX_LAYERS] */
-    P->plan_ms = calloc((size_t)nv, sizeof *P->plan_ms);
-    P->planned = calloc((size_t)nv, 1);
+    if (P->n == 0) {
+        P->n = nv;
+        P->plans = calloc((size_t)nv, sizeof *P->plans);
+        P->maps = calloc((size_t)nv * KVS_MAX_LAYERS, sizeof *P->maps); /* [nv][KVS_MAX_LAYERS] */
+        P->plan_ms = calloc((size_t)nv, sizeof *P->plan_ms);
+        P->planned = calloc((size_t)nv, 1);
+    }
     int *member = malloc(sizeof(int) * (size_t)nv);                 /* the group's variants */
     kvs_budget *budgets = malloc(sizeof(kvs_budget) * (size_t)nv);  /* [members] */
     kvs_plan *plans = calloc((size_t)nv, sizeof *plans);            /* [members] */
@@ -61,14 +88,13 @@ int srv_plans_make(const kvs_server *s, kvs_session *pre, const gen_req *g, srv_
     }
     for (int i = 0; i < nv && st == KVS_OK; i++) {
         const variant_req *v = &g->variants[i];
-        if (P->planned[i] || !v->method || !strcmp(v->method->name, "full")) continue;
+        if (P->planned[i] || branch[i] != b || !v->method || !strcmp(v->method->name, "full")) continue;
         int n = 0;
         for (int k = i; k < nv; k++)
-            if (!P->planned[k] && same_group(v, &g->variants[k])) {
+            if (!P->planned[k] && branch[k] == b && same_group(v, &g->variants[k])) {
                 member[n] = k;
                 budgets[n++] = g->variants[k].budget;
             }
-        if (n < 2) continue;
         const kvs_compress_opts co = srv_variant_compress_opts(s, v); /* budgets[] are the group's */
         const double t0 = kvs_now_ms();
         st = kvs_session_plan_many(pre, &co, budgets, n, plans, map, sel, err);

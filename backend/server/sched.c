@@ -183,8 +183,31 @@ static void job_signal(srv_job *j) {
     }
 }
 
+/* Variants decoded as an earlier one (same_as) get its output. -1: out of memory. */
+static int alias_outputs(srv_job *j) {
+    for (int i = 0; i < j->n_outs; i++) {
+        gen_out *o = &j->outs[i];
+        if (o->same_as < 0) continue;
+        const gen_out *p = &j->outs[o->same_as];
+        o->text = malloc(p->len + 1);
+        o->toks = malloc(sizeof(int32_t) * (size_t)(p->n_toks > 0 ? p->n_toks : 1));
+        if (!o->text || !o->toks) return -1;
+        memcpy(o->text, p->text ? p->text : "", p->len);
+        o->text[p->len] = '\0';
+        o->len = p->len;
+        o->cap = p->len + 1;
+        if (p->n_toks) memcpy(o->toks, p->toks, sizeof(int32_t) * (size_t)p->n_toks);
+        o->n_toks = o->cap_toks = p->n_toks;
+        o->stop_type = p->stop_type;
+        memcpy(o->stopping_word, p->stopping_word, sizeof o->stopping_word);
+        o->predicted_ms = p->predicted_ms; /* the decode it shared */
+    }
+    return 0;
+}
+
 /* The job leaves the scheduler: free its sequences, count it, wake its handler. */
 static void job_finish(kvs_server *s, srv_job *j, int rc) {
+    if (rc == 0 && alias_outputs(j)) rc = srv_fail(&j->e, 500, "", "out of memory copying the shared outputs");
     for (int i = 0; j->seqs && i < j->n_outs; i++) seq_end(s, j, &j->seqs[i]);
     free(j->seqs);
     j->seqs = NULL;
@@ -228,11 +251,35 @@ static int queries_to_record(const gen_req *g) {
     for (int i = 0; i < g->n_variants; i++) {
         const variant_req *v = &g->variants[i];
         if (!v->method) continue;
+        if (v->compress_suffix && v->n_suffix > 0) {
+            /* the prompt grows by the suffix before the compression (kvs_session_extend_prompt): the
+             * prefill records what the window needs before the suffix, at least one query so that the
+             * extension records the suffix's */
+            const int n = g->n_prompt + v->n_suffix;
+            int need = kvs_method_queries_needed(v->method, &v->params, n);
+            if (need >= n) return -1;
+            const int before = need - v->n_suffix > 1 ? need - v->n_suffix : 1;
+            if (need > 0 && before > rq) rq = before;
+            continue;
+        }
         int need = kvs_method_queries_needed(v->method, &v->params, g->n_prompt);
         if (need >= g->n_prompt) return -1;
         if (need > rq) rq = need;
     }
     return rq;
+}
+
+/* Variants i and j (j < i) end in the same cache before decoding: the same
+ * branch, both "full" or byte-identical plans, the same suffix after the
+ * compression. Sampling is per request (one seed), so their outputs are the
+ * same: i is decoded as j. */
+static int same_cache(const gen_req *g, const srv_plans *P, const int *branch, int i, int j) {
+    const variant_req *a = &g->variants[i], *b = &g->variants[j];
+    if (branch[i] != branch[j] || a->chunk || b->chunk || a->compress_local != b->compress_local) return 0;
+    const int full_a = !a->method || !strcmp(a->method->name, "full"), full_b = !b->method || !strcmp(b->method->name, "full");
+    if (full_a != full_b || (!full_a && !srv_plans_same(P, i, j))) return 0;
+    const int na = a->compress_suffix ? 0 : a->n_suffix, nb = b->compress_suffix ? 0 : b->n_suffix;
+    return na == nb && (na == 0 || !memcmp(a->suffix, b->suffix, sizeof(int32_t) * (size_t)na));
 }
 
 /* kvs_session_compress, keeping the plan for span_kept. The server test
@@ -251,6 +298,22 @@ static kvs_status compress_with_plan(kvs_server *s, kvs_session *ses, const kvs_
 
 static int job_cancel_asked(srv_job *j) { return atomic_load(&j->cancel); }
 
+/* The first variant of branch b. */
+static int branch_first(const gen_req *g, const int *branch, int b) {
+    for (int i = 0; i < g->n_variants; i++)
+        if (branch[i] == b) return i;
+    return 0;
+}
+
+/* What admission holds: the plans, the branch sessions (bses[0] the prefill), the logits. */
+static void admit_free(srv_plans *P, kvs_session **bses, int nb, int *branch, float *logits) {
+    srv_plans_free(P);
+    for (int b = 0; bses && b <= nb; b++) kvs_session_free(bses[b]);
+    free(bses);
+    free(branch);
+    free(logits);
+}
+
 /* Prefill, per variant copy + compress + suffix + first sample; the job joins
  * the batch (or completes when every variant stopped at once). */
 static void admit(kvs_server *s, srv_job *j) {
@@ -261,12 +324,17 @@ static void admit(kvs_server *s, srv_job *j) {
     srv_plans plans;
     memset(&plans, 0, sizeof plans);
     const size_t V = (size_t)s->info->n_vocab;
-    float *logits0 = malloc(V * sizeof *logits0);
+    const int nv = g->n_variants > 0 ? g->n_variants : 1;
+    /* branches: 0 the prefill, k >= 1 a copy of it extended by the k-th distinct compress_suffix */
+    int nb = 0, *branch = calloc((size_t)nv, sizeof *branch);
+    kvs_session **bses = calloc((size_t)nv + 1, sizeof *bses);
+    float *logits0 = malloc(V * (size_t)(nv + 1) * sizeof *logits0); /* [branch][n_vocab] */
     j->seqs = calloc((size_t)j->n_outs, sizeof *j->seqs);
-    if (!logits0 || !j->seqs) {
+    if (!logits0 || !j->seqs || !branch || !bses) {
         srv_fail(&j->e, 500, "", "out of memory");
         goto fail;
     }
+    for (int i = 0; i < j->n_outs; i++) j->outs[i].same_as = -1;
     kvs_session_opts so;
     memset(&so, 0, sizeof so);
     so.n_ctx = s->cfg.n_ctx;
@@ -305,10 +373,48 @@ static void admit(kvs_server *s, srv_job *j) {
             goto fail;
         }
     }
+    /* compress_suffix (query-aware): the suffix joins the prompt before the compression. One copy of
+     * the prefill per distinct suffix, extended by it (kvs_session_extend_prompt); its variants copy,
+     * plan and compress from there. One variant alone extends the prefill itself. */
+    bses[0] = pre;
+    for (int i = 0; i < g->n_variants; i++) {
+        const variant_req *v = &g->variants[i];
+        if (!v->compress_suffix || v->n_suffix == 0) continue;
+        for (int k = 0; k < i && !branch[i]; k++)
+            if (branch[k] && g->variants[k].n_suffix == v->n_suffix &&
+                !memcmp(g->variants[k].suffix, v->suffix, sizeof(int32_t) * (size_t)v->n_suffix))
+                branch[i] = branch[k];
+        if (branch[i]) {
+            j->outs[i].extend_ms = j->outs[branch_first(g, branch, branch[i])].extend_ms;
+            j->outs[i].n_extend = v->n_suffix;
+            continue;
+        }
+        branch[i] = ++nb;
+        const double te = kvs_now_ms();
+        kvs_session *bs = pre;
+        if (j->n_outs > 1 && (kvs_session_new(s->model, &so, &bs, &err) != KVS_OK || kvs_session_copy(bs, pre, &err) != KVS_OK)) {
+            srv_fail(&j->e, 500, "", "variant %d: cannot copy the prefill cache: %s", i, err.msg);
+            kvs_session_free(bs);
+            goto fail;
+        }
+        if (bs != pre) bses[nb] = bs; /* else bses[0] holds it */
+        if (kvs_session_extend_prompt(bs, v->suffix, v->n_suffix, logits0 + (size_t)nb * V, &err) != KVS_OK) {
+            srv_fail(&j->e, 500, "", "variant %d: running the suffix before the compression failed: %s", i, err.msg);
+            goto fail;
+        }
+        j->outs[i].extend_ms = kvs_now_ms() - te;
+        j->outs[i].n_extend = v->n_suffix;
+        if (bs == pre) { /* one variant: it is the prefill */
+            memcpy(logits0, logits0 + (size_t)nb * V, V * sizeof *logits0);
+            bses[nb] = NULL;
+            branch[i] = 0;
+            nb = 0;
+        }
+    }
     /* Variants sharing a method and its parameters observe the cache once (plan_groups.c) */
-    if (j->n_outs > 1) {
+    for (int b = 0; j->n_outs > 1 && b <= nb; b++) {
         int bad = -1;
-        if (srv_plans_make(s, pre, g, &plans, &bad, &err) != KVS_OK) {
+        if (srv_plans_make(s, bses[b], g, branch, b, &plans, &bad, &err) != KVS_OK) {
             srv_fail_kvs(&j->e, &err, bad >= 0 ? g->variants[bad].field : "kv_compression");
             goto fail;
         }
@@ -316,9 +422,7 @@ static void admit(kvs_server *s, srv_job *j) {
     for (int i = 0; i < j->n_outs; i++) {
         int reason = job_cancel_asked(j);
         if (reason) {
-            srv_plans_free(&plans);
-            kvs_session_free(pre);
-            free(logits0);
+            admit_free(&plans, bses, nb, branch, logits0);
             job_cancelled(s, j, reason);
             return;
         }
@@ -326,10 +430,28 @@ static void admit(kvs_server *s, srv_job *j) {
         srv_seq *q = &j->seqs[i];
         gen_out *o = &j->outs[i];
         q->o = o;
+        const float *blog = logits0 + (size_t)branch[i] * V;
+        int same = -1; /* an earlier variant that ends in the same cache: decoded once (same_cache) */
+        for (int k = 0; k < i && same < 0 && j->n_outs > 1; k++)
+            if (j->outs[k].same_as < 0 && same_cache(g, &plans, branch, i, k)) same = k;
+        if (same >= 0) {
+            const gen_out *p = &j->outs[same];
+            o->same_as = same;
+            o->stats = p->stats; /* the same kept rows: the same statistics */
+            if (plans.planned && plans.planned[i]) /* its own observation share and select, the apply shared */
+                o->stats.compress_ms = p->stats.compress_ms - plans.plan_ms[same] + plans.plan_ms[i];
+            o->compress_ms = o->stats.compress_ms;
+            if (g->n_spans && srv_span_kept(s, g, plans.planned && plans.planned[i] ? &plans.plans[i] : NULL,
+                                            plans.maps + (size_t)i * KVS_MAX_LAYERS, o)) {
+                srv_fail(&j->e, 500, "", "out of memory");
+                goto fail;
+            }
+            continue;
+        }
         if (j->n_outs > 1) {
             double tc = kvs_now_ms();
             if (kvs_session_new(s->model, &so, &q->ses, &err) != KVS_OK ||
-                kvs_session_copy(q->ses, pre, &err) != KVS_OK) {
+                kvs_session_copy(q->ses, bses[branch[i]], &err) != KVS_OK) {
                 srv_fail(&j->e, 500, "", "variant %d: cannot copy the prefill cache: %s", i, err.msg);
                 kvs_session_free(q->ses);
                 q->ses = NULL;
@@ -339,6 +461,7 @@ static void admit(kvs_server *s, srv_job *j) {
         } else {
             q->ses = pre;
             pre = NULL;
+            bses[0] = NULL;
         }
         q->live = 1;
         j->n_live++;
@@ -395,8 +518,8 @@ static void admit(kvs_server *s, srv_job *j) {
                 goto fail;
             }
         }
-        memcpy(sc->scratch, logits0, V * sizeof *logits0);
-        if (v && v->n_suffix > 0) {
+        memcpy(sc->scratch, blog, V * sizeof *logits0);
+        if (v && v->n_suffix > 0 && !v->compress_suffix) {
             /* query-agnostic: the suffix (the question) runs as one chunk on
              * the compressed cache; generation starts from its last logits */
             double ts = kvs_now_ms();
@@ -428,9 +551,7 @@ static void admit(kvs_server *s, srv_job *j) {
             seq_end(s, j, q);
         }
     }
-    srv_plans_free(&plans);
-    kvs_session_free(pre);
-    free(logits0);
+    admit_free(&plans, bses, nb, branch, logits0);
     if (j->n_live == 0) {
         job_finish(s, j, 0);
         return;
@@ -440,9 +561,9 @@ static void admit(kvs_server *s, srv_job *j) {
     pthread_mutex_unlock(&s->mu);
     return;
 fail:
-    srv_plans_free(&plans);
-    kvs_session_free(pre);
-    free(logits0);
+    if (bses) bses[0] = pre;
+    else kvs_session_free(pre);
+    admit_free(&plans, bses, nb, branch, logits0);
     job_finish(s, j, -1);
 }
 

@@ -71,6 +71,10 @@ static void handle_models(kvs_server *s, kvs_http_response *rs) {
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)s->started_unix);
     cJSON_AddStringToObject(m, "owned_by", "kvsieve");
+    /* per-variant kv_compression fields beyond the basics, so clients know what they may send */
+    cJSON *kf = cJSON_AddArrayToObject(m, "kv_compression_fields");
+    cJSON_AddItemToArray(kf, cJSON_CreateString("suffix"));
+    cJSON_AddItemToArray(kf, cJSON_CreateString("compress_suffix"));
     cJSON *meta = cJSON_AddObjectToObject(m, "meta");
     cJSON_AddStringToObject(meta, "arch", in->arch);
     cJSON_AddStringToObject(meta, "name", in->name);

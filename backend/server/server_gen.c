@@ -298,6 +298,7 @@ int srv_parse_gen_request(kvs_server *s, int ep, const cJSON *root, gen_req *g, 
         if (cJSON_IsString(p)) text = p->valuestring;
         else if (cJSON_IsArray(p) && cJSON_IsString(cJSON_GetArrayItem(p, 0))) text = cJSON_GetArrayItem(p, 0)->valuestring;
     }
+    if (srv_join_suffixes(s, text, g, e)) return -1;
     if (g->n_prompt > s->cfg.n_ctx)
         return srv_fail(e, 400, g->prompt_field,
                         "%s has %d tokens, more than the context of %d; it is not truncated: shorten it or "
@@ -405,7 +406,14 @@ static cJSON *kv_json(const gen_req *g, const variant_req *v, const gen_out *o) 
     cJSON_AddNumberToObject(kv, "bytes_after_global", (double)st->bytes_after_global);
     cJSON_AddNumberToObject(kv, "bytes_before_local", (double)st->bytes_before_local);
     cJSON_AddNumberToObject(kv, "bytes_after_local", (double)st->bytes_after_local);
-    cJSON_AddStringToObject(kv, "note", st->note);
+    if (v && v->compress_suffix && v->suffix_apart && v->n_suffix > 0) {
+        char note[sizeof st->note + 96];
+        snprintf(note, sizeof note, "%s%scompress_suffix tokenized apart from the prompt", st->note,
+                 st->note[0] ? "; " : "");
+        cJSON_AddStringToObject(kv, "note", note);
+    } else
+        cJSON_AddStringToObject(kv, "note", st->note);
+    cJSON_AddBoolToObject(kv, "compress_suffix", v && v->compress_suffix);
     cJSON_AddItemToObject(kv, "layers", layers);
     if (g->n_spans > 0 && o->span_kept) {
         cJSON *sk = cJSON_AddArrayToObject(kv, "span_kept");
@@ -433,8 +441,11 @@ static cJSON *variant_json(const gen_req *g, int i, const variant_req *v, const 
     cJSON_AddStringToObject(j, "stopping_word", o->stopping_word);
     cJSON_AddStringToObject(j, "finish_reason", oai_finish(o));
     cJSON_AddNumberToObject(j, "tokens_predicted", o->n_toks);
-    cJSON_AddItemToObject(j, "timings", timings_json(prompt_n, prompt_ms, o));
+    /* compress_suffix: the suffix was prefilled with the prompt (before the compression) */
+    cJSON_AddItemToObject(j, "timings", timings_json(prompt_n + o->n_extend, prompt_ms + o->extend_ms, o));
     cJSON_AddItemToObject(j, "kv", kv_json(g, v, o));
+    if (o->same_as >= 0) cJSON_AddNumberToObject(j, "same_as", o->same_as);
+    else cJSON_AddNullToObject(j, "same_as");
     return j;
 }
 
@@ -499,7 +510,7 @@ static cJSON *build_response(kvs_server *s, int ep, const gen_req *g, const gen_
         cJSON_AddNumberToObject(u, "total_tokens", g->n_prompt + o->n_toks);
         cJSON_AddStringToObject(root, "system_fingerprint", "kvsieve-" KVS_VERSION);
     }
-    cJSON_AddItemToObject(root, "timings", timings_json(g->n_prompt, prompt_ms, o));
+    cJSON_AddItemToObject(root, "timings", timings_json(g->n_prompt + o->n_extend, prompt_ms + o->extend_ms, o));
     cJSON_AddItemToObject(root, "kv", kv_json(g, v0, o));
     if (g->several) {
         cJSON *vs = cJSON_AddArrayToObject(root, "variants");

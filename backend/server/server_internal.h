@@ -104,8 +104,13 @@ typedef struct {
     kvs_budget budget;
     int compress_local;
     int chunk;       /* > 0: chunked prefill compression (chunked.c), 0: one compression after the prompt */
-    int32_t *suffix; /* [n_suffix] malloc'd: appended after the compression (query-agnostic) */
+    int32_t *suffix; /* [n_suffix] malloc'd: appended after the compression (query-agnostic), or before it
+                        with compress_suffix (query-aware) */
     int n_suffix;
+    char *suffix_text;   /* the suffix as sent (malloc'd), or NULL */
+    int compress_suffix; /* 1: the suffix joins the prompt before the compression (srv_join_suffixes) */
+    int suffix_apart;    /* compress_suffix: tokenized apart from the prompt (the joint tokens do not start
+                            with the prompt's); said in kv.note */
     struct kvs_composed *owned; /* method composed from parts (server_method.c), or NULL */
 } variant_req;
 
@@ -156,6 +161,11 @@ typedef struct {
     double compress_ms;
     double copy_ms;   /* copying the prefill cache for this variant (not part of compress_ms) */
     double suffix_ms; /* running the variant's suffix after the compression */
+    double extend_ms; /* compress_suffix: running the suffix before the compression (shared by the variants
+                         with the same suffix; reported in timings.prompt_ms) */
+    int n_extend;     /* compress_suffix: the suffix's tokens (in timings.prompt_n) */
+    int same_as;      /* -1, or the variant whose cache (plan, suffix) this one shares: decoded once, the
+                         output is that variant's (sched.c) */
     double *span_kept; /* [n_spans][n_layers] share of each span's tokens kept, or NULL */
     srv_chunk_log chunks; /* kv_compression.chunk: what each compression kept */
 } gen_out;
@@ -222,11 +232,18 @@ typedef struct {
     double *plan_ms;         /* [n] */
     unsigned char *planned;  /* [n] */
 } srv_plans;
-/* Group the variants and compute every group's plans on the prefill session
- * pre (one kvs_session_plan_many per group of >= 2). A kvs_status; on error
- * *bad_variant is the group's first variant and P is empty. */
-int srv_plans_make(const kvs_server *s, kvs_session *pre, const gen_req *g, srv_plans *P, int *bad_variant,
-                   kvs_err *err);
+/* Group the variants of branch b (branch[i] == b: 0 the prefill, k > 0 the
+ * k-th compress_suffix text prefilled after it) and compute every group's
+ * plans on that branch's session pre (one kvs_session_plan_many per group,
+ * a lone variant included; "full" is not planned). P starts zeroed and is
+ * filled branch by branch. A kvs_status; on error *bad_variant is the
+ * group's first variant and P is freed. */
+int srv_plans_make(const kvs_server *s, kvs_session *pre, const gen_req *g, const int *branch, int b, srv_plans *P,
+                   int *bad_variant, kvs_err *err);
+/* 1 when variants i and j were both planned and their plans are byte for byte
+ * the same (kept rows of every layer and head, merge, layer map): applied to
+ * the same cache they give the same cache. */
+int srv_plans_same(const srv_plans *P, int i, int j);
 void srv_plans_free(srv_plans *P);
 
 
@@ -304,6 +321,12 @@ int srv_parse_kv_compression(const kvs_server *s, const cJSON *kc, gen_req *g, s
  * budget, compress_local, the server's threads); kv_request.c. */
 kvs_compress_opts srv_variant_compress_opts(const kvs_server *s, const variant_req *v);
 void srv_variants_free(gen_req *g);
+/* compress_suffix variants of a request whose prompt is the string text
+ * (NULL: token ids): their suffix tokens become those that follow the
+ * prompt's in the joint tokenization of text + suffix (what one prompt of
+ * both would be), when the joint tokens start with the prompt's; else they
+ * stay tokenized apart (suffix_apart). kv_request.c. */
+int srv_join_suffixes(const kvs_server *s, const char *text, gen_req *g, srv_error *e);
 void srv_gen_req_free(gen_req *g);
 void srv_handle_tokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);
 void srv_handle_detokenize(kvs_server *s, const kvs_http_request *rq, kvs_http_response *rs);

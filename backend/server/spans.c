@@ -151,7 +151,7 @@ int srv_span_kept(const kvs_server *s, const gen_req *g, const kvs_plan *plan, c
             for (int h = 0; h < H; h++) {
                 int B;
                 const int32_t *row = kvs_plan_head(plan, pl, h, &B); /* ragged plans: each head's count */
-                for (int j = 0; j < B; j++) kept += p->in[row[j]];
+                for (int j = 0; j < B; j++) kept += row[j] < g->n_prompt && p->in[row[j]]; /* compress_suffix: rows past the prompt */
             }
             o->span_kept[(size_t)k * L + l] = (double)kept / ((double)H * p->n_tokens);
         }

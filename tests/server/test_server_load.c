@@ -397,12 +397,15 @@ static void test_spans(kvs_model *m) {
 
 /* ---- careless clients --------------------------------------------------------------- */
 
-/* a long request: 32 variants x 200 tokens, never stopped by EOS */
+/* a long request: 32 variants x 200 tokens, never stopped by EOS; each its own suffix, so that no two
+ * share a cache (identical ones would decode once: same_as) */
+#define VS(a, b) "{\"method\": \"full\", \"suffix\": \" x" #a "\"}, {\"method\": \"full\", \"suffix\": \" x" #b "\"}, "
 static const char LONG_REQ[] = "{\"prompt\": \"the cat is on the\", \"n_predict\": 200, \"ignore_eos\": true, "
-                               "\"kv_compression\": [" 
-#define V4 "{\"method\": \"full\"}, {\"method\": \"full\"}, {\"method\": \"full\"}, {\"method\": \"full\"}, "
-                               V4 V4 V4 V4 V4 V4 V4
-                               "{\"method\": \"full\"}, {\"method\": \"full\"}, {\"method\": \"full\"}, {\"method\": \"full\"}]}";
+                               "\"kv_compression\": ["
+                               VS(0, 1) VS(2, 3) VS(4, 5) VS(6, 7) VS(8, 9) VS(10, 11) VS(12, 13) VS(14, 15)
+                               VS(16, 17) VS(18, 19) VS(20, 21) VS(22, 23) VS(24, 25) VS(26, 27) VS(28, 29)
+                               "{\"method\": \"full\", \"suffix\": \" x30\"}, {\"method\": \"full\", \"suffix\": \" x31\"}]}";
+#undef VS
 
 static void test_disconnect(kvs_server *srv) {
     /* running: it leaves the batch well before its 200 tokens */

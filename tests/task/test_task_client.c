@@ -272,9 +272,9 @@ static void on_result(void *ctx, void *tag, const kvs_client_result *r) {
 }
 
 static const kvs_client_variant VARS[3] = {
-    {"full", NULL, 1.0, 0},
-    {"snapkv", "{\"window\":8}", 0.2, 0},
-    {"h2o", NULL, 0, 64},
+    {"full", NULL, 1.0, 0, 0},
+    {"snapkv", "{\"window\":8}", 0.2, 0, 0},
+    {"h2o", NULL, 0, 64, 0},
 };
 
 static kvs_client_request make_req(int n_variants, const char *suffix) {

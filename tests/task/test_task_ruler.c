@@ -169,8 +169,19 @@ static void test_run(const char *model) {
     memset(&o, 0, sizeof o);
     o.kvsieve_bin = bin;
     kvs_run_summary sum;
-    /* 4 tasks x 2 samples x 2 settings x (full + 1) = 32 cells */
+    /* 4 tasks x 2 samples x 2 settings x (full + 1) = 32 cells, in 8 requests (a sample's two settings
+     * share one: the server takes compress_suffix) */
+    FILE *pf = tmpfile();
+    o.progress = pf;
     CHECK_OK(kvs_run_config(s, &cfg, &o, &sum, &err), &err);
+    o.progress = NULL;
+    char plog[8192] = "";
+    if (pf) {
+        rewind(pf);
+        plog[fread(plog, 1, sizeof plog - 1, pf)] = 0;
+        fclose(pf);
+    }
+    CHECK_MSG(strstr(plog, "backend URL(s), 8 requests"), "the run's requests: %.600s", plog);
     CHECK_EQ_INT(sum.n_cells, 32);
     CHECK_EQ_INT(sum.n_done, 32);
     CHECK_OK(kvs_run_config(s, &cfg, &o, &sum, &err), &err); /* resume: the same prompts, nothing to do */
@@ -203,6 +214,35 @@ static void test_run(const char *model) {
     CHECK_EQ_INT(q_int(h, "SELECT count(*) FROM scores WHERE metric = 'answer_kept' AND (value < 0 OR value > 1)"), 0);
     kvs_store_close(s);
     kvs_config_free(&cfg);
+    /* Both settings went in one request per sample (compress_suffix); one setting per run sends today's
+     * requests (the query-aware prompt whole): the same cells, predictions and scores */
+    char db2[256];
+    snprintf(db2, sizeof db2, "%s/r2.db", dir);
+    CHECK_OK(kvs_store_open(db2, &s, &err), &err);
+    for (int k = 0; k < 2 && s; k++) {
+        const char *one = k ? "setting = { 'query_agnostic' }" : "setting = { 'query_aware' }";
+        char t2[2048];
+        const char *at = strstr(text, "setting = { 'query_aware', 'query_agnostic' }");
+        snprintf(t2, sizeof t2, "%.*s%s%s", (int)(at - text), text, one, at + strlen("setting = { 'query_aware', 'query_agnostic' }"));
+        eval_write(dir, "ruler1.lua", t2, cfgp, sizeof cfgp);
+        CHECK_OK(kvs_config_load(cfgp, NULL, 0, &cfg, &err), &err);
+        if (err.code) break;
+        CHECK_OK(kvs_run_config(s, &cfg, &o, &sum, &err), &err);
+        CHECK_EQ_INT(sum.n_done, 16);
+        kvs_config_free(&cfg);
+    }
+    if (!s) return;
+    h = kvs_store_db(s);
+    char sql[512];
+    snprintf(sql, sizeof sql, "ATTACH DATABASE '%s' AS one", db);
+    CHECK(sqlite3_exec(h, sql, NULL, NULL, NULL) == SQLITE_OK);
+    CHECK_EQ_INT(q_int(h, "SELECT count(*) FROM results a JOIN one.results b ON a.cell_key = b.cell_key AND "
+                          "a.prediction = b.prediction AND a.decode_tokens = b.decode_tokens AND "
+                          "a.kv_bytes_after = b.kv_bytes_after"), 32);
+    CHECK_EQ_INT(q_int(h, "SELECT count(*) FROM scores a JOIN one.scores b ON a.cell_key = b.cell_key AND "
+                          "a.metric = b.metric AND a.value = b.value WHERE a.metric IN ('ruler', 'answer_kept')"),
+                 q_int(h, "SELECT count(*) FROM one.scores WHERE metric IN ('ruler', 'answer_kept')"));
+    kvs_store_close(s);
 }
 
 int main(int argc, char **argv) {

@@ -50,7 +50,7 @@ static const char *PARAGRAPH =
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsieve bench --model PATH|default [--prompt-len N] [--gen N] [--threads N] [--reps N]\n"
-               "                     [--cache-type f16|bf16|f32|q8_0|q4_0] [-ctk T] [-ctv T]\n"
+               "                     [--cache-type f16|bf16|f32|q8_0|q4_0|kivi2|kivi4] [-ctk T] [-ctv T]\n"
                "                     [--batch B1,B2,..] [--cache-types T1,T2,..] [--db PATH | --no-store]\n"
                "  --batch LIST  batched decode of B sequences for each B in LIST (prints only)\n"
                "  --cache-types LIST  decode tok/s per KV cache type (f16,q8_0,q4_0) after one prefill in the\n"
@@ -175,6 +175,7 @@ static int bench_types(kvs_model *m, kvs_session *s, const int32_t *toks, int n,
     for (long r = 0; r < reps; r++)
         for (int i = 0; i < nt; i++) {
             if (kvs_session_copy(ss[i], s, &err) != KVS_OK) goto fail;
+            if (kvs_session_quantize(ss[i], &err) != KVS_OK) goto fail; /* kivi: the stores, before the clock */
             int tok = first;
             double t1 = kvs_now_ms();
             for (int g = 0; g < gen; g++) {

@@ -1,7 +1,8 @@
 /*
  * test_backend_kivi.c -- the kivi2 / kivi4 KV cache types of the engine
  * (backend/model/kivi_cache.c over kernels/kivi.h) on tiny qwen2 models
- * (head size 32 and 20; G = 8, R = 16 so that a 100-token prompt quantises).
+ * (head size 32 with G = 8, R = 16, and head size 40 with G = 16, R = 32: a
+ * last value group of 8 channels; a 100-token prompt quantises).
  *
  * - Bytes: after the prefill (sealed by compress "full"), after snapkv at
  *   0.25 and after adakv at 0.25 (ragged: each KV head its own count) the
@@ -35,7 +36,8 @@
 #include "test_util.h"
 #include "tiny_model.h"
 
-enum { GRP = 8, RES = 16, N = 100 };
+enum { N = 100 };
+static int GRP = 8, RES = 16; /* the run's G and R */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double urand(void) {
@@ -161,10 +163,12 @@ static void check_attention(const kvs_session *s, const char *what) {
     free(p);
 }
 
-static void run(int D, int ctk, int ctv) {
+static void run(int D, int G, int R, int ctk, int ctv) {
     kvs_err err = {0};
     tiny_spec sp = tiny_default("qwen2");
     sp.head_dim = D;
+    GRP = G;
+    RES = R;
     char path[80], what[64];
     const int vt = ctv ? ctv - 1 : ctk;
     const int kb = ctk == KVS_CACHE_KIVI2 ? 2 : 4, vb = vt == KVS_CACHE_KIVI2 ? 2 : 4;
@@ -191,7 +195,7 @@ static void run(int D, int ctk, int ctv) {
     CHECK_OK(kvs_batch_new(m, 2, 2, &bt, &err), &err);
     if (!f || !a || !b || !c || !bt || !l16 || !la || !lb || !lbat) goto done;
     CHECK_FAILS(kvs_session_set_kivi(f, GRP, RES, &err), KVS_ERR_INVALID, &err, "not a kivi");
-    CHECK_FAILS(kvs_session_set_kivi(a, GRP, 20, &err), KVS_ERR_INVALID, &err, "multiple");
+    CHECK_FAILS(kvs_session_set_kivi(a, GRP, GRP + 4, &err), KVS_ERR_INVALID, &err, "multiple");
     CHECK_OK(kvs_session_set_kivi(a, GRP, RES, &err), &err);
     CHECK_OK(kvs_session_set_kivi(b, GRP, RES, &err), &err);
     CHECK_OK(kvs_session_set_kivi(c, GRP, RES, &err), &err);
@@ -367,8 +371,8 @@ static void refusals(void) {
 
 int main(void) {
     refusals();
-    run(32, KVS_CACHE_KIVI4, 0);
-    run(32, KVS_CACHE_KIVI2, 0);
-    run(20, KVS_CACHE_KIVI2, KVS_CACHE_V(KVS_CACHE_KIVI4));
+    run(32, 8, 16, KVS_CACHE_KIVI4, 0);
+    run(32, 8, 16, KVS_CACHE_KIVI2, 0);
+    run(40, 16, 32, KVS_CACHE_KIVI2, KVS_CACHE_V(KVS_CACHE_KIVI4));
     return kvs_test_finish("backend_kivi");
 }

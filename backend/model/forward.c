@@ -293,9 +293,7 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
      * extends several columns) the groups' query heads are split instead
      * (nsplit parts, att_run) */
     const int units = n * Hkv, nth = kvs_pool_size(pool), G = Hq / Hkv;
-    int kivi = 0; /* a KIVI store is read by one thread at a time: whole groups, one job each */
-    for (int i = 0; i < n; i++) kivi |= ss[i]->kv[0].kivi != NULL;
-    const int nsplit = units >= nth || kivi ? 1 : (nth + units - 1) / units < G ? (nth + units - 1) / units : G;
+    const int nsplit0 = units >= nth ? 1 : (nth + units - 1) / units < G ? (nth + units - 1) / units : G;
     for (int i = 0; i < n; i++) {
         float *cs = db->cs + (size_t)i * D, *sn = db->sn + (size_t)i * D;
         rope_table(ss[i]->inv_freq_g, half, db->pos[i], cs, sn);
@@ -303,6 +301,9 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
     }
     for (int l = 0; l < MI->n_layers; l++) {
         const kvs_layer_w *w = &m->layers[l];
+        int kivi = 0; /* a KIVI store is read by one thread at a time: whole groups, one job each */
+        for (int i = 0; i < n; i++) kivi |= ss[i]->kv[l].kivi != NULL;
+        const int nsplit = kivi ? 1 : nsplit0;
         for (int i = 0; i < n; i++) rmsnorm(db->xn + (size_t)i * mv, db->x + (size_t)i * E, w->attn_norm, E, m->norm_eps);
         matvec(pool, db, n, db->xn, mv, 3, &w->wq, db->q, Hq * D, w->bq, &w->wk, db->k, Hkv * D, w->bk, &w->wv, db->v,
                Hkv * D, w->bv);

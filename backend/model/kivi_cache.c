@@ -3,6 +3,10 @@
  * kernels/kivi.h store per (layer, KV head), built from the full-precision
  * prefill cache ("sealing") and then read by decode attention directly.
  *
+ * Sliding-window layers (Gemma 3's local layers) are not quantised: they keep
+ * their trimmed window of fp16 rows (a store cannot drop its oldest rows, and
+ * a window of fp16 rows is smaller than a quantised history of more than
+ * about 3.5 windows); the stats count their fp16 bytes.
  * A KIVI session keeps its prompt in fp16 rows while it prefills (KIVI's
  * prefill attends the fp16 prompt; methods plan on the full-precision cache),
  * so the prefill paths are those of an f16 cache. The stores are made once,
@@ -32,12 +36,6 @@ kvs_status kvs_kivi_session_config(const kvs_model *m, int ctk, int ctv, int gro
                           "session: K cache %s with V cache %s: a %s cache holds K and V in one store per KV head "
                           "(keys per channel, values per token); give both K and V a kivi type",
                           kvs_cache_type_name(ctk), kvs_cache_type_name(ctv), name);
-    for (int l = 0; l < MI->n_layers; l++)
-        if (m->layers[l].is_local)
-            return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
-                              "session: cache %s on %s: layer %d is a sliding-window layer, whose trim drops the "
-                              "oldest rows; a KIVI store quantises key groups aligned from its first token and "
-                              "cannot drop rows", name, MI->name, l);
     *out = kvs_kivi_config_default(ctk == KVS_CACHE_KIVI2 ? 2 : 4);
     out->v_bits = ctv == KVS_CACHE_KIVI2 ? 2 : 4;
     if (group > 0) out->group = group;
@@ -92,7 +90,10 @@ kvs_status kvs_kv_kivi_seal(kvs_session *s, kvs_err *err) {
     if (!s->kivi) return KVS_OK;
     for (int l = 0; l < s->m->info.n_layers; l++) {
         kv_layer *c = &s->kv[l];
-        if (c->kivi || c->cap == 0) continue;
+        /* sliding-window layers keep fp16 rows: their trim drops the oldest rows, which
+         * a store (key groups aligned from its first token) cannot; and a window of
+         * fp16 rows is smaller than a quantised history past ~3.5 windows */
+        if (c->kivi || c->cap == 0 || s->m->layers[l].is_local) continue;
         kvs_status st = seal_layer(s, c, l, err);
         if (st) return st;
     }

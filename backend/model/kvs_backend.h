@@ -279,8 +279,9 @@ typedef struct kvs_session kvs_session;
  * V must be kivi types (their bits may differ: -ctk kivi2 -ctv kivi4). The
  * prompt is prefilled in fp16 rows (methods plan on them); compression, or
  * the first decode / extend, quantises the kept rows into the stores
- * (kvs_session_quantize). Not on models with sliding-window layers; a
- * quantised cache cannot be viewed, copied or compressed again. */
+ * (kvs_session_quantize). Sliding-window layers keep their trimmed window in
+ * fp16 rows (a store cannot drop old rows). A quantised cache cannot be
+ * viewed, copied or compressed again. */
 const char *kvs_cache_type_name(int t);
 /* One of those names -> *out; anything else is KVS_ERR_INVALID naming it. */
 kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err);

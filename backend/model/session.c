@@ -581,14 +581,14 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
         st->tokens_after[l] = c->len;
         st->bytes_before[l] = (int64_t)s->n_prompt * row_bytes(s);
         st->bytes_after[l] = (int64_t)c->len * row_bytes(s);
-        if (s->kivi) { /* the stores' codes, fp16 scales and zeros and windows (kivi_cache.c) */
+        if (s->kivi && !st->is_local[l]) { /* the stores' codes, fp16 scales and zeros and windows (kivi_cache.c) */
             st->bytes_before[l] = kvs_kv_kivi_prompt_bytes(s, s->n_prompt);
             st->bytes_after[l] = kvs_kv_kivi_bytes(s, c);
         }
         if (c->lag) { /* ragged heads: each head's own rows (K and V) */
             int64_t lagged = 0;
             for (int g = 0; g < MI->n_kv_heads; g++) lagged += c->lag[g];
-            if (!s->kivi) st->bytes_after[l] -= lagged * (int64_t)(s->rsz_k + s->rsz_v);
+            if (!s->kivi || st->is_local[l]) st->bytes_after[l] -= lagged * (int64_t)(s->rsz_k + s->rsz_v);
             /* the mean per head, exact: the heads' rows sum to Hkv x that */
             st->tokens_after[l] = ((int64_t)MI->n_kv_heads * c->len - lagged) / MI->n_kv_heads;
         }

@@ -20,9 +20,11 @@
  * - Decoding: logits finite, close to the f16 cache's but not equal; extend
  *   == decoding the tokens one by one; batch of 2 == each alone; kivi2 K with
  *   kivi4 V runs.
- * - Refusals naming the type and operation: kivi K with f16 V, a
- *   sliding-window model, R not a multiple of G, views / copies / plans /
- *   recompression of a quantised cache.
+ * - Gemma 3 shape: sliding-window layers keep their trimmed window in fp16
+ *   rows (f16 bytes), global layers are quantised (the layout's bytes).
+ * - Refusals naming the type and operation: kivi K with f16 V, R not a
+ *   multiple of G, views / copies / plans / recompression of a quantised
+ *   cache.
  */
 #include <math.h>
 #include <stdint.h>
@@ -340,7 +342,7 @@ done:
     remove(path);
 }
 
-static void refusals(void) {
+static void refusals_and_gemma(void) {
     kvs_err err = {0};
     kvs_model *m = NULL;
     kvs_model_opts mo = {1};
@@ -360,17 +362,48 @@ static void refusals(void) {
     kvs_model_free(m);
     remove("backend_kivi_refuse.gguf");
     m = NULL;
+    /* gemma3: sliding-window layers keep their trimmed window in fp16 rows, global layers are quantised */
     tiny_spec sg = tiny_default("gemma3");
+    sg.head_dim = 32;
     CHECK_OK(tiny_write(&sg, "backend_kivi_gemma.gguf", &err), &err);
     CHECK_OK(kvs_model_load("backend_kivi_gemma.gguf", &mo, &m, &err), &err);
-    kvs_session_opts so3 = {64, 1, 0, KVS_CACHE_KIVI4, 0};
-    CHECK_FAILS(kvs_session_new(m, &so3, &s, &err), KVS_ERR_UNSUPPORTED, &err, "sliding-window");
+    if (m) {
+        const kvs_model_info *I = kvs_model_get_info(m);
+        int32_t toks[N + 8];
+        for (int i = 0; i < N + 8; i++) toks[i] = (int32_t)(urand() * I->n_vocab) % I->n_vocab;
+        float *lg = malloc(sizeof(float) * (size_t)I->n_vocab);
+        kvs_session_opts so3 = {128, 1, -1, KVS_CACHE_KIVI4, 0};
+        CHECK_OK(kvs_session_new(m, &so3, &s, &err), &err);
+        GRP = 8;
+        RES = 16;
+        if (s && lg) {
+            CHECK_OK(kvs_session_set_kivi(s, GRP, RES, &err), &err);
+            CHECK_OK(kvs_session_prefill(s, toks, N, NULL, NULL, &err), &err);
+            kvs_kv_stats st;
+            CHECK_OK(compress(s, "snapkv", 0.5, &st, &err), &err);
+            int locals = 0, globals = 0;
+            for (int l = 0; l < I->n_layers; l++) {
+                const int64_t T = st.tokens_after[l];
+                const int64_t want = st.is_local[l] ? T * I->n_kv_heads * I->head_dim * 4
+                                                    : I->n_kv_heads * head_bytes((int)T, I->head_dim, 4, 4);
+                CHECK_EQ_INT(st.bytes_after[l], want);
+                CHECK_EQ_INT(s->kv[l].kivi != NULL, !st.is_local[l]);
+                locals += st.is_local[l];
+                globals += !st.is_local[l];
+            }
+            CHECK(locals > 0 && globals > 0);
+            for (int k = 0; k < 8; k++) CHECK_OK(kvs_session_decode(s, toks[N + k], lg, &err), &err);
+            CHECK(isfinite(lg[0]) && isfinite(lg[I->n_vocab - 1]));
+        }
+        free(lg);
+        kvs_session_free(s);
+    }
     kvs_model_free(m);
     remove("backend_kivi_gemma.gguf");
 }
 
 int main(void) {
-    refusals();
+    refusals_and_gemma();
     run(32, 8, 16, KVS_CACHE_KIVI4, 0);
     run(32, 8, 16, KVS_CACHE_KIVI2, 0);
     run(40, 16, 32, KVS_CACHE_KIVI2, KVS_CACHE_V(KVS_CACHE_KIVI4));

@@ -29,7 +29,7 @@ struct kvs_kivi_head {
     uint16_t *vzero;     /* [cap][vgroups] fp16 */
     uint8_t *kwin;       /* [R][d]: key t at row t - kq */
     uint8_t *vwin;       /* [R + 1][d] ring: value t at row t % (R + 1) */
-    float *tile;         /* [G][max(d, 2)] scratch of the flushes and reads */
+    float *tile;         /* [2][G][max(d, 2)] scratch of the flushes and reads */
     float *rows;         /* [2][d] the K and V rows being appended */
 };
 
@@ -245,7 +245,7 @@ kvs_status kvs_kivi_init(kvs_kivi_head **out, const kvs_kivi_config *cfg, int he
     h->vzero = calloc(cap * h->vgroups, sizeof(uint16_t));
     h->kwin = calloc((size_t)R * d, h->wsz);
     h->vwin = calloc((size_t)(R + 1) * d, h->wsz);
-    h->tile = calloc((size_t)G * (d > 2 ? d : 2), sizeof(float)); /* score_block: 2 G */
+    h->tile = calloc((size_t)2 * G * (d > 2 ? d : 2), sizeof(float)); /* 2 tiles; score_block: 2 G */
     h->rows = calloc(2 * (size_t)d, sizeof(float));
     if (!h->kcode || !h->kscale || !h->kzero || !h->vcode || !h->vscale || !h->vzero ||
         !h->kwin || !h->vwin || !h->tile || !h->rows) {
@@ -459,18 +459,24 @@ static inline __attribute__((always_inline)) void score_cols(const kvs_kivi_head
     const uint8_t *codes = h->kcode + (size_t)b * h->kblk_bytes;
     const uint16_t *sc = h->kscale + (size_t)b * d, *zr = h->kzero + (size_t)b * d;
     __m256 acc[2][4];
+    #pragma GCC unroll 2
     for (int v = 0; v < 2; v++)
+        #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) acc[v][i] = _mm256_setzero_ps();
     for (int c = 0; c < d; c++) {
         const __m256 s = _mm256_set1_ps(h2f(sc[c])), z = _mm256_set1_ps(h2f(zr[c]));
         const uint8_t *p = codes + (size_t)c * cb;
+        #pragma GCC unroll 2
         for (int v = 0; v < nv; v++) {
             const __m256 k = _mm256_add_ps(z, _mm256_mul_ps(codes8(p, j + 8 * v, bits), s));
+            #pragma GCC unroll 4
             for (int i = 0; i < ni; i++)
                 acc[v][i] = _mm256_add_ps(acc[v][i], _mm256_mul_ps(_mm256_set1_ps(q[(size_t)i * d + c]), k));
         }
     }
+    #pragma GCC unroll 2
     for (int v = 0; v < nv; v++)
+        #pragma GCC unroll 4
         for (int i = 0; i < ni; i++) _mm256_storeu_ps(scores + (size_t)i * h->n + j + 8 * v, acc[v][i]);
 }
 
@@ -481,21 +487,57 @@ static inline __attribute__((always_inline)) void wsum_cols(const kvs_kivi_head 
                                                             int nv, float *out) {
     const int G = h->cfg.group, d = h->d, bits = h->cfg.v_bits, T = h->n;
     __m256 acc[2][4];
+    #pragma GCC unroll 2
     for (int v = 0; v < nv; v++)
+        #pragma GCC unroll 4
         for (int i = 0; i < ni; i++) acc[v][i] = _mm256_loadu_ps(out + (size_t)i * d + c0 + 8 * v);
+    const int g0 = c0 / G, g1 = (c0 + 8) / G;
     for (int t = 0; t < h->vq; t++) {
         const uint8_t *codes = h->vcode + (size_t)t * h->vrow_bytes;
         const uint16_t *sc = h->vscale + (size_t)t * h->vgroups, *zr = h->vzero + (size_t)t * h->vgroups;
+        #pragma GCC unroll 2
         for (int v = 0; v < nv; v++) {
-            const int c = c0 + 8 * v, g = c / G;
+            const int g = v ? g1 : g0;
             const __m256 s = _mm256_set1_ps(h2f(sc[g])), z = _mm256_set1_ps(h2f(zr[g]));
-            const __m256 x = _mm256_add_ps(z, _mm256_mul_ps(codes8(codes, c, bits), s));
+            const __m256 x = _mm256_add_ps(z, _mm256_mul_ps(codes8(codes, c0 + 8 * v, bits), s));
+            #pragma GCC unroll 4
             for (int i = 0; i < ni; i++)
                 acc[v][i] = _mm256_add_ps(acc[v][i], _mm256_mul_ps(_mm256_set1_ps(w[(size_t)i * T + t]), x));
         }
     }
+    #pragma GCC unroll 2
     for (int v = 0; v < nv; v++)
+        #pragma GCC unroll 4
         for (int i = 0; i < ni; i++) _mm256_storeu_ps(out + (size_t)i * d + c0 + 8 * v, acc[v][i]);
+}
+#endif
+
+#if defined(__AVX2__)
+/* The first 8 floor(m / 8) of the m window rows in tile (scores[i][t0 + j]):
+ * the rows transposed into the second tile, then 8 tokens x up to 4 queries
+ * in registers, each sum over the channels in dot()'s order. Returns how many
+ * rows it scored. */
+static int window_scores(const kvs_kivi_head *h, const float *q, int nq, int m, int t0, float *scores) {
+    const int d = h->d, m8 = m / 8 * 8;
+    if (m8 == 0) return 0;
+    const float *tile = h->tile;
+    float *kt = h->tile + (size_t)h->cfg.group * (d > 2 ? d : 2); /* [d][m] */
+    for (int j = 0; j < m; j++)
+        for (int c = 0; c < d; c++) kt[(size_t)c * m + j] = tile[(size_t)j * d + c];
+    for (int i0 = 0; i0 < nq; i0 += 4) {
+        const int ni = nq - i0 < 4 ? nq - i0 : 4;
+        for (int j = 0; j < m8; j += 8) {
+            __m256 acc[4];
+            for (int i = 0; i < 4; i++) acc[i] = _mm256_setzero_ps();
+            for (int c = 0; c < d; c++) {
+                const __m256 k = _mm256_loadu_ps(kt + (size_t)c * m + j);
+                for (int i = 0; i < ni; i++)
+                    acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_set1_ps(q[(size_t)(i0 + i) * d + c]), k));
+            }
+            for (int i = 0; i < ni; i++) _mm256_storeu_ps(scores + (size_t)(i0 + i) * h->n + t0 + j, acc[i]);
+        }
+    }
+    return m8;
 }
 #endif
 
@@ -511,11 +553,24 @@ static void score_block(const kvs_kivi_head *h, int b, const float *q, int nq, f
 #if defined(__AVX2__)
     if (fast_ok(G, bits)) {
         for (int i0 = 0; i0 < nq; i0 += 4)
-            for (int j = 0; j < G; j += 16)
-                if (G - j >= 16) score_cols(h, b, q + (size_t)i0 * d, nq - i0 < 4 ? nq - i0 : 4, j, 2,
-                                            scores + (size_t)i0 * h->n + (size_t)b * G);
-                else score_cols(h, b, q + (size_t)i0 * d, nq - i0 < 4 ? nq - i0 : 4, j, 1,
-                                scores + (size_t)i0 * h->n + (size_t)b * G);
+            for (int j = 0; j < G; j += 16) {
+                const float *qi = q + (size_t)i0 * d;
+                float *si = scores + (size_t)i0 * h->n + (size_t)b * G;
+                /* constant counts: the accumulators stay in registers */
+#define KIVI_SCORE_CASES(NV)                                                   \
+    switch (nq - i0 < 4 ? nq - i0 : 4) {                                       \
+    case 4: score_cols(h, b, qi, 4, j, NV, si); break;                         \
+    case 3: score_cols(h, b, qi, 3, j, NV, si); break;                         \
+    case 2: score_cols(h, b, qi, 2, j, NV, si); break;                         \
+    default: score_cols(h, b, qi, 1, j, NV, si); break;                        \
+    }
+                if (G - j >= 16) {
+                    KIVI_SCORE_CASES(2)
+                } else {
+                    KIVI_SCORE_CASES(1)
+                }
+#undef KIVI_SCORE_CASES
+            }
         return;
     }
 #endif
@@ -548,7 +603,11 @@ kvs_status kvs_kivi_scores(kvs_kivi_head *h, const float *q, int nq, float *scor
     for (int t0 = h->kq; t0 < h->n; t0 += G) { /* the window, G rows at a time */
         const int m = h->n - t0 < G ? h->n - t0 : G;
         for (int j = 0; j < m; j++) win_get(h, kwin_row(h, t0 + j), h->tile + (size_t)j * d);
-        score_rows(h, q, nq, h->tile, m, t0, scores);
+        int j8 = 0;
+#if defined(__AVX2__)
+        j8 = window_scores(h, q, nq, m, t0, scores);
+#endif
+        score_rows(h, q, nq, h->tile + (size_t)j8 * d, m - j8, t0 + j8, scores);
     }
     return KVS_OK;
 }
@@ -565,9 +624,23 @@ kvs_status kvs_kivi_weighted_sum(kvs_kivi_head *h, const float *w, int nq, float
     if (fast_ok(G, bits) && d % 8 == 0 && h->vq > 0) { /* the quantised rows (whole 8-channel runs of a group) */
         for (int i0 = 0; i0 < nq; i0 += 4) {
             const int ni = nq - i0 < 4 ? nq - i0 : 4;
-            for (int c0 = 0; c0 < d; c0 += 16)
-                if (d - c0 >= 16) wsum_cols(h, w + (size_t)i0 * T, ni, c0, 2, out + (size_t)i0 * d);
-                else wsum_cols(h, w + (size_t)i0 * T, ni, c0, 1, out + (size_t)i0 * d);
+            const float *wi = w + (size_t)i0 * T;
+            float *oi = out + (size_t)i0 * d;
+            for (int c0 = 0; c0 < d; c0 += 16) {
+#define KIVI_WSUM_CASES(NV)                                                    \
+    switch (ni) {                                                              \
+    case 4: wsum_cols(h, wi, 4, c0, NV, oi); break;                            \
+    case 3: wsum_cols(h, wi, 3, c0, NV, oi); break;                            \
+    case 2: wsum_cols(h, wi, 2, c0, NV, oi); break;                            \
+    default: wsum_cols(h, wi, 1, c0, NV, oi); break;                           \
+    }
+                if (d - c0 >= 16) {
+                    KIVI_WSUM_CASES(2)
+                } else {
+                    KIVI_WSUM_CASES(1)
+                }
+#undef KIVI_WSUM_CASES
+            }
         }
         t0 = h->vq;
     }
@@ -580,7 +653,13 @@ kvs_status kvs_kivi_weighted_sum(kvs_kivi_head *h, const float *w, int nq, float
         for (int i = 0; i < nq; i++) {
             const float wt = w[(size_t)i * T + t];
             float *o = out + (size_t)i * d;
-            for (int c = 0; c < d; c++) o[c] += wt * h->tile[c];
+            int c = 0;
+#if defined(__AVX2__)
+            for (; c + 8 <= d; c += 8) /* lane by lane the loop below */
+                _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c),
+                                                      _mm256_mul_ps(_mm256_set1_ps(wt), _mm256_loadu_ps(h->tile + c))));
+#endif
+            for (; c < d; c++) o[c] += wt * h->tile[c];
         }
     }
     return KVS_OK;

@@ -29,19 +29,12 @@
 
 kvs_status kvs_kivi_session_config(const kvs_model *m, int ctk, int ctv, int group, int residual,
                                    kvs_kivi_config *out, kvs_err *err) {
-    const kvs_model_info *MI = &m->info;
-    const char *name = kvs_cache_type_name(kvs_cache_is_kivi(ctk) ? ctk : ctv);
-    if (kvs_cache_is_kivi(ctk) != kvs_cache_is_kivi(ctv))
-        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
-                          "session: K cache %s with V cache %s: a %s cache holds K and V in one store per KV head "
-                          "(keys per channel, values per token); give both K and V a kivi type",
-                          kvs_cache_type_name(ctk), kvs_cache_type_name(ctv), name);
     *out = kvs_kivi_config_default(ctk == KVS_CACHE_KIVI2 ? 2 : 4);
     out->v_bits = ctv == KVS_CACHE_KIVI2 ? 2 : 4;
     if (group > 0) out->group = group;
     if (residual > 0) out->residual = residual;
-    kvs_status st = kvs_kivi_config_check(out, MI->head_dim, err);
-    if (st) kvs_err_prefix(err, "session: cache %s (kivi_group %d, kivi_residual %d)", name, out->group, out->residual);
+    kvs_status st = kvs_kivi_config_check(out, m->info.head_dim, err);
+    if (st) kvs_err_prefix(err, "session: kivi cache (kivi_group %d, kivi_residual %d)", out->group, out->residual);
     return st;
 }
 

@@ -225,6 +225,13 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
     }
     if (kvs_cache_is_kivi(s->ctype_k) || kvs_cache_is_kivi(s->ctype_v)) {
         /* the prompt's rows are fp16 until the stores are made (kivi_cache.c) */
+        if (kvs_cache_is_kivi(s->ctype_k) != kvs_cache_is_kivi(s->ctype_v)) {
+            st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                            "session: K cache %s with V cache %s: a kivi cache holds K and V in one store per KV head "
+                            "(keys per channel, values per token); give both K and V a kivi type",
+                            kvs_cache_type_name(s->ctype_k), kvs_cache_type_name(s->ctype_v));
+            goto cleanup;
+        }
         if ((st = kvs_kivi_session_config(m, s->ctype_k, s->ctype_v, 0, 0, &s->kivi_cfg, err))) goto cleanup;
         s->kivi = s->ctype_k;
         s->ctype_k = s->ctype_v = KVS_CACHE_F16;

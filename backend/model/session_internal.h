@@ -118,7 +118,7 @@ void kvs_kv_make_room(kvs_session *s, int p, int need);
 int kvs_kv_room(const kvs_session *s, const kv_layer *c, int p, int need);
 
 /* kivi_cache.c: the KIVI stores of a session (s->kivi set). */
-/* The stores' config from the session's K and V types, G and R (<= 0: KIVI's). */
+/* The stores' config from the session's K and V types (both kivi), G and R (<= 0: KIVI's). */
 kvs_status kvs_kivi_session_config(const kvs_model *m, int ctk, int ctv, int group, int residual,
                                    kvs_kivi_config *out, kvs_err *err);
 void kvs_kv_kivi_free(kv_layer *c);

@@ -47,6 +47,13 @@ const char *kvs_arg_value(int argc, char **argv, int *i);
  * *ctk as kvs_session_opts.cache_type, *ctv as its cache_type_v. Returns -1
  * if argv[*i] is none of them, 0 when parsed (advances *i), 2 after a message. */
 int kvs_arg_cache_type(const char *cmd, int argc, char **argv, int *i, int *ctk, int *ctv);
+struct kvs_session;
+/* --kivi-group N / --kivi-residual N at argv[*i] into kivi[0] / kivi[1]: -1 if
+ * neither, 0 when parsed (advances *i), 2 after a message. */
+int kvs_arg_kivi(int argc, char **argv, int *i, long kivi[2]);
+/* Sets G and R (kivi; 0: KIVI's) of a new session whose K cache type is ctk,
+ * where that is kivi2 / kivi4; nothing otherwise. */
+kvs_status kvs_kivi_apply(struct kvs_session *s, int ctk, const long kivi[2], kvs_err *err);
 /* "q8_0", or "q8_0/q4_0" (K/V) where they differ, into buf[32]. */
 const char *kvs_cache_types_str(int ctk, int ctv, char *buf);
 /* flag is "--ratio" or "--tokens": parse into b and mark which was given

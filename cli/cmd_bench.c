@@ -50,8 +50,9 @@ static const char *PARAGRAPH =
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsieve bench --model PATH|default [--prompt-len N] [--gen N] [--threads N] [--reps N]\n"
-               "                     [--cache-type f16|bf16|f32|q8_0|q4_0] [-ctk T] [-ctv T]\n"
+               "                     [--cache-type f16|bf16|f32|q8_0|q4_0|kivi2|kivi4] [-ctk T] [-ctv T]\n"
                "                     [--batch B1,B2,..] [--cache-types T1,T2,..] [--db PATH | --no-store]\n"
+               "                     [--kivi-group G] [--kivi-residual R]   (kivi caches; 32, 128)\n"
                "  --batch LIST  batched decode of B sequences for each B in LIST (prints only)\n"
                "  --cache-types LIST  decode tok/s per KV cache type (f16,q8_0,q4_0) after one prefill in the\n"
                "                first type's cache, interleaved per repetition; one stored row per type\n"
@@ -143,7 +144,7 @@ fail:
  * and gen tokens decoded from the same first token. dec [nt][reps] gets the
  * tok/s, *pf the prefill's. Returns 0 or 1 (error printed). */
 static int bench_types(kvs_model *m, kvs_session *s, const int32_t *toks, int n, int gen, int threads, long reps,
-                       const int *types, int nt, int fill, double *dec, double *pf) {
+                       const int *types, int nt, int fill, const long *kivi, double *dec, double *pf) {
     kvs_err err = {0};
     const int V = kvs_model_get_info(m)->n_vocab;
     float *lg = malloc((size_t)V * sizeof *lg); /* [n_vocab] */
@@ -170,11 +171,13 @@ static int bench_types(kvs_model *m, kvs_session *s, const int32_t *toks, int n,
     }
     for (int i = 0; i < nt; i++) {
         kvs_session_opts so = {n + gen + 1, threads, 0, types[i], 0};
-        if (kvs_session_new(m, &so, &ss[i], &err) != KVS_OK) goto fail;
+        if (kvs_session_new(m, &so, &ss[i], &err) != KVS_OK || kvs_kivi_apply(ss[i], types[i], kivi, &err) != KVS_OK)
+            goto fail;
     }
     for (long r = 0; r < reps; r++)
         for (int i = 0; i < nt; i++) {
             if (kvs_session_copy(ss[i], s, &err) != KVS_OK) goto fail;
+            if (kvs_session_quantize(ss[i], &err) != KVS_OK) goto fail; /* kivi: the stores, before the clock */
             int tok = first;
             double t1 = kvs_now_ms();
             for (int g = 0; g < gen; g++) {
@@ -209,7 +212,7 @@ done:
 /* Batched decode: prefill once into s, then for each B decode gen steps of B
  * copies together. Returns 0 or 1 (error printed). */
 static int bench_batch(kvs_model *m, kvs_session *s, const int32_t *toks, int n, int gen, int threads, int cache_type,
-                       int cache_type_v, const int *batches, int nb) {
+                       int cache_type_v, const long *kivi, const int *batches, int nb) {
     kvs_err err = {0};
     const int V = kvs_model_get_info(m)->n_vocab;
     int maxb = 0;
@@ -231,7 +234,8 @@ static int bench_batch(kvs_model *m, kvs_session *s, const int32_t *toks, int n,
     kvs_compress_opts co;
     memset(&co, 0, sizeof co); /* full: the copies keep every token, local layers their window */
     for (int i = 0; i < maxb; i++)
-        if (kvs_session_new(m, &so, &ss[i], &err) != KVS_OK) goto fail;
+        if (kvs_session_new(m, &so, &ss[i], &err) != KVS_OK || kvs_kivi_apply(ss[i], cache_type, kivi, &err) != KVS_OK)
+            goto fail;
     if (kvs_batch_new(m, maxb, threads, &b, &err) != KVS_OK) goto fail;
     printf("batched decode: prompt %d tokens (full cache, sliding-window layers trimmed), %d steps per size\n", n, gen);
     for (int i = 0; i < nb; i++) {
@@ -277,6 +281,7 @@ int kvs_cmd_bench(int argc, char **argv) {
     const char *model_spec = NULL, *db = NULL;
     long plen = 2048, gen = 64, threads = 2, reps = 1;
     int no_store = 0, cache_type = KVS_CACHE_F16, cache_type_v = 0, ctr;
+    long kivi[2] = {0, 0}; /* --kivi-group, --kivi-residual */
     char ctname[32];
     int batches[16], n_batches = 0, types[8], n_types = 0, fill = 0;
     char types_arg[64] = "";
@@ -296,6 +301,8 @@ int kvs_cmd_bench(int argc, char **argv) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 256, &threads)) return 2;
         } else if (!strcmp(a, "--reps")) {
             if (!(v = kvs_arg_value(argc, argv, &i)) || kvs_arg_int(a, v, 1, 100, &reps)) return 2;
+        } else if ((ctr = kvs_arg_kivi(argc, argv, &i, kivi)) >= 0) {
+            if (ctr) return 2;
         } else if ((ctr = kvs_arg_cache_type("bench", argc, argv, &i, &cache_type, &cache_type_v)) >= 0) {
             if (ctr) return 2;
         } else if (!strcmp(a, "--batch")) {
@@ -414,7 +421,7 @@ int kvs_cmd_bench(int argc, char **argv) {
     n = (int)plen;
     if (n_types > 0) cache_type = types[0], cache_type_v = 0; /* the shared prefill's cache */
     kvs_session_opts so = {n + (int)gen + 1, (int)threads, 0, cache_type, cache_type_v};
-    if (kvs_session_new(m, &so, &s, &err) != KVS_OK) goto fail;
+    if (kvs_session_new(m, &so, &s, &err) != KVS_OK || kvs_kivi_apply(s, cache_type, kivi, &err) != KVS_OK) goto fail;
     logits = malloc((size_t)info->n_vocab * sizeof *logits); /* [n_vocab] */
     pf = malloc((size_t)reps * sizeof *pf);                   /* [reps] prefill tok/s, wall */
     dc = malloc((size_t)reps * sizeof *dc);                   /* [reps] decode tok/s, wall */
@@ -443,7 +450,7 @@ int kvs_cmd_bench(int argc, char **argv) {
     if (n_types > 0) {
         double *dec = malloc(sizeof *dec * (size_t)n_types * (size_t)reps), pfr = 0; /* [n_types][reps] */
         if (!dec) goto oom;
-        rc = bench_types(m, s, toks, n, (int)gen, (int)threads, reps, types, n_types, fill, dec, &pfr);
+        rc = bench_types(m, s, toks, n, (int)gen, (int)threads, reps, types, n_types, fill, kivi, dec, &pfr);
 #ifdef KVS_HAVE_EVAL
         for (int i = 0; rc == 0 && i < n_types; i++) {
             if (!st || fill) { /* an engine_bench row needs a prefill rate, which a random fill has not */
@@ -476,7 +483,7 @@ int kvs_cmd_bench(int argc, char **argv) {
         goto cleanup;
     }
     if (n_batches > 0) {
-        rc = bench_batch(m, s, toks, n, (int)gen, (int)threads, cache_type, cache_type_v, batches, n_batches);
+        rc = bench_batch(m, s, toks, n, (int)gen, (int)threads, cache_type, cache_type_v, kivi, batches, n_batches);
         goto cleanup;
     }
     for (long r = 0; r < reps; r++) {

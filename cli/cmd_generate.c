@@ -21,8 +21,10 @@ static void usage(FILE *f) {
             "  --max-tokens N      tokens to generate (default 64)\n"
             "  --threads N         worker threads (default 2)\n"
             "  --ctx N             context length (default: prompt + max tokens)\n"
-            "  --cache-type T      KV cache element type: f16 (default), bf16, f32, q8_0, q4_0\n"
+            "  --cache-type T      KV cache element type: f16 (default), bf16, f32, q8_0, q4_0,\n"
+            "                      kivi2, kivi4 (KIVI: G 32, R 128; K and V both kivi)\n"
             "  -ctk T, -ctv T      the K / V cache type alone (--cache-type-k, --cache-type-v)\n"
+            "  --kivi-group G, --kivi-residual R   kivi caches' group and fp16 window (32, 128)\n"
             "  --chat              wrap the prompt in the model's chat template\n"
             "  --method M          compress the cache after prefill (see `kvsieve methods`; a name or\n"
             "                      a composition such as {\"score\":\"tova\",\"keep\":{\"sinks\":4}})\n"
@@ -48,6 +50,7 @@ int kvs_cmd_generate(int argc, char **argv) {
     int n_params = 0, chat = 0, compress_local = 0, show_tokens = 0;
     long max_tokens = 64, threads = 2, ctx = 0;
     int cache_type = KVS_CACHE_F16, cache_type_v = 0, ctr;
+    long kivi[2] = {0, 0}; /* --kivi-group, --kivi-residual */
     char ctname[32];
     double ratio = 0;
     long tokens_budget = 0;
@@ -72,6 +75,8 @@ int kvs_cmd_generate(int argc, char **argv) {
             const char *v = kvs_arg_value(argc, argv, &i);
             if (!v || kvs_arg_int(a, v, 1, 1 << 24, &ctx)) return 2;
         } else if ((ctr = kvs_arg_cache_type("generate", argc, argv, &i, &cache_type, &cache_type_v)) >= 0) {
+            if (ctr) return 2;
+        } else if ((ctr = kvs_arg_kivi(argc, argv, &i, kivi)) >= 0) {
             if (ctr) return 2;
         } else if (!strcmp(a, "--ratio")) {
             const char *v = kvs_arg_value(argc, argv, &i);
@@ -167,7 +172,7 @@ int kvs_cmd_generate(int argc, char **argv) {
     }
     kvs_session_opts so = {ctx > 0 ? (int)ctx : n + (int)max_tokens + 1, (int)threads, 0, cache_type, cache_type_v};
     if (co.method) so.record_queries = kvs_method_queries_needed(co.method, &co.params, n);
-    if (kvs_session_new(m, &so, &s, &err) != KVS_OK) goto fail;
+    if (kvs_session_new(m, &so, &s, &err) != KVS_OK || kvs_kivi_apply(s, cache_type, kivi, &err) != KVS_OK) goto fail;
     logits = malloc((size_t)info->n_vocab * sizeof *logits);
     if (!logits) {
         fprintf(stderr, "kvsieve generate: out of memory\n");

@@ -74,7 +74,7 @@ done:
  * -ctv; the one not given stays f16, or type's): kvsieve serve's KV cache types. */
 static kvs_status parse_backend_cache(const vctx *v, int idx, int line, kvs_experiment *e) {
     lua_State *L = v->L;
-    static const char *const types[] = {"f16", "bf16", "f32", "q8_0", "q4_0", NULL};
+    static const char *const types[] = {"f16", "bf16", "f32", "q8_0", "q4_0", "kivi2", "kivi4", NULL};
     static const char *const keys[] = {"type", "k", "v", NULL};
     lua_getfield(L, idx, "cache");
     int c = lua_gettop(L);

@@ -9,6 +9,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 struct kvs_kivi_head {
     kvs_kivi_config cfg;
@@ -26,7 +29,7 @@ struct kvs_kivi_head {
     uint16_t *vzero;     /* [cap][vgroups] fp16 */
     uint8_t *kwin;       /* [R][d]: key t at row t - kq */
     uint8_t *vwin;       /* [R + 1][d] ring: value t at row t % (R + 1) */
-    float *tile;         /* [G][d] scratch of the flushes and reads */
+    float *tile;         /* [2][G][max(d, 2)] scratch of the flushes and reads */
     float *rows;         /* [2][d] the K and V rows being appended */
 };
 
@@ -109,9 +112,15 @@ static void win_get(const kvs_kivi_head *h, const uint8_t *row, float *x) {
     const int d = h->d;
     switch (h->cfg.residual_dtype) {
     case KVS_F32: memcpy(x, row, (size_t)d * sizeof(float)); break;
-    case KVS_F16:
-        for (int c = 0; c < d; c++) x[c] = kvs_f16_to_f32(((const uint16_t *)(const void *)row)[c]);
+    case KVS_F16: {
+        int c = 0;
+#if defined(__F16C__)
+        for (; c + 8 <= d; c += 8) /* exact conversions, as kvs_f16_to_f32 */
+            _mm256_storeu_ps(x + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * c))));
+#endif
+        for (; c < d; c++) x[c] = kvs_f16_to_f32(((const uint16_t *)(const void *)row)[c]);
         break;
+    }
     default:
         for (int c = 0; c < d; c++) x[c] = kvs_bf16_to_f32(((const uint16_t *)(const void *)row)[c]);
         break;
@@ -236,7 +245,7 @@ kvs_status kvs_kivi_init(kvs_kivi_head **out, const kvs_kivi_config *cfg, int he
     h->vzero = calloc(cap * h->vgroups, sizeof(uint16_t));
     h->kwin = calloc((size_t)R * d, h->wsz);
     h->vwin = calloc((size_t)(R + 1) * d, h->wsz);
-    h->tile = calloc((size_t)G * d, sizeof(float));
+    h->tile = calloc((size_t)2 * G * (d > 2 ? d : 2), sizeof(float)); /* 2 tiles; score_block: 2 G */
     h->rows = calloc(2 * (size_t)d, sizeof(float));
     if (!h->kcode || !h->kscale || !h->kzero || !h->vcode || !h->vscale || !h->vzero ||
         !h->kwin || !h->vwin || !h->tile || !h->rows) {
@@ -351,16 +360,40 @@ static void key_block(const kvs_kivi_head *h, int b, float *tile) {
     }
 }
 
-/* Quantised value t dequantised into row [d]. */
+/* Codes [first, first + m) of buf as floats. Where they start at a byte
+ * (first * bits a multiple of 8) and bits is 2 or 4, whole bytes are
+ * unpacked in loops the compiler vectorises; get_code's values either way. */
+static void codes_f32(const uint8_t *buf, size_t first, int m, int bits, float *out) {
+    const size_t bit = first * (size_t)bits;
+    const uint8_t *p = buf + (bit >> 3);
+    int j = 0;
+    if ((bit & 7u) == 0 && bits == 4)
+        for (; j + 2 <= m; j += 2) {
+            out[j] = (float)(p[j >> 1] & 15u);
+            out[j + 1] = (float)(p[j >> 1] >> 4);
+        }
+    else if ((bit & 7u) == 0 && bits == 2)
+        for (; j + 4 <= m; j += 4) {
+            const unsigned x = p[j >> 2];
+            out[j] = (float)(x & 3u);
+            out[j + 1] = (float)((x >> 2) & 3u);
+            out[j + 2] = (float)((x >> 4) & 3u);
+            out[j + 3] = (float)(x >> 6);
+        }
+    for (; j < m; j++) out[j] = (float)get_code(buf, first + (size_t)j, bits);
+}
+
+/* Quantised value t dequantised into row [d]: z + code * s, group_lut's
+ * expression, so the same values as every other read. */
 static void value_row(const kvs_kivi_head *h, int t, float *row) {
     const int G = h->cfg.group, d = h->d, bits = h->cfg.v_bits;
     const uint8_t *codes = h->vcode + (size_t)t * h->vrow_bytes;
     const uint16_t *sc = h->vscale + (size_t)t * h->vgroups, *zr = h->vzero + (size_t)t * h->vgroups;
-    float lut[16];
     for (int g = 0, c0 = 0; g < h->vgroups; g++, c0 += G) {
-        group_lut(sc[g], zr[g], bits, lut);
+        const float s = kvs_f16_to_f32(sc[g]), z = kvs_f16_to_f32(zr[g]);
         const int c1 = d - c0 < G ? d : c0 + G;
-        for (int c = c0; c < c1; c++) row[c] = lut[get_code(codes, (size_t)c, bits)];
+        codes_f32(codes, (size_t)c0, c1 - c0, bits, row + c0);
+        for (int c = c0; c < c1; c++) row[c] = z + row[c] * s;
     }
 }
 
@@ -379,6 +412,180 @@ static void score_rows(const kvs_kivi_head *h, const float *q, int nq, const flo
             scores[(size_t)i * h->n + t0 + j] = dot(q + (size_t)i * d, tile + (size_t)j * d, d);
 }
 
+#if defined(__AVX2__)
+/* Codes j0 .. j0 + 7 of a byte-aligned run p of 2- or 4-bit codes as 8
+ * floats (get_code's values). */
+static inline __m256 codes8(const uint8_t *p, int j0, int bits) {
+    uint32_t x;
+    __m256i sh, mask;
+    if (bits == 4) {
+        memcpy(&x, p + (j0 >> 1), 4);
+        sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        mask = _mm256_set1_epi32(15);
+    } else {
+        uint16_t y;
+        memcpy(&y, p + (j0 >> 2), 2);
+        x = y;
+        sh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        mask = _mm256_set1_epi32(3);
+    }
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)x), sh), mask));
+}
+#endif
+
+/* The vector paths: runs of 8 codes that start at a byte (G a multiple of 8,
+ * 2 or 4 bits). Their arithmetic is the scalar code's, lane by lane (a
+ * product, then a sum: no fused multiply-add, as the C11 build's). */
+static int fast_ok(int G, int bits) {
+#if defined(__AVX2__)
+    return G % 8 == 0 && (bits == 2 || bits == 4);
+#else
+    (void)G;
+    (void)bits;
+    return 0;
+#endif
+}
+
+#if defined(__AVX2__)
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); } /* exact, as kvs_f16_to_f32 */
+
+/* Tokens j .. j + 8 nv - 1 (nv 1 or 2) of key block b against ni <= 4
+ * queries (q [ni][d]): 8 nv x ni sums in registers, each over the channels in
+ * order, written to scores[i][j ..] (row stride h->n). */
+static inline __attribute__((always_inline)) void score_cols(const kvs_kivi_head *h, int b, const float *q, int ni,
+                                                             int j, int nv, float *scores) {
+    const int G = h->cfg.group, d = h->d, bits = h->cfg.k_bits;
+    const size_t cb = (size_t)G * bits / 8; /* bytes of one channel's codes */
+    const uint8_t *codes = h->kcode + (size_t)b * h->kblk_bytes;
+    const uint16_t *sc = h->kscale + (size_t)b * d, *zr = h->kzero + (size_t)b * d;
+    __m256 acc[2][4];
+    #pragma GCC unroll 2
+    for (int v = 0; v < 2; v++)
+        #pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) acc[v][i] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c++) {
+        const __m256 s = _mm256_set1_ps(h2f(sc[c])), z = _mm256_set1_ps(h2f(zr[c]));
+        const uint8_t *p = codes + (size_t)c * cb;
+        #pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) {
+            const __m256 k = _mm256_add_ps(z, _mm256_mul_ps(codes8(p, j + 8 * v, bits), s));
+            #pragma GCC unroll 4
+            for (int i = 0; i < ni; i++)
+                acc[v][i] = _mm256_add_ps(acc[v][i], _mm256_mul_ps(_mm256_set1_ps(q[(size_t)i * d + c]), k));
+        }
+    }
+    #pragma GCC unroll 2
+    for (int v = 0; v < nv; v++)
+        #pragma GCC unroll 4
+        for (int i = 0; i < ni; i++) _mm256_storeu_ps(scores + (size_t)i * h->n + j + 8 * v, acc[v][i]);
+}
+
+/* out[i][c0 .. c0 + 8 nv - 1] += sum over the quantised values t < vq of
+ * w[i][t] v_t, ni <= 4 queries (w [ni][T], out [ni][d]), t in order: the
+ * scalar loop's sums, 8 nv x ni of them in registers. */
+static inline __attribute__((always_inline)) void wsum_cols(const kvs_kivi_head *h, const float *w, int ni, int c0,
+                                                            int nv, float *out) {
+    const int G = h->cfg.group, d = h->d, bits = h->cfg.v_bits, T = h->n;
+    __m256 acc[2][4];
+    #pragma GCC unroll 2
+    for (int v = 0; v < nv; v++)
+        #pragma GCC unroll 4
+        for (int i = 0; i < ni; i++) acc[v][i] = _mm256_loadu_ps(out + (size_t)i * d + c0 + 8 * v);
+    const int g0 = c0 / G, g1 = (c0 + 8) / G;
+    for (int t = 0; t < h->vq; t++) {
+        const uint8_t *codes = h->vcode + (size_t)t * h->vrow_bytes;
+        const uint16_t *sc = h->vscale + (size_t)t * h->vgroups, *zr = h->vzero + (size_t)t * h->vgroups;
+        #pragma GCC unroll 2
+        for (int v = 0; v < nv; v++) {
+            const int g = v ? g1 : g0;
+            const __m256 s = _mm256_set1_ps(h2f(sc[g])), z = _mm256_set1_ps(h2f(zr[g]));
+            const __m256 x = _mm256_add_ps(z, _mm256_mul_ps(codes8(codes, c0 + 8 * v, bits), s));
+            #pragma GCC unroll 4
+            for (int i = 0; i < ni; i++)
+                acc[v][i] = _mm256_add_ps(acc[v][i], _mm256_mul_ps(_mm256_set1_ps(w[(size_t)i * T + t]), x));
+        }
+    }
+    #pragma GCC unroll 2
+    for (int v = 0; v < nv; v++)
+        #pragma GCC unroll 4
+        for (int i = 0; i < ni; i++) _mm256_storeu_ps(out + (size_t)i * d + c0 + 8 * v, acc[v][i]);
+}
+#endif
+
+#if defined(__AVX2__)
+/* The first 8 floor(m / 8) of the m window rows in tile (scores[i][t0 + j]):
+ * the rows transposed into the second tile, then 8 tokens x up to 4 queries
+ * in registers, each sum over the channels in dot()'s order. Returns how many
+ * rows it scored. */
+static int window_scores(const kvs_kivi_head *h, const float *q, int nq, int m, int t0, float *scores) {
+    const int d = h->d, m8 = m / 8 * 8;
+    if (m8 == 0) return 0;
+    const float *tile = h->tile;
+    float *kt = h->tile + (size_t)h->cfg.group * (d > 2 ? d : 2); /* [d][m] */
+    for (int j = 0; j < m; j++)
+        for (int c = 0; c < d; c++) kt[(size_t)c * m + j] = tile[(size_t)j * d + c];
+    for (int i0 = 0; i0 < nq; i0 += 4) {
+        const int ni = nq - i0 < 4 ? nq - i0 : 4;
+        for (int j = 0; j < m8; j += 8) {
+            __m256 acc[4];
+            for (int i = 0; i < 4; i++) acc[i] = _mm256_setzero_ps();
+            for (int c = 0; c < d; c++) {
+                const __m256 k = _mm256_loadu_ps(kt + (size_t)c * m + j);
+                for (int i = 0; i < ni; i++)
+                    acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_set1_ps(q[(size_t)(i0 + i) * d + c]), k));
+            }
+            for (int i = 0; i < ni; i++) _mm256_storeu_ps(scores + (size_t)(i0 + i) * h->n + t0 + j, acc[i]);
+        }
+    }
+    return m8;
+}
+#endif
+
+/* scores[i][b G + j], j < G, of key block b without a [G][d] tile: one
+ * channel at a time (its G values z + code * s), every (query, token) sum
+ * over the channels in dot()'s order, so dot()'s numbers. tile holds 2 G floats. */
+static void score_block(const kvs_kivi_head *h, int b, const float *q, int nq, float *tile, float *scores) {
+    const int G = h->cfg.group, d = h->d, bits = h->cfg.k_bits;
+    const uint8_t *codes = h->kcode + (size_t)b * h->kblk_bytes;
+    const uint16_t *sc = h->kscale + (size_t)b * d, *zr = h->kzero + (size_t)b * d;
+    float *cf = tile, *kv = tile + G;
+    for (int i = 0; i < nq; i++) memset(scores + (size_t)i * h->n + (size_t)b * G, 0, sizeof(float) * (size_t)G);
+#if defined(__AVX2__)
+    if (fast_ok(G, bits)) {
+        for (int i0 = 0; i0 < nq; i0 += 4)
+            for (int j = 0; j < G; j += 16) {
+                const float *qi = q + (size_t)i0 * d;
+                float *si = scores + (size_t)i0 * h->n + (size_t)b * G;
+                /* constant counts: the accumulators stay in registers */
+#define KIVI_SCORE_CASES(NV)                                                   \
+    switch (nq - i0 < 4 ? nq - i0 : 4) {                                       \
+    case 4: score_cols(h, b, qi, 4, j, NV, si); break;                         \
+    case 3: score_cols(h, b, qi, 3, j, NV, si); break;                         \
+    case 2: score_cols(h, b, qi, 2, j, NV, si); break;                         \
+    default: score_cols(h, b, qi, 1, j, NV, si); break;                        \
+    }
+                if (G - j >= 16) {
+                    KIVI_SCORE_CASES(2)
+                } else {
+                    KIVI_SCORE_CASES(1)
+                }
+#undef KIVI_SCORE_CASES
+            }
+        return;
+    }
+#endif
+    for (int c = 0; c < d; c++) {
+        const float s = kvs_f16_to_f32(sc[c]), z = kvs_f16_to_f32(zr[c]);
+        codes_f32(codes, (size_t)c * G, G, bits, cf);
+        for (int j = 0; j < G; j++) kv[j] = z + cf[j] * s;
+        for (int i = 0; i < nq; i++) {
+            const float qc = q[(size_t)i * d + c];
+            float *o = scores + (size_t)i * h->n + (size_t)b * G;
+            for (int j = 0; j < G; j++) o[j] += qc * kv[j];
+        }
+    }
+}
+
 static kvs_status check_read(const kvs_kivi_head *h, const void *a, const void *b, int nq,
                              const char *fn, kvs_err *err) {
     if (!h || !a || !b) return kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL argument", fn);
@@ -392,14 +599,15 @@ kvs_status kvs_kivi_scores(kvs_kivi_head *h, const float *q, int nq, float *scor
     kvs_status st = check_read(h, q, scores, nq, "kvs_kivi_scores", err);
     if (st) return st;
     const int G = h->cfg.group, d = h->d;
-    for (int b = 0; b < h->kq / G; b++) {
-        key_block(h, b, h->tile);
-        score_rows(h, q, nq, h->tile, G, b * G, scores);
-    }
+    for (int b = 0; b < h->kq / G; b++) score_block(h, b, q, nq, h->tile, scores);
     for (int t0 = h->kq; t0 < h->n; t0 += G) { /* the window, G rows at a time */
         const int m = h->n - t0 < G ? h->n - t0 : G;
         for (int j = 0; j < m; j++) win_get(h, kwin_row(h, t0 + j), h->tile + (size_t)j * d);
-        score_rows(h, q, nq, h->tile, m, t0, scores);
+        int j8 = 0;
+#if defined(__AVX2__)
+        j8 = window_scores(h, q, nq, m, t0, scores);
+#endif
+        score_rows(h, q, nq, h->tile + (size_t)j8 * d, m - j8, t0 + j8, scores);
     }
     return KVS_OK;
 }
@@ -410,7 +618,34 @@ kvs_status kvs_kivi_weighted_sum(kvs_kivi_head *h, const float *w, int nq, float
     if (st) return st;
     const int d = h->d, T = h->n;
     memset(out, 0, (size_t)nq * d * sizeof(float));
-    for (int t = 0; t < T; t++) {
+    int t0 = 0;
+#if defined(__AVX2__)
+    const int G = h->cfg.group, bits = h->cfg.v_bits;
+    if (fast_ok(G, bits) && d % 8 == 0 && h->vq > 0) { /* the quantised rows (whole 8-channel runs of a group) */
+        for (int i0 = 0; i0 < nq; i0 += 4) {
+            const int ni = nq - i0 < 4 ? nq - i0 : 4;
+            const float *wi = w + (size_t)i0 * T;
+            float *oi = out + (size_t)i0 * d;
+            for (int c0 = 0; c0 < d; c0 += 16) {
+#define KIVI_WSUM_CASES(NV)                                                    \
+    switch (ni) {                                                              \
+    case 4: wsum_cols(h, wi, 4, c0, NV, oi); break;                            \
+    case 3: wsum_cols(h, wi, 3, c0, NV, oi); break;                            \
+    case 2: wsum_cols(h, wi, 2, c0, NV, oi); break;                            \
+    default: wsum_cols(h, wi, 1, c0, NV, oi); break;                           \
+    }
+                if (d - c0 >= 16) {
+                    KIVI_WSUM_CASES(2)
+                } else {
+                    KIVI_WSUM_CASES(1)
+                }
+#undef KIVI_WSUM_CASES
+            }
+        }
+        t0 = h->vq;
+    }
+#endif
+    for (int t = t0; t < T; t++) {
         if (t < h->vq)
             value_row(h, t, h->tile);
         else
@@ -418,7 +653,13 @@ kvs_status kvs_kivi_weighted_sum(kvs_kivi_head *h, const float *w, int nq, float
         for (int i = 0; i < nq; i++) {
             const float wt = w[(size_t)i * T + t];
             float *o = out + (size_t)i * d;
-            for (int c = 0; c < d; c++) o[c] += wt * h->tile[c];
+            int c = 0;
+#if defined(__AVX2__)
+            for (; c + 8 <= d; c += 8) /* lane by lane the loop below */
+                _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c),
+                                                      _mm256_mul_ps(_mm256_set1_ps(wt), _mm256_loadu_ps(h->tile + c))));
+#endif
+            for (; c < d; c++) o[c] += wt * h->tile[c];
         }
     }
     return KVS_OK;

@@ -26,6 +26,8 @@
 
 int kvs_cache_is_block(int ctype) { return ctype == KVS_CACHE_Q8_0 || ctype == KVS_CACHE_Q4_0; }
 
+int kvs_cache_is_kivi(int ctype) { return ctype == KVS_CACHE_KIVI2 || ctype == KVS_CACHE_KIVI4; }
+
 int kvs_cache_ggml_type(int ctype) {
     switch (ctype) {
     case KVS_CACHE_F16: return KVS_GGML_F16;

@@ -107,15 +107,20 @@ int kvs_dot_bs_route(int type, int64_t n);
  * quantised to 8 bits (kvs_q8a_block, as llama.cpp) and adds values a row
  * at a time dequantised into a stack buffer (attn_quant.c); prefill
  * dequantises per key tile as for f16.
+ * KIVI2 / KIVI4 are KIVI-style 2- and 4-bit caches (kernels/kivi.h): no rows
+ * at all, one store per (layer, KV head) that backend/model/kivi_cache.c
+ * keeps; none of the row entry points below takes them (row size 0).
  * 0 (a zero-initialised opts) is f16, as llama.cpp's default cache. */
 typedef enum {
     KVS_CACHE_F16 = 0,
     KVS_CACHE_BF16 = 1,
     KVS_CACHE_F32 = 2,
     KVS_CACHE_Q8_0 = 3,
-    KVS_CACHE_Q4_0 = 4
+    KVS_CACHE_Q4_0 = 4,
+    KVS_CACHE_KIVI2 = 5,
+    KVS_CACHE_KIVI4 = 6
 } kvs_cache_type;
-#define KVS_CACHE_N_TYPES 5
+#define KVS_CACHE_N_TYPES 7
 /* Longest row (elements) of a block cache type the kernels take: head_dim of
  * Q8_0 / Q4_0 caches must be a multiple of 32 and at most this. */
 #define KVS_CACHE_QMAX 512
@@ -131,6 +136,7 @@ double kvs_sumsq(const float *x, int n);                 /* sum of squares */
  * types: n a multiple of 32, at most KVS_CACHE_QMAX for the dot and axpy
  * kernels, and every pointer at a block boundary). */
 int kvs_cache_is_block(int ctype);                 /* 1 for Q8_0, Q4_0 */
+int kvs_cache_is_kivi(int ctype);                  /* 1 for KIVI2, KIVI4 (no rows) */
 int kvs_cache_ggml_type(int ctype);                /* KVS_GGML_* of the type, -1 if unknown */
 size_t kvs_cache_row_size(int ctype, int64_t n);   /* bytes of n elements; 0 if unknown */
 void kvs_cache_to_f32(int ctype, const void *src, float *dst, int n);

@@ -190,6 +190,10 @@ static void att_run(void *arg, int ith, int nth) {
         const size_t scs = j->sbuf ? j->sstride : (size_t)s->n_ctx;
         const float *qh = j->db->q + ((size_t)i * Hq + h0) * D;
         float *o = j->db->att + ((size_t)i * Hq + h0) * D;
+        if (c->kivi) { /* a KIVI store: its codes read directly (kivi_cache.c), one job per store */
+            kvs_kv_kivi_attend(s, c, g, qh, nh, len, sc, o);
+            continue;
+        }
         kvs_dot_cache_heads(s->ctype_k, qh, D, nh, kvs_kv_krow(s, c, g, j0), D, len - j0, D, s->m->attn_scale,
                             sc + j0, scs);
         for (int k = 0; k < nh; k++) {
@@ -289,7 +293,7 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
      * extends several columns) the groups' query heads are split instead
      * (nsplit parts, att_run) */
     const int units = n * Hkv, nth = kvs_pool_size(pool), G = Hq / Hkv;
-    const int nsplit = units >= nth ? 1 : (nth + units - 1) / units < G ? (nth + units - 1) / units : G;
+    const int nsplit0 = units >= nth ? 1 : (nth + units - 1) / units < G ? (nth + units - 1) / units : G;
     for (int i = 0; i < n; i++) {
         float *cs = db->cs + (size_t)i * D, *sn = db->sn + (size_t)i * D;
         rope_table(ss[i]->inv_freq_g, half, db->pos[i], cs, sn);
@@ -297,6 +301,9 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
     }
     for (int l = 0; l < MI->n_layers; l++) {
         const kvs_layer_w *w = &m->layers[l];
+        int kivi = 0; /* a KIVI store is read by one thread at a time: whole groups, one job each */
+        for (int i = 0; i < n; i++) kivi |= ss[i]->kv[l].kivi != NULL;
+        const int nsplit = kivi ? 1 : nsplit0;
         for (int i = 0; i < n; i++) rmsnorm(db->xn + (size_t)i * mv, db->x + (size_t)i * E, w->attn_norm, E, m->norm_eps);
         matvec(pool, db, n, db->xn, mv, 3, &w->wq, db->q, Hq * D, w->bq, &w->wk, db->k, Hkv * D, w->bk, &w->wv, db->v,
                Hkv * D, w->bv);
@@ -318,8 +325,14 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
             assert(c->len < c->cap);
             for (int g = 0; g < Hkv; g++) {
                 const int row = c->len - kvs_kv_lag(c, g); /* ragged heads: after the head's own rows */
-                kvs_cache_from_f32(s->ctype_k, k + (size_t)g * D, kvs_kv_krow(s, c, g, row), D);
-                kvs_cache_from_f32(s->ctype_v, v + (size_t)g * D, kvs_kv_vrow(s, c, g, row), D);
+                if (c->kivi) {
+                    kvs_err e = {0}; /* a row fp16 cannot hold: the step's caller reports it */
+                    if (kvs_kv_kivi_append(s, c, g, k + (size_t)g * D, v + (size_t)g * D, &e) && !s->kivi_err.code)
+                        s->kivi_err = e;
+                } else {
+                    kvs_cache_from_f32(s->ctype_k, k + (size_t)g * D, kvs_kv_krow(s, c, g, row), D);
+                    kvs_cache_from_f32(s->ctype_v, v + (size_t)g * D, kvs_kv_vrow(s, c, g, row), D);
+                }
                 kvs_kv_pos(c, g)[row] = pos;
             }
             c->len++;
@@ -334,6 +347,7 @@ static void dec_step(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n,
             att_job aj = {ss, db, l, n, w->is_local ? MI->sliding_window : 0, nsplit, sbuf, sstride, 0, -1};
             kvs_pool_run(pool, att_run, &aj);
         }
+        for (int i = 0; kivi && i < n; i++) kvs_kv_kivi_flush(&ss[i]->kv[l]); /* KIVI's end of step */
         matvec(pool, db, n, db->att, Hq * D, 1, &w->wo, db->o, E, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL);
         for (int i = 0; i < n; i++) {
             float *o = db->o + (size_t)i * E, *x = db->x + (size_t)i * E;
@@ -392,8 +406,9 @@ static kvs_status decode_check(const kvs_session *s, const char *what, kvs_err *
     return KVS_OK;
 }
 
-/* Decode n checked sequences (embeddings already in db->x). */
-static void decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n, float *logits) {
+/* Decode n checked sequences (embeddings already in db->x); fails only where
+ * a KIVI store refused a row (the session is then to be reset). */
+static kvs_status decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int n, float *logits, kvs_err *err) {
     for (int i = 0; i < n; i++) {
         db->pos[i] = ss[i]->n_past;
         kvs_kv_make_room(ss[i], ss[i]->n_past, 1);
@@ -406,14 +421,22 @@ static void decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss, int 
         ss[i]->n_past++;
     }
     if (logits) dec_logits(ss[0]->m, pool, db, n, db->x, ss[0]->m->info.n_embd, logits);
+    for (int i = 0; i < n; i++)
+        if (ss[i]->kivi_err.code) {
+            kvs_status st = kvs_errorf(err, ss[i]->kivi_err.code, "decode (sequence %d, position %d): %s", i,
+                                       ss[i]->n_past - 1, ss[i]->kivi_err.msg);
+            ss[i]->kivi_err = (kvs_err){0};
+            return st;
+        }
+    return KVS_OK;
 }
 
 kvs_status kvs_session_decode(kvs_session *s, int32_t token, float *logits, kvs_err *err) {
     kvs_status st = decode_check(s, "", err);
     if (st) return st;
     if ((st = embed_token(s->m, token, s->db.x, err))) return st;
-    decode_run(s->pool, &s->db, &s, 1, logits);
-    return KVS_OK;
+    if ((st = kvs_kv_kivi_seal(s, err))) return st;
+    return decode_run(s->pool, &s->db, &s, 1, logits, err);
 }
 
 kvs_status kvs_batch_new(kvs_model *m, int max_seqs, int n_threads, kvs_batch **out, kvs_err *err) {
@@ -462,11 +485,14 @@ kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t 
         if (st) return st;
     }
     for (int i = 0; i < n; i++) {
+        kvs_status st = kvs_kv_kivi_seal(ss[i], err);
+        if (st) return st;
+    }
+    for (int i = 0; i < n; i++) {
         kvs_status st = embed_token(b->m, tokens[i], b->db.x + (size_t)i * E, err);
         if (st) return st; /* tokens were checked: not reached */
     }
-    decode_run(b->pool, &b->db, ss, n, logits);
-    return KVS_OK;
+    return decode_run(b->pool, &b->db, ss, n, logits, err);
 }
 
 /* ---- prefill: batched ----------------------------------------------------------- */
@@ -956,6 +982,16 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
     }
     const int p_start = s->n_past;
     kvs_status st = KVS_OK;
+    if (s->kivi) {
+        /* a KIVI store answers for the tokens it holds: each token is one
+         * decode step (the store as decoding leaves it, bit for bit) */
+        if ((st = kvs_kv_kivi_seal(s, err))) return st;
+        for (int t = 0; t < n && !st; t++) {
+            embed_token(s->m, tokens[t], s->db.x, NULL); /* checked above */
+            st = decode_run(s->pool, &s->db, &s, 1, t == n - 1 ? logits : NULL, err);
+        }
+        return st;
+    }
     if (n <= KVS_EXTEND_COLS) {
         /* one pass of the decode kernels with a column per token: each
          * column's arithmetic is that of kvs_session_decode, so the result is

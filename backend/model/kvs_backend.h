@@ -272,7 +272,16 @@ typedef struct kvs_session kvs_session;
 
 /* The KV cache's element type is kvs_cache_type (kvs_cpu.h), K and V each
  * their own (llama.cpp's -ctk / -ctv).
- * "f16" "bf16" "f32" "q8_0" "q4_0" ("?" for anything else). */
+ * "f16" "bf16" "f32" "q8_0" "q4_0" "kivi2" "kivi4" ("?" for anything else).
+ * kivi2 / kivi4: KIVI-style asymmetric quantisation (kernels/kivi.h; keys per
+ * channel, values per token, groups of kivi_group, the latest kivi_residual
+ * tokens in fp16), one store per (layer, KV head) holding K and V: both K and
+ * V must be kivi types (their bits may differ: -ctk kivi2 -ctv kivi4). The
+ * prompt is prefilled in fp16 rows (methods plan on them); compression, or
+ * the first decode / extend, quantises the kept rows into the stores
+ * (kvs_session_quantize). Sliding-window layers keep their trimmed window in
+ * fp16 rows (a store cannot drop old rows). A quantised cache cannot be
+ * viewed, copied or compressed again. */
 const char *kvs_cache_type_name(int t);
 /* One of those names -> *out; anything else is KVS_ERR_INVALID naming it. */
 kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err);
@@ -368,6 +377,17 @@ void kvs_batch_free(kvs_batch *b);
  * session are bit-identical to kvs_session_decode. */
 kvs_status kvs_batch_decode(kvs_batch *b, kvs_session *const *ss, const int32_t *tokens, int n,
                             float *logits, kvs_err *err);
+
+/* A kivi2 / kivi4 session: quantises every layer's fp16 rows into its KIVI
+ * stores now (compression, decode and extend do it when they first need
+ * it; a benchmark calls it to keep that out of its timing). Other cache
+ * types, or stores already made: nothing. */
+kvs_status kvs_session_quantize(kvs_session *s, kvs_err *err);
+/* A kivi2 / kivi4 session: its stores' group G and window R (a multiple of
+ * G; <= 0 keeps KIVI's defaults 32 and 128, which a new session has). Only
+ * while the session is empty (new or reset); other cache types:
+ * KVS_ERR_INVALID. */
+kvs_status kvs_session_set_kivi(kvs_session *s, int group, int residual, kvs_err *err);
 
 /* Copy src's whole state (cache bytes, lengths, positions, recorded queries,
  * modality, trimmed sliding-window layers) into dst (same model, dst->n_ctx

@@ -34,6 +34,8 @@ const char *kvs_cache_type_name(int t) {
     case KVS_CACHE_F32: return "f32";
     case KVS_CACHE_Q8_0: return "q8_0";
     case KVS_CACHE_Q4_0: return "q4_0";
+    case KVS_CACHE_KIVI2: return "kivi2";
+    case KVS_CACHE_KIVI4: return "kivi4";
     default: return "?";
     }
 }
@@ -44,7 +46,7 @@ kvs_status kvs_cache_type_parse(const char *s, int *out, kvs_err *err) {
             *out = t;
             return KVS_OK;
         }
-    return kvs_errorf(err, KVS_ERR_INVALID, "cache type '%s' is not one of f16, bf16, f32, q8_0, q4_0",
+    return kvs_errorf(err, KVS_ERR_INVALID, "cache type '%s' is not one of f16, bf16, f32, q8_0, q4_0, kivi2, kivi4",
                       s ? s : "(null)");
 }
 
@@ -58,6 +60,11 @@ static kvs_dtype cache_dtype(int ctype) {
  * methods read fp32; decoding never reads these). Heads must not be ragged. */
 static kvs_status layer_views(const kvs_session *s, kv_layer *c, kvs_view *kv, kvs_view *vv, kvs_err *err) {
     const int D = s->m->info.head_dim, Hkv = s->m->info.n_kv_heads;
+    if (c->kivi)
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "cache view: the %s cache is quantised already (by compression or decoding); methods "
+                          "plan on the fp16 prefill cache, before it is quantised",
+                          kvs_cache_type_name(s->kivi));
     for (int w = 0; w < 2; w++) {
         const int ct = w ? s->ctype_v : s->ctype_k;
         uint8_t *buf = w ? c->v : c->k;
@@ -94,6 +101,7 @@ static void kv_layer_free(kv_layer *c) {
     free(c->q);
     free(c->lag);
     free_views(c);
+    kvs_kv_kivi_free(c);
     memset(c, 0, sizeof *c);
 }
 
@@ -215,6 +223,19 @@ kvs_status kvs_session_new(kvs_model *m, const kvs_session_opts *o, kvs_session 
             goto cleanup;
         }
     }
+    if (kvs_cache_is_kivi(s->ctype_k) || kvs_cache_is_kivi(s->ctype_v)) {
+        /* the prompt's rows are fp16 until the stores are made (kivi_cache.c) */
+        if (kvs_cache_is_kivi(s->ctype_k) != kvs_cache_is_kivi(s->ctype_v)) {
+            st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                            "session: K cache %s with V cache %s: a kivi cache holds K and V in one store per KV head "
+                            "(keys per channel, values per token); give both K and V a kivi type",
+                            kvs_cache_type_name(s->ctype_k), kvs_cache_type_name(s->ctype_v));
+            goto cleanup;
+        }
+        if ((st = kvs_kivi_session_config(m, s->ctype_k, s->ctype_v, 0, 0, &s->kivi_cfg, err))) goto cleanup;
+        s->kivi = s->ctype_k;
+        s->ctype_k = s->ctype_v = KVS_CACHE_F16;
+    }
     s->rsz_k = kvs_cache_row_size(s->ctype_k, MI->head_dim);
     s->rsz_v = kvs_cache_row_size(s->ctype_v, MI->head_dim);
     if (s->n_ctx > MI->n_ctx_train) {
@@ -264,9 +285,10 @@ void kvs_session_reset(kvs_session *s) {
         free(c->q);
         c->q = NULL;
         c->nq = 0;
-        const int packed = c->lag != NULL; /* ragged buffers are smaller than Hkv x cap */
+        const int packed = c->lag != NULL || c->kivi; /* ragged buffers are smaller than Hkv x cap; stores: none */
         free(c->lag);
         c->lag = NULL;
+        kvs_kv_kivi_free(c);
         if (c->cap != s->n_ctx || packed) {
             kvs_status st = kv_alloc(c, MI->n_kv_heads, s->n_ctx, NULL, s->rsz_k, s->rsz_v, NULL);
             if (st) c->cap = 0; /* next prefill reports the allocation failure */
@@ -436,6 +458,12 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
     }
     const kvs_model_info *MI = &src->m->info;
     const int D = MI->head_dim, Hkv = MI->n_kv_heads, Hq = MI->n_heads;
+    if (kvs_kv_kivi_sealed(src)) {
+        free(tmp);
+        return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                          "session copy: the source's %s cache is quantised already (by compression or decoding); "
+                          "copy a KIVI session before that", kvs_cache_type_name(src->kivi));
+    }
     /* forget dst's sequence without kvs_session_reset's reallocation: every
      * layer gets the capacity it needs below */
     for (int l = 0; l < MI->n_layers; l++) {
@@ -446,7 +474,8 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         free_views(c);
         c->len = 0;
         c->compressed = c->bounded = 0;
-        if (c->lag) c->cap = -1; /* packed (smaller) buffers: reallocate below */
+        if (c->lag || c->kivi) c->cap = -1; /* packed (smaller) buffers, or stores: reallocate below */
+        kvs_kv_kivi_free(c);
         free(c->lag);
         c->lag = NULL;
     }
@@ -564,10 +593,14 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
         st->tokens_after[l] = c->len;
         st->bytes_before[l] = (int64_t)s->n_prompt * row_bytes(s);
         st->bytes_after[l] = (int64_t)c->len * row_bytes(s);
+        if (s->kivi && !st->is_local[l]) { /* the stores' codes, fp16 scales and zeros and windows (kivi_cache.c) */
+            st->bytes_before[l] = kvs_kv_kivi_prompt_bytes(s, s->n_prompt);
+            st->bytes_after[l] = kvs_kv_kivi_bytes(s, c);
+        }
         if (c->lag) { /* ragged heads: each head's own rows (K and V) */
             int64_t lagged = 0;
             for (int g = 0; g < MI->n_kv_heads; g++) lagged += c->lag[g];
-            st->bytes_after[l] -= lagged * (int64_t)(s->rsz_k + s->rsz_v);
+            if (!s->kivi || st->is_local[l]) st->bytes_after[l] -= lagged * (int64_t)(s->rsz_k + s->rsz_v);
             /* the mean per head, exact: the heads' rows sum to Hkv x that */
             st->tokens_after[l] = ((int64_t)MI->n_kv_heads * c->len - lagged) / MI->n_kv_heads;
         }
@@ -617,6 +650,13 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
                 goto cleanup;
             }
         const kv_layer *c = &s->kv[l];
+        if (c->kivi) {
+            st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                            "apply plan: layer %d's %s cache is quantised already (by compression or decoding); a "
+                            "plan applies to the fp16 prefill cache, before it is quantised",
+                            l, kvs_cache_type_name(s->kivi));
+            goto cleanup;
+        }
         if (!current && (c->compressed || c->len != s->n_prompt)) {
             st = kvs_errorf(err, KVS_ERR_INVALID,
                             "apply plan: layer %d is already compressed or extended by decoding (%d rows, prompt %d)", l,
@@ -802,6 +842,8 @@ kvs_status kvs_session_compress_with(kvs_session *s, const kvs_plan *plan, const
     if ((st = kvs_session_apply_plan(s, plan, map, stats, err))) return st;
     /* past the prefill: sliding-window layers keep only their window */
     if ((st = kvs_session_trim_local(s, err))) return st;
+    /* plan first, then quantise: a KIVI cache's kept (or merged) rows into its stores */
+    if ((st = kvs_kv_kivi_seal(s, err))) return st;
     kvs_kv_stats now;
     kvs_session_kv_stats(s, &now);
     memcpy(stats->tokens_after, now.tokens_after, sizeof now.tokens_after);
@@ -821,6 +863,7 @@ kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o,
     if (!stats) stats = &local_stats;
     if (!o->method || !strcmp(o->method->name, "full")) {
         kvs_status st = kvs_session_trim_local(s, err);
+        if (st == KVS_OK) st = kvs_kv_kivi_seal(s, err);
         kvs_session_kv_stats(s, stats);
         stats->compress_ms = kvs_now_ms() - t0;
         return st;
@@ -828,6 +871,18 @@ kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o,
     kvs_status st = kvs_session_plan_many(s, o, &o->budget, 1, out_plan, map, NULL, err);
     if (st == KVS_OK) st = kvs_session_compress_with(s, out_plan, map, stats, err);
     if (st == KVS_OK) stats->compress_ms = kvs_now_ms() - t0; /* view + observe + select + apply + trim */
+    return st;
+}
+
+kvs_status kvs_session_quantize(kvs_session *s, kvs_err *err) { return kvs_kv_kivi_seal(s, err); }
+
+kvs_status kvs_session_set_kivi(kvs_session *s, int group, int residual, kvs_err *err) {
+    if (!s->kivi) return kvs_errorf(err, KVS_ERR_INVALID, "kivi parameters: the session's cache is not a kivi type");
+    if (s->n_past != 0) return kvs_errorf(err, KVS_ERR_INVALID, "kivi parameters: the session is not empty (reset it)");
+    const int ctv = s->kivi_cfg.v_bits == 2 ? KVS_CACHE_KIVI2 : KVS_CACHE_KIVI4;
+    kvs_kivi_config cfg;
+    kvs_status st = kvs_kivi_session_config(s->m, s->kivi, ctv, group, residual, &cfg, err);
+    if (st == KVS_OK) s->kivi_cfg = cfg;
     return st;
 }
 

@@ -8,6 +8,7 @@
 #define KVS_SESSION_INTERNAL_H
 
 #include "engine_private.h"
+#include "kivi.h"
 
 #define KVS_UBATCH 2048 /* default prefill chunk (tokens) */
 #define KVS_QTILE 128   /* prefill attention query tile */
@@ -30,6 +31,9 @@ typedef struct {
                        after the other: only each head's own rows are stored); every step
                        appends one row to every head, so the lags stay fixed; attention
                        reads only a head's own rows */
+    kvs_kivi_head **kivi; /* [nkivi = Hkv] a KIVI session's stores once sealed (kivi_cache.c;
+                             k, v are then NULL), else NULL: rows in k, v */
+    int nkivi;
 } kv_layer;
 
 /* Rows head g of layer c holds fewer than c->len (0 unless ragged). */
@@ -61,6 +65,10 @@ struct kvs_session {
     int n_ctx, n_threads, record_queries, ubatch;
     int ctype_k, ctype_v; /* kvs_cache_type of K and of V */
     size_t rsz_k, rsz_v;  /* bytes of one cache row (head_dim elements) of K, of V */
+    int kivi;             /* 0, or the K cache type KVS_CACHE_KIVI2 / KIVI4: then ctype_k, ctype_v
+                             are f16 (the prefill's rows) and kivi_cfg the stores' config */
+    kvs_kivi_config kivi_cfg;
+    kvs_err kivi_err;     /* the first row a store refused during a decode step (forward.c reports it) */
     int n_past, n_prompt;
     int rec_end;        /* > 0: kvs_session_record_window armed: record queries of [rec_end - nq, rec_end) */
     kv_layer *kv;       /* [L] */
@@ -110,5 +118,27 @@ void kvs_kv_drop_bounded(kvs_session *s, int p);
 /* Rows layer c can take from position p on (trimmed layers: after dropping);
  * exact only when below need. */
 int kvs_kv_room(const kvs_session *s, const kv_layer *c, int p, int need);
+
+/* kivi_cache.c: the KIVI stores of a session (s->kivi set). */
+/* The stores' config from the session's K and V types (both kivi), G and R (<= 0: KIVI's). */
+kvs_status kvs_kivi_session_config(const kvs_model *m, int ctk, int ctv, int group, int residual,
+                                   kvs_kivi_config *out, kvs_err *err);
+void kvs_kv_kivi_free(kv_layer *c);
+/* Every layer not yet sealed: its stores from its fp16 rows, which are freed. */
+kvs_status kvs_kv_kivi_seal(kvs_session *s, kvs_err *err);
+int kvs_kv_kivi_sealed(const kvs_session *s); /* 1 if any layer is */
+/* Appends one token's K and V rows (fp32 [D]) to head g's store. */
+kvs_status kvs_kv_kivi_append(const kvs_session *s, kv_layer *c, int g, const float *k, const float *v,
+                              kvs_err *err);
+void kvs_kv_kivi_flush(kv_layer *c); /* KIVI's end-of-step quantisation, every head */
+/* Decode attention of the nh query heads q [nh][D] of KV head g over its
+ * whole store of len tokens: o [nh][D]; sc: scratch of nh x len floats. */
+void kvs_kv_kivi_attend(const kvs_session *s, const kv_layer *c, int g, const float *q, int nh, int len, float *sc,
+                        float *o);
+/* Bytes of layer c: the stores' (kvs_kivi_stats), or for fp16 rows not yet
+ * sealed the bytes sealing gives them (kvs_kivi_size, flushed). */
+int64_t kvs_kv_kivi_bytes(const kvs_session *s, const kv_layer *c);
+/* The same for n rows in every KV head of one layer. */
+int64_t kvs_kv_kivi_prompt_bytes(const kvs_session *s, int n);
 
 #endif

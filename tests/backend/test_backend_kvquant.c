@@ -27,6 +27,9 @@
  *   untrimmed ones past the trimmed buffer (whole rows of blocks moved);
  * - stats: bytes per token and layer Hkv x (row bytes of K + of V); cache
  *   views of block types are fp32 copies of the dequantised rows;
+ * - composition: SnapKV and AdaKV (ragged heads) at 0.25 then a q8_0 / q4_0
+ *   cache: the stats' bytes after are exactly the kept rows times the block
+ *   row sizes (floor(0.25 N) per layer and KV head, Hkv x (rk + rv) each);
  * - head size 16 with q8_0 is refused naming head_dim; unknown types refused.
  */
 #include <math.h>
@@ -358,6 +361,55 @@ done:
     remove(path);
 }
 
+/* Eviction then quantisation: the plan keeps floor(0.25 N) rows per layer and
+ * KV head (AdaKV: that many per layer on average, ragged over the heads), the
+ * kept rows are stored in the session's cache type, and the stats count the
+ * bytes of both: the formula's bytes exactly, for each cache type. */
+static void check_composition(void) {
+    kvs_err err = {0};
+    tiny_spec sp = tiny_default("qwen2");
+    sp.head_dim = 64;
+    const char *path = "backend_kvquant_compose.gguf";
+    CHECK_OK(tiny_write(&sp, path, &err), &err);
+    kvs_model *m = NULL;
+    kvs_model_opts mo = {2};
+    CHECK_OK(kvs_model_load(path, &mo, &m, &err), &err);
+    if (!m) return;
+    const kvs_model_info *I = kvs_model_get_info(m);
+    enum { N = 128 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)(urand() * I->n_vocab) % I->n_vocab;
+    int per = 0;
+    const kvs_budget b = {0.25, 0};
+    CHECK_OK(kvs_budget_per_layer(&b, N, &per, &err), &err);
+    CHECK_EQ_INT(per, N / 4);
+    static const int types[3] = {KVS_CACHE_F16, KVS_CACHE_Q8_0, KVS_CACHE_Q4_0};
+    static const char *const methods[2] = {"snapkv", "adakv"};
+    for (int mi = 0; mi < 2; mi++)
+        for (int ti = 0; ti < 3; ti++) {
+            kvs_session *s = NULL;
+            kvs_session_opts so = {N + 8, 2, -1, types[ti], 0};
+            CHECK_OK(kvs_session_new(m, &so, &s, &err), &err);
+            if (!s) continue;
+            kvs_kv_stats st;
+            memset(&st, 0, sizeof st);
+            CHECK_OK(prep(s, toks, N, methods[mi], 0.25, &st, &err), &err);
+            /* f16 32 values in 64 bytes, Q8_0 in 34, Q4_0 in 18 */
+            const int64_t row = (int64_t)I->head_dim / 32 * (ti == 0 ? 64 : ti == 1 ? 34 : 18);
+            const int64_t want = (int64_t)I->n_layers * per * I->n_kv_heads * 2 * row;
+            CHECK_MSG(st.bytes_after_total == want, "%s at 0.25, %s cache: %lld bytes after, the formula %lld",
+                      methods[mi], kvs_cache_type_name(types[ti]), (long long)st.bytes_after_total,
+                      (long long)want);
+            CHECK_EQ_INT(st.bytes_before_total, (int64_t)I->n_layers * N * I->n_kv_heads * 2 * row);
+            float *lg = malloc((size_t)I->n_vocab * sizeof *lg); /* and it decodes */
+            if (lg) CHECK_OK(kvs_session_decode(s, toks[0], lg, &err), &err);
+            free(lg);
+            kvs_session_free(s);
+        }
+    kvs_model_free(m);
+    remove(path);
+}
+
 static void check_refusals(void) {
     kvs_err err = {0};
     tiny_spec sp = tiny_default("qwen2"); /* head size 16: not whole blocks */
@@ -395,6 +447,7 @@ int main(void) {
         run_model("gemma3", 32, types[i][0], types[i][1]);
         run_model("qwen2", 64, types[i][0], types[i][1]);
     }
+    check_composition();
     check_refusals();
     return kvs_test_finish("backend_kvquant");
 }

@@ -196,7 +196,8 @@ kvs_status kvs_config_load_text(const char *path, const char *text, const char *
         lua_pop(L, 1);
         if (rc) goto cleanup;
         for (int j = 0; j < i - 1; j++)
-            if (strcmp(cfg->experiments[j].name, cfg->experiments[i - 1].name) == 0) {
+            if (strcmp(cfg->experiments[j].name, cfg->experiments[i - 1].name) == 0 &&
+                !kvs_cfg_other_cache(&cfg->experiments[j], &cfg->experiments[i - 1])) {
                 rc = kvs_cfg_ferr(&v, cfg->experiments[i - 1].line, "name", KVS_ERR_INVALID,
                                   "experiment '%s' defined twice in this file", cfg->experiments[j].name);
                 goto cleanup;

@@ -105,6 +105,10 @@ kvs_status kvs_cfg_get_choice_list(const vctx *v, int t, int base_line, const ch
 /* ---- an experiment (config_experiment.c) ------------------------------------- */
 
 kvs_status kvs_cfg_parse_experiment(const vctx *v, int t, kvs_experiment *e);
+/* 1 when a and b are embedded-backend experiments whose KV cache types differ
+ * (backend.cache): one name may then be defined once per cache type, the
+ * rows of each type told apart by their cells' keys (config_task.c). */
+int kvs_cfg_other_cache(const kvs_experiment *a, const kvs_experiment *b);
 
 /* ---- the dataset helpers (config_dataset.c) ---------------------------------- */
 

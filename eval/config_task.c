@@ -70,6 +70,14 @@ done:
     return rc;
 }
 
+static const char *cache_or_f16(const char *t) { return t[0] ? t : "f16"; }
+
+int kvs_cfg_other_cache(const kvs_experiment *a, const kvs_experiment *b) {
+    return a->backend_embedded && b->backend_embedded &&
+           (strcmp(cache_or_f16(a->backend_cache_k), cache_or_f16(b->backend_cache_k)) ||
+            strcmp(cache_or_f16(a->backend_cache_v), cache_or_f16(b->backend_cache_v)));
+}
+
 /* backend.cache = { type = T } (K and V) or { k = T, v = T } (llama.cpp's -ctk /
  * -ctv; the one not given stays f16, or type's): kvsieve serve's KV cache types. */
 static kvs_status parse_backend_cache(const vctx *v, int idx, int line, kvs_experiment *e) {

@@ -8,7 +8,8 @@
  * LaTeX, or every (experiment, budget, variant, metric) as a CSV or JSON row.
  * What it is not: it never runs a method (everything comes from the
  * database); the gathering (report_data.c), the order (report_layout.c), the
- * paired comparisons (report_paired.c), the timing tables (report_perf.c),
+ * paired comparisons (report_paired.c), the equal-memory table of quantised
+ * caches (report_quant.c), the timing tables (report_perf.c),
  * the plots (report_plot.c) and the statistics (stats.c) are files of their own.
  */
 #include "kvs_eval.h"
@@ -295,6 +296,7 @@ kvs_status kvs_report_write(kvs_store *s, const kvs_report_opts *o, FILE *f, kvs
                 /* task tables: every variant saw the same samples */
                 if (task) kvs_rpt_write_paired(&d, e, t.budgets[bi], &t, primary, f, o->format, B, seed);
             }
+            if (task) kvs_rpt_write_equal_bytes(&d, e, &t, primary, f, o->format); /* report_quant.c */
             kvs_rpt_layout_free(&t);
         }
         if (d.n_groups > 0) {

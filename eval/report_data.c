@@ -50,8 +50,10 @@ void kvs_rpt_dataset_free(dataset *d) {
     names_free(&d->labels);
     names_free(&d->methods);
     names_free(&d->metrics);
+    names_free(&d->caches);
     free(d->exp_kind);
     free(d->label_method);
+    free(d->label_cache);
     free(d->budgets);
     for (int i = 0; i < d->n_groups; i++) {
         free(d->g[i].x);
@@ -140,23 +142,41 @@ kvs_status kvs_rpt_grow(void **rows, int *cap, int n, size_t elem, int first, kv
     return KVS_OK;
 }
 
+/* A row's name: the variant's label, with " @T" for a cache of type T other
+ * than the default, before a trailing " [mode]" tag (which pairs a row with
+ * its `full`): "snapkv @q4_0 [query_agnostic]". */
+static void row_label(const char *label, const char *kv, char *out, size_t n) {
+    if (!kv[0]) {
+        snprintf(out, n, "%s", label);
+        return;
+    }
+    const char *tag = strrchr(label, '[');
+    if (tag && tag > label && tag[-1] == ' ' && label[strlen(label) - 1] == ']')
+        snprintf(out, n, "%.*s @%s %s", (int)(tag - 1 - label), label, kv, tag);
+    else
+        snprintf(out, n, "%s @%s", label, kv);
+}
+
 kvs_status kvs_rpt_gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs_err *err) {
     kvs_status rc = KVS_OK;
     sqlite3_stmt *st = NULL;
     const char *sql =
         "SELECT c.experiment, c.kind, c.label, c.method, c.budget_ratio, c.budget_tokens, s.metric,"
-        " s.value, r.decode_ms, c.sample_id FROM cells c JOIN results r ON r.cell_key = c.key"
-        " JOIN scores s ON s.cell_key = c.key"
+        " s.value, r.decode_ms, c.sample_id, " KVS_RPT_SQL_KV_CACHE " AS kv FROM cells c"
+        " JOIN results r ON r.cell_key = c.key JOIN scores s ON s.cell_key = c.key"
         " WHERE (?1 IS NULL OR c.experiment = ?1) AND (?2 <= 0 OR r.run_id = ?2)"
         " AND s.value IS NOT NULL"
-        " ORDER BY c.experiment, c.budget_tokens, c.budget_ratio, c.label, s.metric";
+        " ORDER BY c.experiment, c.budget_tokens, c.budget_ratio, c.label, kv, s.metric";
     if ((rc = kvs_rpt_prepare_filtered(db, sql, o, &st, "query", err))) return rc;
     group *cur = NULL;
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) {
         const char *exp = (const char *)sqlite3_column_text(st, 0);
         const char *kind = (const char *)sqlite3_column_text(st, 1);
-        const char *label = (const char *)sqlite3_column_text(st, 2);
+        const char *label0 = (const char *)sqlite3_column_text(st, 2);
+        const char *kv = (const char *)sqlite3_column_text(st, 10);
+        char label[320];
+        row_label(label0 ? label0 : "", kv ? kv : "", label, sizeof label);
         const char *method = (const char *)sqlite3_column_text(st, 3);
         double ratio = sqlite3_column_double(st, 4);
         int64_t tokens = sqlite3_column_int64(st, 5);
@@ -166,13 +186,14 @@ kvs_status kvs_rpt_gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs
         int e = intern(&d->exps, exp ? exp : "");
         int k = intern(&d->kinds, kind ? kind : "");
         int nl = d->labels.n;
-        int l = intern(&d->labels, label ? label : "");
+        int l = intern(&d->labels, label);
+        int kc = intern(&d->caches, kv ? kv : "");
         int mth = intern(&d->methods, method ? method : "");
         int m = intern(&d->metrics, metric ? metric : "");
         int b = budget_index(d, ratio, tokens);
         const char *sample = (const char *)sqlite3_column_text(st, 9);
         int si = sample_index(&d->samples, sample ? sample : "");
-        if (e < 0 || k < 0 || l < 0 || mth < 0 || m < 0 || b < 0 || si < 0) {
+        if (e < 0 || k < 0 || l < 0 || kc < 0 || mth < 0 || m < 0 || b < 0 || si < 0) {
             rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
             goto cleanup;
         }
@@ -193,6 +214,13 @@ kvs_status kvs_rpt_gather(sqlite3 *db, const kvs_report_opts *o, dataset *d, kvs
             }
             d->label_method = nm;
             d->label_method[l] = mth;
+            int *nc = realloc(d->label_cache, sizeof *nc * (size_t)d->labels.n);
+            if (!nc) {
+                rc = kvs_errorf(err, KVS_ERR_NOMEM, "report: out of memory");
+                goto cleanup;
+            }
+            d->label_cache = nc;
+            d->label_cache[l] = kc;
         }
         if (!cur || cur->exp != e || cur->budget != b || cur->label != l || cur->metric != m) {
             /* rows arrive sorted by group except metric interleaving: look up */

@@ -18,11 +18,17 @@
  * (at most n_predict tokens' bytes, under 0.5% of W at n_predict 64 on the
  * study's models). Length classes: the prompt's token count rounded to the
  * nearest power of two (2K, 4K, ... for the study's doubling lengths).
+ * Cache types: cells of a KV cache type other than the default f16 (the
+ * " kv_cache=T" of their definition) make a table of their own per type,
+ * compared with the f16 `full` on the same prompt where there is one (else
+ * their own type's): speed-up and prediction then read what fewer bytes per
+ * row buy (KV_full the f16 cache's bytes, KV_kept the quantised one's).
  * What it is not: no timing of its own, no other experiment's tables
  * (report.c), no statistics beyond the bootstrap CI of the speed-up.
  */
 #include "kvs_eval.h"
 #include "gnuplot.h"
+#include "report_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -34,7 +40,7 @@
 #include <unistd.h>
 
 typedef struct {
-    char exp[64], model[128], sample[160];
+    char exp[64], model[128], sample[160], cache[16]; /* cache "": the default f16 */
     int agnostic;
     int64_t n_tokens, decode_tokens, kv_after, model_bytes;
     double decode_ms, ratio;
@@ -43,7 +49,7 @@ typedef struct {
 } drow;
 
 typedef struct {
-    char exp[64], model[128];
+    char exp[64], model[128], cache[16];
     int length_class; /* log2 of the rounded prompt length */
     double ratio;     /* 1 for full */
     int64_t budget_tokens;
@@ -65,7 +71,7 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, drow **rows, int
         "SELECT c.experiment, coalesce(c.model, ''), c.sample_id,"
         " c.definition LIKE '%mode=query_agnostic%', c.n_tokens, r.decode_tokens, r.decode_ms,"
         " r.kv_bytes_after, coalesce(c.model_bytes, 0), c.budget_ratio, c.budget_tokens,"
-        " c.method = 'full' FROM cells c JOIN results r ON r.cell_key = c.key"
+        " c.method = 'full', " KVS_RPT_SQL_KV_CACHE " FROM cells c JOIN results r ON r.cell_key = c.key"
         " WHERE c.kind = 'task' AND c.definition LIKE '%ignore_eos=1%'"
         " AND (?1 IS NULL OR c.experiment = ?1) AND (?2 <= 0 OR r.run_id = ?2)"
         " ORDER BY c.experiment, c.model, c.sample_id, c.key";
@@ -103,6 +109,8 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, drow **rows, int
         d->ratio = sqlite3_column_double(st, 9);
         d->budget_tokens = sqlite3_column_int64(st, 10);
         d->full = sqlite3_column_int(st, 11);
+        const char *kv = (const char *)sqlite3_column_text(st, 12);
+        snprintf(d->cache, sizeof d->cache, "%s", kv ? kv : "");
     }
     if (!rc && r != SQLITE_DONE) rc = sql_fail(db, err, "reading cells");
     sqlite3_finalize(st);
@@ -114,25 +122,30 @@ static kvs_status gather(sqlite3 *db, const kvs_report_opts *o, drow **rows, int
     return rc;
 }
 
+/* The `full` of x's prompt: of the default cache type, else of x's own. */
 static const drow *full_of(const drow *rows, int n, const drow *x) {
+    const drow *own = NULL;
     for (int i = 0; i < n; i++)
         if (rows[i].full && !strcmp(rows[i].exp, x->exp) && !strcmp(rows[i].model, x->model) &&
-            !strcmp(rows[i].sample, x->sample) && rows[i].agnostic == x->agnostic)
-            return &rows[i];
-    return NULL;
+            !strcmp(rows[i].sample, x->sample) && rows[i].agnostic == x->agnostic) {
+            if (!rows[i].cache[0]) return &rows[i];
+            if (!own && !strcmp(rows[i].cache, x->cache)) own = &rows[i];
+        }
+    return own;
 }
 
 static int same_group(const dgroup *g, const drow *x, int lc) {
     double ratio = x->full ? 1.0 : x->ratio;
     int64_t bt = x->full ? 0 : x->budget_tokens;
-    return !strcmp(g->exp, x->exp) && !strcmp(g->model, x->model) && g->length_class == lc &&
-           g->ratio == ratio && g->budget_tokens == bt;
+    return !strcmp(g->exp, x->exp) && !strcmp(g->model, x->model) && !strcmp(g->cache, x->cache) &&
+           g->length_class == lc && g->ratio == ratio && g->budget_tokens == bt;
 }
 
 static int cmp_group(const void *a, const void *b) {
     const dgroup *x = a, *y = b;
     int c = strcmp(x->exp, y->exp);
     if (!c) c = strcmp(x->model, y->model);
+    if (!c) c = strcmp(x->cache, y->cache); /* "" (f16) first: a table per cache type */
     if (!c) c = (x->length_class > y->length_class) - (x->length_class < y->length_class);
     if (!c) c = (x->budget_tokens > y->budget_tokens) - (x->budget_tokens < y->budget_tokens);
     if (!c) c = (x->ratio < y->ratio) - (x->ratio > y->ratio); /* 1 first, then smaller */
@@ -168,6 +181,7 @@ static kvs_status compute(const drow *rows, int n, const kvs_report_opts *o, dgr
             dgroup *y = &g[ng++];
             snprintf(y->exp, sizeof y->exp, "%s", x->exp);
             snprintf(y->model, sizeof y->model, "%s", x->model);
+            snprintf(y->cache, sizeof y->cache, "%s", x->cache);
             y->length_class = lc;
             y->ratio = x->full ? 1.0 : x->ratio;
             y->budget_tokens = x->full ? 0 : x->budget_tokens;
@@ -260,6 +274,8 @@ static void write_groups(const dgroup *g, int ng, FILE *f, kvs_report_format fmt
             json_str(f, y->exp);
             fprintf(f, ", \"model\": ");
             json_str(f, y->model);
+            fprintf(f, ", \"cache_type\": ");
+            json_str(f, y->cache[0] ? y->cache : "f16");
             fprintf(f, ", \"length_class\": %d, \"prompt_tokens\": ", 1 << y->length_class);
             json_num(f, y->tokens_mean);
             fprintf(f, ", \"budget_ratio\": ");
@@ -287,23 +303,25 @@ static void write_groups(const dgroup *g, int ng, FILE *f, kvs_report_format fmt
     int md = fmtk == KVS_REPORT_MD;
     for (int k = 0; k < ng; k++) {
         const dgroup *y = &g[k];
-        int head = k == 0 || strcmp(g[k - 1].exp, y->exp) || strcmp(g[k - 1].model, y->model);
+        int head = k == 0 || strcmp(g[k - 1].exp, y->exp) || strcmp(g[k - 1].model, y->model) ||
+                   strcmp(g[k - 1].cache, y->cache);
         if (head) {
             if (k && !md) fprintf(f, "\\bottomrule\n\\end{tabular}\n\\end{table}\n\n");
-            char wb[32];
+            char wb[32], ct[40] = "";
             fmt(y->weights_mb, "%.1f", wb, sizeof wb);
+            if (y->cache[0]) snprintf(ct, sizeof ct, "KV cache %s; ", y->cache);
             if (md)
-                fprintf(f, "## decode speed: %s (%s; weights %s MiB)\n\n"
+                fprintf(f, "## decode speed: %s (%s; %sweights %s MiB)\n\n"
                            "| prompt | tokens | kept | n | KV kept MiB | decode tok/s | speed-up "
                            "[95%% CI] | predicted | measured / predicted |\n"
                            "|---|---|---|---|---|---|---|---|---|\n",
-                        y->exp, y->model, wb);
+                        y->exp, y->model, ct, wb);
             else
-                fprintf(f, "%% decode speed: %s (%s; weights %s MiB)\n\\begin{table}[t]\n"
+                fprintf(f, "%% decode speed: %s (%s; %sweights %s MiB)\n\\begin{table}[t]\n"
                            "\\centering\n\\begin{tabular}{rrrrrrrrr}\n\\toprule\nprompt & tokens & "
                            "kept & n & KV MiB & tok/s & speed-up & predicted & meas./pred. \\\\\n"
                            "\\midrule\n",
-                        y->exp, y->model, wb);
+                        y->exp, y->model, ct, wb);
         }
         char bn[32], tk[32], kv[32], ts[32], sp[64], pr[32], rt[32];
         budget_name(y, bn, sizeof bn);
@@ -325,13 +343,16 @@ static void write_groups(const dgroup *g, int ng, FILE *f, kvs_report_format fmt
         else
             fprintf(f, "%s & %s & %s & %d & %s & %s & %s & %s & %s \\\\\n", lab, tk, bn, y->n, kv,
                     ts, sp, pr, rt);
-        int last = k == ng - 1 || strcmp(g[k + 1].exp, y->exp) || strcmp(g[k + 1].model, y->model);
+        int last = k == ng - 1 || strcmp(g[k + 1].exp, y->exp) || strcmp(g[k + 1].model, y->model) ||
+                   strcmp(g[k + 1].cache, y->cache);
         if (last && md)
             fprintf(f, "\nDecode tok/s: tokens / decode time (each variant decoded alone, exactly "
                        "n_predict tokens). Speed-up: rate / the rate of `full` on the same prompt, "
                        "mean [95%% percentile-bootstrap CI] over prompts. Predicted: (W + KV_full) / "
                        "(W + KV_kept), the bytes a decode step reads (W: the weights a step reads, the server's step_bytes: "
-                       "every tensor less an untied embedding table).\n\n");
+                       "every tensor less an untied embedding table).%s\n\n",
+                    y->cache[0] ? " Against the f16 cache's `full` where the prompt has one: KV_full is "
+                                  "its bytes, KV_kept this cache type's." : "");
     }
     if (ng > 0 && !md) fprintf(f, "\\bottomrule\n\\end{tabular}\n\\end{table}\n\n");
 }
@@ -355,7 +376,8 @@ kvs_status kvs_report_decode(kvs_store *s, const kvs_report_opts *o, FILE *f, in
 /* ---- plot ------------------------------------------------------------------------------------ */
 
 /* One plot: speed-up (measured with CI, and predicted) vs kept ratio, a
- * pair of lines per length class, of the groups [a, b) (one experiment). */
+ * pair of lines per length class, of the groups [a, b) (one experiment and
+ * cache type). */
 static kvs_status plot_one(const dgroup *g, int a, int b, const char *out, int png, kvs_err *err) {
     /* gnuplot reads the script from a pipe; the data are inline blocks */
     FILE *p = popen("gnuplot 1>&2", "w");
@@ -363,7 +385,8 @@ static kvs_status plot_one(const dgroup *g, int a, int b, const char *out, int p
     fprintf(p, "set terminal %s size 900,560\nset output ", png ? "png" : "svg");
     kvs_gp_quote(p, out);
     char title[300];
-    snprintf(title, sizeof title, "decode speed-up vs kept ratio: %s (%s)", g[a].exp, g[a].model);
+    snprintf(title, sizeof title, "decode speed-up vs kept ratio: %s (%s%s%s)", g[a].exp, g[a].model,
+             g[a].cache[0] ? ", KV cache " : "", g[a].cache);
     fprintf(p, "\nset grid\nset key outside right\nset title ");
     kvs_gp_quote(p, title);
     fprintf(p, " noenhanced\nset xlabel 'kept ratio'\nset ylabel 'decode speed-up vs full'\n"
@@ -418,9 +441,12 @@ kvs_status kvs_report_decode_plot(kvs_store *s, const kvs_report_opts *o, const 
                         "--plot: gnuplot is not installed (Debian: apt-get install gnuplot-nox)");
     for (int a = 0; !rc && a < ng;) {
         int b = a + 1;
-        while (b < ng && !strcmp(g[b].exp, g[a].exp) && !strcmp(g[b].model, g[a].model)) b++;
+        while (b < ng && !strcmp(g[b].exp, g[a].exp) && !strcmp(g[b].model, g[a].model) &&
+               !strcmp(g[b].cache, g[a].cache))
+            b++;
         char out[1400];
-        snprintf(out, sizeof out, "%.*s-%s%s", (int)(pl - 4), path, g[a].exp, path + pl - 4);
+        snprintf(out, sizeof out, "%.*s-%s%s%s%s", (int)(pl - 4), path, g[a].exp, g[a].cache[0] ? "-" : "",
+                 g[a].cache, path + pl - 4);
         rc = plot_one(g, a, b, out, png, err);
         if (!rc && n_files) (*n_files)++;
         a = b;

@@ -46,14 +46,24 @@ typedef struct {
 
 typedef struct {
     names exps, kinds, labels, methods, metrics;
+    names caches;      /* KV cache types of the rows ("" the default f16) */
     int *exp_kind;     /* [exps.n] */
     int *label_method; /* [labels.n] */
+    int *label_cache;  /* [labels.n] index into caches: a row is (variant, cache type) */
     bkey *budgets;
     int n_budgets, cap_budgets;
     group *g;
     int n_groups, cap_groups;
     sample_tab samples;
 } dataset;
+
+/* A task cell's KV cache type as SQL over cells c: the " kv_cache=T" of its
+ * definition's model line (eval/task.c writes it where the type is not the
+ * default f16), else ''. Cells of two cache types are two rows of a table. */
+#define KVS_RPT_SQL_KV_CACHE                                                                     \
+    "CASE WHEN instr(c.definition, ' kv_cache=') > 0 THEN substr(c.definition,"                  \
+    " instr(c.definition, ' kv_cache=') + 10, instr(substr(c.definition, instr(c.definition,"    \
+    " ' kv_cache=') + 10) || char(10), char(10)) - 1) ELSE '' END"
 
 /* FNV-1a of s continuing from h: the seeds of the bootstraps. */
 uint64_t kvs_rpt_fnv1a(const char *s, uint64_t h);
@@ -110,6 +120,14 @@ void kvs_rpt_write_paired(const dataset *d, int e, int b, const layout_t *t, int
 /* CSV (a block of its own) and JSON ("paired": [...]) rows; returns the rows written. */
 int kvs_rpt_write_paired_long(const dataset *d, FILE *f, kvs_report_format fmt, int B,
                               uint64_t seed);
+
+/* ---- equal memory (report_quant.c) ---------------------------------------------- */
+
+/* Markdown / LaTeX: each quantised `full` row beside the evicted f16 rows of
+ * (nearly) the same measured bytes (kv_kept_mb); nothing when the experiment
+ * has no quantised full row. */
+void kvs_rpt_write_equal_bytes(const dataset *d, int e, const layout_t *t, int primary, FILE *f,
+                               kvs_report_format fmt);
 
 /* ---- timing tables (report_perf.c) ----------------------------------------------- */
 

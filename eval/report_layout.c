@@ -66,18 +66,23 @@ int kvs_rpt_cell_group(const dataset *d, int e, int b, int l, int m) {
 }
 
 /* The `full` row a variant is compared with: the one with the same
- * bracketed tag (task labels carry " [query_agnostic]" for that mode), else
- * any full row; -1 when there is none. */
+ * bracketed tag (task labels carry " [query_agnostic]" for that mode), of
+ * the default cache type where there is one, else any full row; -1 when
+ * there is none. */
 int kvs_rpt_full_for(const dataset *d, const int *labels, int n_labels, int l) {
     const char *tag = strrchr(d->labels.v[l], '[');
-    int any = -1;
+    int any = -1, tagged = -1;
     for (int i = 0; i < n_labels; i++) {
         if (!kvs_rpt_is_full(d, labels[i])) continue;
         const char *ft = strrchr(d->labels.v[labels[i]], '[');
-        if (tag ? (ft && !strcmp(tag, ft)) : !ft) return labels[i];
+        if (tag ? (ft && !strcmp(tag, ft)) : !ft) {
+            /* the full cache of the default type: the reference of every cache type's rows */
+            if (!d->caches.v[d->label_cache[labels[i]]][0]) return labels[i];
+            if (tagged < 0) tagged = labels[i];
+        }
         if (any < 0) any = labels[i];
     }
-    return any;
+    return tagged >= 0 ? tagged : any;
 }
 
 typedef int (*ctx_cmp)(const dataset *d, int x, int y);
@@ -92,11 +97,28 @@ static void sort_ints(int *a, int n, const dataset *d, ctx_cmp cmp) {
         }
 }
 
+/* A row's label without its " @T" cache tag (report_data.c's row_label). */
+static void base_label(const dataset *d, int l, char *out, size_t n) {
+    const char *s = d->labels.v[l], *c = d->caches.v[d->label_cache[l]];
+    const char *at = c[0] ? strstr(s, " @") : NULL;
+    if (at && !strncmp(at + 2, c, strlen(c)))
+        snprintf(out, n, "%.*s%s", (int)(at - s), s, at + 2 + strlen(c));
+    else
+        snprintf(out, n, "%s", s);
+}
+
+/* Method order, then the variant (its mode tag), then the cache type: the
+ * default (f16) first. */
 static int cmp_label(const dataset *d, int x, int y) {
     int rx = kvs_rpt_method_rank(d->methods.v[d->label_method[x]]);
     int ry = kvs_rpt_method_rank(d->methods.v[d->label_method[y]]);
     if (rx != ry) return rx - ry;
-    return strcmp(d->labels.v[x], d->labels.v[y]);
+    char bx[320], by[320];
+    base_label(d, x, bx, sizeof bx);
+    base_label(d, y, by, sizeof by);
+    int c = strcmp(bx, by);
+    if (c) return c;
+    return strcmp(d->caches.v[d->label_cache[x]], d->caches.v[d->label_cache[y]]);
 }
 
 static int cmp_metric(const dataset *d, int x, int y) {

@@ -20,6 +20,17 @@
 #include "kvs_cpu.h"
 
 /* ---- dot products (dot.c, dot_vnni.c, dot_bs.c, dot_amx.c) ---------------------- */
+/* Decode's key dots on a Q8_0 / Q4_0 KV cache (dot_kv.c; gtype KVS_GGML_Q8_0
+ * or _Q4_0, n a multiple of 32, at most KVS_CACHE_QMAX): out[c * os + r] =
+ * scale x the dot of row r (rows + r * rb) with the fp32 query column c
+ * (q + c * qs), each row's bits independent of nrows and ncols. */
+void kvs_dot_kv_rows_f(int gtype, const void *rows, size_t rb, int nrows, const float *q, size_t qs, int ncols,
+                       int n, float scale, float *out, size_t os);
+/* Decode's value sums on a Q8_0 / Q4_0 cache (dot_kv.c): o[h * os + e] +=
+ * (p[h * ps + t] x d_t) x q_t[e] over the rows t in order, per head the same
+ * operations whatever nh (one head alone gives every head's bits). */
+void kvs_axpy_kv_rows(int gtype, float *o, size_t os, int nh, const float *p, size_t ps, const void *x, size_t rb,
+                      int nrows, int n);
 float kvs_dot_ff(const float *a, const float *b, int64_t n);
 float kvs_dot_q8a_scalar(int type, const void *row, const kvs_q8a_block *x, int64_t n);
 /* dot.c's own kernels (x86-64-v3 or scalar), one row: what kvs_dot_q8a runs

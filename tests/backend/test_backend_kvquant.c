@@ -7,8 +7,9 @@
  *   0.6 d, d = amax / 127 rounded to f16; Q4_0: |d|, d = -max / 8);
  * - kvs_dot_cache_heads against an fp64 dot of the fp32 query with the
  *   dequantised rows: within the bound the query's 8-bit quantisation allows
- *   (per block amax_q / 254 times the block's sum |k|), never exactly equal
- *   on all rows (the query really is quantised);
+ *   (per block amax_q / 254 times the block's sum |k|; dot_kv.c's fp32 query
+ *   is well inside it), never exactly equal on all rows where the CPU takes
+ *   the block-scale route (the query really is quantised there);
  * - kvs_axpy_cache_heads against fp64 sums over the dequantised rows (1e-5
  *   of the sum of |terms|); group kernels bit for bit the one-head kernels,
  *   strided rows and a 32-element slice of a row (the split decode path);
@@ -27,6 +28,9 @@
  *   untrimmed ones past the trimmed buffer (whole rows of blocks moved);
  * - stats: bytes per token and layer Hkv x (row bytes of K + of V); cache
  *   views of block types are fp32 copies of the dequantised rows;
+ * - composition: SnapKV and AdaKV (ragged heads) at 0.25 then a q8_0 / q4_0
+ *   cache: the stats' bytes after are exactly the kept rows times the block
+ *   row sizes (floor(0.25 N) per layer and KV head, Hkv x (rk + rv) each);
  * - head size 16 with q8_0 is refused naming head_dim; unknown types refused.
  */
 #include <math.h>
@@ -121,7 +125,8 @@ static int run_case(int ct, int nh, int n, int nrows, int rs) {
         }
         fails += memcmp(one + (size_t)h * os, got + (size_t)h * os, sizeof(float) * (size_t)nrows) != 0;
     }
-    if (nrows >= 8 && exact == nh * nrows) fails++; /* the query's quantisation shows somewhere */
+    /* the block-scale route quantises the query: that shows somewhere */
+    if (nrows >= 8 && exact == nh * nrows && strstr(kvs_attn_kernels(ct, n), "q8 query")) fails++;
     /* value sums: o1 group kernel, o2 one head at a time, fp64 reference */
     for (size_t i = 0; i < ps * nh; i++) p[i] = (float)urand();
     for (size_t i = 0; i < ostr * nh; i++) o1[i] = o2[i] = o3[i] = nrand();
@@ -358,6 +363,55 @@ done:
     remove(path);
 }
 
+/* Eviction then quantisation: the plan keeps floor(0.25 N) rows per layer and
+ * KV head (AdaKV: that many per layer on average, ragged over the heads), the
+ * kept rows are stored in the session's cache type, and the stats count the
+ * bytes of both: the formula's bytes exactly, for each cache type. */
+static void check_composition(void) {
+    kvs_err err = {0};
+    tiny_spec sp = tiny_default("qwen2");
+    sp.head_dim = 64;
+    const char *path = "backend_kvquant_compose.gguf";
+    CHECK_OK(tiny_write(&sp, path, &err), &err);
+    kvs_model *m = NULL;
+    kvs_model_opts mo = {2};
+    CHECK_OK(kvs_model_load(path, &mo, &m, &err), &err);
+    if (!m) return;
+    const kvs_model_info *I = kvs_model_get_info(m);
+    enum { N = 128 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)(urand() * I->n_vocab) % I->n_vocab;
+    int per = 0;
+    const kvs_budget b = {0.25, 0};
+    CHECK_OK(kvs_budget_per_layer(&b, N, &per, &err), &err);
+    CHECK_EQ_INT(per, N / 4);
+    static const int types[3] = {KVS_CACHE_F16, KVS_CACHE_Q8_0, KVS_CACHE_Q4_0};
+    static const char *const methods[2] = {"snapkv", "adakv"};
+    for (int mi = 0; mi < 2; mi++)
+        for (int ti = 0; ti < 3; ti++) {
+            kvs_session *s = NULL;
+            kvs_session_opts so = {N + 8, 2, -1, types[ti], 0};
+            CHECK_OK(kvs_session_new(m, &so, &s, &err), &err);
+            if (!s) continue;
+            kvs_kv_stats st;
+            memset(&st, 0, sizeof st);
+            CHECK_OK(prep(s, toks, N, methods[mi], 0.25, &st, &err), &err);
+            /* f16 32 values in 64 bytes, Q8_0 in 34, Q4_0 in 18 */
+            const int64_t row = (int64_t)I->head_dim / 32 * (ti == 0 ? 64 : ti == 1 ? 34 : 18);
+            const int64_t want = (int64_t)I->n_layers * per * I->n_kv_heads * 2 * row;
+            CHECK_MSG(st.bytes_after_total == want, "%s at 0.25, %s cache: %lld bytes after, the formula %lld",
+                      methods[mi], kvs_cache_type_name(types[ti]), (long long)st.bytes_after_total,
+                      (long long)want);
+            CHECK_EQ_INT(st.bytes_before_total, (int64_t)I->n_layers * N * I->n_kv_heads * 2 * row);
+            float *lg = malloc((size_t)I->n_vocab * sizeof *lg); /* and it decodes */
+            if (lg) CHECK_OK(kvs_session_decode(s, toks[0], lg, &err), &err);
+            free(lg);
+            kvs_session_free(s);
+        }
+    kvs_model_free(m);
+    remove(path);
+}
+
 static void check_refusals(void) {
     kvs_err err = {0};
     tiny_spec sp = tiny_default("qwen2"); /* head size 16: not whole blocks */
@@ -395,6 +449,7 @@ int main(void) {
         run_model("gemma3", 32, types[i][0], types[i][1]);
         run_model("qwen2", 64, types[i][0], types[i][1]);
     }
+    check_composition();
     check_refusals();
     return kvs_test_finish("backend_kvquant");
 }

@@ -2,7 +2,8 @@
  * on hand-made rows whose numbers are worked out below: tokens/s as total
  * tokens / total time, the speed-up paired per prompt, the bytes-read
  * prediction, length classes, which cells take part (ignore_eos only, a
- * `full` on the same prompt needed), the JSON member, nothing for CSV, and
+ * `full` on the same prompt needed), a table per KV cache type against the
+ * f16 full, the JSON member, nothing for CSV, and
  * the gnuplot file (or the error naming gnuplot when it is missing); and
  * experiments/decode.lua loads as the study it describes. */
 #include "eval_test_util.h"
@@ -15,15 +16,17 @@ static char dir[64];
 
 #define MB (1024.0 * 1024.0)
 
+static const char *put_cache = ""; /* the cells' KV cache type ("": f16) */
+
 /* One task cell + result: sample, method (full / flashcache), ratio, prompt
  * tokens, decode tokens and ms, KV bytes after, model bytes. */
 static void put(kvs_store *s, const char *exp, const char *sample, int ignore_eos, int full,
                 double ratio, int64_t n_tok, int64_t dec_tok, double dec_ms, double kv_after,
                 int64_t model_bytes) {
     char key[65], def[512];
-    snprintf(def, sizeof def, "exp=%s\nsample=%s\nmode=query_aware\nn_predict=64 %s\nmethod=%s\n"
-             "budget=%g\n", exp, sample, ignore_eos ? "stop=none ignore_eos=1" : "stop=newline",
-             full ? "full" : "flashcache", ratio);
+    snprintf(def, sizeof def, "exp=%s\nmodel=m h%s%s\nsample=%s\nmode=query_aware\nn_predict=64 %s\nmethod=%s\n"
+             "budget=%g\n", exp, put_cache[0] ? " kv_cache=" : "", put_cache, sample,
+             ignore_eos ? "stop=none ignore_eos=1" : "stop=newline", full ? "full" : "flashcache", ratio);
     kvs_sha256_hex(def, strlen(def), key);
     kvs_cell_row c = {0};
     c.key = key;
@@ -75,7 +78,7 @@ static void test_config(const char *golden) {
     kvs_err err = {0};
     CHECK_OK(kvs_config_load(path, NULL, 0, &cfg, &err), &err);
     if (err.code) return;
-    CHECK_EQ_INT(cfg.n_experiments, 2);
+    CHECK_EQ_INT(cfg.n_experiments, 6); /* 2 models x 3 cache types */
     for (int i = 0; i < cfg.n_experiments; i++) {
         const kvs_experiment *e = &cfg.experiments[i];
         CHECK_EQ_INT(e->kind, KVS_KIND_TASK);
@@ -87,8 +90,12 @@ static void test_config(const char *golden) {
         CHECK_EQ_INT(e->backend_embedded, 1);
         CHECK_EQ_INT(e->in_flight, 1);
     }
-    CHECK(!strcmp(cfg.experiments[0].model, "qwen2.5-0.5b") &&
-          !strcmp(cfg.experiments[1].model, "gemma3-270m"));
+    static const char *const ct[3] = {"f16", "q8_0", "q4_0"};
+    for (int i = 0; i < cfg.n_experiments && i < 6; i++) {
+        CHECK(!strcmp(cfg.experiments[i].model, i < 3 ? "qwen2.5-0.5b" : "gemma3-270m"));
+        CHECK(!strcmp(cfg.experiments[i].backend_cache_k, ct[i % 3]) &&
+              !strcmp(cfg.experiments[i].backend_cache_v, ct[i % 3]));
+    }
     kvs_config_free(&cfg);
 }
 
@@ -170,6 +177,32 @@ int main(int argc, char **argv) {
         CHECK_MSG(rc == KVS_ERR_UNSUPPORTED && strstr(err.msg, "gnuplot"), "%s", err.msg);
     }
     CHECK_FAILS(kvs_report_decode_plot(s, &o, "x.pdf", &nf, &err), KVS_ERR_INVALID, &err, ".svg");
+
+    /* cache types: a q8_0 table of its own, against the f16 full of the prompt. f16 full: 64 tok
+     * in 1000 ms, KV 100 MiB. q8_0 full: 64 in 800 ms (80 tok/s, x1.25), KV 53.125 MiB, predicted
+     * 500 / 453.125 = 1.1034, ratio 1.1328; q8_0 at 0.5: 64 in 625 ms (102.4 tok/s, x1.6), KV
+     * 26.5625 MiB, predicted 500 / 426.5625 = 1.1722, ratio 1.3650 */
+    put(s, "decq", "A", 1, 1, 1.0, 2000, 64, 1000, 100 * MB, W);
+    put_cache = "q8_0";
+    put(s, "decq", "A", 1, 1, 1.0, 2000, 64, 800, 53.125 * MB, W);
+    put(s, "decq", "A", 1, 0, 0.5, 2000, 64, 625, 26.5625 * MB, W);
+    put_cache = "";
+    char *mq = render(s, KVS_REPORT_MD, "decq", &rows);
+    CHECK_EQ_INT(rows, 3);
+    CHECK_MSG(strstr(mq, "## decode speed: decq (m; weights 400.0 MiB)") &&
+                  strstr(mq, "## decode speed: decq (m; KV cache q8_0; weights 400.0 MiB)"),
+              "a table per cache type: %s", mq);
+    CHECK_MSG(strstr(mq, "| 2K | 2000 | 1 (full) | 1 | 53.12 | 80.0 | 1.250 [1.250, 1.250] | 1.103 | 1.133 |"),
+              "q8_0 full row: %s", mq);
+    CHECK_MSG(strstr(mq, "| 2K | 2000 | 0.5 | 1 | 26.56 | 102.4 | 1.600 [1.600, 1.600] | 1.172 | 1.365 |"),
+              "q8_0 0.5 row: %s", mq);
+    CHECK(strstr(mq, "KV cache q8_0") > strstr(mq, "| 2K | 2000 | 1 (full) | 1 | 100.00 |"));
+    free(mq);
+    char *jq = render(s, KVS_REPORT_JSON, "decq", &rows);
+    CHECK_MSG(strstr(jq, "\"model\": \"m\", \"cache_type\": \"q8_0\"") &&
+                  strstr(jq, "\"model\": \"m\", \"cache_type\": \"f16\""),
+              "JSON cache types: %s", jq);
+    free(jq);
     kvs_store_close(s);
     eval_rmdir(dir);
     return kvs_test_finish("test_eval_report_decode");

@@ -4,6 +4,7 @@
                      [--host 127.0.0.1] [--port 8080] [--alias NAME] [--threads N] [--queue N]
                      [--n-predict-max N] [--drain-timeout S] [--max-body BYTES] [--max-conn N]
                      [--variant-batch N] [--api-key KEY] [--kv-compression JSON]
+                     [--cache-type f16|q8_0|q4_0] [-ctk T] [-ctv T]
     kvsieve-hf dump  --model ID_OR_PATH (--prompt TEXT | --prompt-file F) [--image F]... [--queries N]
                      [--dtype-out F32|F16|BF16] -o OUT.safetensors
 
@@ -11,6 +12,11 @@
 `Authorization: Bearer KEY` on every endpoint but /health. --kv-compression
 is the kv_compression of requests that carry none (lm-evaluation-harness
 sends no custom fields), e.g. '{"method": "snapkv", "ratio": 0.25}'.
+
+--cache-type (K and V; -ctk / -ctv each): q8_0 and q4_0 store every row
+kept after the prefill and every decoded row as the engine's GGUF blocks
+would read back (kvsieve/hf/quant.py; each response's kv stats say so in
+cache_quant).
 
 A .gguf file as --model is read through transformers' GGUF loader (text
 models). Images in a dump prompt go where its `<__media__>` markers are
@@ -25,7 +31,9 @@ import threading
 
 def _engine(a):
     from .engine import Engine
-    return Engine(a.model, device=a.device, dtype=a.dtype, threads=a.threads, alias=getattr(a, "alias", None))
+    ct = getattr(a, "cache_type", "f16")
+    return Engine(a.model, device=a.device, dtype=a.dtype, threads=a.threads, alias=getattr(a, "alias", None),
+                  cache_type_k=getattr(a, "cache_type_k", None) or ct, cache_type_v=getattr(a, "cache_type_v", None) or ct)
 
 
 def cmd_serve(a):
@@ -98,6 +106,10 @@ def main(argv=None):
             p.add_argument("--host", default="127.0.0.1")
             p.add_argument("--port", type=int, default=8080)
             p.add_argument("--alias", default=None)
+            p.add_argument("--cache-type", default="f16", help="KV cache type of K and V: f16 (the model dtype), "
+                           "q8_0, q4_0 (GGUF blocks round-tripped in torch: kvsieve/hf/quant.py)")
+            p.add_argument("-ctk", "--cache-type-k", default=None, help="K's cache type (default --cache-type)")
+            p.add_argument("-ctv", "--cache-type-v", default=None, help="V's cache type (default --cache-type)")
             p.add_argument("--queue", type=int, default=16)
             p.add_argument("--n-predict-max", type=int, default=4096)
             p.add_argument("--drain-timeout", type=float, default=10.0)

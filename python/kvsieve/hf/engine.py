@@ -32,7 +32,7 @@ import time
 import torch
 
 import kvsieve
-from . import attention, kvpress_rows
+from . import attention, kvpress_rows, quant
 
 IMAGE_MARKER = "<__media__>"  # llama-server's default media marker in a prompt
 
@@ -69,10 +69,17 @@ class Engine:
     device: "cpu", "cuda" or "cuda:N". dtype: auto | float32 | float16 |
     bfloat16. threads: libkvsieve worker threads for compress / apply."""
 
-    def __init__(self, model, device="cpu", dtype="auto", threads=1, alias=None):
+    def __init__(self, model, device="cpu", dtype="auto", threads=1, alias=None, cache_type_k="f16",
+                 cache_type_v=None):
         import transformers
         if dtype not in DTYPES:
             raise ValueError("--dtype %r: use one of %s" % (dtype, ", ".join(DTYPES)))
+        cache_type_v = cache_type_v or cache_type_k
+        for flag, t in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
+            if t not in quant.TYPES:
+                raise ValueError("%s %r: use one of %s" % (flag, t, ", ".join(quant.TYPES)))
+        # K and V cache types: "f16" keeps the cache dtype; q8_0 / q4_0 store the rows through quant.py
+        self.cache_type = (cache_type_k, cache_type_v)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device %s: torch sees no CUDA device" % device)
@@ -126,8 +133,36 @@ class Engine:
         self.n_ctx = int(getattr(self.text_config, "max_position_embeddings", 32768) or 32768)
         self.arch = getattr(cfg, "model_type", "?")
         self.cache_kw = cache_keyword(self.model)
+        if self.quantised():
+            d = getattr(self.text_config, "head_dim", None) or self.text_config.hidden_size // \
+                self.text_config.num_attention_heads
+            for t in self.cache_type:
+                quant.row_bytes(t, d)  # head sizes that are not whole blocks are refused here, not per request
 
     # -- facts ---------------------------------------------------------------------
+    def quantised(self):
+        return any(t != "f16" for t in self.cache_type)
+
+    def cache_type_name(self):
+        k, v = self.cache_type
+        return k if k == v else "%s/%s" % (k, v)
+
+    def cache_quant(self):
+        """The response's statement of how the cache type is applied (quant.py)."""
+        if not self.quantised():
+            return "none: the cache keeps the model dtype"
+        return ("kvsieve-hf quant.py: GGUF Q8_0 / Q4_0 blocks round-tripped in torch (byte-identical to the "
+                "engine's rows) on every row stored after the prefill (the kept rows, then each decoded "
+                "token's), held in the cache dtype; the prefill attends in the model dtype; transformers' "
+                "QuantizedCache needs optimum-quanto or hqq, not installed")
+
+    def new_cache(self):
+        """A DynamicCache, or a QuantCache storing rows in the cache types."""
+        import transformers
+        if self.quantised():
+            return quant.QuantCache(*self.cache_type, config=self.model.config)
+        return transformers.DynamicCache(config=self.model.config)
+
     def _refuse_unsupported(self):
         tc = self.text_config
         types = getattr(tc, "layer_types", None) or []
@@ -158,6 +193,8 @@ class Engine:
                 "n_ctx": self.n_ctx, "multimodal": self.multimodal, "device": str(self.device),
                 "dtype": str(self.model.dtype).replace("torch.", ""), "n_vocab": len(self.tokenizer),
                 "image_token_id": self.image_token_id, "kvsieve": kvsieve.build_info(),
+                "cache_type": self.cache_type_name(), "cache_type_k": self.cache_type[0],
+                "cache_type_v": self.cache_type[1], "cache_quant": self.cache_quant(),
                 "transformers": __import__("transformers").__version__, "torch": torch.__version__}
 
     # -- inputs --------------------------------------------------------------------------
@@ -329,12 +366,15 @@ class Engine:
         """The variant's plan and cache: (plan or None for full, cache, stats)."""
         import transformers
         if kvpress_rows.is_kvpress(variant.method):  # a kvpress press on the same request
+            if self.quantised():
+                raise RequestError(400, variant.field, "%s: kvpress rows run on transformers' own cache; "
+                                   "not available with --cache-type %s" % (variant.field, self.cache_type_name()))
             try:
                 return kvpress_rows.compress(self, pre, variant)
             except kvpress_rows.RequestError as exc:
                 raise RequestError(exc.status, exc.field, exc.message)
         N = pre.prompt.n_tokens
-        cache = transformers.DynamicCache(config=self.model.config)
+        cache = self.new_cache()  # the kept rows enter it through update(): quantised there
         if variant.method == "full":
             for l, (k, v, _q) in enumerate(pre.layers):
                 cache.update(k, v, l)  # shares the prefill's tensors: update() concatenates, never writes in place
@@ -396,7 +436,7 @@ class Engine:
         if V == 1:
             cache = caches[0]
         else:
-            cache = transformers.DynamicCache(config=self.model.config)
+            cache = self.new_cache()  # the decoded rows are quantised as they enter
             valid = []
         for l in range(self.n_layers if V > 1 else 0):
             ks = [c.layers[l].keys for c in caches]
@@ -410,7 +450,7 @@ class Engine:
                 K[b, :, :k.shape[2]] = k[0]
                 Vv[b, :, :v.shape[2]] = v[0]
                 ok[b, :k.shape[2]] = True
-            cache.update(K, Vv, l)
+            transformers.DynamicCache.update(cache, K, Vv, l)  # rows already stored in the cache types
             valid.append(ok)
         caches.clear()
         if self.mrope:

@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import kvsieve
 import torch
 
-from . import chunked, scoring
+from . import chunked, quant, scoring
 from .fields import _bool, _num, _str
 from .engine import IMAGE_MARKER, Cancelled, Prefill, RequestError, decode_image
 
@@ -404,6 +404,9 @@ class Server:
         eng = self.engine
         if variants[0].chunk and variants[0].method != "full":
             v = variants[0]
+            if eng.quantised():
+                raise RequestError(400, v.field, "%s: chunk is not available with --cache-type %s (chunked "
+                                   "prefill keeps transformers' own cache)" % (v.field, eng.cache_type_name()))
             if prompt.span_sets:
                 raise RequestError(400, "kv_spans", "kv_spans: not available with kv_compression.chunk (several plans)")
             if want_plan:
@@ -497,7 +500,8 @@ class Server:
         layers, tb, ta, bb, ba = [], 0, 0, 0, 0
         for l, (k, _v, _q) in enumerate(pre.layers):
             H, N, d = k.shape[1], k.shape[2], k.shape[3]
-            row = 2 * H * d * k.element_size()
+            # bytes of one position: K and V of every KV head in their cache types (quant.py's blocks)
+            row = H * sum(quant.row_bytes(t, d, k.element_size()) for t in eng.cache_type)
             B = st["budgets"][l]
             layers.append({"layer": l, "local": False, "compressed": v.method != "full",
                            "tokens_before": N, "tokens_after": B, "bytes_before": N * row, "bytes_after": B * row})
@@ -510,7 +514,8 @@ class Server:
               "modality_positions": _runs(pre.prompt.modality),
               "tokens_before": tb, "tokens_after": ta, "bytes_before": bb, "bytes_after": ba,
               "bytes_before_global": bb, "bytes_after_global": ba, "bytes_before_local": 0, "bytes_after_local": 0,
-              "note": st["note"], "layers": layers, "device": str(eng.device)}
+              "note": st["note"], "layers": layers, "device": str(eng.device),
+              "cache_type": eng.cache_type_name(), "cache_quant": eng.cache_quant()}
         if "plan" in st:
             kv["plan"] = st["plan"]
         if "chunks" in st:  # chunked: what each compression kept (rows of a layer per KV head)

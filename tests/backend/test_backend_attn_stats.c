@@ -13,6 +13,9 @@
  *     sliding-window layers, and dropped by decode, extend, compression and
  *     reset; a copy takes them along;
  *   - kvs_method_reads_attn_stats names h2o, lookm, meda and not snapkv.
+ * With a registry model name as argv[1] (backend_attn_stats_model_*, labels
+ * model;slow; exit 77 when it is not installed) the same on that model with
+ * a 300-token prompt.
  */
 #include <math.h>
 #include <stdio.h>
@@ -23,8 +26,6 @@
 #include "kvsieve_methods.h"
 #include "test_util.h"
 #include "tiny_model.h"
-
-enum { N = 150 };
 
 /* max |a - b| / max(1e-3, max |b|) per [H][N] column block */
 static double colsum_err(const float *a, const float *b, int H, int n) {
@@ -40,9 +41,9 @@ static double colsum_err(const float *a, const float *b, int H, int n) {
 
 static double rel(double a, double b) { return fabs(a - b) / fmax(1e-12, fabs(b)); }
 
-/* Every layer of s's view that carries statistics against core's passes;
- * returns how many layers had them. */
-static int check_view(kvs_session *s, const uint8_t *modality, const char *what) {
+/* Every layer of s's view (an N-token prompt) that carries statistics
+ * against core's passes; returns how many layers had them. */
+static int check_view(kvs_session *s, int N, const uint8_t *modality, const char *what) {
     kvs_err err = {0};
     kvs_layer *ls = calloc(KVS_MAX_LAYERS, sizeof *ls);
     int map[KVS_MAX_LAYERS], nm = 0, have = 0;
@@ -57,7 +58,7 @@ static int check_view(kvs_session *s, const uint8_t *modality, const char *what)
         const int Hkv = L->k.n_heads;
         float *col = malloc(sizeof(float) * (size_t)Hkv * N);
         kvs_entropy_stats ent;
-        uint8_t all_text[N] = {0};
+        uint8_t *all_text = calloc((size_t)N, 1);
         CHECK_OK(kvs_attn_colsum_fused(&L->q, &L->k, NULL, col, NULL, 1, &err), &err);
         CHECK_OK(kvs_attn_stats_fused(&L->q, &L->k, modality ? modality : all_text, NULL, NULL, NULL, &ent, 1, &err),
                  &err);
@@ -83,6 +84,7 @@ static int check_view(kvs_session *s, const uint8_t *modality, const char *what)
         CHECK(given == 0 && colsum_err(sc, col, Hkv, N) < 1e-5 && rel(e2.plain, ent.plain) < 1e-5);
         free(sc);
         free(col);
+        free(all_text);
     }
     free(ls);
     return have;
@@ -123,28 +125,26 @@ static void check_plans(kvs_session *with, kvs_session *without, const char *wha
     }
 }
 
-static void run_arch(const char *arch, int ubatch, int with_image) {
+/* The checks on model m with an N-token prompt (random tokens; an image
+ * span in the middle when with_image), prompt chunked by ubatch. */
+static void run_model(kvs_model *m, int N, int ubatch, int with_image, const char *what) {
     kvs_err err = {0};
-    char what[64];
-    snprintf(what, sizeof what, "%s ubatch %d%s", arch, ubatch, with_image ? " image" : "");
-    tiny_spec sp = tiny_default(arch);
-    char path[64];
-    snprintf(path, sizeof path, "backend_attn_stats_%s.gguf", arch);
-    CHECK_OK(tiny_write(&sp, path, &err), &err);
-    kvs_model *m = NULL;
-    kvs_model_opts mo = {2};
-    CHECK_OK(kvs_model_load(path, &mo, &m, &err), &err);
-    if (!m) return;
     const kvs_model_info *I = kvs_model_get_info(m);
-    int32_t toks[N];
-    uint8_t mod[N];
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)N);
+    uint8_t *mod = malloc((size_t)N);
+    if (!toks || !mod) {
+        CHECK(0);
+        free(toks);
+        free(mod);
+        return;
+    }
     uint64_t rng = 11;
     for (int i = 0; i < N; i++) {
         toks[i] = (int32_t)(kvs_rng_next(&rng) % (uint64_t)I->n_vocab);
-        mod[i] = with_image && i >= 40 && i < 90 ? KVS_MOD_IMAGE : KVS_MOD_TEXT;
+        mod[i] = with_image && i >= N / 4 && i < N / 2 ? KVS_MOD_IMAGE : KVS_MOD_TEXT;
     }
     const uint8_t *modality = with_image ? mod : NULL;
-    kvs_session_opts so = {256, 2, -1, KVS_CACHE_F32, 0};
+    kvs_session_opts so = {N + 8, 2, -1, KVS_CACHE_F32, 0};
     kvs_session *s = NULL, *bare = NULL, *cp = NULL;
     CHECK_OK(kvs_session_new(m, &so, &s, &err), &err);
     CHECK_OK(kvs_session_new(m, &so, &bare, &err), &err);
@@ -155,17 +155,20 @@ static void run_arch(const char *arch, int ubatch, int with_image) {
     /* off by default */
     CHECK_OK(kvs_session_prefill(bare, toks, N, modality, NULL, &err), &err);
     CHECK(!kvs_session_has_attn_stats(bare));
-    CHECK_EQ_INT(check_view(bare, modality, what), 0);
+    CHECK_EQ_INT(check_view(bare, N, modality, what), 0);
     kvs_session_set_attn_stats(s, 1);
     CHECK_OK(kvs_session_prefill(s, toks, N, modality, NULL, &err), &err);
     CHECK(kvs_session_has_attn_stats(s));
-    const int want = !strcmp(arch, "gemma3") ? 1 : I->n_layers; /* gemma3: 5 sliding-window layers have none */
-    CHECK_EQ_INT(check_view(s, modality, what), want);
+    kvs_kv_stats ks;
+    kvs_session_kv_stats(s, &ks);
+    int want = 0; /* sliding-window layers (gemma3's local ones) have none */
+    for (int l = 0; l < I->n_layers; l++) want += !ks.is_local[l];
+    CHECK_EQ_INT(check_view(s, N, modality, what), want);
     check_plans(s, bare, what);
     /* a copy takes them along; a copy of a session without them has none */
     CHECK_OK(kvs_session_copy(cp, s, &err), &err);
     CHECK(kvs_session_has_attn_stats(cp));
-    CHECK_EQ_INT(check_view(cp, modality, what), want);
+    CHECK_EQ_INT(check_view(cp, N, modality, what), want);
     CHECK_OK(kvs_session_copy(cp, bare, &err), &err);
     CHECK(!kvs_session_has_attn_stats(cp));
     /* compression drops them */
@@ -195,11 +198,44 @@ done:
     kvs_session_free(s);
     kvs_session_free(bare);
     kvs_session_free(cp);
+    free(toks);
+    free(mod);
+}
+
+static void run_arch(const char *arch, int ubatch, int with_image) {
+    kvs_err err = {0};
+    char what[64];
+    snprintf(what, sizeof what, "%s ubatch %d%s", arch, ubatch, with_image ? " image" : "");
+    tiny_spec sp = tiny_default(arch);
+    char path[64];
+    snprintf(path, sizeof path, "backend_attn_stats_%s.gguf", arch);
+    CHECK_OK(tiny_write(&sp, path, &err), &err);
+    kvs_model *m = NULL;
+    kvs_model_opts mo = {2};
+    CHECK_OK(kvs_model_load(path, &mo, &m, &err), &err);
+    if (m) run_model(m, 150, ubatch, with_image, what);
     kvs_model_free(m);
     remove(path);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) { /* a real model (registry name): a 300-token prompt, chunked and not */
+        kvs_err err = {0};
+        char path[1024];
+        if (kvs_model_resolve(argv[1], path, sizeof path, &err) != KVS_OK) {
+            printf("backend_attn_stats: SKIPPED: model %s is not installed (%s)\n", argv[1], err.msg);
+            return 77;
+        }
+        kvs_model *m = NULL;
+        kvs_model_opts mo = {2};
+        CHECK_OK(kvs_model_load(path, &mo, &m, &err), &err);
+        if (m) {
+            run_model(m, 300, 2048, 0, argv[1]);
+            run_model(m, 300, 128, 1, argv[1]);
+        }
+        kvs_model_free(m);
+        return kvs_test_finish("backend_attn_stats (model)");
+    }
     CHECK(kvs_method_reads_attn_stats(kvs_method_find("h2o")));
     CHECK(kvs_method_reads_attn_stats(kvs_method_find("lookm")));
     CHECK(kvs_method_reads_attn_stats(kvs_method_find("meda")));

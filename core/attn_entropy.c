@@ -105,19 +105,18 @@ static kvs_status ent_begin(const attn_ctx *c, kvs_entropy_stats *out, const cha
     return KVS_OK;
 }
 
-/* Means over rows in row order (independent of the thread count). */
-static kvs_status ent_reduce(const row_stats *re, int Nq, kvs_entropy_stats *out, const char *fn,
-                             kvs_err *err) {
-    const double *h_plain = re->h_plain, *h_x = re->h_x;
-    const int8_t *kind = re->kind;
+/* Means over rows in row order (independent of the thread count): row i's
+ * entropies are hp[i * stride], hx[i * stride]. */
+static kvs_status reduce_rows(const double *hp, const double *hx, size_t stride, const int8_t *kind,
+                              int Nq, kvs_entropy_stats *out, const char *fn, kvs_err *err) {
     double sp = 0.0, stv = 0.0, svt = 0.0;
     for (int i = 0; i < Nq; i++) {
-        sp += h_plain[i];
+        sp += hp[i * stride];
         if (kind[i] == ROW_TV) {
-            stv += h_x[i];
+            stv += hx[i * stride];
             out->n_tv++;
         } else if (kind[i] == ROW_VT) {
-            svt += h_x[i];
+            svt += hx[i * stride];
             out->n_vt++;
         }
     }
@@ -128,6 +127,11 @@ static kvs_status ent_reduce(const row_stats *re, int Nq, kvs_entropy_stats *out
         return kvs_errorf(err, KVS_ERR_NUMERIC, "%s: entropy is not finite (NaN or Inf in q or k?)",
                           fn);
     return KVS_OK;
+}
+
+static kvs_status ent_reduce(const row_stats *re, int Nq, kvs_entropy_stats *out, const char *fn,
+                             kvs_err *err) {
+    return reduce_rows(re->h_plain, re->h_x, 1, re->kind, Nq, out, fn, err);
 }
 
 /* Finishes query row i from its sums over the keys of a = Abar: zp = sum a,
@@ -424,5 +428,96 @@ cleanup:
     free(J.acc);
     free(lse_owned);
     kvs_attn_ctx_free(&c);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Given statistics: a producer's rows, a consumer's one entry point         */
+/* ------------------------------------------------------------------------ */
+
+void kvs_attn_row_entropy(const float *asum, int nv, int Hq, const uint8_t *modality, double h[2],
+                          int8_t *kind) {
+    const int p = nv - 1;
+    int8_t kd = ROW_NONE;
+    if (modality) {
+        int vis = 0, txt = 0; /* keys 0 .. p of each kind (row_kind's prefix counts) */
+        for (int j = 0; j <= p && !(vis && txt); j++) {
+            vis |= is_visual(modality[j]);
+            txt |= modality[j] == KVS_MOD_TEXT;
+        }
+        if (modality[p] == KVS_MOD_TEXT && vis) kd = ROW_TV;
+        else if (is_visual(modality[p]) && txt) kd = ROW_VT;
+    }
+    const v8f inv = v8_set1((float)(1.0 / Hq));
+    double zp = 0.0, tp = 0.0, zx = 0.0, tx = 0.0;
+    float a[TK], km[TK]; /* a chunk of the row, zero-padded to VL; its keys' eligibility */
+    /* float sums over TK-key chunks, double across them (as the passes above) */
+    for (int j0 = 0; j0 < nv; j0 += TK) {
+        const int w = nv - j0 < TK ? nv - j0 : TK, wp = (w + VL - 1) / VL * VL;
+        memcpy(a, asum + j0, sizeof(float) * (size_t)w);
+        for (int j = w; j < wp; j++) a[j] = 0.0f;
+        if (kd != ROW_NONE)
+            for (int j = 0; j < wp; j++)
+                km[j] = j < w && (kd == ROW_TV ? is_visual(modality[j0 + j])
+                                               : modality[j0 + j] == KVS_MOD_TEXT)
+                            ? 1.0f
+                            : 0.0f;
+        v8f vz = v8_set1(0.0f), vt = vz, vzx = vz, vtx = vz;
+        for (int j = 0; j < wp; j += VL) {
+            const v8f av = v8_load(a + j) * inv, t = v8_xlogx(av);
+            vz += av;
+            vt += t;
+            if (kd != ROW_NONE) {
+                const v8f mk = v8_load(km + j);
+                vzx += av * mk;
+                vtx += t * mk;
+            }
+        }
+        zp += v8_hsum(vz);
+        tp += v8_hsum(vt);
+        if (kd != ROW_NONE) {
+            zx += v8_hsum(vzx);
+            tx += v8_hsum(vtx);
+        }
+    }
+    row_stats re = {0};
+    re.h_plain = &h[0];
+    re.h_x = &h[1];
+    re.kind = kind;
+    row_entropy_out(zp, tp, zx, tx, kd, 0, &re);
+}
+
+kvs_status kvs_attn_entropy_reduce(const double *h, const int8_t *kind, int Nq,
+                                   kvs_entropy_stats *out, kvs_err *err) {
+    static const char fn[] = "kvs_attn_entropy_reduce";
+    if (!h || !kind || !out || Nq < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: NULL input or no rows (Nq = %d)", fn, Nq);
+    memset(out, 0, sizeof *out);
+    return reduce_rows(h, h + 1, 2, kind, Nq, out, fn, err);
+}
+
+kvs_status kvs_layer_attn_stats(const kvs_layer *in, const uint8_t *modality, float *colsum,
+                                kvs_entropy_stats *ent, int threads, int *given, kvs_err *err) {
+    static const char fn[] = "kvs_layer_attn_stats";
+    if (given) *given = 0;
+    const int N = in->k.n_tokens, Hkv = in->k.n_heads;
+    const int need_col = colsum && !in->attn_colsum, need_ent = ent && !in->attn_ent;
+    if (colsum && in->attn_colsum) memcpy(colsum, in->attn_colsum, sizeof(float) * (size_t)Hkv * N);
+    if (ent && in->attn_ent) *ent = *in->attn_ent;
+    if (!need_col && !need_ent) {
+        if (given) *given = 1;
+        return KVS_OK;
+    }
+    if (!in->q.data || in->q.n_tokens != N)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "%s: needs the queries of all N=%d prompt positions but got Nq=%d", fn, N,
+                          in->q.data ? in->q.n_tokens : 0);
+    if (!need_ent)
+        return kvs_attn_colsum_fused(&in->q, &in->k, NULL, colsum, NULL, threads, err);
+    uint8_t *all_text = modality ? NULL : calloc((size_t)N, 1); /* KVS_MOD_TEXT == 0 */
+    if (!modality && !all_text) return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory", fn);
+    kvs_status st = kvs_attn_stats_fused(&in->q, &in->k, modality ? modality : all_text, NULL,
+                                         need_col ? colsum : NULL, NULL, ent, threads, err);
+    free(all_text);
     return st;
 }

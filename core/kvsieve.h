@@ -119,6 +119,18 @@ kvs_status kvs_view_check_finite(const kvs_view *v, const char *what, kvs_err *e
 
 enum { KVS_MOD_TEXT = 0, KVS_MOD_IMAGE = 1, KVS_MOD_VIDEO = 2, KVS_MOD_AUDIO = 3 };
 
+/* Entropies of the head-averaged causal attention Abar = mean_h A_h:
+ *   plain:   mean over rows of H(Abar[i][:])
+ *   xmodal:  E_TV = mean over text-query rows of the entropy of Abar[i][j]
+ *            restricted to image keys j <= p_i and re-normalised; E_VT the
+ *            same for image-query rows over text keys. Rows with no eligible
+ *            key are skipped; *n_tv, *n_vt count the rows used. */
+typedef struct {
+    double plain;
+    double e_tv, e_vt;
+    int64_t n_tv, n_vt;
+} kvs_entropy_stats;
+
 /* One layer of one prompt. q.data may be NULL (no queries recorded); q holds
  * the queries of the LAST q.n_tokens prompt positions: query row i sits at
  * position N - Nq + i and may attend keys 0 .. N - Nq + i (causal). */
@@ -132,6 +144,21 @@ typedef struct {
      * read it (an HF o_proj.weight [E][Hq*d] is the view s_head = d,
      * s_tok = Hq*d, no copy). */
     kvs_view wo;
+    /* Optional attention statistics a producer already has (the engine
+     * accumulates them during prefill), NULL when absent; a consumer then
+     * computes them itself from q and k (kvs_layer_attn_stats). Contract:
+     * the queries are ALL N prompt positions (query i at position i, keys
+     * j <= i: causal, no window), logits q_i . k_j / sqrt(d), softmax per
+     * query row over its visible keys, i.e. exactly what the functions
+     * below compute from Nq = N recorded queries; only the summation order
+     * may differ (fp32 rounding). Valid only for the uncompressed prompt
+     * cache the view shows: a producer drops them once the cache changes.
+     * attn_colsum [Hkv][N]: colsum of kvs_attn_colsum (GQA mean over the G
+     * query heads of each KV head of sum_i A_h[i][j]): H2O's score.
+     * attn_ent: kvs_attn_entropies over those N queries with the view's
+     * modality (all text when the view's modality is NULL). */
+    const float *attn_colsum;
+    const kvs_entropy_stats *attn_ent;
 } kvs_layer;
 
 /* A whole prompt: L layers with equal N, Hkv, d; optional modality [N]. */
@@ -318,8 +345,11 @@ enum {
                                     state, so it runs once per create/observe;
                                     kvs_compress_many then observes once per
                                     budget (no method of this tree sets it) */
-    KVS_NEED_W_O = 1u << 5       /* each layer's output projection (kvs_layer.wo):
+    KVS_NEED_W_O = 1u << 5,      /* each layer's output projection (kvs_layer.wo):
                                     kvs_compress refuses a view without it */
+    KVS_READS_ATTN_STATS = 1u << 6 /* property: reads kvs_layer.attn_colsum /
+                                    attn_ent when present (else computes them):
+                                    a producer that can accumulate them should */
 };
 
 typedef struct kvs_method kvs_method;
@@ -469,19 +499,8 @@ kvs_status kvs_attn_colsum(const kvs_view *q, const kvs_view *k, const float *ls
 kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *lse, float *colsum,
                                  float *row_entropy, int threads, kvs_err *err);
 
-/* Entropies of the head-averaged causal attention Abar = mean_h A_h:
- *   plain:   mean over rows of H(Abar[i][:])
- *   xmodal:  E_TV = mean over text-query rows of the entropy of Abar[i][j]
- *            restricted to image keys j <= p_i and re-normalised; E_VT the
- *            same for image-query rows over text keys. Rows with no eligible
- *            key are skipped; *n_tv, *n_vt count the rows used.
- * modality is [N] (query row i has modality modality[p_i]). */
-typedef struct {
-    double plain;
-    double e_tv, e_vt;
-    int64_t n_tv, n_vt;
-} kvs_entropy_stats;
-
+/* Entropies of the head-averaged causal attention (kvs_entropy_stats, above
+ * kvs_layer): modality is [N] (query row i has modality modality[p_i]). */
 kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float *lse,
                               const uint8_t *modality, kvs_entropy_stats *out, int threads,
                               kvs_err *err);
@@ -496,6 +515,27 @@ kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float 
 kvs_status kvs_attn_stats_fused(const kvs_view *q, const kvs_view *k, const uint8_t *modality,
                                 float *lse, float *colsum, float *row_entropy,
                                 kvs_entropy_stats *ent, int threads, kvs_err *err);
+
+/* The all-query statistics of one layer as kvs_layer's contract defines them:
+ * colsum [Hkv][N] (NULL: not wanted) and ent (NULL: not wanted; modality [N]
+ * or NULL = all text) from in->attn_colsum / in->attn_ent where present, the
+ * rest from ONE fused pass over in->q (Nq = N required then) and in->k
+ * (kvs_attn_colsum_fused, or kvs_attn_stats_fused when ent is computed).
+ * *given (may be NULL) receives 1 when no pass was needed. */
+kvs_status kvs_layer_attn_stats(const kvs_layer *in, const uint8_t *modality, float *colsum,
+                                kvs_entropy_stats *ent, int threads, int *given, kvs_err *err);
+
+/* For a producer that holds one query row's probabilities summed over all
+ * Hq query heads (asum[j] = sum_h A_h[i][j], j < nv, the row at position
+ * p = nv - 1): h[0] = entropy of the head-averaged row, h[1] = its
+ * restricted (cross-modal) entropy, *kind = 0 none, 1 text-to-visual,
+ * 2 visual-to-text (modality [>= nv] or NULL = all text), as
+ * kvs_attn_entropies defines them. kvs_attn_entropy_reduce takes the rows'
+ * h [Nq][2] and kind [Nq] to kvs_entropy_stats (means in row order). */
+void kvs_attn_row_entropy(const float *asum, int nv, int Hq, const uint8_t *modality, double h[2],
+                          int8_t *kind);
+kvs_status kvs_attn_entropy_reduce(const double *h, const int8_t *kind, int Nq,
+                                   kvs_entropy_stats *out, kvs_err *err);
 
 /* ------------------------------------------------------------------------ */
 /* Fidelity: how well a compressed cache reproduces attention outputs        */

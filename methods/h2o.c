@@ -6,7 +6,8 @@
  *   - Score per query head h: the column sum of the causal attention over ALL
  *     N prefill queries, s_h[j] = sum_{i >= j} A_h[i][j], fp32 (core's
  *     kvs_attn_lse + kvs_attn_colsum: two tiled passes, O(N) memory per head,
- *     never an N x N buffer). GQA: mean over the G query heads of a KV head.
+ *     never an N x N buffer; read from kvs_layer.attn_colsum instead where
+ *     the view carries it). GQA: mean over the G query heads of a KV head.
  *   - Option `normalize` (default false, i.e. raw sums as the original code):
  *     s[j] /= N - j, the number of queries that see key j.
  *   - Per KV head and layer with budget B: keep the last r = floor(B / 2)
@@ -74,7 +75,7 @@ static kvs_status h2o_select(void *state, int per_layer, kvs_plan *out, kvs_err 
 const kvs_method kvs_method_h2o = {
     .name = "h2o",
     .summary = "H2O heavy hitters: attention column sums over all prefill queries + recent window",
-    .needs = KVS_NEED_Q_ALL,
+    .needs = KVS_NEED_Q_ALL | KVS_READS_ATTN_STATS,
     .params = h2o_params,
     .n_params = (int)(sizeof h2o_params / sizeof h2o_params[0]),
     .queries_wanted = kvs_tp_queries_all,

@@ -39,6 +39,11 @@ kvs_status kvs_method_lookup(const char *name, const kvs_method **out, kvs_err *
  * description, methods/parts/kvs_parts.h): the front ends' one entry point.
  * *owned is the composed method to free with kvs_composed_free (NULL for a
  * registered one). */
+/* 1 when the method reads kvs_layer.attn_colsum / attn_ent where a view
+ * carries them (KVS_READS_ATTN_STATS in its needs, or a preset whose scorer
+ * or allocator has it in props): a producer that can accumulate them during
+ * prefill (the engine's kvs_session_set_attn_stats) should. */
+int kvs_method_reads_attn_stats(const kvs_method *m);
 struct kvs_composed;
 kvs_status kvs_method_resolve(const char *text, const kvs_method **m, struct kvs_composed **owned,
                               kvs_err *err);

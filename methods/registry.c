@@ -19,6 +19,13 @@ static const kvs_method *const registry[] = {
     &kvs_preset_cur, &kvs_preset_leverage,
 };
 
+int kvs_method_reads_attn_stats(const kvs_method *m) {
+    if (!m) return 0;
+    if (m->needs & KVS_READS_ATTN_STATS) return 1;
+    const kvs_composition *c = kvs_parts_composition(m);
+    return c && ((c->scorer->props | c->allocator->props) & KVS_READS_ATTN_STATS) != 0;
+}
+
 int kvs_methods_count(void) { return (int)(sizeof registry / sizeof registry[0]); }
 
 const kvs_method *kvs_method_at(int i) {

@@ -110,14 +110,14 @@ kvs_status kvs_tp_check_modality(const char *method, int layer, const uint8_t *m
 }
 
 kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int normalize,
-                         int threads, float *lse /* [Hq][N] */, float *scores /* [Hkv][N] */,
+                         int threads, float *scores /* [Hkv][N] */,
                          const uint8_t *modality, kvs_entropy_stats *ent, kvs_err *err) {
     const int N = in->k.n_tokens, Hkv = in->k.n_heads;
     assert(in->q.data && in->q.n_tokens == N);
-    /* One fused pass over the logits: lse and column sums (and, for MEDA, the
-     * entropies of the head-averaged attention) from the same tiles. */
-    kvs_status st = ent ? kvs_attn_stats_fused(&in->q, &in->k, modality, lse, scores, NULL, ent, threads, err)
-                        : kvs_attn_colsum_fused(&in->q, &in->k, lse, scores, NULL, threads, err);
+    /* One fused pass over the logits: column sums (and, for MEDA, the
+     * entropies of the head-averaged attention) from the same tiles, or none
+     * where the view carries them (kvs_layer.attn_colsum / attn_ent) */
+    kvs_status st = kvs_layer_attn_stats(in, modality, scores, ent, threads, NULL, err);
     if (st != KVS_OK) return kvs_err_prefix(err, "%s: layer %d", method, layer);
     for (int g = 0; g < Hkv; g++) {
         float *s = scores + (size_t)g * N; /* [N] */
@@ -203,9 +203,8 @@ kvs_status kvs_tp_create(const kvs_method *m, const kvs_params *p, const kvs_sha
     s->shape = *shape;
     s->recent_frac = p->v[recent_param];
     const size_t N = (size_t)shape->n_tokens;
-    s->lse = malloc(sizeof(float) * (size_t)shape->n_q_heads * N);
     s->scores = malloc(sizeof(float) * (size_t)shape->n_layers * (size_t)shape->n_kv_heads * N);
-    if (!s->lse || !s->scores) {
+    if (!s->scores) {
         kvs_tp_destroy(s);
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for [L=%d][Hkv=%d][N=%d] scores",
                           method, shape->n_layers, shape->n_kv_heads, shape->n_tokens);
@@ -217,7 +216,6 @@ kvs_status kvs_tp_create(const kvs_method *m, const kvs_params *p, const kvs_sha
 void kvs_tp_destroy(void *state) {
     kvs_tp_state *s = state;
     if (!s) return;
-    free(s->lse);
     free(s->scores);
     free(s);
 }
@@ -262,7 +260,7 @@ kvs_status kvs_tp_observe(kvs_tp_state *s, int layer, const kvs_layer *in, const
     if (st != KVS_OK) return st;
     const int Hkv = shape->n_kv_heads, N = shape->n_tokens;
     float *sc = s->scores + (size_t)layer * Hkv * N; /* [Hkv][N] */
-    st = kvs_tp_scores(method, layer, in, normalize, shape->threads, s->lse, sc, ent_modality, ent,
+    st = kvs_tp_scores(method, layer, in, normalize, shape->threads, sc, ent_modality, ent,
                        err);
     if (st != KVS_OK) return st;
     if (text_prior) kvs_text_boost(sc, Hkv, N, modality);

@@ -41,15 +41,15 @@ kvs_status kvs_tp_check_layer(const char *method, int layer, const kvs_layer *in
 kvs_status kvs_tp_check_modality(const char *method, int layer, const uint8_t *modality, int N,
                                  kvs_err *err);
 
-/* H2O scores of one layer: lse is caller scratch [Hq][N] (left holding the
- * row log-sum-exp); scores is [Hkv][N]: s[g][j] = (1/G) sum_{h in g}
+/* H2O scores of one layer: scores is [Hkv][N]: s[g][j] = (1/G) sum_{h in g}
  * sum_{i >= j} A_h[i][j], divided by N - j when `normalize`. When ent is
  * non-NULL (MEDA) it also receives the entropies of the head-averaged
  * attention under `modality` (kvs_attn_stats_fused); otherwise modality is
- * unused. One fused pass over the logits either way. A non-finite score
+ * unused. One fused pass over the logits either way, or none where the view
+ * carries the statistics (core's kvs_layer_attn_stats). A non-finite score
  * (logit overflow) is KVS_ERR_NUMERIC naming method, layer, KV head, token. */
 kvs_status kvs_tp_scores(const char *method, int layer, const kvs_layer *in, int normalize,
-                         int threads, float *lse /* [Hq][N] */, float *scores /* [Hkv][N] */,
+                         int threads, float *scores /* [Hkv][N] */,
                          const uint8_t *modality, kvs_entropy_stats *ent, kvs_err *err);
 
 /* LOOK-M's text prior is kvs_text_boost (methods/parts/kvs_parts.h, the h2o
@@ -81,7 +81,6 @@ typedef struct {
     kvs_shape shape;     /* as given at create */
     double recent_frac;  /* recent window share, r = floor(B * recent_frac) */
     int n_observed;      /* layers observed so far, in order */
-    float *lse;          /* [Hq][N] scratch for the lse pass */
     float *scores;       /* [L][Hkv][N] scores (text-boosted for lookm / meda) */
 } kvs_tp_state;
 
@@ -91,13 +90,13 @@ int kvs_tp_queries_all(const kvs_params *p, int N);
 /* The create step they share: kvs_tp_check_params, shape (L, N, Hkv >= 1),
  * kvs_tp_require_all_queries, then one zeroed block of state_size bytes
  * (>= sizeof(kvs_tp_state); the caller's struct starts with a kvs_tp_state)
- * with m, shape, recent_frac = p->v[recent_param] and the lse / scores
- * buffers set. *state is NULL on failure (nothing left allocated); the
+ * with m, shape, recent_frac = p->v[recent_param] and the scores
+ * buffer set. *state is NULL on failure (nothing left allocated); the
  * caller fills its own fields after success. */
 kvs_status kvs_tp_create(const kvs_method *m, const kvs_params *p, const kvs_shape *shape,
                          int recent_param, size_t state_size, void **state, kvs_err *err);
 
-/* Frees a state made by kvs_tp_create (lse, scores, the block); NULL is a
+/* Frees a state made by kvs_tp_create (scores, the block); NULL is a
  * no-op. Fields the method added are the method's to free first. */
 void kvs_tp_destroy(void *state);
 

@@ -412,6 +412,7 @@ static kvs_status decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss
     for (int i = 0; i < n; i++) {
         db->pos[i] = ss[i]->n_past;
         kvs_kv_make_room(ss[i], ss[i]->n_past, 1);
+        kvs_attn_stats_free(ss[i]); /* the cache grows: not the prefill's any more */
     }
     /* a session alone may record its queries (kvs_session_record_window) */
     const int rec_end = n == 1 ? ss[0]->rec_end : 0;
@@ -613,6 +614,7 @@ typedef struct {
     pf_buf *b;
     const kv_layer *c;
     int p0, len0, window; /* position of the chunk's first token, cache rows before the chunk */
+    int stats_layer;      /* >= 0: accumulate the attention statistics of this layer (s->as) */
 } at_job;
 
 /* First row in [lo, hi) of P (ascending) with P[row] > p - window. */
@@ -625,65 +627,112 @@ static int first_in_window(const int32_t *P, int lo, int hi, int p, int window) 
     return lo;
 }
 
+/* Which rows of head g's fp32 tiles thread ith already holds (conversion shared by heads of a group). */
+typedef struct {
+    int g, lo, hi;
+} at_conv;
+
+/* Attention statistics of one (query head h, tile at t0) whose normalised
+ * probabilities are S [tq][nk] (keys from row 0: an uncompressed cache, no
+ * window): the tile's column sums go, in double, to the thread's [Hkv][cap]
+ * accumulator, the rows to the thread's head sum asum [tq][cap]; after the
+ * last head each row's entropies are taken (kvs_attn_row_entropy). */
+static void at_stats(const at_job *j, int ith, int h, int t0, int tq, int nk, const float *S) {
+    attn_stats *as = &j->s->as;
+    const kvs_model_info *MI = &j->s->m->info;
+    const int Hq = MI->n_heads, G = Hq / MI->n_kv_heads, g = h / G, l = j->stats_layer, cap = as->cap;
+    float *tsum = as->tsum + (size_t)ith * cap;                                /* [nk] */
+    double *tcol = as->tcol + ((size_t)ith * MI->n_kv_heads + g) * cap;      /* [cap] */
+    float *asum = as->asum + (size_t)ith * KVS_QTILE * cap;                  /* [tq][cap] */
+    memset(tsum, 0, sizeof(float) * (size_t)nk);
+    for (int i = 0; i < tq; i++) {
+        const float *r = S + (size_t)i * nk;
+        float *a = asum + (size_t)i * cap;
+        for (int k = 0; k < nk; k++) tsum[k] += r[k];
+        if (h == 0) memcpy(a, r, sizeof(float) * (size_t)nk);
+        else
+            for (int k = 0; k < nk; k++) a[k] += r[k];
+    }
+    for (int k = 0; k < nk; k++) tcol[k] += tsum[k];
+    if (h != Hq - 1) return;
+    for (int i = 0; i < tq; i++) {
+        const int p = j->p0 + t0 + i; /* sees keys 0 .. p */
+        kvs_attn_row_entropy(asum + (size_t)i * cap, p + 1, Hq, as->modality,
+                             as->rowh + ((size_t)l * cap + p) * 2, as->kind + (size_t)l * cap + p);
+    }
+}
+
+/* One job of at_run: query head h against tile t0. */
+static void at_one(const at_job *j, int ith, int h, int t0, at_conv *cv) {
+    kvs_session *s = j->s;
+    pf_buf *b = j->b;
+    const kv_layer *c = j->c;
+    const kvs_model_info *MI = &s->m->info;
+    const int D = MI->head_dim, Hq = MI->n_heads, G = MI->n_heads / MI->n_kv_heads, T = b->T;
+    float *S = b->S + (size_t)ith * KVS_QTILE * b->kmax;
+    int g = h / G;
+    const int32_t *P = kvs_kv_pos(c, g);
+    const int len0 = j->len0 - kvs_kv_lag(c, g); /* rows of head g before the chunk */
+    int tq = T - t0 < KVS_QTILE ? T - t0 : KVS_QTILE;
+    int pf = j->p0 + t0, kmax = len0 + t0 + tq;
+    int kmin = j->window > 0 ? first_in_window(P, 0, kmax, pf, j->window) : 0;
+    int nk = kmax - kmin;
+    assert(nk <= b->kmax);
+    /* rows kmin.. of head g in fp32: f32 caches in place, others converted
+     * (block types a tile of this head's rows at a time: never the whole cache) */
+    const float *Kc = (const float *)kvs_kv_krow(s, c, g, kmin), *Vc = (const float *)kvs_kv_vrow(s, c, g, kmin);
+    float *KT = b->KT ? b->KT + (size_t)ith * b->kmax * D : NULL;
+    float *VT = b->VT ? b->VT + (size_t)ith * b->kmax * D : NULL;
+    /* heads of one group share the conversion when their jobs follow each other */
+    const int conv = cv->g != g || cv->lo != kmin || cv->hi != kmax;
+    if (KT && conv) kvs_cache_to_f32(s->ctype_k, kvs_kv_krow(s, c, g, kmin), KT, nk * D);
+    if (VT && conv) kvs_cache_to_f32(s->ctype_v, kvs_kv_vrow(s, c, g, kmin), VT, nk * D);
+    cv->g = g;
+    cv->lo = kmin;
+    cv->hi = kmax;
+    if (KT) Kc = KT;
+    if (VT) Vc = VT;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, nk, D, s->m->attn_scale,
+                b->Q + ((size_t)t0 * Hq + h) * D, Hq * D, Kc, D, 0.0f, S, nk);
+    int lo = kmin;
+    for (int i = 0; i < tq; i++) {
+        float *r = S + (size_t)i * nk;
+        int p = pf + i;
+        if (j->window > 0) lo = first_in_window(P, lo, len0 + t0 + i + 1, p, j->window);
+        int a = lo - kmin, e = len0 + t0 + i + 1 - kmin; /* valid keys [a, e) */
+        assert(0 <= a && a <= e && e <= nk);
+        const float mx = kvs_vmax(r + a, e - a);
+        double sum = kvs_vexp_sub(r + a, e - a, mx);
+        float inv = (float)(1.0 / sum);
+        memset(r, 0, sizeof(float) * (size_t)a);
+        kvs_vscale(r + a, e - a, inv);
+        memset(r + e, 0, sizeof(float) * (size_t)(nk - e));
+    }
+    if (j->stats_layer >= 0) at_stats(j, ith, h, t0, tq, nk, S);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, D, nk, 1.0f, S, nk, Vc, D, 0.0f,
+                b->A + ((size_t)t0 * Hq + h) * D, Hq * D);
+}
+
 /* Attention of the chunk: jobs are (query head, query tile) pairs, tiles of
  * KVS_QTILE queries against the cache rows they may see: rows [0, len0) hold
  * earlier positions (maybe compressed: each KV head its own positions P),
  * rows len0 + t the chunk's token t. Query t sees rows up to len0 + t
  * (causal) with P > p - window (sliding window); scores in the thread's own
  * [QTILE][kmax] buffer. On an uncompressed cache (P[r] = r, len0 = p0) this
- * is plain causal attention. */
+ * is plain causal attention. While the attention statistics are accumulated
+ * a thread takes a tile with all its Hq heads in order (a row's entropy
+ * needs every head's probabilities). */
 static void at_run(void *arg, int ith, int nth) {
     at_job *j = arg;
-    kvs_session *s = j->s;
-    pf_buf *b = j->b;
-    const kv_layer *c = j->c;
-    const kvs_model_info *MI = &s->m->info;
-    const int D = MI->head_dim, Hq = MI->n_heads, G = MI->n_heads / MI->n_kv_heads, T = b->T;
-    const int ntile = (T + KVS_QTILE - 1) / KVS_QTILE;
-    float *S = b->S + (size_t)ith * KVS_QTILE * b->kmax;
-    int conv_g = -1, conv_lo = 0, conv_hi = 0; /* rows of KV head conv_g already in the fp32 tiles */
-    for (int job = ith; job < Hq * ntile; job += nth) {
-        int h = job / ntile, t0 = (job % ntile) * KVS_QTILE, g = h / G;
-        const int32_t *P = kvs_kv_pos(c, g);
-        const int len0 = j->len0 - kvs_kv_lag(c, g); /* rows of head g before the chunk */
-        int tq = T - t0 < KVS_QTILE ? T - t0 : KVS_QTILE;
-        int pf = j->p0 + t0, kmax = len0 + t0 + tq;
-        int kmin = j->window > 0 ? first_in_window(P, 0, kmax, pf, j->window) : 0;
-        int nk = kmax - kmin;
-        assert(nk <= b->kmax);
-        /* rows kmin.. of head g in fp32: f32 caches in place, others converted
-         * (block types a tile of this head's rows at a time: never the whole cache) */
-        const float *Kc = (const float *)kvs_kv_krow(s, c, g, kmin), *Vc = (const float *)kvs_kv_vrow(s, c, g, kmin);
-        float *KT = b->KT ? b->KT + (size_t)ith * b->kmax * D : NULL;
-        float *VT = b->VT ? b->VT + (size_t)ith * b->kmax * D : NULL;
-        /* heads of one group share the conversion when their jobs follow each other */
-        const int conv = conv_g != g || conv_lo != kmin || conv_hi != kmax;
-        if (KT && conv) kvs_cache_to_f32(s->ctype_k, kvs_kv_krow(s, c, g, kmin), KT, nk * D);
-        if (VT && conv) kvs_cache_to_f32(s->ctype_v, kvs_kv_vrow(s, c, g, kmin), VT, nk * D);
-        conv_g = g;
-        conv_lo = kmin;
-        conv_hi = kmax;
-        if (KT) Kc = KT;
-        if (VT) Vc = VT;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, nk, D, s->m->attn_scale,
-                    b->Q + ((size_t)t0 * Hq + h) * D, Hq * D, Kc, D, 0.0f, S, nk);
-        int lo = kmin;
-        for (int i = 0; i < tq; i++) {
-            float *r = S + (size_t)i * nk;
-            int p = pf + i;
-            if (j->window > 0) lo = first_in_window(P, lo, len0 + t0 + i + 1, p, j->window);
-            int a = lo - kmin, e = len0 + t0 + i + 1 - kmin; /* valid keys [a, e) */
-            assert(0 <= a && a <= e && e <= nk);
-            const float mx = kvs_vmax(r + a, e - a);
-            double sum = kvs_vexp_sub(r + a, e - a, mx);
-            float inv = (float)(1.0 / sum);
-            memset(r, 0, sizeof(float) * (size_t)a);
-            kvs_vscale(r + a, e - a, inv);
-            memset(r + e, 0, sizeof(float) * (size_t)(nk - e));
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, D, nk, 1.0f, S, nk, Vc, D, 0.0f,
-                    b->A + ((size_t)t0 * Hq + h) * D, Hq * D);
+    const int Hq = j->s->m->info.n_heads;
+    const int ntile = (j->b->T + KVS_QTILE - 1) / KVS_QTILE;
+    at_conv cv = {-1, 0, 0};
+    if (j->stats_layer >= 0) {
+        for (int tile = ith; tile < ntile; tile += nth)
+            for (int h = 0; h < Hq; h++) at_one(j, ith, h, tile * KVS_QTILE, &cv);
+        return;
     }
+    for (int job = ith; job < Hq * ntile; job += nth) at_one(j, ith, job / ntile, (job % ntile) * KVS_QTILE, &cv);
 }
 
 /* Per-token work between the matrix products, split over tokens. */
@@ -751,6 +800,20 @@ static void ew_run(void *arg, int ith, int nth) {
     }
 }
 
+/* End of a layer's attention over a chunk: the threads' column sums of keys
+ * [0, nk) go to the layer's (in thread order) and are zeroed. */
+static void attn_stats_reduce(kvs_session *s, int l, int nk) {
+    attn_stats *as = &s->as;
+    const int Hkv = s->m->info.n_kv_heads, nth = kvs_pool_size(s->pool);
+    for (int t = 0; t < nth; t++)
+        for (int g = 0; g < Hkv; g++) {
+            double *src = as->tcol + ((size_t)t * Hkv + g) * as->cap;           /* [cap] */
+            double *dst = as->col + ((size_t)l * Hkv + g) * as->cap;            /* [cap] */
+            for (int k = 0; k < nk; k++) dst[k] += src[k];
+            memset(src, 0, sizeof(double) * (size_t)nk);
+        }
+}
+
 /* Run tokens at positions [p0, p0+T): b->X holds their input embeddings; each
  * layer appends them after its current rows. rec: record queries (prompt of
  * n_total tokens). */
@@ -778,8 +841,10 @@ static void prefill_chunk(kvs_session *s, pf_buf *b, int p0, int rec, int n_tota
         ej.stage = EW_QK;
         kvs_pool_run(s->pool, ew_run, &ej);
         c->len = len0 + T;
-        at_job aj = {s, b, c, p0, len0, w->is_local ? MI->sliding_window : 0};
+        const int stats = s->as.active && s->as.have[l] ? l : -1;
+        at_job aj = {s, b, c, p0, len0, w->is_local ? MI->sliding_window : 0, stats};
         kvs_pool_run(s->pool, at_run, &aj);
+        if (stats >= 0) attn_stats_reduce(s, l, len0 + T);
         matmul(s, b, &w->wo, b->A, b->O, NULL, 0);
         ej.stage = EW_ATTN_OUT;
         kvs_pool_run(s->pool, ew_run, &ej);
@@ -922,6 +987,7 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
             c->nq = nq;
         }
     }
+    if ((st = kvs_attn_stats_begin(s, n, modality, err))) goto fail;
     if (n <= KVS_SHORT_PROMPT) {
         /* short prompts: token by token with the decode kernels (no weight dequantisation) */
         for (int t = 0; t < n; t++) {
@@ -936,6 +1002,7 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
     } else {
         if ((st = run_chunks(s, tokens, embd, n, armed ? armed : n, logits, err))) goto fail;
     }
+    if ((st = kvs_attn_stats_finish(s, n, err))) goto fail;
     for (int i = 0; i < n; i++) s->modality[i] = modality ? modality[i] : KVS_MOD_TEXT;
     s->n_past = n;
     s->n_prompt = n;
@@ -982,6 +1049,7 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
     }
     const int p_start = s->n_past;
     kvs_status st = KVS_OK;
+    kvs_attn_stats_free(s); /* the cache grows: not the prefill's any more */
     if (s->kivi) {
         /* a KIVI store answers for the tokens it holds: each token is one
          * decode step (the store as decoding leaves it, bit for bit) */

@@ -304,6 +304,20 @@ void kvs_session_free(kvs_session *s);
 /* Prefill chunk in tokens (default 2048; <= 0 restores it). Bounds the prefill
  * scratch memory; every chunk attends to the earlier ones through the cache. */
 void kvs_session_set_ubatch(kvs_session *s, int ubatch);
+/* Accumulate the prompt's attention statistics during the next prefills
+ * (off by default: plain prefill then costs nothing extra): the column sums
+ * and entropies kvs_layer.attn_colsum / attn_ent carry (core/kvsieve.h),
+ * taken from the probabilities prefill computes anyway, so methods that read
+ * them (kvs_method_reads_attn_stats: h2o, lookm, meda) skip their own pass
+ * over all N queries. Only prompts longer than 8 tokens prefilled from
+ * position 0 get them (chunked by ubatch or not), only global layers with
+ * the 1/sqrt(d) logit scale; cache views hand them out while the cache is
+ * that prefill's (reset, extend, decode, a compression drop them; a copy
+ * takes them along). Cost: a column sum and a row entropy per attention
+ * probability, and [threads][128][N] floats of scratch during prefill.
+ * kvs_session_has_attn_stats: 1 while they are valid. */
+void kvs_session_set_attn_stats(kvs_session *s, int on);
+int kvs_session_has_attn_stats(const kvs_session *s);
 /* Forget the sequence (cache lengths to 0, capacity restored). */
 void kvs_session_reset(kvs_session *s);
 int kvs_session_n_ctx(const kvs_session *s);

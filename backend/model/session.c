@@ -165,6 +165,7 @@ void kvs_session_free(kvs_session *s) {
     free(s->inv_freq_l);
     kvs_dec_buf_free(&s->db);
     free(s->scores);
+    kvs_attn_stats_free(s);
     free(s);
 }
 
@@ -301,6 +302,7 @@ void kvs_session_reset(kvs_session *s) {
     s->n_past = 0;
     s->n_prompt = 0;
     s->rec_end = 0;
+    kvs_attn_stats_free(s);
 }
 
 int kvs_session_n_ctx(const kvs_session *s) { return s->n_ctx; }
@@ -526,7 +528,7 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
     dst->n_past = src->n_past;
     dst->n_prompt = src->n_prompt;
     dst->rec_end = src->rec_end;
-    return KVS_OK;
+    return kvs_attn_stats_copy(dst, src, err);
 }
 
 /* The view of kvs_session_cache_view; current = 1: of the rows held now (compressed, extended or
@@ -559,6 +561,7 @@ static kvs_status cache_view(const kvs_session *s, int include_local, int curren
         if (st) return st;
         if (c->q) L->q = (kvs_view){c->q, KVS_F32, KVS_HOST, Hq, c->nq, D, (int64_t)c->nq * D, D};
         else L->q = (kvs_view){NULL, KVS_F32, KVS_HOST, Hq, 0, D, 0, D};
+        if (!current) kvs_attn_stats_view(s, l, L); /* the prefill's statistics, where it has them */
         layer_map[n++] = l;
     }
     if (n == 0) return kvs_errorf(err, KVS_ERR_INVALID, "cache view: no layer selected (all layers are local)");
@@ -631,6 +634,7 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
                           plan->n_layers, plan->n_kv_heads, plan->n_tokens, MI->n_layers, Hkv, s->n_prompt);
     kvs_kv_stats before;
     kvs_session_kv_stats(s, &before);
+    kvs_attn_stats_free(s); /* the cache changes below */
     /* a plan that only keeps rows copies them as they are (bytes of any cache
      * type, block rows whole); one that merges goes through kvs_apply in fp32
      * and back to the cache type (block types quantise the merged rows again) */

@@ -60,6 +60,30 @@ typedef struct {
     int *lim;                                    /* [cap] rows its query sees (its own row + 1) */
 } dec_buf;
 
+/* Attention statistics of the prompt accumulated during prefill
+ * (kvs_session_set_attn_stats), what kvs_layer.attn_colsum / attn_ent hand
+ * to the methods: per layer the GQA-mean column sums over all n queries and
+ * the entropies of the head-averaged attention. Layer l has them when
+ * have[l] (a global layer whose logits use the contract's 1/sqrt(d) scale);
+ * all are valid only while n == n_prompt > 0 and the cache is the
+ * uncompressed prefill cache (anything that changes the cache sets n = 0). */
+typedef struct {
+    int n;                   /* prompt length they describe; 0: none */
+    int cap;                 /* tokens the buffers below hold */
+    double *col;             /* [L][Hkv][cap] column sums (sum over heads, rows) */
+    float *colsum;           /* [L][Hkv][cap] the contract's colsum, made at the end */
+    double *rowh;            /* [L][cap][2] per-row entropies (kvs_attn_row_entropy) */
+    int8_t *kind;            /* [L][cap] row kinds */
+    kvs_entropy_stats *ent;  /* [L] */
+    uint8_t *have;           /* [L] */
+    /* per prefill: per-thread scratch of the accumulation in at_run */
+    double *tcol;            /* [threads][Hkv][cap] */
+    float *asum;             /* [threads][QTILE][cap] a tile's rows summed over heads */
+    float *tsum;             /* [threads][cap] a tile's column sums of one head */
+    const uint8_t *modality; /* the prompt's, or NULL (all text), during prefill */
+    int active;              /* a prefill is accumulating them */
+} attn_stats;
+
 struct kvs_session {
     kvs_model *m;
     int n_ctx, n_threads, record_queries, ubatch;
@@ -77,6 +101,8 @@ struct kvs_session {
     float *inv_freq_g, *inv_freq_l; /* [D/2] */
     dec_buf db;                     /* decode scratch of one sequence */
     float *scores;                  /* [Hq][n_ctx] decode attention scores */
+    int want_attn_stats;            /* kvs_session_set_attn_stats */
+    attn_stats as;
 };
 
 struct kvs_batch {
@@ -118,6 +144,18 @@ void kvs_kv_drop_bounded(kvs_session *s, int p);
 /* Rows layer c can take from position p on (trimmed layers: after dropping);
  * exact only when below need. */
 int kvs_kv_room(const kvs_session *s, const kv_layer *c, int p, int need);
+/* attn_stats.c: the prompt's attention statistics (s->as). free: drop them
+ * (anything that changes the cache). begin: before a prefill of n tokens
+ * from position 0 (modality [n] or NULL, held until finish): allocates and
+ * arms the accumulation when asked for and n > KVS_SHORT_PROMPT. finish:
+ * after it, makes the contract's values (valid from then on). copy: dst
+ * gets src's (if any). view: out's attn_colsum / attn_ent for model layer l
+ * (NULL where absent or no longer valid). */
+void kvs_attn_stats_free(kvs_session *s);
+kvs_status kvs_attn_stats_begin(kvs_session *s, int n, const uint8_t *modality, kvs_err *err);
+kvs_status kvs_attn_stats_finish(kvs_session *s, int n, kvs_err *err);
+kvs_status kvs_attn_stats_copy(kvs_session *dst, const kvs_session *src, kvs_err *err);
+void kvs_attn_stats_view(const kvs_session *s, int l, kvs_layer *out);
 
 /* kivi_cache.c: the KIVI stores of a session (s->kivi set). */
 /* The stores' config from the session's K and V types (both kivi), G and R (<= 0: KIVI's). */

@@ -348,6 +348,9 @@ static void admit(kvs_server *s, srv_job *j) {
         srv_fail(&j->e, 500, "", "cannot create a session: %s", err.msg);
         goto fail;
     }
+    /* h2o, lookm, meda: the prefill accumulates the attention statistics they read (one pass for all) */
+    for (int i = 0; i < g->n_variants && !chunked; i++)
+        if (kvs_method_reads_attn_stats(g->variants[i].method)) kvs_session_set_attn_stats(pre, 1);
     double t0 = kvs_now_ms();
     if (chunked) {
         if (srv_chunked_prefill(s, pre, chunked, g->prompt, g->n_prompt, NULL, NULL, logits0, &j->outs[0].chunks,

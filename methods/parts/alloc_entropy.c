@@ -15,7 +15,8 @@
  * Statistics: the `h2o` scorer writes the entropies from the same fused
  * pass as its column sums (kvs_attn_stats_fused) when this allocator reads
  * them; with any other scorer, measure runs that pass itself (one
- * attention pass over all N queries, O(N) memory per head).
+ * attention pass over all N queries, O(N) memory per head) unless the view
+ * carries them (kvs_layer.attn_ent: kvs_layer_attn_stats reads them).
  * Parameters: none. Needs the queries of all N positions and reads the
  * modality mask.
  * Decisions (as the monolithic meda.c took them): "image" is what core calls visual (image
@@ -67,11 +68,7 @@ static kvs_status entropy_measure(const kvs_part_ctx *c, int layer, const kvs_la
                           "needs the queries of all N=%d prompt positions (KVS_NEED_Q_ALL) but got "
                           "Nq=%d",
                           N, in->q.data ? in->q.n_tokens : 0);
-    uint8_t *all_text = c->modality ? NULL : calloc((size_t)N, 1); /* KVS_MOD_TEXT == 0 */
-    if (!c->modality && !all_text) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
-    kvs_status rc = kvs_attn_stats_fused(&in->q, &in->k, c->modality ? c->modality : all_text, NULL,
-                                         NULL, NULL, &out->ent, c->shape.threads, err);
-    free(all_text);
+    kvs_status rc = kvs_layer_attn_stats(in, c->modality, NULL, &out->ent, c->shape.threads, NULL, err);
     if (rc) return kvs_err_prefix(err, "layer %d", layer);
     out->have |= KVS_STAT_ENTROPY;
     return KVS_OK;
@@ -112,6 +109,7 @@ const kvs_allocator kvs_alloc_entropy = {
     .allocate = entropy_allocate,
     .stats = KVS_STAT_ENTROPY,
     .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+    .props = KVS_READS_ATTN_STATS,
     .queries_wanted = entropy_queries,
     .measure = entropy_measure,
 };

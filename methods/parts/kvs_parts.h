@@ -110,6 +110,8 @@ typedef struct {
      * shape): scores is [Hkv][N], finite. */
     kvs_status (*score)(void *state, int layer, const kvs_layer *in, float *scores, kvs_err *err);
     void (*destroy)(void *state);
+    unsigned props; /* KVS_READS_ATTN_STATS: reads kvs_layer.attn_colsum / attn_ent
+                       when present (kvs_method_reads_attn_stats); not a need */
 } kvs_scorer;
 
 extern const kvs_scorer kvs_scorer_snapkv, kvs_scorer_h2o, kvs_scorer_tova, kvs_scorer_knorm,
@@ -142,6 +144,7 @@ typedef struct {
     int (*queries_wanted)(const kvs_method *m, const kvs_params *p, int N);
     kvs_status (*measure)(const kvs_part_ctx *c, int layer, const kvs_layer *in,
                           kvs_layer_stats *out, kvs_err *err);
+    unsigned props; /* as kvs_scorer's */
 } kvs_allocator;
 
 extern const kvs_allocator kvs_alloc_uniform, kvs_alloc_pyramid;

@@ -14,8 +14,11 @@
  * the monolithic lookm.c and meda.c scored. Needs all N queries. When the
  * composition's allocator reads MEDA's entropies (KVS_STAT_ENTROPY) the
  * pass is core's kvs_attn_stats_fused, which yields them with the column
- * sums (as the monolithic meda.c). Cost
- * Hq * N^2 * d / 2 (one fused pass); memory [Hq][N] + the scores.
+ * sums (as the monolithic meda.c). All through core's kvs_layer_attn_stats:
+ * where the view carries them (kvs_layer.attn_colsum / attn_ent, e.g. the
+ * engine's prefill accumulated them) they are read, not recomputed (same
+ * definition, another summation order). Cost Hq * N^2 * d / 2 (one fused
+ * pass) or none; memory the scores.
  * Decisions where sources disagree: raw sums by default (the original code);
  * `normalize` is the spec's option. H2O's recent window is not part of the
  * scorer: compose it with the `window` keep rule (recent_frac = 0.5).
@@ -28,8 +31,6 @@
 typedef struct {
     const kvs_part_ctx *c;
     int normalize, text_prior;
-    float *lse;        /* [Hq][N] */
-    uint8_t *all_text; /* [N] KVS_MOD_TEXT: the entropies' mask when modality is absent */
 } h2o_sc_state;
 
 void kvs_text_boost(float *scores /* [Hkv][N] */, int Hkv, int N, const uint8_t *modality) {
@@ -52,8 +53,6 @@ static int h2o_sc_queries(const kvs_method *m, const kvs_params *p, int N) {
 static void h2o_sc_destroy(void *state) {
     h2o_sc_state *st = state;
     if (!st) return;
-    free(st->lse);
-    free(st->all_text);
     free(st);
 }
 
@@ -73,12 +72,6 @@ static kvs_status h2o_sc_make(const kvs_part_ctx *c, int text_prior, void **stat
     st->c = c;
     st->normalize = kvs_part_param(c->m, c->p, "normalize", 0) != 0;
     st->text_prior = text_prior || kvs_part_param(c->m, c->p, "text_prior", 0) != 0;
-    st->lse = malloc(sizeof(float) * (size_t)c->shape.n_q_heads * (size_t)c->shape.n_tokens);
-    st->all_text = calloc((size_t)c->shape.n_tokens, 1); /* KVS_MOD_TEXT == 0 */
-    if (!st->lse || !st->all_text) {
-        h2o_sc_destroy(st);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
-    }
     *state = st;
     return KVS_OK;
 }
@@ -101,15 +94,14 @@ static kvs_status h2o_sc_score(void *state, int layer, const kvs_layer *in, floa
                           "%s: layer %d: needs the queries of all N=%d prompt positions "
                           "(KVS_NEED_Q_ALL) but got Nq=%d",
                           mn, layer, N, in->q.data ? in->q.n_tokens : 0);
-    /* MEDA's entropies (alloc_entropy.c) come from the same fused pass */
+    /* MEDA's entropies (alloc_entropy.c) come from the same fused pass, or
+     * with the column sums from the view when its producer has them */
     kvs_layer_stats *ls = st->c->stats && (st->c->want_stats & KVS_STAT_ENTROPY)
                               ? &st->c->stats[layer]
                               : NULL;
     const uint8_t *mod = st->c->modality;
-    kvs_status rc = ls ? kvs_attn_stats_fused(&in->q, &in->k, mod ? mod : st->all_text, st->lse,
-                                              scores, NULL, &ls->ent, st->c->shape.threads, err)
-                       : kvs_attn_colsum_fused(&in->q, &in->k, st->lse, scores, NULL,
-                                               st->c->shape.threads, err);
+    kvs_status rc = kvs_layer_attn_stats(in, mod, scores, ls ? &ls->ent : NULL,
+                                         st->c->shape.threads, NULL, err);
     if (rc) return kvs_err_prefix(err, "%s: layer %d", mn, layer);
     for (int g = 0; g < H; g++) {
         float *s = scores + (size_t)g * N; /* [N] */
@@ -130,6 +122,7 @@ static kvs_status h2o_sc_score(void *state, int layer, const kvs_layer *in, floa
 const kvs_scorer kvs_scorer_h2o = {
     .name = "h2o",
     .needs = KVS_NEED_Q_ALL,
+    .props = KVS_READS_ATTN_STATS,
     .queries_wanted = h2o_sc_queries,
     .create = h2o_sc_create,
     .score = h2o_sc_score,
@@ -141,6 +134,7 @@ const kvs_scorer kvs_scorer_h2o = {
 const kvs_scorer kvs_scorer_lookm = {
     .name = "lookm",
     .needs = KVS_NEED_Q_ALL | KVS_NEED_MODALITY,
+    .props = KVS_READS_ATTN_STATS,
     .queries_wanted = h2o_sc_queries,
     .create = lookm_sc_create,
     .score = h2o_sc_score,

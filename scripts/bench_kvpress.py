@@ -50,6 +50,7 @@ import http.client
 import http.server
 import json
 import os
+import pickle
 import random
 import resource
 import signal
@@ -246,6 +247,23 @@ def read_db(db):
     return out
 
 
+def kvsieve_split(db):
+    """Wall s by stage, from the server's own timings: prefill (once per
+    request), compress (per variant), decode (the variants of a
+    request decode in one batch: the longest variant's time)."""
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT c.sample_id, r.prefill_ms, r.compress_ms, r.decode_ms FROM cells c "
+                       "JOIN results r ON r.cell_key = c.key").fetchall()
+    con.close()
+    pre, dec = {}, {}
+    comp = 0.0
+    for sample, p, cm, d in rows:
+        pre[sample] = p or 0.0
+        dec[sample] = max(dec.get(sample, 0.0), d or 0.0)
+        comp += cm or 0.0
+    return {"prefill": sum(pre.values()) / 1e3, "compress": comp / 1e3, "decode": sum(dec.values()) / 1e3}
+
+
 def children_cpu():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -257,6 +275,8 @@ class KvpressSide:
         import torch
         torch.set_num_threads(threads)
         import kvpress  # noqa: F401  (registers the pipeline, patches the attention functions)
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
         from kvsieve.hf.engine import Engine
         from kvsieve.hf import kvpress_rows
         self.torch, self.rows = torch, kvpress_rows
@@ -270,6 +290,16 @@ class KvpressSide:
         lm = self.model.model.language_model if hasattr(self.model.model, "language_model") else self.model.model
         self.attn = [ly.self_attn for ly in lm.layers]
         self.load_s = time.perf_counter() - t0
+        self.errors = {}  # (mode, method) -> kvpress's error
+        self.split = {"prefill": 0.0, "copy+compress": 0.0, "question+decode": 0.0}  # shared mode, wall s
+
+    def failed(self, mode, v, exc):
+        """None for the answer of a variant kvpress raised on; the first
+        error per (mode, method) is kept for the report."""
+        msg = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0][:160] if str(exc) else "")
+        self.errors.setdefault((mode, v["method"]), msg)
+        log("kvpress %s: %s at ratio %s failed: %s" % (mode, v["method"], v.get("ratio", 1), msg))
+        return None
 
     def press(self, v):
         src = PRESSES[v["method"]]
@@ -287,9 +317,12 @@ class KvpressSide:
         with self.torch.inference_mode():
             for v in variants:
                 self._clear_masks()
-                ans = self.pipe._forward({"context_ids": ctx, "questions_ids": [q]}, max_new_tokens=cap,
-                                         press=self.press(v))
-                out.append(ans[0])
+                try:
+                    ans = self.pipe._forward({"context_ids": ctx, "questions_ids": [q]}, max_new_tokens=cap,
+                                             press=self.press(v))[0]
+                except Exception as exc:  # kvpress's own failure: reported per method, not hidden
+                    ans = self.failed("grid", v, exc)
+                out.append(ans)
         self._clear_masks()
         return out
 
@@ -303,15 +336,19 @@ class KvpressSide:
 
         hooks = [m.register_forward_hook(hook, with_kwargs=True) for m in self.attn]
         out = []
+        t = self.split
         try:
             with torch.inference_mode():
+                t0 = time.perf_counter()
                 cache = DynamicCache()
                 self.model.model(input_ids=ctx, past_key_values=cache)
                 for h in hooks:
                     h.remove()
                 hooks = []
+                t["prefill"] += time.perf_counter() - t0
                 n = ctx.shape[1]
                 for v in variants:
+                    t0 = time.perf_counter()
                     self._clear_masks()
                     c = copy.deepcopy(cache)
                     p = self.press(v)
@@ -320,8 +357,15 @@ class KvpressSide:
                         for l in sorted(rec):
                             module, kw, o = rec[l]
                             p.forward_hook(module, [], dict(kw, past_key_values=c), o)
-                    out.append(self.pipe.generate_answer(question_ids=q, cache=c, context_length=n,
-                                                         max_new_tokens=cap))
+                    t1 = time.perf_counter()
+                    t["copy+compress"] += t1 - t0
+                    try:
+                        ans = self.pipe.generate_answer(question_ids=q, cache=c, context_length=n,
+                                                        max_new_tokens=cap)
+                    except Exception as exc:  # as in grid
+                        ans = self.failed("shared", v, exc)
+                    out.append(ans)
+                    t["question+decode"] += time.perf_counter() - t1
         finally:
             for h in hooks:
                 h.remove()
@@ -356,6 +400,10 @@ def mean_ci(xs, b=1000, seed=7):
     return m, ms[int(0.025 * b)], ms[min(b - 1, int(0.975 * b))]
 
 
+def pct(x):
+    return "-" if x is None else "%.0f%%" % (100 * x)
+
+
 def fmt_ci(t):
     m, lo, hi = t
     return "-" if m is None else "%.3f [%.2f, %.2f]" % (m, lo, hi)
@@ -374,7 +422,13 @@ def main():
     ap.add_argument("--kvsieve", required=True, help="the kvsieve binary")
     ap.add_argument("--workdir", help="keep databases and logs here (default: a temporary folder)")
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--report-from", help="print the report of an earlier run from its WORKDIR/state.pickle")
     a = ap.parse_args()
+    if a.report_from:
+        with open(a.report_from, "rb") as f:
+            state = pickle.load(f)
+        state[0].out = a.out
+        return report(*state)
     a.tasks = [t for t in a.tasks.split(",") if t]
     a.methods = [m for m in a.methods.split(",") if m]
     a.ratios = [float(r) for r in a.ratios.split(",") if r]
@@ -452,8 +506,8 @@ def main():
             for key, (q, resp) in records.items():
                 r2 = copy.deepcopy(resp)
                 for v, out, text in zip(q["kv_compression"]["variants"], r2["variants"], kp[mode]["answers"][key]):
-                    out["content"] = text
-                    out["tokens_predicted"] = len(side.tok(text, add_special_tokens=False)["input_ids"])
+                    out["content"] = text or ""  # a failed variant: left out of the report's figures
+                    out["tokens_predicted"] = len(side.tok(text or "", add_special_tokens=False)["input_ids"])
                 replies[key] = r2
             rp = Proxy(port, "replay", replies)
             try:
@@ -466,14 +520,24 @@ def main():
             finally:
                 rp.close()
             kp[mode]["cells"] = read_db(db)
+            kp[mode]["failed"] = {variant_key(v) for key, (q, _) in records.items()
+                                  for v, t in zip(q["kv_compression"]["variants"], kp[mode]["answers"][key])
+                                  if t is None}
+            kp[mode]["errors"] = {m: e for (md, m), e in side.errors.items() if md == mode}
     finally:
         stop_server(srv)
         slog.close()
     ks = read_db(os.path.join(work, "kvsieve.db"))
-    report(a, ks, ks_wall, ks_cpu, kp, side.load_s, prompts)
+    split = {"kvsieve": kvsieve_split(os.path.join(work, "kvsieve.db"))}
+    if "shared" in kp:
+        split["kvpress shared"] = side.split
+    state = (a, ks, ks_wall, ks_cpu, kp, side.load_s, len(prompts), split)
+    with open(os.path.join(work, "state.pickle"), "wb") as f:
+        pickle.dump(state, f)  # --report-from prints the report again from it
+    report(*state)
 
 
-def report(a, ks, ks_wall, ks_cpu, kp, load_s, prompts):
+def report(a, ks, ks_wall, ks_cpu, kp, load_s, n_prompts, split):
     modes = list(kp)
     rows = []
     for m in a.methods:
@@ -484,15 +548,20 @@ def report(a, ks, ks_wall, ks_cpu, kp, load_s, prompts):
             missing = [k for k in keys if k not in cells]
             if missing:
                 raise SystemExit("bench_kvpress: kvpress %s has no cell %s" % (mode, missing[0]))
-            row[mode] = mean_ci([cells[k][1] for k in keys])
-            row["agree_" + mode] = sum(ks[k][0].strip() == cells[k][0].strip() for k in keys) / max(1, len(keys))
+            ok = [k for k in keys if (k[1], k[2]) not in kp[mode]["failed"]]
+            row["failed_" + mode] = len(keys) - len(ok)
+            row["error_" + mode] = kp[mode]["errors"].get(m)
+            row[mode] = mean_ci([cells[k][1] for k in ok])
+            row["agree_" + mode] = (sum(ks[k][0].strip() == cells[k][0].strip() for k in ok) / len(ok)
+                                    if ok else None)
             row["disagree_" + mode] = [{"sample": k[0], "ratio": k[2], "kvsieve": ks[k][0], "kvpress": cells[k][0],
                                         "score_kvsieve": ks[k][1], "score_kvpress": cells[k][1]}
-                                       for k in keys if ks[k][0].strip() != cells[k][0].strip()]
+                                       for k in ok if ks[k][0].strip() != cells[k][0].strip()]
         if len(modes) == 2:
             c0, c1 = kp[modes[0]]["cells"], kp[modes[1]]["cells"]
-            row["agree_%s_%s" % tuple(modes)] = sum(c0[k][0].strip() == c1[k][0].strip()
-                                                    for k in keys) / max(1, len(keys))
+            ok = [k for k in keys if all((k[1], k[2]) not in kp[md]["failed"] for md in modes)]
+            row["agree_%s_%s" % tuple(modes)] = (sum(c0[k][0].strip() == c1[k][0].strip() for k in ok) / len(ok)
+                                                 if ok else None)
         rows.append(row)
     fastest = min(modes, key=lambda md: kp[md]["wall_s"])
     speed = kp[fastest]["wall_s"] / ks_wall
@@ -501,14 +570,15 @@ def report(a, ks, ks_wall, ks_cpu, kp, load_s, prompts):
     hdr = "| method | n | kvsieve RULER | " + " | ".join("kvpress %s RULER" % md for md in modes) + " | " + \
           " | ".join("agree %s" % md for md in modes) + (" | agree grid-shared |" if len(modes) == 2 else " |")
     print("\nmodel %s, tasks %s, n %d, length %d, kept ratios %s, query-agnostic, %d threads; %d prompts\n" % (
-        a.model, ",".join(a.tasks), a.n, a.length, ",".join(str(r) for r in a.ratios), a.threads, len(prompts)))
+        a.model, ",".join(a.tasks), a.n, a.length, ",".join(str(r) for r in a.ratios), a.threads, n_prompts))
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
     for r in rows:
-        cells = [r["method"], str(r["n"]), fmt_ci(r["kvsieve"])] + [fmt_ci(r[md]) for md in modes] + \
-                ["%.0f%%" % (100 * r["agree_" + md]) for md in modes]
+        cells = [r["method"], str(r["n"]), fmt_ci(r["kvsieve"])] + \
+                [fmt_ci(r[md]) + (" (%d failed)" % r["failed_" + md] if r["failed_" + md] else "") for md in modes] + \
+                [pct(r["agree_" + md]) for md in modes]
         if len(modes) == 2:
-            cells.append("%.0f%%" % (100 * r["agree_%s_%s" % tuple(modes)]))
+            cells.append(pct(r["agree_%s_%s" % tuple(modes)]))
         print("| " + " | ".join(cells) + " |")
     print("\n| side | wall s | CPU s |\n|---|---|---|")
     print("| kvsieve (serve start to run end, model load included) | %.1f | %.1f |" % (ks_wall, ks_cpu))
@@ -517,6 +587,13 @@ def report(a, ks, ks_wall, ks_cpu, kp, load_s, prompts):
             md, load_s, kp[md]["wall_s"], kp[md]["cpu_s"]))
     print("\nspeed-up: kvpress %s (the faster) / kvsieve = %.1fx wall (bar: >= 10x); CPU time: kvpress %s / "
           "kvsieve = %.1fx" % (fastest, speed, fastest_cpu, speed_cpu))
+    for r in rows:
+        for md in modes:
+            if r["error_" + md]:
+                print("kvpress %s failed on %s (%d of %d cells; left out of its score and agreement): %s" % (
+                    md, r["method"], r["failed_" + md], r["n"], r["error_" + md]))
+    for side, d in split.items():
+        print("where the time goes, %s (wall s): %s" % (side, ", ".join("%s %.1f" % kv for kv in d.items())))
     print("\ndifferences that remain:\n" + "\n".join("- " + d for d in DIFFERENCES))
     for r in rows:
         for md in modes:
@@ -526,10 +603,10 @@ def report(a, ks, ks_wall, ks_cpu, kp, load_s, prompts):
                     d["kvpress"][:60], d["score_kvpress"]))
     if a.out:
         res = {"model": a.model, "tasks": a.tasks, "n": a.n, "length": a.length, "ratios": a.ratios,
-               "threads": a.threads, "prompts": len(prompts), "kvsieve_wall_s": ks_wall, "kvsieve_cpu_s": ks_cpu,
+               "threads": a.threads, "prompts": n_prompts, "kvsieve_wall_s": ks_wall, "kvsieve_cpu_s": ks_cpu,
                "kvpress_load_s": load_s, "kvpress": {md: {"wall_s": kp[md]["wall_s"], "cpu_s": kp[md]["cpu_s"]}
                                                       for md in modes},
-               "faster_kvpress": fastest, "speedup": speed, "speedup_cpu": speed_cpu, "methods": rows, "differences": DIFFERENCES}
+               "split_wall_s": split, "faster_kvpress": fastest, "speedup": speed, "speedup_cpu": speed_cpu, "methods": rows, "differences": DIFFERENCES}
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 

@@ -9,7 +9,7 @@
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
  *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
  *              expected_attention, lagkv, cur, leverage, cake, simlayer,
- *              qfilter
+ *              qfilter, compactor
  *   allocator  splits the global budget L * B over layers: uniform, pyramid,
  *              and the data-driven dba, entropy, cake, simlayer (they read
  *              per-layer statistics, kvs_layer_stats, gathered during observe)
@@ -393,6 +393,13 @@ void kvs_compose_destroy(void *state);
     {"svd_queries", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
      "Q-Filters: the last rows of the prompt's queries whose SVD gives each head's filter"}
 
+#define KVS_PARTS_P_ATTN_CHUNK(def) \
+    {"attn_chunk", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
+     "Compactor: chunk length of the non-causal attention over the prompt"}
+#define KVS_PARTS_P_BLENDING(def) \
+    {"blending", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
+     "Compactor: score = blending * leverage z-score + attention z-score"}
+
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
 extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention, kvs_scorer_lagkv;
@@ -407,6 +414,8 @@ kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t s
  * score_simlayer.c, score_qfilter.c) ------------------------------------------ */
 
 extern const kvs_scorer kvs_scorer_cake, kvs_scorer_simlayer, kvs_scorer_qfilter;
+/* compactor (score_compactor.c): Compactor's leverage + non-causal attention blend */
+extern const kvs_scorer kvs_scorer_compactor;
 /* allocator `simlayer`: lazy layers (lazy_mass > lazy_threshold) get their
  * StreamingLLM size, the others share the rest (alloc_simlayer.c). */
 extern const kvs_allocator kvs_alloc_simlayer;
@@ -540,6 +549,7 @@ extern const kvs_method kvs_preset_lagkv;
 extern const kvs_method kvs_preset_criticalkv, kvs_preset_criticaladakv;
 extern const kvs_method kvs_preset_cur, kvs_preset_leverage;
 extern const kvs_method kvs_preset_cake, kvs_preset_simlayerkv, kvs_preset_qfilters;
+extern const kvs_method kvs_preset_compactor;
 /* FlashCache as a composition (dba allocator; bit-identity proof against
  * methods/flashcache.c in tests/parts; not registered: the monolith's
  * threaded observe stays the fast path). The registered lookm and meda

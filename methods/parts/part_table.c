@@ -83,6 +83,15 @@ static const kvs_param_def p_simlayer[] = {
     KVS_PARTS_P_LAZY_THRESHOLD(0.9),
 };
 static const kvs_param_def p_qfilter[] = {KVS_PARTS_P_SVD_QUERIES(3000)};
+static const kvs_param_def p_compactor[] = {
+    {"sinks", KVS_PARAM_INT, 8, 0, KVS_PARTS_IMAX, NULL,
+     "Compactor: first tokens left out of the statistics, scored as the maximum"},
+    KVS_PARTS_P_WINDOW(4, 0, "Compactor: last tokens left out of the statistics, scored as the maximum"),
+    KVS_PARTS_P_ATTN_CHUNK(256),
+    KVS_PARTS_P_SKETCH(48),
+    KVS_PARTS_P_SEED(0),
+    KVS_PARTS_P_BLENDING(0.75),
+};
 
 #define PART(K, N, P, S, T) {K, N, P, S, T, NP(T)}
 #define PART0(K, N, P, S) {K, N, P, S, NULL, 0}
@@ -157,6 +166,9 @@ static const kvs_part_info table[] = {
     PART(KVS_PART_ALLOCATOR, "simlayer", &kvs_alloc_simlayer,
          "SimLayerKV: lazy layers get sinks + recent, the other layers share the rest",
          p_simlayer),
+    PART(KVS_PART_SCORER, "compactor", &kvs_scorer_compactor,
+         "Compactor: blending * leverage z-score + non-causal chunked attention z-score",
+         p_compactor),
 };
 
 const char *kvs_part_kind_name(kvs_part_kind k) {

@@ -64,6 +64,10 @@
  *                       lazy_threshold 0.9 (official, Llama-3), window 1
  *   qfilters            qfilter scorer + uniform + window + topk (arXiv
  *                       2503.02812): svd_queries 3000, window 64 (official)
+ *   compactor           compactor scorer + sinks + window + topk (arXiv
+ *                       2507.08143): kvpress CompactorPress's defaults
+ *                       (sinks 8, window 4, chunk 256, sketch 48), blending
+ *                       0.75 (the press uses the compression ratio)
  *   flashcache_parts    flashcache scorer + dba + sinks / window + topk with
  *                       FlashCache's parameter names: methods/flashcache.c
  *                       bit for bit (tests/parts); not registered
@@ -350,6 +354,21 @@ KVS_PRESET(qfilters, "qfilters",
            {.scorer = &kvs_scorer_qfilter, .allocator = &kvs_alloc_uniform,
             .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
 
+static const kvs_param_def params_compactor[] = {
+    KVS_PARTS_P_SINKS(8),
+    KVS_PARTS_P_WINDOW(4, 0, "recent tokens always kept (4: the press's sink_size_end)"),
+    KVS_PARTS_P_ATTN_CHUNK(256),
+    KVS_PARTS_P_SKETCH(48),
+    KVS_PARTS_P_SEED(0),
+    KVS_PARTS_P_BLENDING(0.75),
+};
+KVS_PRESET(compactor, "compactor",
+           "Compactor: key leverage blended with non-causal chunked attention (all queries)",
+           KVS_NEED_Q_ALL,
+           {.scorer = &kvs_scorer_compactor, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks, &kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
 /* FlashCache as parts: the public parameter names of methods/flashcache.c
  * (keep_sinks / keep_recent are the sinks / window rules' parameters by
  * part_param.c's aliases). */
@@ -472,6 +491,7 @@ static const struct {
     {&kvs_preset_cake, &comp_cake},
     {&kvs_preset_simlayerkv, &comp_simlayerkv},
     {&kvs_preset_qfilters, &comp_qfilters},
+    {&kvs_preset_compactor, &comp_compactor},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

@@ -11,7 +11,9 @@
  *             all lazy, the strict threshold), and a preset plan in which the
  *             lazy layer is StreamingLLM and the other picks by attention;
  *   qfilter   filters by hand (orientation, majority sign, tie, zero rows),
- *             the GQA mean, the last svd_queries rows, and preset plans.
+ *             the GQA mean, the last svd_queries rows, and preset plans;
+ *   compactor plans by hand: blending 0 ranks by the pooled attention x ||v||,
+ *             a large blending by the keys' leverage; all queries needed.
  * Every expected value is worked out in the comments.
  */
 #include "kvs_parts.h"
@@ -388,18 +390,71 @@ static void qfilter_plans(void) {
     m1_cache_free(&c);
 }
 
+/* compactor, L = 1, Hkv = Hq = 1, d = 1, N = 7, sinks 1, window 1: inner
+ * tokens 1..5 (one chunk). Queries 0: every inner query attends 1/5 to each
+ * inner key, so each column sums to 1; times |v| = 1 5 1 1 2 -> 1 5 1 1 2;
+ * pooled over 3 (/ 3): 2, 7/3, 7/3, 4/3, 1 -> order 2, 3 (exact tie: lower
+ * first), 1, 4, 5.  blending 0: B 4 -> {0, 2, 3, 6}; B 5 -> {0, 1, 2, 3, 6}.
+ * Keys of the inner tokens 0 0 0 0 10: centred -2 -2 -2 -2 8, the leverage
+ * grows with the centred key's square (d = 1), so token 5 leads by far:
+ * blending 1000, B 3 -> {0, 5, 6} (blending 0 gives {0, 2, 6}). */
+static void compactor_hand(void) {
+    const kvs_method *m = &kvs_preset_compactor;
+    m1_cache c;
+    m1_cache_init(&c, 1, 1, 1, 7, 7, 1);
+    const float v[7] = {1, 1, 5, 1, 1, 2, 1};
+    for (int j = 0; j < 7; j++) m1_v(&c, 0, 0, j)[0] = v[j];
+    m1_k(&c, 0, 0, 5)[0] = 10;
+    kvs_params p;
+    kvs_params_defaults(m, &p);
+    m1_set(m, &p, "sinks", "1");
+    m1_set(m, &p, "window", "1");
+    m1_set(m, &p, "blending", "0");
+    kvs_plan pl;
+    run_B(m, &p, &c, 4, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 2, 3, 6);
+    kvs_plan_free(&pl);
+    run_B(m, &p, &c, 5, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 1, 2, 3, 6);
+    kvs_plan_free(&pl);
+    run_B(m, &p, &c, 3, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 2, 6);
+    kvs_plan_free(&pl);
+    m1_set(m, &p, "blending", "1000");
+    run_B(m, &p, &c, 3, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 5, 6);
+    kvs_plan_free(&pl);
+    /* attn_chunk 2: chunks {1, 2}, {3, 4}, {5}: columns 1 each again (a
+     * chunk's rows each give 1/m to its m keys): the same plan at blending 0 */
+    m1_set(m, &p, "blending", "0");
+    m1_set(m, &p, "attn_chunk", "2");
+    run_B(m, &p, &c, 4, &pl);
+    CHECK_ROW(&pl, 0, 0, 0, 2, 3, 6);
+    kvs_plan_free(&pl);
+    m1_cache_free(&c);
+    /* a window of queries only: refused */
+    m1_cache_init(&c, 1, 1, 1, 7, 3, 1);
+    kvs_params_defaults(m, &p);
+    kvs_err e = {0};
+    kvs_budget b = {0, 3};
+    CHECK_FAILS(kvs_compress(m, &p, &c.view, &b, 1, &pl, &e), KVS_ERR_INVALID, &e,
+                "queries of all");
+    m1_cache_free(&c);
+}
+
 /* Random shapes: every preset gives an exact, checked plan (kvs_compress
  * checks counts, order, range and the sum), also with few recorded
  * queries (qfilters and simlayerkv read what the view carries). */
 static void presets_random(void) {
-    const kvs_method *ms[3] = {&kvs_preset_cake, &kvs_preset_simlayerkv, &kvs_preset_qfilters};
+    const kvs_method *ms[4] = {&kvs_preset_cake, &kvs_preset_simlayerkv, &kvs_preset_qfilters,
+                               &kvs_preset_compactor};
     for (int rep = 0; rep < 6; rep++) {
         const int L = 2 + rep % 3, Hkv = 1 + rep % 2, G = 1 + rep % 3, N = 50 + 31 * rep;
         const int d = 4 + 4 * (rep % 3), Nq = rep % 2 ? N : 40;
         m1_cache c;
         m1_cache_init(&c, L, Hkv, Hkv * G, N, Nq, d);
         m1_cache_fill_random(&c, 100 + (uint64_t)rep);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < (Nq == N ? 4 : 3); i++) {
             kvs_params p;
             kvs_params_defaults(ms[i], &p);
             if (ms[i] == &kvs_preset_simlayerkv) m1_set(ms[i], &p, "recent", "8");
@@ -425,6 +480,7 @@ int main(void) {
     simlayer_plan();
     qfilter_hand();
     qfilter_plans();
+    compactor_hand();
     presets_random();
     printf("test_parts_layerpref: %d checks, %d failures\n", kvs_test_checks, kvs_test_failures);
     return kvs_test_failures ? 1 : 0;

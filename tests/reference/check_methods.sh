@@ -54,6 +54,7 @@ configs_all=(
   "cake:- window=8 window=8,kernel=3,cake_gamma=0 window=4,tau1=1.6,tau2=0.4 window=16,kernel=1"
   "simlayerkv:- recent=8 recent=8,lazy_threshold=0.5 sinks=2,recent=16,lazy_threshold=0.3,window=4 recent=4,lazy_threshold=0.7"
   "qfilters:- window=0 window=4,svd_queries=16 svd_queries=1,window=2"
+  "compactor:blending=0 blending=0,sinks=2,window=2,attn_chunk=16 blending=0,sinks=0,window=0,attn_chunk=7"
 )
 # K and V only (no queries): the methods that need none
 configs_kv=(

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""ref_methods.py -- an independent reference of the eight kvsieve methods.
+"""ref_methods.py -- an independent reference of the eight kvsieve methods
+(and of the presets cake, simlayerkv, qfilters and compactor's attention half).
 
 What this is: a slow, readable, pure-Python (standard library only, float64)
 re-implementation of ../shared/spec/methods.md plus the decisions recorded in
@@ -643,9 +644,59 @@ def m_qfilters(c, B, p):
     return Plan([B] * c.L, heads)
 
 
+def m_compactor(c, B, p):
+    """Compactor's attention half only (blending 0: the leverage half rests on a
+    random sketch whose stream is an implementation detail): inner tokens
+    [sinks, N - window) in chunks of attn_chunk; non-causal softmax of q.k (no
+    1/sqrt d) within a chunk, column sums averaged over the group, times ||v||,
+    pooled over 3 (zero padded, / 3), z-scored over the layer."""
+    if float(p.get("blending", 0.75)) != 0.0:
+        raise ValueError("the reference checks compactor with blending=0 only")
+    sinks, window = int(p.get("sinks", 8)), int(p.get("window", 4))
+    chunk = int(p.get("attn_chunk", 256))
+    N = c.N
+    s = min(sinks, N)
+    e = min(window, N - s)
+    n = N - s - e
+    heads = []
+    for l in range(c.L):
+        att = [[0.0] * n for _ in range(c.Hkv)]
+        for h in range(c.Hq):
+            g = h // c.G
+            K = c.K[l][g]
+            for a in range(0, n, chunk):
+                m = min(chunk, n - a)
+                for i in range(m):
+                    q = c.Q[l][h][s + a + i]
+                    lg = [sum(x * y for x, y in zip(q, K[s + a + j])) for j in range(m)]
+                    mx = max(lg)
+                    ex = [math.exp(x - mx) for x in lg]
+                    z = sum(ex)
+                    for j in range(m):
+                        att[g][a + j] += ex[j] / z / c.G
+        vals = []
+        for g in range(c.Hkv):
+            x = [att[g][j] * math.sqrt(sum(v * v for v in c.V[l][g][s + j])) for j in range(n)]
+            att[g] = [(x[j - 1] if j > 0 else 0.0) + x[j] + (x[j + 1] if j + 1 < n else 0.0)
+                      for j in range(n)]
+            att[g] = [v / 3 for v in att[g]]
+            vals += att[g]
+        if vals:
+            mean = sum(vals) / len(vals)
+            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+            sd = max(sd, 1e-6)
+        lay = []
+        for g in range(c.Hkv):
+            sc = [math.inf] * s + [(v - mean) / sd for v in att[g]] + [math.inf] * e
+            lay.append(keep_then_pick(N, B, sinks, window, sc))
+        heads.append(lay)
+    return Plan([B] * c.L, heads)
+
+
 METHODS = {"full": m_full, "streamingllm": m_streamingllm, "h2o": m_h2o, "snapkv": m_snapkv,
            "lookm": m_lookm, "meda": m_meda, "flashcache": m_flashcache,
-           "cake": m_cake, "simlayerkv": m_simlayerkv, "qfilters": m_qfilters}
+           "cake": m_cake, "simlayerkv": m_simlayerkv, "qfilters": m_qfilters,
+           "compactor": m_compactor}
 
 
 # --------------------------------------------------------------------------

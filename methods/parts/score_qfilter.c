@@ -90,8 +90,8 @@ kvs_status kvs_qfilter_head(const float *rows, int n, int d, double *a, double *
 
 typedef struct {
     const kvs_part_ctx *c;
-    int n;           /* rows used per head: min(svd_queries, Nq), set per layer */
-    int lwork;       /* for the largest n */
+    int nmax;        /* rows the scratch holds: min(svd_queries, N, Nq of the shape) */
+    int lwork;       /* for nmax rows */
     float *rows;     /* [nmax][d] one head's queries, then [N][d] one KV head's keys */
     double *a, *u;   /* [nmax][d], [d][d] */
     double *work;    /* [min(nmax, d) + lwork] */
@@ -125,6 +125,7 @@ static kvs_status qf_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
     qf_state *st = calloc(1, sizeof *st);
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     st->c = c;
+    st->nmax = nmax;
     st->lwork = kvs_qfilter_lwork(nmax, d);
     st->rows = malloc(sizeof(float) * (size_t)rmax * d);
     st->a = malloc(sizeof(double) * (size_t)nmax * d);
@@ -154,7 +155,7 @@ static kvs_status qf_score(void *state, int layer, const kvs_layer *in, float *s
                           mn, layer, Hq, in->q.data ? in->q.n_tokens : 0);
     int n = qf_queries(c->m, c->p, N);
     if (n > in->q.n_tokens) n = in->q.n_tokens;
-    if (kvs_qfilter_lwork(n, d) > st->lwork)
+    if (n > st->nmax || kvs_qfilter_lwork(n, d) > st->lwork)
         return kvs_errorf(err, KVS_ERR_INTERNAL, "%s: layer %d: %d query rows exceed the %d planned",
                           mn, layer, n, c->shape.n_queries);
     for (int h = 0; h < Hq; h++) {

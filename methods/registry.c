@@ -17,6 +17,7 @@ static const kvs_method *const registry[] = {
     &kvs_preset_adakv, &kvs_preset_ada_pyramidkv, &kvs_preset_ada_flashcache,
     &kvs_preset_lagkv, &kvs_preset_criticalkv, &kvs_preset_criticaladakv,
     &kvs_preset_cur, &kvs_preset_leverage,
+    &kvs_preset_cake, &kvs_preset_simlayerkv, &kvs_preset_qfilters, &kvs_preset_compactor,
 };
 
 int kvs_method_reads_attn_stats(const kvs_method *m) {

@@ -49,8 +49,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, double *var,
-                            kvs_err *err) {
+kvs_status kvs_cake_measure_ex(const kvs_layer *in, int window, double gamma, double *disp,
+                               double *var, float *evict, kvs_err *err) {
     const kvs_view *q = &in->q, *k = &in->k;
     const int N = k->n_tokens, d = k->head_dim, Hkv = k->n_heads, Hq = q->n_heads;
     const int Nq = q->data ? q->n_tokens : 0, w = window;
@@ -97,7 +97,12 @@ kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, doubl
             D -= set / z - log(z) * se / z;
         }
         /* variance over the w rows of each prefix column, row by row
-         * (sum and sum of squares in double; probabilities are in [0, 1]) */
+         * (sum and sum of squares in double; probabilities are in [0, 1]);
+         * the eviction indicator [P] of KV head g: the group mean of
+         * mean_i A + gamma * var_i A */
+        float *ev = evict ? evict + (size_t)g * P : NULL;
+        if (ev)
+            for (int j = 0; j < P; j++) ev[j] = 0.0f;
         for (int t = 0; t < G; t++) {
             const float *at = a + (size_t)t * w * N; /* [w][N] of query head g G + t */
             double *s1 = sum, *s2 = sum + P;
@@ -112,6 +117,7 @@ kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, doubl
             for (int j = 0; j < P; j++) {
                 const double v = (s2[j] - s1[j] * s1[j] / w) / (w - 1);
                 vt += v > 0.0 ? v : 0.0;
+                if (ev) ev[j] += (float)((s1[j] / w + gamma * (v > 0.0 ? v : 0.0)) / G);
             }
             V += vt;
         }
@@ -125,6 +131,11 @@ kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, doubl
     *disp = D;
     *var = V;
     return KVS_OK;
+}
+
+kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, double *var,
+                            kvs_err *err) {
+    return kvs_cake_measure_ex(in, window, 0.0, disp, var, NULL, err);
 }
 
 kvs_status kvs_cake_budgets(const double *disp, const double *var, int L, int N, int per_layer,

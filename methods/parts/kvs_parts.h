@@ -8,10 +8,11 @@
  *
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
  *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
- *              expected_attention, lagkv, cur, leverage
+ *              expected_attention, lagkv, cur, leverage, cake, simlayer,
+ *              qfilter, compactor
  *   allocator  splits the global budget L * B over layers: uniform, pyramid,
- *              and the data-driven dba, entropy, cake (they read per-layer
- *              statistics, kvs_layer_stats, gathered during observe)
+ *              and the data-driven dba, entropy, cake, simlayer (they read
+ *              per-layer statistics, kvs_layer_stats, gathered during observe)
  *   head allocator (optional) splits a layer's budget over its KV heads by
  *              the layer's scores: adakv (ragged per-head counts)
  *   keep rules protect rules (a prefix or a suffix of the prompt that is
@@ -70,6 +71,7 @@ enum {
     KVS_STAT_ENERGY = 1u << 0,  /* DBA: DCT high-band / total energy of K and V */
     KVS_STAT_ENTROPY = 1u << 1, /* MEDA: entropies of the head-averaged attention */
     KVS_STAT_CAKE = 1u << 2,    /* CAKE: dispersion and shift of the window's attention */
+    KVS_STAT_LAZY = 1u << 3,    /* SimLayerKV: the last query's mass on sinks + recent */
 };
 typedef struct {
     unsigned have;        /* KVS_STAT_* set for this layer */
@@ -78,6 +80,8 @@ typedef struct {
     kvs_entropy_stats ent;
     double cake_disp;     /* entropy of the window's attention over prefix keys */
     double cake_var;      /* its variance over the window queries, summed */
+    double lazy_mass;     /* SimLayerKV: mean over query heads of the last query's
+                             attention on the first `sinks` and last `recent` keys */
 } kvs_layer_stats;
 
 typedef struct {
@@ -173,6 +177,13 @@ kvs_status kvs_cake_budgets(const double *disp, const double *var, int L, int N,
  * w must be in [2, N - 1]. */
 kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, double *var,
                             kvs_err *err);
+
+/* kvs_cake_measure plus, when evict != NULL, CAKE's eviction indicator
+ * (score_cake.c) from the same probabilities: evict [Hkv][N - w], for prefix
+ * key j the mean over the G query heads of mean_i A[i][j] + gamma *
+ * var_i A[i][j] (the w window rows, unbiased variance). */
+kvs_status kvs_cake_measure_ex(const kvs_layer *in, int window, double gamma, double *disp,
+                               double *var, float *evict, kvs_err *err);
 
 /* A head allocator: splits layer `layer`'s pick budget over its KV heads.
  * scores [Hkv][N] are the layer's (finite); every head's candidates are
@@ -369,6 +380,29 @@ void kvs_compose_destroy(void *state);
     {"span_len", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
      "length of the protected span in tokens (0: none)"}
 
+#define KVS_PARTS_P_CAKE_GAMMA(def) \
+    {"cake_gamma", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
+     "CAKE: eviction indicator = mean + cake_gamma * variance of the window's attention"}
+#define KVS_PARTS_P_CAKE_KERNEL(def) \
+    {"kernel", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
+     "CAKE: average pooling of the indicator along tokens, divided by the kernel (zero padding)"}
+#define KVS_PARTS_P_RECENT(def) \
+    {"recent", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
+     "SimLayerKV: recent tokens a lazy layer keeps (with the sinks); also the measured span"}
+#define KVS_PARTS_P_LAZY_THRESHOLD(def) \
+    {"lazy_threshold", KVS_PARAM_FLOAT, (def), 0.0, 1.0, NULL, \
+     "SimLayerKV: a layer is lazy when the last query's mass on sinks + recent exceeds this"}
+#define KVS_PARTS_P_SVD_QUERIES(def) \
+    {"svd_queries", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
+     "Q-Filters: the last rows of the prompt's queries whose SVD gives each head's filter"}
+
+#define KVS_PARTS_P_ATTN_CHUNK(def) \
+    {"attn_chunk", KVS_PARAM_INT, (def), 1, KVS_PARTS_IMAX, NULL, \
+     "Compactor: chunk length of the non-causal attention over the prompt"}
+#define KVS_PARTS_P_BLENDING(def) \
+    {"blending", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
+     "Compactor: score = blending * leverage z-score + attention z-score"}
+
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
 extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention, kvs_scorer_lagkv;
@@ -378,6 +412,42 @@ extern const kvs_scorer kvs_scorer_cur, kvs_scorer_leverage;
  * y [N][k] floats, g and z [k][k] doubles. */
 kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t stream, float *y,
                              double *g, double *z, double *out, kvs_err *err);
+
+/* ---- CAKE's scorer, SimLayerKV, Q-Filters (score_cake.c, alloc_simlayer.c,
+ * score_simlayer.c, score_qfilter.c) ------------------------------------------ */
+
+extern const kvs_scorer kvs_scorer_cake, kvs_scorer_simlayer, kvs_scorer_qfilter;
+/* compactor (score_compactor.c): Compactor's leverage + non-causal attention blend */
+extern const kvs_scorer kvs_scorer_compactor;
+/* allocator `simlayer`: lazy layers (lazy_mass > lazy_threshold) get their
+ * StreamingLLM size, the others share the rest (alloc_simlayer.c). */
+extern const kvs_allocator kvs_alloc_simlayer;
+
+/* SimLayerKV's measure of one layer: the last prompt query's attention
+ * row [Hkv][N] (GQA-group mean, as the tova scorer) in row, scratch lse
+ * [Hq], and *mass = the mean over KV heads of the row's sum over
+ * j < sinks or j >= N - recent (each key counted once). Needs Nq >= 1. */
+kvs_status kvs_simlayer_mass(const kvs_layer *in, int sinks, int recent, int threads, float *lse,
+                             float *row, double *mass, kvs_err *err);
+/* SimLayerKV's budgets [L] (exposed for tests), summing exactly to
+ * L * per_layer: layer l is lazy when mass[l] > threshold; a lazy layer's
+ * weight is b_z = min(lazy_size, N, per_layer), a non-lazy one's the equal
+ * share of the rest, (L * per_layer - n_lazy * b_z) / (L - n_lazy); one
+ * rounding by kvs_budget_allocate (clamped to [B_min, N], water-filled).
+ * No lazy layer or all lazy: every layer gets per_layer. *n_lazy out. */
+kvs_status kvs_simlayer_budgets(const double *mass, int L, int N, int per_layer, int lazy_size,
+                                double threshold, int *budgets, int *n_lazy, kvs_err *err);
+
+/* Q-Filters' filter of one query head (exposed for tests): rows [n][d]
+ * (n >= 1) -> v, the first right singular vector of the rows (LAPACK
+ * dgesvd), oriented with its largest-magnitude component positive, then
+ * multiplied by -1 when more than half of the rows have <q, v> > 0 (else
+ * by +1): filter [d] = -sign * v, the official calibration's rule. All-zero
+ * rows give a zero filter. Scratch: work [lwork] from kvs_qfilter_lwork. */
+kvs_status kvs_qfilter_head(const float *rows, int n, int d, double *a /* [n][d] */,
+                            double *u /* [d][d] */, double *work, int lwork, float *filter,
+                            kvs_err *err);
+int kvs_qfilter_lwork(int n, int d); /* dgesvd workspace for n rows of d; < 1 on failure */
 
 typedef enum {
     KVS_PART_SCORER = 0,
@@ -481,6 +551,8 @@ extern const kvs_method kvs_preset_knorm, kvs_preset_tova, kvs_preset_keydiff,
 extern const kvs_method kvs_preset_lagkv;
 extern const kvs_method kvs_preset_criticalkv, kvs_preset_criticaladakv;
 extern const kvs_method kvs_preset_cur, kvs_preset_leverage;
+extern const kvs_method kvs_preset_cake, kvs_preset_simlayerkv, kvs_preset_qfilters;
+extern const kvs_method kvs_preset_compactor;
 /* FlashCache as a composition (dba allocator; bit-identity proof against
  * methods/flashcache.c in tests/parts; not registered: the monolith's
  * threaded observe stays the fast path). The registered lookm and meda

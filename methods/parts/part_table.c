@@ -69,6 +69,30 @@ static const kvs_param_def p_cake[] = {
     KVS_PARTS_P_TAU2(1.0),
 };
 
+/* CAKE's scorer, SimLayerKV, Q-Filters (score_cake.c, alloc_simlayer.c,
+ * score_simlayer.c, score_qfilter.c) */
+static const kvs_param_def p_cake_score[] = {
+    KVS_PARTS_P_WINDOW(32, 2, "observation window w: the last w prompt queries' attention"),
+    KVS_PARTS_P_CAKE_KERNEL(5),
+    KVS_PARTS_P_CAKE_GAMMA(200.0),
+};
+static const kvs_param_def p_simlayer[] = {
+    {"sinks", KVS_PARAM_INT, 4, 0, KVS_PARTS_IMAX, NULL,
+     "SimLayerKV: first tokens of the measured span (and of a lazy layer's StreamingLLM set)"},
+    KVS_PARTS_P_RECENT(1024),
+    KVS_PARTS_P_LAZY_THRESHOLD(0.9),
+};
+static const kvs_param_def p_qfilter[] = {KVS_PARTS_P_SVD_QUERIES(3000)};
+static const kvs_param_def p_compactor[] = {
+    {"sinks", KVS_PARAM_INT, 8, 0, KVS_PARTS_IMAX, NULL,
+     "Compactor: first tokens left out of the statistics, scored as the maximum"},
+    KVS_PARTS_P_WINDOW(4, 0, "Compactor: last tokens left out of the statistics, scored as the maximum"),
+    KVS_PARTS_P_ATTN_CHUNK(256),
+    KVS_PARTS_P_SKETCH(48),
+    KVS_PARTS_P_SEED(0),
+    KVS_PARTS_P_BLENDING(0.75),
+};
+
 #define PART(K, N, P, S, T) {K, N, P, S, T, NP(T)}
 #define PART0(K, N, P, S) {K, N, P, S, NULL, 0}
 
@@ -129,6 +153,22 @@ static const kvs_part_info table[] = {
     PART(KVS_PART_KEEP, "span", &kvs_keep_span,
          "a protected span [span, span + span_len) (span < 0: from the end), forced into the pick",
          p_span),
+    /* appended: CAKE's scorer, SimLayerKV, Q-Filters */
+    PART(KVS_PART_SCORER, "cake", &kvs_scorer_cake,
+         "CAKE: mean + cake_gamma * variance of the window's attention, average-pooled",
+         p_cake_score),
+    PART(KVS_PART_SCORER, "simlayer", &kvs_scorer_simlayer,
+         "SimLayerKV: recency in lazy layers, the last query's attention in the others",
+         p_simlayer),
+    PART(KVS_PART_SCORER, "qfilter", &kvs_scorer_qfilter,
+         "Q-Filters: minus the key's projection on the filter from the SVD of the head's queries",
+         p_qfilter),
+    PART(KVS_PART_ALLOCATOR, "simlayer", &kvs_alloc_simlayer,
+         "SimLayerKV: lazy layers get sinks + recent, the other layers share the rest",
+         p_simlayer),
+    PART(KVS_PART_SCORER, "compactor", &kvs_scorer_compactor,
+         "Compactor: blending * leverage z-score + non-causal chunked attention z-score",
+         p_compactor),
 };
 
 const char *kvs_part_kind_name(kvs_part_kind k) {

@@ -56,6 +56,18 @@
  *                       kv_product, local window 16)
  *   leverage            leverage scorer (arXiv 2507.08143) + topk, no forced
  *                       tokens (LeverageScorePress keeps none); sketch 48
+ *   cake                cake scorer + cake allocator + window + topk (arXiv
+ *                       2503.12491): the official LongBench defaults, window
+ *                       32, kernel 5, cake_gamma 200, tau1 = tau2 = 1
+ *   simlayerkv          simlayer scorer + simlayer allocator + sinks + window
+ *                       + topk (arXiv 2410.13846): sinks 4, recent 1024,
+ *                       lazy_threshold 0.9 (official, Llama-3), window 1
+ *   qfilters            qfilter scorer + uniform + window + topk (arXiv
+ *                       2503.02812): svd_queries 3000, window 64 (official)
+ *   compactor           compactor scorer + sinks + window + topk (arXiv
+ *                       2507.08143): kvpress CompactorPress's defaults
+ *                       (sinks 8, window 4, chunk 256, sketch 48), blending
+ *                       0.75 (the press uses the compression ratio)
  *   flashcache_parts    flashcache scorer + dba + sinks / window + topk with
  *                       FlashCache's parameter names: methods/flashcache.c
  *                       bit for bit (tests/parts); not registered
@@ -304,6 +316,59 @@ KVS_PRESET(leverage, "leverage",
            0,
            {.scorer = &kvs_scorer_leverage, .allocator = &kvs_alloc_uniform,
             .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+/* CAKE, SimLayerKV, Q-Filters (docs/methods.md) */
+static const kvs_param_def params_cake[] = {
+    KVS_PARTS_P_WINDOW(32, 2,
+                       "observation window w: its attention is measured; kept in every layer"),
+    KVS_PARTS_P_CAKE_KERNEL(5),
+    KVS_PARTS_P_CAKE_GAMMA(200.0),
+    KVS_PARTS_P_TAU1(1.0),
+    KVS_PARTS_P_TAU2(1.0),
+};
+KVS_PRESET(cake, "cake",
+           "CAKE: layer budgets by attention dispersion x shift, keys by mean + gamma * variance",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_cake, .allocator = &kvs_alloc_cake,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_simlayerkv[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_RECENT(1024),
+    KVS_PARTS_P_LAZY_THRESHOLD(0.9),
+    KVS_PARTS_P_WINDOW(1, 0, "recent tokens kept in every layer (1: the newest token)"),
+};
+KVS_PRESET(simlayerkv, "simlayerkv",
+           "SimLayerKV: lazy layers keep sinks + recent (StreamingLLM), the others the rest",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_simlayer, .allocator = &kvs_alloc_simlayer,
+            .keep = {&kvs_keep_sinks, &kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_qfilters[] = {
+    KVS_PARTS_P_SVD_QUERIES(3000),
+    KVS_PARTS_P_WINDOW(64, 0, "recent tokens always kept (64: the official QFiltersCache example)"),
+};
+KVS_PRESET(qfilters, "qfilters",
+           "Q-Filters: keys projected on the principal direction of the prompt's own queries",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_qfilter, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_compactor[] = {
+    KVS_PARTS_P_SINKS(8),
+    KVS_PARTS_P_WINDOW(4, 0, "recent tokens always kept (4: the press's sink_size_end)"),
+    KVS_PARTS_P_ATTN_CHUNK(256),
+    KVS_PARTS_P_SKETCH(48),
+    KVS_PARTS_P_SEED(0),
+    KVS_PARTS_P_BLENDING(0.75),
+};
+KVS_PRESET(compactor, "compactor",
+           "Compactor: key leverage blended with non-causal chunked attention (all queries)",
+           KVS_NEED_Q_ALL,
+           {.scorer = &kvs_scorer_compactor, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_sinks, &kvs_keep_window}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
 /* FlashCache as parts: the public parameter names of methods/flashcache.c
  * (keep_sinks / keep_recent are the sinks / window rules' parameters by
  * part_param.c's aliases). */
@@ -423,6 +488,10 @@ static const struct {
     {&kvs_preset_flashcache_parts, &comp_flashcache_parts},
     {&kvs_method_lookm, &comp_lookm},
     {&kvs_method_meda, &comp_meda},
+    {&kvs_preset_cake, &comp_cake},
+    {&kvs_preset_simlayerkv, &comp_simlayerkv},
+    {&kvs_preset_qfilters, &comp_qfilters},
+    {&kvs_preset_compactor, &comp_compactor},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

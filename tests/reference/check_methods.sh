@@ -51,6 +51,10 @@ configs_all=(
   "lookm:- merge=average merge=weighted merge=none recent_frac=0.25 recent_frac=1"
   "meda:- recent_frac=0.75 merge=pivotal"
   "flashcache:- gamma=0.1 dba=false granularity=layer keep_sinks=2 keep_sinks=2,keep_recent=3 gamma=0.5,granularity=layer keep_sinks=3,keep_recent=12"
+  "cake:- window=8 window=8,kernel=3,cake_gamma=0 window=4,tau1=1.6,tau2=0.4 window=16,kernel=1"
+  "simlayerkv:- recent=8 recent=8,lazy_threshold=0.5 sinks=2,recent=16,lazy_threshold=0.3,window=4 recent=4,lazy_threshold=0.7"
+  "qfilters:- window=0 window=4,svd_queries=16 svd_queries=1,window=2"
+  "compactor:blending=0 blending=0,sinks=2,window=2,attn_chunk=16 blending=0,sinks=0,window=0,attn_chunk=7"
 )
 # K and V only (no queries): the methods that need none
 configs_kv=(
@@ -65,6 +69,9 @@ configs_win=(
   "streamingllm:-"
   "snapkv:window=8 window=12,kernel=5,pool=avg window=8,kernel=4"
   "flashcache:- dba=false"
+  "cake:window=8 window=12,kernel=3"
+  "simlayerkv:recent=8,lazy_threshold=0.5"
+  "qfilters:window=0 window=4,svd_queries=5"
 )
 budgets=("ratio=0.1" "ratio=0.2" "ratio=0.5" "tokens=5")
 budgets_more=("ratio=0.02" "ratio=0.1" "ratio=0.2" "ratio=0.5" "ratio=0.9" "ratio=1" "tokens=1" "tokens=5" "tokens=1000")

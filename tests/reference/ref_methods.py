@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""ref_methods.py -- an independent reference of the eight kvsieve methods.
+"""ref_methods.py -- an independent reference of the eight kvsieve methods
+(and of the presets cake, simlayerkv, qfilters and compactor's attention half).
 
 What this is: a slow, readable, pure-Python (standard library only, float64)
 re-implementation of ../shared/spec/methods.md plus the decisions recorded in
@@ -476,8 +477,226 @@ def m_flashcache(c, B, p):
     return Plan(budgets, heads, shares=shares, note="R=" + ",".join("%.9g" % x for x in R))
 
 
+# --------------------------------------------------------------------------
+# presets of parts: cake, simlayerkv, qfilters (docs/methods.md's sections)
+# --------------------------------------------------------------------------
+
+def keep_then_pick(N, Bl, sinks, window, scores):
+    """A layer's selection: the first min(sinks, Bl), the last min(window, rest),
+    then the best-scored of the tokens between (ties: lower index)."""
+    if Bl >= N:
+        return HeadSel(range(N), range(N), None)
+    p = min(sinks, Bl)
+    q = min(window, Bl - p)
+    forced = list(range(p)) + list(range(N - q, N))
+    top = top_by_score(scores, range(p, N - q), Bl - p - q)
+    return HeadSel(forced + top, forced, scores)
+
+
+def m_cake(c, B, p):
+    """CAKE: per layer, the last w rows' softmax A; over prefix keys j < N - w the
+    dispersion D = -sum A log A and shift V = sum_j var_i A (unbiased), summed over
+    heads; preference D^(1/tau1) V^(1/tau2); layers keep w + their share of L (B - w).
+    Key j: group mean of mean_i A + gamma var_i A, average-pooled (zero padding, / k)."""
+    wpar = int(p.get("window", 32))
+    kern = int(p.get("kernel", 5))
+    gamma = float(p.get("cake_gamma", 200))
+    tau1, tau2 = float(p.get("tau1", 1)), float(p.get("tau2", 1))
+    N, L = c.N, c.L
+    w = min(wpar, N - 1)
+    wa = min(wpar, c.Nq, N - 1)
+    npre = N - w
+    pref, scores = [], []
+    for l in range(L):
+        if w < 2:
+            pref.append(0.0)
+            scores.append([[0.0] * npre + [math.inf] * w for _ in range(c.Hkv)])
+            continue
+        P = c.probs(l)
+        D = V = 0.0
+        ind = [[0.0] * npre for _ in range(c.Hkv)]
+        for h in range(c.Hq):
+            rows = P[h][c.Nq - w:]
+            for r in rows:
+                D -= sum(a * math.log(a) for a in r[:npre] if a > 0)
+            for j in range(npre):
+                col = [r[j] for r in rows]
+                m = sum(col) / w
+                var = sum((x - m) ** 2 for x in col) / (w - 1)
+                V += var
+                ind[h // c.G][j] += (m + gamma * var) / c.G
+        pref.append(D ** (1 / tau1) * V ** (1 / tau2))
+        lay = []
+        for g in range(c.Hkv):
+            x = ind[g]
+            pooled = []
+            for j in range(npre):
+                a, b = max(0, j - kern // 2), min(npre, j - kern // 2 + kern)
+                pooled.append(sum(x[a:b]) / kern)
+            lay.append(pooled + [math.inf] * w)
+        scores.append(lay)
+    shares = None
+    if wa < 2 or L == 1 or B <= wa:
+        budgets = [B] * L
+    else:
+        tot = sum(pref)
+        rest = L * (B - wa)
+        wts = [wa + (rest * x / tot if tot > 0 else rest / L) for x in pref]
+        budgets, shares = allocate(wts, L * B, budget_min(N, B), N)
+    heads = [[keep_then_pick(N, budgets[l], 0, wpar, scores[l][g]) for g in range(c.Hkv)]
+             for l in range(L)]
+    return Plan(budgets, heads, shares=shares, note="pref %s" % pref)
+
+
+def m_simlayerkv(c, B, p):
+    """SimLayerKV: the last query's mass on the first `sinks` and last `recent` keys
+    (mean over query heads) > lazy_threshold makes a layer lazy; lazy layers get
+    min(sinks + recent, N, B), the others share the rest; lazy layers keep their
+    sinks and newest tokens, the others pick by the last query's attention."""
+    sinks, recent = int(p.get("sinks", 4)), int(p.get("recent", 1024))
+    thr, window = float(p.get("lazy_threshold", 0.9)), int(p.get("window", 1))
+    N, L = c.N, c.L
+    s = min(sinks, N)
+    r0 = max(N - recent, s)
+    lazy, rows = [], []
+    for l in range(L):
+        P = c.probs(l)
+        last = [P[h][c.Nq - 1] for h in range(c.Hq)]
+        mass = sum(sum(a[:s]) + sum(a[r0:]) for a in last) / c.Hq
+        lazy.append(mass > thr)
+        rows.append([[sum(last[h][j] for h in range(g * c.G, (g + 1) * c.G)) / c.G for j in range(N)]
+                     for g in range(c.Hkv)])
+    n = sum(lazy)
+    shares = None
+    if n in (0, L):
+        budgets = [B] * L
+    else:
+        bz = min(sinks + recent, N, B)
+        rest = (L * B - n * bz) / (L - n)
+        budgets, shares = allocate([bz if z else rest for z in lazy], L * B, budget_min(N, B), N)
+    heads = []
+    for l in range(L):
+        sc = [[float(j) for j in range(N)] for _ in range(c.Hkv)] if lazy[l] else rows[l]
+        heads.append([keep_then_pick(N, budgets[l], sinks, window, sc[g]) for g in range(c.Hkv)])
+    return Plan(budgets, heads, shares=shares, note="lazy %s" % lazy)
+
+
+def top_eigvec(M):
+    """Largest eigenvalue and its unit eigenvector of a symmetric matrix (cyclic Jacobi)."""
+    d = len(M)
+    A = [row[:] for row in M]
+    Vm = [[1.0 if i == j else 0.0 for j in range(d)] for i in range(d)]
+    for _ in range(100):
+        off = sum(A[i][j] ** 2 for i in range(d) for j in range(d) if i != j)
+        if off <= 1e-30 * max(1e-300, sum(A[i][i] ** 2 for i in range(d))):
+            break
+        for i in range(d):
+            for j in range(i + 1, d):
+                if A[i][j] == 0.0:
+                    continue
+                th = (A[j][j] - A[i][i]) / (2 * A[i][j])
+                t = (1.0 if th >= 0 else -1.0) / (abs(th) + math.sqrt(th * th + 1))
+                cs = 1 / math.sqrt(t * t + 1)
+                sn = t * cs
+                for k in range(d):  # A <- J' A J, columns then rows
+                    aki, akj = A[k][i], A[k][j]
+                    A[k][i], A[k][j] = cs * aki - sn * akj, sn * aki + cs * akj
+                for k in range(d):
+                    aik, ajk = A[i][k], A[j][k]
+                    A[i][k], A[j][k] = cs * aik - sn * ajk, sn * aik + cs * ajk
+                for k in range(d):
+                    vki, vkj = Vm[k][i], Vm[k][j]
+                    Vm[k][i], Vm[k][j] = cs * vki - sn * vkj, sn * vki + cs * vkj
+    top = max(range(d), key=lambda i: A[i][i])
+    return A[top][top], [Vm[k][top] for k in range(d)]
+
+
+def m_qfilters(c, B, p):
+    """Q-Filters: per query head, v = the top right singular vector of its last
+    n = min(svd_queries, Nq) query rows, oriented with its largest component
+    positive; filter -sign v, sign = +1 if more than half the rows have <q, v> > 0;
+    the KV head's filter is the group mean; key j scores -<f, k_j>."""
+    nsvd, window = int(p.get("svd_queries", 3000)), int(p.get("window", 64))
+    N, d = c.N, c.d
+    n = min(nsvd, N, c.Nq)
+    heads = []
+    for l in range(c.L):
+        filt = []
+        for h in range(c.Hq):
+            rows = c.Q[l][h][c.Nq - n:]
+            M = [[sum(r[a] * r[b] for r in rows) for b in range(d)] for a in range(d)]
+            lam, v = top_eigvec(M)
+            if not lam > 0:
+                filt.append([0.0] * d)
+                continue
+            big = max(range(d), key=lambda x: (abs(v[x]), -x))
+            if v[big] < 0:
+                v = [-x for x in v]
+            pos = sum(1 for r in rows if sum(a * b for a, b in zip(r, v)) > 0)
+            sign = 1.0 if 2 * pos > n else -1.0
+            filt.append([-sign * x for x in v])
+        lay = []
+        for g in range(c.Hkv):
+            f = [sum(filt[h][x] for h in range(g * c.G, (g + 1) * c.G)) / c.G for x in range(d)]
+            sc = [-sum(a * b for a, b in zip(f, k)) for k in c.K[l][g]]
+            lay.append(keep_then_pick(N, B, 0, window, sc))
+        heads.append(lay)
+    return Plan([B] * c.L, heads)
+
+
+def m_compactor(c, B, p):
+    """Compactor's attention half only (blending 0: the leverage half rests on a
+    random sketch whose stream is an implementation detail): inner tokens
+    [sinks, N - window) in chunks of attn_chunk; non-causal softmax of q.k (no
+    1/sqrt d) within a chunk, column sums averaged over the group, times ||v||,
+    pooled over 3 (zero padded, / 3), z-scored over the layer."""
+    if float(p.get("blending", 0.75)) != 0.0:
+        raise ValueError("the reference checks compactor with blending=0 only")
+    sinks, window = int(p.get("sinks", 8)), int(p.get("window", 4))
+    chunk = int(p.get("attn_chunk", 256))
+    N = c.N
+    s = min(sinks, N)
+    e = min(window, N - s)
+    n = N - s - e
+    heads = []
+    for l in range(c.L):
+        att = [[0.0] * n for _ in range(c.Hkv)]
+        for h in range(c.Hq):
+            g = h // c.G
+            K = c.K[l][g]
+            for a in range(0, n, chunk):
+                m = min(chunk, n - a)
+                for i in range(m):
+                    q = c.Q[l][h][s + a + i]
+                    lg = [sum(x * y for x, y in zip(q, K[s + a + j])) for j in range(m)]
+                    mx = max(lg)
+                    ex = [math.exp(x - mx) for x in lg]
+                    z = sum(ex)
+                    for j in range(m):
+                        att[g][a + j] += ex[j] / z / c.G
+        vals = []
+        for g in range(c.Hkv):
+            x = [att[g][j] * math.sqrt(sum(v * v for v in c.V[l][g][s + j])) for j in range(n)]
+            att[g] = [(x[j - 1] if j > 0 else 0.0) + x[j] + (x[j + 1] if j + 1 < n else 0.0)
+                      for j in range(n)]
+            att[g] = [v / 3 for v in att[g]]
+            vals += att[g]
+        if vals:
+            mean = sum(vals) / len(vals)
+            sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+            sd = max(sd, 1e-6)
+        lay = []
+        for g in range(c.Hkv):
+            sc = [math.inf] * s + [(v - mean) / sd for v in att[g]] + [math.inf] * e
+            lay.append(keep_then_pick(N, B, sinks, window, sc))
+        heads.append(lay)
+    return Plan([B] * c.L, heads)
+
+
 METHODS = {"full": m_full, "streamingllm": m_streamingllm, "h2o": m_h2o, "snapkv": m_snapkv,
-           "lookm": m_lookm, "meda": m_meda, "flashcache": m_flashcache}
+           "lookm": m_lookm, "meda": m_meda, "flashcache": m_flashcache,
+           "cake": m_cake, "simlayerkv": m_simlayerkv, "qfilters": m_qfilters,
+           "compactor": m_compactor}
 
 
 # --------------------------------------------------------------------------

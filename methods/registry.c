@@ -17,6 +17,8 @@ static const kvs_method *const registry[] = {
     &kvs_preset_adakv, &kvs_preset_ada_pyramidkv, &kvs_preset_ada_flashcache,
     &kvs_preset_lagkv, &kvs_preset_criticalkv, &kvs_preset_criticaladakv,
     &kvs_preset_cur, &kvs_preset_leverage,
+    /* pressb */
+    &kvs_preset_finch, &kvs_preset_think,
 };
 
 int kvs_methods_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

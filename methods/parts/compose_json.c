@@ -75,6 +75,8 @@ char *kvs_composition_json(const kvs_composition *comp, const kvs_method *m, con
     }
     cJSON_AddStringToObject(o, "pick", comp->pick->name);
     cJSON_AddStringToObject(o, "merge", kvs_merge_name(comp->merge));
+    if (comp->channels) /* presets only: descriptions cannot name a channel rule yet */
+        cJSON_AddStringToObject(o, "channels", comp->channels->name);
     cJSON *params = cJSON_AddObjectToObject(o, "params");
     for (int j = 0; params && j < m->n_params && j < p->n; j++) {
         const char *nm = m->params[j].name;

@@ -660,6 +660,7 @@ kvs_abi_status kvs_abi_plan_get_info(kvs_abi_ctx *c, const kvs_abi_plan *p, kvs_
     i.n_tokens = p->plan.n_tokens;
     i.merge = (int32_t)p->plan.merge;
     i.device = p->device;
+    i.key_channels = p->plan.kchan ? p->plan.kchan_dim : 0;
     i.total_kept = kvs_plan_total(&p->plan);
     i.compress_ms = p->compress_ms;
     snprintf(i.method, sizeof i.method, "%s", p->method);

@@ -27,7 +27,7 @@ experiment {
   methods = { "full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
               "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention",
               "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv", "cur",
-              "leverage" },
+              "leverage", "finch", "think" },
   budgets = { 0.1, 0.2, 0.5 },
   params  = { flashcache = { gamma = { 0.1, 0.2 } } },
   threads = 2,

@@ -4,7 +4,7 @@
 -- eight; this config puts the presets built from parts (methods/parts/:
 -- knorm, tova, keydiff, pyramidkv, chunkkv, expected_attention, pyramid_tova,
 -- adakv, ada_pyramidkv, ada_flashcache, lagkv, criticalkv, criticaladakv, cur,
--- leverage)
+-- leverage, finch, think)
 -- beside them on the same prompts (the engine gives CriticalKV each layer's W_o).
 --
 --   kvsieve run experiments/methods.lua         -- prints the table
@@ -38,7 +38,7 @@ experiment {
   methods = { "full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
               "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention",
               "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv",
-              "criticalkv", "criticaladakv", "cur", "leverage" },
+              "criticalkv", "criticaladakv", "cur", "leverage", "finch", "think" },
   budgets = { 0.25 },
   metrics = { "needle" },
   n_predict = 16,

@@ -419,6 +419,7 @@ typedef enum {
     KVS_PART_KEEP = 2,
     KVS_PART_PICK = 3,
     KVS_PART_HEADS = 4, /* head allocators (kvs_head_allocator): ragged per-head counts */
+    KVS_PART_CHANNELS = 5, /* channel rules (kvs_channel_rule): key channels kept per head */
 } kvs_part_kind;
 
 /* One nameable part: its kind, the part itself (a kvs_scorer, kvs_allocator,
@@ -434,7 +435,8 @@ typedef struct {
     int n_params;
 } kvs_part_info;
 
-const char *kvs_part_kind_name(kvs_part_kind k); /* "scorer", "allocator", "keep", "pick", "heads" */
+const char *kvs_part_kind_name(kvs_part_kind k); /* "scorer", "allocator", "keep", "pick", "heads",
+                                                   "channels" */
 /* Every nameable part, grouped by kind; within a kind the order is append
  * only (a composed method's `parts` code is the index within its kind). */
 int kvs_parts_count(void);

@@ -191,7 +191,43 @@ static void presets(void) {
     m1_cache_free(&c);
 }
 
+/* A description naming the channel rule gives the think preset's plan and
+ * masks; with a token-only description, no masks; a wrong name is refused
+ * naming the field. */
+static void composed(void) {
+    m1_cache c;
+    m1_cache_init(&c, 2, 2, 4, 40, 40, 8);
+    m1_cache_fill_random(&c, 5);
+    kvs_err e = {0};
+    kvs_composed *cm = NULL;
+    CHECK_OK(kvs_composed_from_json("{\"score\":\"snapkv\",\"keep\":{\"window\":32},"
+                                    "\"channels\":\"think\",\"params\":{\"key_channel_ratio\":0.5}}",
+                                    &cm, &e),
+             &e);
+    if (!cm) return;
+    const kvs_method *m = kvs_composed_method(cm);
+    CHECK(strstr(m->name, "\"channels\":\"think\"") != NULL);
+    CHECK(m->needs & KVS_NEED_Q_WINDOW);
+    kvs_params p, pt;
+    kvs_params_defaults(m, &p);
+    kvs_params_defaults(&kvs_preset_think, &pt);
+    kvs_budget b = {0.3, 0};
+    kvs_plan x, y;
+    CHECK_OK(kvs_compress(m, &p, &c.view, &b, 1, &x, &e), &e);
+    CHECK_OK(kvs_compress(&kvs_preset_think, &pt, &c.view, &b, 1, &y, &e), &e);
+    CHECK(m1_plans_equal(&x, &y));
+    CHECK(x.kchan && y.kchan && memcmp(x.kchan, y.kchan, (size_t)2 * 2 * 8) == 0);
+    kvs_plan_free(&x);
+    kvs_plan_free(&y);
+    kvs_composed_free(cm);
+    cm = NULL;
+    CHECK_FAILS(kvs_composed_from_json("{\"score\":\"tova\",\"channels\":\"thnk\"}", &cm, &e),
+                KVS_ERR_NOTFOUND, &e, "channels");
+    m1_cache_free(&c);
+}
+
 int main(void) {
+    composed();
     finch_scores();
     segment_pick();
     think_channels();

@@ -51,6 +51,8 @@ configs_all=(
   "lookm:- merge=average merge=weighted merge=none recent_frac=0.25 recent_frac=1"
   "meda:- recent_frac=0.75 merge=pivotal"
   "flashcache:- gamma=0.1 dba=false granularity=layer keep_sinks=2 keep_sinks=2,keep_recent=3 gamma=0.5,granularity=layer keep_sinks=3,keep_recent=12"
+  "finch:- window=8 window=8,normalize_scores=false window=8,chunk_length=10 window=5,chunk_length=7"
+  "think:- key_channel_ratio=0.25 window=8,key_channel_ratio=0.75,kernel=5"
 )
 # K and V only (no queries): the methods that need none
 configs_kv=(
@@ -65,6 +67,8 @@ configs_win=(
   "streamingllm:-"
   "snapkv:window=8 window=12,kernel=5,pool=avg window=8,kernel=4"
   "flashcache:- dba=false"
+  "finch:window=12 window=8,chunk_length=9"
+  "think:window=8,key_channel_ratio=0.5"
 )
 budgets=("ratio=0.1" "ratio=0.2" "ratio=0.5" "tokens=5")
 budgets_more=("ratio=0.02" "ratio=0.1" "ratio=0.2" "ratio=0.5" "ratio=0.9" "ratio=1" "tokens=1" "tokens=5" "tokens=1000")

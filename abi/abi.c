@@ -660,6 +660,7 @@ kvs_abi_status kvs_abi_plan_get_info(kvs_abi_ctx *c, const kvs_abi_plan *p, kvs_
     i.n_tokens = p->plan.n_tokens;
     i.merge = (int32_t)p->plan.merge;
     i.device = p->device;
+    i.key_channels = p->plan.kchan ? p->plan.kchan_dim : 0;
     i.total_kept = kvs_plan_total(&p->plan);
     i.compress_ms = p->compress_ms;
     snprintf(i.method, sizeof i.method, "%s", p->method);
@@ -910,7 +911,7 @@ kvs_abi_status kvs_abi_apply(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t laye
     snprintf(what, sizeof what, "layer %d: v_out", (int)layer);
     if ((st = abi_check_out(v_out, what, allowed, dev, dev_index, 3, dims, sv, err))) return st;
     const double t0 = kvs_now_ms();
-    const int plain = p->plan.merge == KVS_MERGE_NONE || B == p->plan.n_tokens;
+    const int plain = (p->plan.merge == KVS_MERGE_NONE || B == p->plan.n_tokens) && !p->plan.kchan;
     if (dev == KVS_ABI_HOST && plain && same_dtype(&ly->k, k_out) && same_dtype(&ly->v, v_out) &&
         (d == 1 || (sk[2] == 1 && sv[2] == 1))) {
         /* A plain gather into the input dtype: row copies, the bits
@@ -925,6 +926,7 @@ kvs_abi_status kvs_abi_apply(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t laye
         kvs_plan sub = p->plan;
         sub.n_layers = 1;
         sub.layers = &p->plan.layers[layer];
+        if (sub.kchan) sub.kchan += (size_t)layer * H * (size_t)sub.kchan_dim; /* key channel masks (ThinK) */
         if ((st = kvs_apply_into(&one, &sub, c->threads, &c->scratch, err))) {
             kvs_err_prefix(err, "layer %d", (int)layer);
             return st;
@@ -932,6 +934,10 @@ kvs_abi_status kvs_abi_apply(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t laye
         write_rows(c->scratch.layers[0].k, H, B, d, k_out, sk);
         write_rows(c->scratch.layers[0].v, H, B, d, v_out, sv);
     } else {
+        if (p->plan.kchan)
+            return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                              "layer %d: plan of %s prunes key channels: not implemented on GPU", (int)layer,
+                              p->plan.method);
 #ifdef KVSIEVE_HAVE_CUDA
         kvs_shape shape;
         kvs_cache_view view;
@@ -992,6 +998,8 @@ kvs_abi_status kvs_abi_apply_head(kvs_abi_ctx *c, const kvs_abi_plan *p, int32_t
     sub.n_layers = 1;
     sub.n_kv_heads = 1;
     sub.layers = &pl;
+    if (sub.kchan) /* this head's key channel mask (ThinK) */
+        sub.kchan += ((size_t)layer * p->plan.n_kv_heads + head) * (size_t)sub.kchan_dim;
     if ((st = kvs_apply_into(&cv, &sub, 1, &c->scratch, err))) {
         kvs_err_prefix(err, "layer %d: head %d", (int)layer, (int)head);
         return st;

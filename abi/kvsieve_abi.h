@@ -196,7 +196,9 @@ typedef struct {
     int32_t n_layers, n_kv_heads, n_tokens; /* L, Hkv, N of the cache */
     int32_t merge;                          /* KVS_ABI_MERGE_* */
     int32_t device;                         /* where it was computed: KVS_ABI_HOST / CUDA */
-    int32_t reserved;
+    int32_t key_channels;                   /* d when the plan prunes key channels per head (ThinK;
+                                               kvs_abi_apply stores them as zeros: gather through it),
+                                               else 0 (was reserved, always 0) */
     int64_t total_kept;                     /* sum over layers of the budgets */
     double compress_ms;                     /* wall time of the compress call */
     char method[32];

@@ -12,6 +12,8 @@
  * the unit-normalised kept keys, never an |E| x |C| buffer; ties go to the
  * lower kept slot; a zero key has cosine 0 with everything) and
  * kvs_merge_head (the pivotal / average / weighted formulas, in fp32).
+ * A plan with key channel masks (ThinK) gets its pruned K channels zeroed
+ * in every kept row, after merging (stored, not packed).
  * Values use the key assignment and the same formula; "weighted" weighs
  * v_e by the key cosine cos(k_e, k_c).
  * What it is not: no selection (methods/), no CUDA path (kernels/), no
@@ -244,14 +246,21 @@ static kvs_status apply_unit(void *job, int tid, int u, kvs_err *err) {
     float *kk = dl->k + (size_t)off * d, *vv = dl->v + (size_t)off * d; /* [B][d] */
     kvs_view_gather_f32(&ly->k, h, kept, B, kk);
     kvs_view_gather_f32(&ly->v, h, kept, B, vv);
-    if (j->plan->merge == KVS_MERGE_NONE || B == N) return KVS_OK;
-    int32_t *assign = j->assign + (size_t)tid * N; /* [N] */
-    const kvs_status st = kvs_merge_assign(&ly->k, h, kept, B, assign, err);
-    if (st) {
-        kvs_err_prefix(err, "kvs_apply: layer %d", l);
-        return st;
+    if (j->plan->merge != KVS_MERGE_NONE && B < N) {
+        int32_t *assign = j->assign + (size_t)tid * N; /* [N] */
+        const kvs_status st = kvs_merge_assign(&ly->k, h, kept, B, assign, err);
+        if (st) {
+            kvs_err_prefix(err, "kvs_apply: layer %d", l);
+            return st;
+        }
+        kvs_merge_head(&ly->k, &ly->v, h, kept, B, assign, j->plan->merge, kk, vv);
     }
-    kvs_merge_head(&ly->k, &ly->v, h, kept, B, assign, j->plan->merge, kk, vv);
+    if (j->plan->kchan) { /* pruned key channels (ThinK): zero in every kept row, after merging */
+        const uint8_t *m = j->plan->kchan + ((size_t)l * j->n_kv_heads + h) * (size_t)d; /* [d] */
+        for (int i = 0; i < B; i++)
+            for (int c = 0; c < d; c++)
+                if (!m[c]) kk[(size_t)i * d + c] = 0.0f;
+    }
     return KVS_OK;
 }
 
@@ -341,6 +350,12 @@ kvs_status kvs_apply_into(const kvs_cache_view *in, const kvs_plan *plan, int th
                             "kvs_apply: layer %d: k [%d][%d][%d] / v [%d][%d][%d] do not match "
                             "the plan (Hkv = %d, N = %d)", l, ly->k.n_heads, ly->k.n_tokens,
                             ly->k.head_dim, ly->v.n_heads, ly->v.n_tokens, ly->v.head_dim, Hkv, N);
+            goto cleanup;
+        }
+        if (plan->kchan && plan->kchan_dim != ly->k.head_dim) {
+            st = kvs_errorf(err, KVS_ERR_INVALID,
+                            "kvs_apply: layer %d: plan of %s masks %d key channels, the cache has d = %d", l,
+                            plan->method, plan->kchan_dim, ly->k.head_dim);
             goto cleanup;
         }
     }

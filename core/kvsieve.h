@@ -309,6 +309,13 @@ typedef struct {
     kvs_merge merge;        /* evicted tokens merged into kept ones at apply */
     char note[256];         /* free text the method wants reported, e.g.
                                "meda: single modality, plain entropy used" */
+    /* Key channels kept per (layer, KV head) (ThinK, methods/parts/
+     * chan_think.c): kchan [L][Hkv][kchan_dim], 1 = kept, 0 = pruned; NULL:
+     * every channel (kchan_dim 0). kvs_apply zeroes the pruned channels of
+     * every kept K row (stored zero, not packed: the memory is not freed);
+     * kvs_plan_kv_bytes counts the bytes a packed store would use. */
+    int kchan_dim;
+    uint8_t *kchan;
 } kvs_plan;
 
 /* Allocate a plan with the given per-layer budgets (idx uninitialised). */
@@ -320,15 +327,24 @@ kvs_status kvs_plan_init(kvs_plan *p, const char *method, int L, int Hkv, int N,
 kvs_status kvs_plan_init_ragged(kvs_plan *p, const char *method, int L, int Hkv, int N,
                                 const int *counts, kvs_err *err);
 void kvs_plan_free(kvs_plan *p);
-/* Checks every invariant: counts, sums, sorted, unique, in range. */
+/* Give the plan key-channel masks of d channels, all kept (kchan [L][Hkv][d]
+ * set to 1); the method then clears the pruned ones. */
+kvs_status kvs_plan_kchan_init(kvs_plan *p, int d, kvs_err *err);
+/* Number of key channels head h of layer l keeps: its mask's ones, or d
+ * when the plan has no masks. */
+int kvs_plan_kchan_kept(const kvs_plan *p, int l, int h, int d);
+/* Checks every invariant: counts, sums, sorted, unique, in range; key
+ * channel masks of 0/1 values with at least one kept channel per head. */
 kvs_status kvs_plan_check(const kvs_plan *p, kvs_err *err);
 int64_t kvs_plan_total(const kvs_plan *p); /* sum of per-layer budgets */
 /* Row of KV head h of layer l ([*count] indices, writable by the plan's
  * filler) and its count; O(Hkv) for ragged layers. */
 int32_t *kvs_plan_head(const kvs_plan *p, int l, int h, int *count);
 int kvs_plan_is_ragged(const kvs_plan *p); /* 1 if any layer has counts */
-/* Bytes the kept rows take: sum over (layer, head) of kept rows x d x
- * elem_size x 2 (K and V). */
+/* Bytes the kept rows take: sum over (layer, head) of kept rows x
+ * (kept key channels + d) x elem_size (K and V; kept key channels = d
+ * without channel masks, so 2 d). With masks this is what a packed store
+ * would take: kvs_apply and the engine store the pruned channels as zeros. */
 int64_t kvs_plan_kv_bytes(const kvs_plan *p, int head_dim, size_t elem_size);
 
 /* ------------------------------------------------------------------------ */

@@ -4,7 +4,8 @@
  * What it is: the owner of plan memory and the single checker of its
  * invariants (per layer a budget in [1, N]; per KV head `budget` indices, or
  * counts[h] in [1, N] summing to Hkv * budget for a ragged layer, strictly
- * ascending, in [0, N)). Methods fill plans; everyone else checks.
+ * ascending, in [0, N); key channel masks of 0 / 1 with a kept channel per
+ * head). Methods fill plans; everyone else checks.
  * What it is not: no selection (methods), no compaction (apply.c).
  */
 #include "kvsieve.h"
@@ -124,7 +125,33 @@ int kvs_plan_is_ragged(const kvs_plan *p) {
 
 int64_t kvs_plan_kv_bytes(const kvs_plan *p, int head_dim, size_t elem_size) {
     /* sum_h counts[h] = Hkv * budget in every layer, ragged or not */
-    return kvs_plan_total(p) * (int64_t)p->n_kv_heads * head_dim * (int64_t)elem_size * 2;
+    if (!p->kchan) return kvs_plan_total(p) * (int64_t)p->n_kv_heads * head_dim * (int64_t)elem_size * 2;
+    int64_t b = 0;
+    for (int l = 0; l < p->n_layers; l++)
+        for (int h = 0; h < p->n_kv_heads; h++) {
+            int rows;
+            kvs_plan_head(p, l, h, &rows);
+            b += (int64_t)rows * (kvs_plan_kchan_kept(p, l, h, head_dim) + head_dim);
+        }
+    return b * (int64_t)elem_size;
+}
+
+kvs_status kvs_plan_kchan_init(kvs_plan *p, int d, kvs_err *err) {
+    if (d < 1) return kvs_errorf(err, KVS_ERR_INVALID, "plan: key channel masks of %d channels", d);
+    free(p->kchan);
+    p->kchan = malloc((size_t)p->n_layers * (size_t)p->n_kv_heads * (size_t)d); /* [L][Hkv][d] */
+    p->kchan_dim = p->kchan ? d : 0;
+    if (!p->kchan) return kvs_errorf(err, KVS_ERR_NOMEM, "plan: out of memory for key channel masks");
+    memset(p->kchan, 1, (size_t)p->n_layers * (size_t)p->n_kv_heads * (size_t)d);
+    return KVS_OK;
+}
+
+int kvs_plan_kchan_kept(const kvs_plan *p, int l, int h, int d) {
+    if (!p->kchan) return d;
+    const uint8_t *m = p->kchan + ((size_t)l * p->n_kv_heads + h) * (size_t)p->kchan_dim; /* [d] */
+    int n = 0;
+    for (int c = 0; c < p->kchan_dim; c++) n += m[c] != 0;
+    return n;
 }
 
 void kvs_plan_free(kvs_plan *p) {
@@ -135,6 +162,7 @@ void kvs_plan_free(kvs_plan *p) {
             free(p->layers[l].counts);
         }
     free(p->layers);
+    free(p->kchan);
     memset(p, 0, sizeof *p);
 }
 
@@ -150,6 +178,26 @@ kvs_status kvs_plan_check(const kvs_plan *p, kvs_err *err) {
         return kvs_errorf(err, KVS_ERR_INVALID, "plan: note is not terminated");
     if ((unsigned)p->merge > (unsigned)KVS_MERGE_WEIGHTED)
         return kvs_errorf(err, KVS_ERR_INVALID, "plan: unknown merge mode %d", (int)p->merge);
+    if (p->kchan) {
+        if (p->kchan_dim < 1)
+            return kvs_errorf(err, KVS_ERR_INVALID, "plan: key channel masks of %d channels", p->kchan_dim);
+        for (int l = 0; l < p->n_layers; l++)
+            for (int h = 0; h < p->n_kv_heads; h++) {
+                const uint8_t *m = p->kchan + ((size_t)l * p->n_kv_heads + h) * (size_t)p->kchan_dim;
+                int kept = 0;
+                for (int c = 0; c < p->kchan_dim; c++) {
+                    if (m[c] > 1)
+                        return kvs_errorf(err, KVS_ERR_INVALID,
+                                          "plan: layer %d head %d: key channel %d mask is %d (0 or 1)", l,
+                                          h, c, (int)m[c]);
+                    kept += m[c];
+                }
+                if (!kept)
+                    return kvs_errorf(err, KVS_ERR_INVALID, "plan: layer %d head %d: every key channel is pruned",
+                                      l, h);
+            }
+    } else if (p->kchan_dim)
+        return kvs_errorf(err, KVS_ERR_INVALID, "plan: kchan_dim %d without masks", p->kchan_dim);
     const int N = p->n_tokens;
     for (int l = 0; l < p->n_layers; l++) {
         const kvs_plan_layer *pl = &p->layers[l];

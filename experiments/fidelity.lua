@@ -28,7 +28,7 @@ experiment {
               "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention",
               "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv", "cur",
               "leverage", "cake", "simlayerkv", "qfilters",
-              "compactor" },
+              "compactor", "finch", "think" },
   budgets = { 0.1, 0.2, 0.5 },
   params  = { flashcache = { gamma = { 0.1, 0.2 } } },
   threads = 2,

@@ -4,7 +4,7 @@
 -- eight; this config puts the presets built from parts (methods/parts/:
 -- knorm, tova, keydiff, pyramidkv, chunkkv, expected_attention, pyramid_tova,
 -- adakv, ada_pyramidkv, ada_flashcache, lagkv, criticalkv, criticaladakv, cur,
--- leverage, cake, simlayerkv, qfilters, compactor)
+-- leverage, cake, simlayerkv, qfilters, compactor, finch, think)
 -- beside them on the same prompts (the engine gives CriticalKV each layer's W_o).
 --
 --   kvsieve run experiments/methods.lua         -- prints the table
@@ -39,7 +39,7 @@ experiment {
               "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention",
               "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv",
               "criticalkv", "criticaladakv", "cur", "leverage", "cake", "simlayerkv",
-              "qfilters", "compactor" },
+              "qfilters", "compactor", "finch", "think" },
   budgets = { 0.25 },
   metrics = { "needle" },
   n_predict = 16,

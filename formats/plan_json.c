@@ -119,7 +119,18 @@ char *kvs_plan_to_json(const kvs_plan *p, const kvs_method *m, const kvs_params 
             }
             sb_str(&lay, "]");
         }
-        sb_str(&lay, "]}");
+        sb_str(&lay, "]");
+        if (p->kchan) { /* key channels kept per head (ThinK), "1" kept, "0" pruned */
+            sb_str(&lay, ",\"key_channels\":[");
+            for (int h = 0; h < p->n_kv_heads; h++) {
+                const uint8_t *mk = p->kchan + ((size_t)l * p->n_kv_heads + h) * (size_t)p->kchan_dim;
+                sb_str(&lay, h ? ",\"" : "\"");
+                for (int c = 0; c < p->kchan_dim; c++) sb_put(&lay, mk[c] ? "1" : "0", 1);
+                sb_str(&lay, "\"");
+            }
+            sb_str(&lay, "]");
+        }
+        sb_str(&lay, "}");
     }
     sb_str(&lay, "]}\n");
     if (!lay.oom) {
@@ -140,6 +151,44 @@ static int json_int(const cJSON *j, long long lo, long long hi, long long *out) 
     if (!(v >= (double)lo && v <= (double)hi) || v != floor(v)) return 0;
     *out = (long long)v;
     return 1;
+}
+
+/* Layer l's optional "key_channels" (one string of '0' / '1' per head, all
+ * of one length d): every layer has them or none (layer 0 decides). */
+static kvs_status read_key_channels(const cJSON *ly, int l, kvs_plan *p, kvs_err *err) {
+    const cJSON *jk = cJSON_GetObjectItemCaseSensitive(ly, "key_channels");
+    if (!jk) {
+        if (p->kchan)
+            return kvs_errorf(err, KVS_ERR_FORMAT, "plan: layers[%d]: no key_channels (layer 0 has them)", l);
+        return KVS_OK;
+    }
+    if (l > 0 && !p->kchan)
+        return kvs_errorf(err, KVS_ERR_FORMAT, "plan: layers[%d].key_channels: layer 0 has none", l);
+    if (!cJSON_IsArray(jk) || cJSON_GetArraySize(jk) != p->n_kv_heads)
+        return kvs_errorf(err, KVS_ERR_FORMAT, "plan: layers[%d].key_channels: must be an array of %d strings",
+                          l, p->n_kv_heads);
+    int h = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, jk) {
+        const size_t d = cJSON_IsString(x) ? strlen(x->valuestring) : 0;
+        if (!p->kchan && d > 0 && d <= 65536) {
+            kvs_status st = kvs_plan_kchan_init(p, (int)d, err);
+            if (st) return st;
+        }
+        if (d == 0 || d != (size_t)p->kchan_dim)
+            return kvs_errorf(err, KVS_ERR_FORMAT,
+                              "plan: layers[%d].key_channels[%d]: must be a string of %d '0' / '1'", l, h,
+                              p->kchan_dim ? p->kchan_dim : 1);
+        uint8_t *m = p->kchan + ((size_t)l * p->n_kv_heads + h) * d;
+        for (size_t c = 0; c < d; c++) {
+            if (x->valuestring[c] != '0' && x->valuestring[c] != '1')
+                return kvs_errorf(err, KVS_ERR_FORMAT, "plan: layers[%d].key_channels[%d][%zu]: not '0' or '1'",
+                                  l, h, c);
+            m[c] = x->valuestring[c] == '1';
+        }
+        h++;
+    }
+    return KVS_OK;
 }
 
 kvs_status kvs_plan_from_json(const char *text, kvs_plan *p, kvs_err *err) {
@@ -361,6 +410,7 @@ kvs_status kvs_plan_from_json(const char *text, kvs_plan *p, kvs_err *err) {
             }
             h++;
         }
+        if ((st = read_key_channels(ly, l, p, err))) goto cleanup;
         l++;
     }
     st = kvs_plan_check(p, err);

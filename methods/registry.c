@@ -18,6 +18,7 @@ static const kvs_method *const registry[] = {
     &kvs_preset_lagkv, &kvs_preset_criticalkv, &kvs_preset_criticaladakv,
     &kvs_preset_cur, &kvs_preset_leverage,
     &kvs_preset_cake, &kvs_preset_simlayerkv, &kvs_preset_qfilters, &kvs_preset_compactor,
+    &kvs_preset_finch, &kvs_preset_think,
 };
 
 int kvs_method_reads_attn_stats(const kvs_method *m) {

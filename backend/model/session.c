@@ -638,7 +638,7 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
     /* a plan that only keeps rows copies them as they are (bytes of any cache
      * type, block rows whole); one that merges goes through kvs_apply in fp32
      * and back to the cache type (block types quantise the merged rows again) */
-    const int merge = plan->merge != KVS_MERGE_NONE;
+    const int merge = plan->merge != KVS_MERGE_NONE || plan->kchan; /* ThinK's zeroed key channels: kvs_apply */
     kvs_layer *views = calloc((size_t)plan->n_layers, sizeof *views);
     kvs_dense_cache dense = {0};
     if (!views) return kvs_errorf(err, KVS_ERR_NOMEM, "apply plan: out of memory");

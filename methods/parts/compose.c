@@ -19,6 +19,9 @@
  * work ("not implemented on GPU"): they have no GPU driver yet.
  * Statistics: per layer a kvs_layer_stats the allocator reads; the scorer
  * fills what it computes anyway, the allocator's measure the rest.
+ * Channel rule (ThinK): its [L][Hkv][d] key channel masks, observed with
+ * the layers and copied into the plan (kvs_plan.kchan) with a note that the
+ * pruned channels are stored as zeros.
  * Span rule: its tokens among the pick candidates score +inf in a scratch
  * copy of the layer's scores (layer_scores), so select stays repeatable.
  * What it is not: no scoring, allocation or picking of its own (the parts).
@@ -43,6 +46,7 @@ typedef struct {
     float *forced;             /* [Hkv][N] a layer's scores with the span at +inf (span only) */
     char note[256];         /* the allocator's line for the plan's note */
     kvs_pick_ws ws;
+    uint8_t *kchan; /* [L][Hkv][d] the channel rule's masks, or NULL */
 } compose_state;
 
 static kvs_status check_values(const kvs_method *m, const kvs_params *p, kvs_err *err) {
@@ -72,7 +76,9 @@ int kvs_compose_queries_wanted(const kvs_composition *comp, const kvs_method *m,
                                const kvs_params *p, int N) {
     const int a = comp->scorer->queries_wanted ? comp->scorer->queries_wanted(m, p, N) : 0;
     const int b = comp->allocator->queries_wanted ? comp->allocator->queries_wanted(m, p, N) : 0;
-    return a > b ? a : b;
+    const int c = comp->channels && comp->channels->queries_wanted ? comp->channels->queries_wanted(m, p, N) : 0;
+    const int ab = a > b ? a : b;
+    return ab > c ? ab : c;
 }
 
 /* The plan's merge: the method's `merge` parameter when it declares one
@@ -96,6 +102,7 @@ void kvs_compose_destroy(void *state) {
     free(st->ws.pairs);
     free(st->ws.ibuf);
     free(st->ws.mask);
+    free(st->kchan);
     free(st);
 }
 
@@ -144,6 +151,10 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     st->ws.mask = malloc((size_t)N);
     if (comp->pick && comp->pick->observe)
         st->aux = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
+    if (comp->channels && !(st->kchan = malloc((size_t)L * (size_t)H * (size_t)(s->head_dim > 0 ? s->head_dim : 1)))) {
+        kvs_compose_destroy(st);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for key channel masks", m->name);
+    }
     if (!st->scores || !st->stats || (st->span && !st->forced) || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask ||
         (comp->pick && comp->pick->observe && !st->aux)) {
         kvs_compose_destroy(st);
@@ -207,6 +218,11 @@ kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
         float *ax = st->aux + (size_t)layer * (size_t)s->n_kv_heads * (size_t)s->n_tokens;
         rc = st->comp->pick->observe(&st->ctx, layer, in, ax, err);
         if (rc) return kvs_err_prefix(err, "%s: pick %s: layer %d", mn, st->comp->pick->name, layer);
+    }
+    if (st->kchan) {
+        uint8_t *mk = st->kchan + (size_t)layer * (size_t)s->n_kv_heads * (size_t)s->head_dim; /* [Hkv][d] */
+        rc = st->comp->channels->observe(&st->ctx, layer, in, mk, err);
+        if (rc) return kvs_err_prefix(err, "channels %s", st->comp->channels->name);
     }
     st->n_observed++;
     return KVS_OK;
@@ -294,6 +310,12 @@ kvs_status kvs_compose_select(void *state, int per_layer, kvs_plan *out, kvs_err
     if (rc) goto cleanup;
     out->merge = plan_merge(st);
     snprintf(out->note, sizeof out->note, "%s", st->note);
+    if (st->kchan && !(rc = kvs_plan_kchan_init(out, st->ctx.shape.head_dim, err))) {
+        memcpy(out->kchan, st->kchan, (size_t)L * (size_t)H * (size_t)st->ctx.shape.head_dim);
+        const size_t n = strlen(out->note);
+        snprintf(out->note + n, sizeof out->note - n, "%skey channels %s: pruned ones stored as zeros "
+                 "(memory not freed; kv bytes count a packed store)", n ? "; " : "", st->comp->channels->name);
+    }
     for (int l = 0; l < L && !rc; l++) {
         const int B = budgets[l];
         int p = 0, q = 0;

@@ -5,10 +5,10 @@
  * What it is: kvs_compose_table (the composition's parameters: `parts` then
  * each part's, kvs_parts.h), the `parts` code (the index of each part within
  * its kind, radix 32: scorer + 32 (allocator + 32 (keep1 + 32 (keep2 + 32
- * (pick + 32 (heads + 32 (keep3 + 32 merge)))))), a keep or heads slot 0
- * when empty, else 1 + the part's index, merge the kvs_merge value (0:
- * none); a composition without heads, a third keep rule or a merge keeps
- * its code), and
+ * (pick + 32 (heads + 32 (keep3 + 32 (merge + 32 channels))))))), a keep,
+ * heads or channels slot 0 when empty, else 1 + the part's index, merge the
+ * kvs_merge value (0: none); a composition without heads, a third keep
+ * rule, a merge or channels keeps its code), and
  * kvs_compose_dyn, the entry points every composed method shares.
  * Why a code: a kvs_method's create sees only the parameter values, not the
  * method; the code, an INT parameter whose range is the one value, carries
@@ -61,7 +61,7 @@ static kvs_status add_part(const kvs_part_info *pi, kvs_param_def *defs, const k
 }
 
 static double comp_code(const kvs_composition *comp, kvs_err *err, int *ok) {
-    int idx[8];
+    int idx[9];
     idx[0] = kvs_part_index(KVS_PART_SCORER, comp->scorer);
     idx[1] = kvs_part_index(KVS_PART_ALLOCATOR, comp->allocator);
     for (int i = 0; i < 2; i++) {
@@ -76,8 +76,10 @@ static double comp_code(const kvs_composition *comp, kvs_err *err, int *ok) {
     idx[6] = r3 ? 1 + kvs_part_index(KVS_PART_KEEP, r3) : 0;
     if (r3 && idx[6] == 0) idx[6] = -1;
     idx[7] = (int)comp->merge; /* 0: none */
+    idx[8] = comp->channels ? 1 + kvs_part_index(KVS_PART_CHANNELS, comp->channels) : 0;
+    if (comp->channels && idx[8] == 0) idx[8] = -1;
     double code = 0.0;
-    for (int i = 7; i >= 0; i--) {
+    for (int i = 8; i >= 0; i--) {
         if (idx[i] < 0 || idx[i] >= RADIX) {
             *ok = 0;
             kvs_errorf(err, KVS_ERR_INTERNAL, "composition holds a part that is not in the part table");
@@ -98,11 +100,11 @@ kvs_status kvs_compose_table(const kvs_composition *comp, kvs_param_def defs[KVS
     defs[0] = (kvs_param_def){"parts", KVS_PARAM_INT, code, code, code, NULL, code_help};
     owner[0] = NULL;
     *n = 1;
-    const kvs_part_info *pis[7] = {NULL};
+    const kvs_part_info *pis[8] = {NULL};
     pis[0] = kvs_part_of_kind(KVS_PART_SCORER, kvs_part_index(KVS_PART_SCORER, comp->scorer));
     pis[1] = kvs_part_of_kind(KVS_PART_ALLOCATOR,
                               kvs_part_index(KVS_PART_ALLOCATOR, comp->allocator));
-    /* parameter order: scorer, allocator, the keep rules in order, pick, heads */
+    /* parameter order: scorer, allocator, the keep rules in order, pick, heads, channels */
     const kvs_part_info *keeps[KVS_PARTS_MAX_KEEP] = {NULL};
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
         keeps[i] = kvs_part_of_kind(KVS_PART_KEEP, kvs_part_index(KVS_PART_KEEP, comp->keep[i]));
@@ -112,7 +114,9 @@ kvs_status kvs_compose_table(const kvs_composition *comp, kvs_param_def defs[KVS
     pis[5] = kvs_part_of_kind(KVS_PART_PICK, kvs_part_index(KVS_PART_PICK, comp->pick));
     if (comp->heads)
         pis[6] = kvs_part_of_kind(KVS_PART_HEADS, kvs_part_index(KVS_PART_HEADS, comp->heads));
-    for (int i = 0; i < 7; i++) {
+    if (comp->channels)
+        pis[7] = kvs_part_of_kind(KVS_PART_CHANNELS, kvs_part_index(KVS_PART_CHANNELS, comp->channels));
+    for (int i = 0; i < 8; i++) {
         if (!pis[i]) continue;
         kvs_status rc = add_part(pis[i], defs, owner, n, err);
         if (rc) return rc;
@@ -126,11 +130,11 @@ static kvs_status decode(const kvs_params *p, kvs_composition *comp, kvs_err *er
     if (p->n < 1)
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: no `parts` parameter");
     double x = p->v[0];
-    if (!(x >= 0 && x < pow(RADIX, 8)) || x != floor(x))
+    if (!(x >= 0 && x < pow(RADIX, 9)) || x != floor(x))
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: parts = %g is not a code", x);
     long long c = (long long)x;
-    int idx[8];
-    for (int i = 0; i < 8; i++) idx[i] = (int)(c % RADIX), c /= RADIX;
+    int idx[9];
+    for (int i = 0; i < 9; i++) idx[i] = (int)(c % RADIX), c /= RADIX;
     const kvs_part_info *s = kvs_part_of_kind(KVS_PART_SCORER, idx[0]);
     const kvs_part_info *a = kvs_part_of_kind(KVS_PART_ALLOCATOR, idx[1]);
     const kvs_part_info *k1 = idx[2] ? kvs_part_of_kind(KVS_PART_KEEP, idx[2] - 1) : NULL;
@@ -138,8 +142,9 @@ static kvs_status decode(const kvs_params *p, kvs_composition *comp, kvs_err *er
     const kvs_part_info *pk = kvs_part_of_kind(KVS_PART_PICK, idx[4]);
     const kvs_part_info *hd = idx[5] ? kvs_part_of_kind(KVS_PART_HEADS, idx[5] - 1) : NULL;
     const kvs_part_info *k3 = idx[6] ? kvs_part_of_kind(KVS_PART_KEEP, idx[6] - 1) : NULL;
+    const kvs_part_info *ch = idx[8] ? kvs_part_of_kind(KVS_PART_CHANNELS, idx[8] - 1) : NULL;
     if (!s || !a || !pk || (idx[2] && !k1) || (idx[3] && !k2) || (!k1 && k2) || (idx[5] && !hd) ||
-        (idx[6] && !k3) || (!k2 && k3) || idx[7] > KVS_MERGE_WEIGHTED)
+        (idx[6] && !k3) || (!k2 && k3) || idx[7] > KVS_MERGE_WEIGHTED || (idx[8] && !ch))
         return kvs_errorf(err, KVS_ERR_INVALID, "composed method: parts = %g names no composition",
                           x);
     comp->scorer = s->part;
@@ -150,6 +155,7 @@ static kvs_status decode(const kvs_params *p, kvs_composition *comp, kvs_err *er
     comp->pick = pk->part;
     comp->heads = hd ? hd->part : NULL;
     comp->merge = (kvs_merge)idx[7];
+    comp->channels = ch ? ch->part : NULL;
     return KVS_OK;
 }
 
@@ -171,7 +177,8 @@ static kvs_status rebuild(const kvs_params *p, dyn_state *d, kvs_err *err) {
                           "composed method: %d parameter values for a composition of %d", p->n, n);
     d->shadow = (kvs_method){.name = "composed",
                              .summary = "a composition",
-                             .needs = d->comp.scorer->needs | d->comp.allocator->needs | d->comp.pick->needs,
+                             .needs = d->comp.scorer->needs | d->comp.allocator->needs | d->comp.pick->needs |
+                                      (d->comp.channels ? d->comp.channels->needs : 0u),
                              .params = d->defs,
                              .n_params = n};
     return KVS_OK;

@@ -75,6 +75,8 @@ char *kvs_composition_json(const kvs_composition *comp, const kvs_method *m, con
     }
     cJSON_AddStringToObject(o, "pick", comp->pick->name);
     cJSON_AddStringToObject(o, "merge", kvs_merge_name(comp->merge));
+    if (comp->channels) /* absent when every channel is kept: older canonical names stay */
+        cJSON_AddStringToObject(o, "channels", comp->channels->name);
     cJSON *params = cJSON_AddObjectToObject(o, "params");
     for (int j = 0; params && j < m->n_params && j < p->n; j++) {
         const char *nm = m->params[j].name;
@@ -225,7 +227,9 @@ static void short_label(const kvs_composition *comp, char *buf, size_t n) {
         w += snprintf(buf + w, n - (size_t)w, "+%s", comp->keep[i]->name);
     if (w >= 0 && (size_t)w < n) w += snprintf(buf + w, n - (size_t)w, "+%s", comp->pick->name);
     if (comp->heads && w >= 0 && (size_t)w < n)
-        snprintf(buf + w, n - (size_t)w, "+%s", comp->heads->name);
+        w += snprintf(buf + w, n - (size_t)w, "+%s", comp->heads->name);
+    if (comp->channels && w >= 0 && (size_t)w < n)
+        snprintf(buf + w, n - (size_t)w, "+%s", comp->channels->name);
 }
 
 kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *err) {
@@ -234,8 +238,8 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "a composed method is an object {score, allocate, keep, pick, merge, "
                           "params, name}");
-    static const char *const known[] = {"name", "score", "allocate", "heads", "keep",
-                                        "pick", "merge", "params",   NULL};
+    static const char *const known[] = {"name", "score", "allocate", "heads",  "keep",
+                                        "pick", "merge", "params",   "channels", NULL};
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
         int ok = 0;
@@ -243,14 +247,14 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
         if (!ok)
             return kvs_errorf(err, KVS_ERR_INVALID,
                               "%s: unknown field (known: name, score, allocate, heads, keep, pick, "
-                              "merge, params)",
+                              "merge, params, channels)",
                               it->string);
     }
     kvs_composed *c = calloc(1, sizeof *c);
     if (!c) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     assign as[32];
     int na = 0;
-    const kvs_part_info *s = NULL, *a = NULL, *pk = NULL, *hd = NULL;
+    const kvs_part_info *s = NULL, *a = NULL, *pk = NULL, *hd = NULL, *ch = NULL;
     kvs_status rc = part_field(o, "score", KVS_PART_SCORER, NULL, &s, err);
     /* "allocate": "adakv" is short for uniform layers with AdaKV's heads (the
      * issue's spelling); "heads" composes a head allocator with any layer one */
@@ -266,6 +270,10 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
         !(cJSON_IsString(heads) && strcmp(heads->valuestring, "equal") == 0))
         rc = part_field(o, "heads", KVS_PART_HEADS, NULL, &hd, err);
     if (!rc) rc = part_field(o, "pick", KVS_PART_PICK, "topk", &pk, err);
+    const cJSON *chans = cJSON_GetObjectItemCaseSensitive(o, "channels");
+    if (!rc && chans && !cJSON_IsNull(chans) &&
+        !(cJSON_IsString(chans) && strcmp(chans->valuestring, "all") == 0))
+        rc = part_field(o, "channels", KVS_PART_CHANNELS, NULL, &ch, err);
     if (!rc) rc = parse_keep(cJSON_GetObjectItemCaseSensitive(o, "keep"), &c->comp, as, &na, err);
     /* merge: core's kvs_apply merges every evicted token into its most
      * key-similar kept token with the formula; "lookm" / "meda" name the
@@ -312,6 +320,7 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
     c->comp.allocator = a->part;
     c->comp.pick = pk->part;
     c->comp.heads = hd ? hd->part : NULL;
+    c->comp.channels = ch ? ch->part : NULL;
     c->comp.merge = mg;
     const kvs_part_info *owner[KVS_MAX_PARAMS];
     int n = 0;
@@ -321,7 +330,8 @@ kvs_status kvs_composed_from_cjson(const cJSON *o, kvs_composed **out, kvs_err *
     c->method = kvs_compose_dyn;
     c->method.name = "composed";
     c->method.summary = c->summary;
-    c->method.needs = c->comp.scorer->needs | c->comp.allocator->needs | c->comp.pick->needs;
+    c->method.needs = c->comp.scorer->needs | c->comp.allocator->needs | c->comp.pick->needs |
+                      (c->comp.channels ? c->comp.channels->needs : 0u);
     c->method.params = c->defs;
     c->method.n_params = n;
     kvs_params p;

@@ -259,6 +259,27 @@ extern const kvs_pick_rule kvs_pick_topk, kvs_pick_chunk;
 extern const kvs_pick_rule kvs_pick_critical;
 kvs_status kvs_critical_wo_norms(const kvs_layer *in, int threads, float *wnorm, kvs_err *err);
 
+/* ---- channel rules (key channels, ThinK) ------------------------------------ */
+
+/* A channel rule: which key channels each KV head keeps. observe writes the
+ * layer's mask [Hkv][d] (1 kept, 0 pruned, at least one kept per head);
+ * the composition copies the masks into the plan (kvs_plan.kchan), whose
+ * tokens the other parts choose as usual. needs / queries_wanted as a
+ * scorer's. */
+typedef struct {
+    const char *name;
+    unsigned needs;
+    int (*queries_wanted)(const kvs_method *m, const kvs_params *p, int N);
+    kvs_status (*observe)(const kvs_part_ctx *c, int layer, const kvs_layer *in, uint8_t *mask,
+                          kvs_err *err);
+} kvs_channel_rule;
+
+/* think (chan_think.c): ThinK's query-driven channel scores; the rule
+ * alone, exposed for tests: mask [Hkv][d] of layer `in` from its last w
+ * query rows, floor(ratio * d) channels pruned per head. */
+extern const kvs_channel_rule kvs_chan_think;
+kvs_status kvs_think_channels(const kvs_layer *in, int w, double ratio, uint8_t *mask, kvs_err *err);
+
 /* ---- the composition ------------------------------------------------------- */
 
 #define KVS_PARTS_MAX_KEEP 3 /* at most one prefix, one suffix and one span rule */
@@ -270,6 +291,7 @@ typedef struct {
     const kvs_keep_rule *keep[KVS_PARTS_MAX_KEEP]; /* priority order; NULL ends */
     const kvs_pick_rule *pick;
     kvs_merge merge; /* the plan's merge (a method's `merge` parameter wins) */
+    const kvs_channel_rule *channels; /* NULL: every key channel is kept */
 } kvs_composition;
 
 /* The kvs_method entry points of a composition; m is the composed method
@@ -402,11 +424,25 @@ void kvs_compose_destroy(void *state);
 #define KVS_PARTS_P_BLENDING(def) \
     {"blending", KVS_PARAM_FLOAT, (def), 0.0, 1e9, NULL, \
      "Compactor: score = blending * leverage z-score + attention z-score"}
+#define KVS_PARTS_P_NORMALIZE_SCORES(def) \
+    {"normalize_scores", KVS_PARAM_BOOL, (def), 0, 1, NULL, \
+     "Finch: weigh each question row's attention by its position (the keys it sees)"}
+#define KVS_PARTS_P_CHUNK_LENGTH(def) \
+    {"chunk_length", KVS_PARAM_INT, (def), 0, KVS_PARTS_IMAX, NULL, \
+     "segment: the pick budget split over segments of this many tokens by length (0: one)"}
+#define KVS_PARTS_P_KEY_CHANNEL_RATIO(def) \
+    {"key_channel_ratio", KVS_PARAM_FLOAT, (def), 0.0, 0.99, NULL, \
+     "ThinK: share of each KV head's key channels pruned, floor(ratio * d) (zeroed, not freed)"}
 
 /* ---- parts a user may name (part_table.c) ---------------------------------- */
 
 extern const kvs_scorer kvs_scorer_flashcache, kvs_scorer_expected_attention, kvs_scorer_lagkv;
 extern const kvs_scorer kvs_scorer_cur, kvs_scorer_leverage;
+/* finch (score_finch.c): the question's attention over the context, rows
+ * weighted by position; segment (pick_segment.c): the pick budget spread
+ * over segments by length, top-k in each. */
+extern const kvs_scorer kvs_scorer_finch;
+extern const kvs_pick_rule kvs_pick_segment;
 /* The leverage of one head's keys krows [N][d] with a sketch of k columns
  * drawn from stream (score_leverage.c; exposed for tests): out [N]; scratch
  * y [N][k] floats, g and z [k][k] doubles. */
@@ -455,6 +491,7 @@ typedef enum {
     KVS_PART_KEEP = 2,
     KVS_PART_PICK = 3,
     KVS_PART_HEADS = 4, /* head allocators (kvs_head_allocator): ragged per-head counts */
+    KVS_PART_CHANNELS = 5, /* channel rules (kvs_channel_rule): key channels kept per head */
 } kvs_part_kind;
 
 /* One nameable part: its kind, the part itself (a kvs_scorer, kvs_allocator,
@@ -470,7 +507,8 @@ typedef struct {
     int n_params;
 } kvs_part_info;
 
-const char *kvs_part_kind_name(kvs_part_kind k); /* "scorer", "allocator", "keep", "pick", "heads" */
+const char *kvs_part_kind_name(kvs_part_kind k); /* "scorer", "allocator", "keep", "pick", "heads",
+                                                   "channels" */
 /* Every nameable part, grouped by kind; within a kind the order is append
  * only (a composed method's `parts` code is the index within its kind). */
 int kvs_parts_count(void);
@@ -553,6 +591,9 @@ extern const kvs_method kvs_preset_criticalkv, kvs_preset_criticaladakv;
 extern const kvs_method kvs_preset_cur, kvs_preset_leverage;
 extern const kvs_method kvs_preset_cake, kvs_preset_simlayerkv, kvs_preset_qfilters;
 extern const kvs_method kvs_preset_compactor;
+/* Finch (finch scorer + segment pick) and ThinK (SnapKV tokens +
+ * think key channels) */
+extern const kvs_method kvs_preset_finch, kvs_preset_think;
 /* FlashCache as a composition (dba allocator; bit-identity proof against
  * methods/flashcache.c in tests/parts; not registered: the monolith's
  * threaded observe stays the fast path). The registered lookm and meda

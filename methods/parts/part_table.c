@@ -2,8 +2,8 @@
  * part_table.c -- the parts a user may name in a composed method, with the
  * parameters each reads (kvs_parts.h).
  *
- * What it is: one table of every scorer, allocator, keep rule and pick rule
- * by kind, each with a line of help and its parameter declarations (the
+ * What it is: one table of every scorer, allocator, keep rule, pick rule,
+ * head allocator and channel rule by kind, each with a line of help and its parameter declarations (the
  * part's own defaults and ranges; a preset may pick other defaults), and the
  * lookups over it (by kind and index, by part, by name with a close-name
  * suggestion).
@@ -63,6 +63,15 @@ static const kvs_param_def p_critical[] = {KVS_PARTS_P_FIRST_STAGE(0.5),
                                            KVS_PARTS_P_CRIT_EPSILON(1e-4)};
 static const kvs_param_def p_dba[] = {KVS_PARTS_P_GAMMA(0.2), KVS_PARTS_P_DBA(1)};
 static const kvs_param_def p_span[] = {KVS_PARTS_P_SPAN(0), KVS_PARTS_P_SPAN_LEN(0)};
+static const kvs_param_def p_finch[] = {
+    KVS_PARTS_P_WINDOW(32, 1, "the question: its last w prompt tokens, whose queries score the context"),
+    KVS_PARTS_P_NORMALIZE_SCORES(1),
+};
+static const kvs_param_def p_segment[] = {KVS_PARTS_P_CHUNK_LENGTH(0)};
+static const kvs_param_def p_think[] = {
+    KVS_PARTS_P_KEY_CHANNEL_RATIO(0.5),
+    KVS_PARTS_P_WINDOW(32, 1, "observation window w: its queries score the key channels"),
+};
 static const kvs_param_def p_cake[] = {
     KVS_PARTS_P_WINDOW(32, 0, "observation window w: its attention is measured; kept in every layer"),
     KVS_PARTS_P_TAU1(1.0),
@@ -169,6 +178,17 @@ static const kvs_part_info table[] = {
     PART(KVS_PART_SCORER, "compactor", &kvs_scorer_compactor,
          "Compactor: blending * leverage z-score + non-causal chunked attention z-score",
          p_compactor),
+    /* Finch, ThinK */
+    PART(KVS_PART_SCORER, "finch", &kvs_scorer_finch,
+         "Finch: attention of the question (last w queries) over the context, rows weighted by "
+         "position",
+         p_finch),
+    PART(KVS_PART_PICK, "segment", &kvs_pick_segment,
+         "Finch's chunked selection: the budget split over segments by length, top-k in each",
+         p_segment),
+    PART(KVS_PART_CHANNELS, "think", &kvs_chan_think,
+         "ThinK: per head the key channels with the lowest mean q^2 x mean k^2 pruned (zeroed)",
+         p_think),
 };
 
 const char *kvs_part_kind_name(kvs_part_kind k) {
@@ -178,6 +198,7 @@ const char *kvs_part_kind_name(kvs_part_kind k) {
     case KVS_PART_KEEP: return "keep";
     case KVS_PART_PICK: return "pick";
     case KVS_PART_HEADS: return "heads";
+    case KVS_PART_CHANNELS: return "channels";
     }
     return "?";
 }

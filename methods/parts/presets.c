@@ -71,6 +71,12 @@
  *   flashcache_parts    flashcache scorer + dba + sinks / window + topk with
  *                       FlashCache's parameter names: methods/flashcache.c
  *                       bit for bit (tests/parts); not registered
+ *   finch               finch scorer (arXiv 2408.00167) + window (the
+ *                       question, 32) + segment pick (chunk_length 0: one
+ *                       segment, kvpress's default); normalize_scores on
+ *   think               snapkv scorer + window + topk (SnapKV's defaults)
+ *                       + think channel rule (arXiv 2407.21018),
+ *                       key_channel_ratio 0.5: pruned key channels zeroed
  *   lookm, meda         the registered kvs_method_lookm / kvs_method_meda:
  *                       lookm scorer + uniform / entropy + window
  *                       (recent_frac) + topk, merge from `merge`; the
@@ -463,6 +469,37 @@ const kvs_method kvs_method_meda = {
     .destroy = kvs_compose_destroy,
 };
 
+/* ---- Finch, ThinK (docs/methods.md) ---- */
+static const kvs_param_def params_finch[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "the question: its last w prompt tokens, whose queries score the context; "
+                       "always kept"),
+    KVS_PARTS_P_NORMALIZE_SCORES(1),
+    KVS_PARTS_P_CHUNK_LENGTH(0),
+};
+KVS_PRESET(finch, "finch",
+           "Finch: the question's attention over the context (rows weighted by position), "
+           "question kept",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_finch, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_segment, .merge = KVS_MERGE_NONE})
+
+static const kvs_param_def params_think[] = {
+    KVS_PARTS_P_WINDOW(32, 1,
+                       "observation window w: its queries vote for tokens (SnapKV) and score key "
+                       "channels (ThinK); the window is always kept"),
+    KVS_PARTS_P_KERNEL(7),
+    KVS_PARTS_P_POOL(0),
+    KVS_PARTS_P_KEY_CHANNEL_RATIO(0.5),
+};
+KVS_PRESET(think, "think",
+           "ThinK over SnapKV: SnapKV's tokens, half the key channels pruned per head by "
+           "|q_c|^2 |k_c|^2 (zeroed)",
+           KVS_NEED_Q_WINDOW,
+           {.scorer = &kvs_scorer_snapkv, .allocator = &kvs_alloc_uniform,
+            .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE,
+            .channels = &kvs_chan_think})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -492,6 +529,8 @@ static const struct {
     {&kvs_preset_simlayerkv, &comp_simlayerkv},
     {&kvs_preset_qfilters, &comp_qfilters},
     {&kvs_preset_compactor, &comp_compactor},
+    {&kvs_preset_finch, &comp_finch},
+    {&kvs_preset_think, &comp_think},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

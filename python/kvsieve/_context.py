@@ -190,7 +190,8 @@ class Plan:
             pass
 
     def info(self):
-        """n_layers, n_kv_heads, n_tokens, merge, device, total_kept,
+        """n_layers, n_kv_heads, n_tokens, merge, device, key_channels (d when
+        the plan zeroes pruned key channels at apply, else 0), total_kept,
         compress_ms, method, merge_name, note."""
         if self._info is None:
             i = _lib.new(_lib.PlanInfo)

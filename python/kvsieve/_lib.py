@@ -58,7 +58,7 @@ class CtxOpts(ctypes.Structure):
 class PlanInfo(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("n_layers", ctypes.c_int32),
                 ("n_kv_heads", ctypes.c_int32), ("n_tokens", ctypes.c_int32),
-                ("merge", ctypes.c_int32), ("device", ctypes.c_int32), ("reserved", ctypes.c_int32),
+                ("merge", ctypes.c_int32), ("device", ctypes.c_int32), ("key_channels", ctypes.c_int32),
                 ("total_kept", ctypes.c_int64), ("compress_ms", ctypes.c_double),
                 ("method", ctypes.c_char * 32), ("merge_name", ctypes.c_char * 16),
                 ("note", ctypes.c_char * 256)]

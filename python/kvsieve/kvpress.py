@@ -176,13 +176,15 @@ class KvsievePress(BasePress):
                                          "uses %r (load it with attn_implementation='sdpa')" % (self.method, impl))
                 _install_mask_hook()
                 new = []
+                # a plan that zeroes key channels (ThinK) goes through libkvsieve's apply like a merging one
+                how = info["merge_name"] if not info["key_channels"] else "key_channels"
                 with torch.inference_mode():
                     for i, ly in enumerate(layers):
                         k, v = ly.keys, ly.values
                         if len(set(counts[i])) > 1:
-                            new.append(_ragged_layer(ctx, plan, i, k, v, counts[i], info["merge_name"]))
+                            new.append(_ragged_layer(ctx, plan, i, k, v, counts[i], how))
                         else:
-                            new.append(_dense(ctx, plan, i, k, v, budgets[i], info["merge_name"]))
+                            new.append(_dense(ctx, plan, i, k, v, budgets[i], how))
             finally:
                 plan.free()
         uneven = len(set(budgets)) > 1

@@ -30,7 +30,7 @@ HEADER = os.environ.get("KVSIEVE_ABI_HEADER")
 METHODS = ["full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
            "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention", "pyramid_tova",
            "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv", "criticalkv", "criticaladakv", "cur", "leverage",
-           "cake", "simlayerkv", "qfilters", "compactor"]
+           "cake", "simlayerkv", "qfilters", "compactor", "finch", "think"]
 RAGGED = {"adakv", "ada_pyramidkv", "ada_flashcache", "criticaladakv"}  # head-adaptive: per-head counts
 W_O = {"criticalkv", "criticaladakv"}  # need each layer's output projection, which the ABI does not take
 

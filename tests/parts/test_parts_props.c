@@ -158,7 +158,8 @@ static void test_presets(uint64_t *rng) {
         if (!comp) continue;
         /* a preset needs what its scorer, allocator and pick rule need (the
          * text prior reads the modality mask, an optional input) */
-        const unsigned parts_needs = comp->scorer->needs | comp->allocator->needs | comp->pick->needs;
+        const unsigned parts_needs = comp->scorer->needs | comp->allocator->needs | comp->pick->needs |
+                                   (comp->channels ? comp->channels->needs : 0u);
         CHECK_MSG((m->needs & ~KVS_NEED_MODALITY) == (parts_needs & ~KVS_NEED_MODALITY),
                   "%s: needs %u but its scorer, allocator and pick rule need %u", m->name, m->needs,
                   parts_needs);

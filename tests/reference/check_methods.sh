@@ -55,6 +55,8 @@ configs_all=(
   "simlayerkv:- recent=8 recent=8,lazy_threshold=0.5 sinks=2,recent=16,lazy_threshold=0.3,window=4 recent=4,lazy_threshold=0.7"
   "qfilters:- window=0 window=4,svd_queries=16 svd_queries=1,window=2"
   "compactor:blending=0 blending=0,sinks=2,window=2,attn_chunk=16 blending=0,sinks=0,window=0,attn_chunk=7"
+  "finch:- window=8 window=8,normalize_scores=false window=8,chunk_length=10 window=5,chunk_length=7"
+  "think:- key_channel_ratio=0.25 window=8,key_channel_ratio=0.75,kernel=5"
 )
 # K and V only (no queries): the methods that need none
 configs_kv=(
@@ -72,6 +74,8 @@ configs_win=(
   "cake:window=8 window=12,kernel=3"
   "simlayerkv:recent=8,lazy_threshold=0.5"
   "qfilters:window=0 window=4,svd_queries=5"
+  "finch:window=12 window=8,chunk_length=9"
+  "think:window=8,key_channel_ratio=0.5"
 )
 budgets=("ratio=0.1" "ratio=0.2" "ratio=0.5" "tokens=5")
 budgets_more=("ratio=0.02" "ratio=0.1" "ratio=0.2" "ratio=0.5" "ratio=0.9" "ratio=1" "tokens=1" "tokens=5" "tokens=1000")

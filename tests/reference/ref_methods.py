@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """ref_methods.py -- an independent reference of the eight kvsieve methods
-(and of the presets cake, simlayerkv, qfilters and compactor's attention half).
+(and of the presets cake, simlayerkv, qfilters, compactor's attention half,
+finch and think).
 
 What this is: a slow, readable, pure-Python (standard library only, float64)
 re-implementation of ../shared/spec/methods.md plus the decisions recorded in
@@ -693,10 +694,132 @@ def m_compactor(c, B, p):
     return Plan([B] * c.L, heads)
 
 
+# --------------------------------------------------------------------------
+# presets of parts: finch, think (docs/methods.md's sections)
+# --------------------------------------------------------------------------
+
+def segment_split(k, n, cs):
+    """finch's `segment` rule: per segment of cs tokens its share of k by length,
+    the remainder by largest remainder (ties: lower segment). cs < 1 or > n: one."""
+    if cs < 1 or cs > n:
+        cs = n
+    sizes = [min(cs, n - a) for a in range(0, n, cs)]
+    share = [k * ns // n for ns in sizes]
+    rem = sorted(range(len(sizes)), key=lambda s: (-(k * sizes[s] % n), s))
+    for s in rem[:k - sum(share)]:
+        share[s] += 1
+    return sizes, share
+
+
+def m_finch(c, B, p):
+    """docs/methods.md "finch": the question (last w tokens) scores the context by
+    the mean over its rows and the GQA group of p_i * A[i][j] (normalize_scores)."""
+    w_keep = int(p.get("window", 32))
+    w = min(w_keep, c.N)
+    norm = str(p.get("normalize_scores", "true")) == "true"
+    cs = int(p.get("chunk_length", 0))
+    N = c.N
+    heads = []
+    for l in range(c.L):
+        if B >= N:
+            heads.append([HeadSel(range(N), range(N), None) for _ in range(c.Hkv)])
+            continue
+        q = min(w_keep, B)
+        P = c.probs(l)
+        npre = N - w
+        acc = [[0.0] * N for _ in range(c.Hkv)]
+        for h in range(c.Hq):
+            for i in range(c.Nq - w, c.Nq):
+                pos = N - c.Nq + i
+                f = float(pos) if norm else 1.0
+                row = P[h][i]
+                for j in range(npre):
+                    acc[h // c.G][j] += f * row[j]
+        row_heads = []
+        for g in range(c.Hkv):
+            sc = [x / (c.G * w) for x in acc[g][:npre]] + [3.4028234663852886e38] * w
+            forced = list(range(N - q, N))
+            k, n = B - q, N - q
+            kept = list(forced)
+            if k > 0:
+                sizes, share = segment_split(k, n, cs)
+                a = 0
+                for ns, ks in zip(sizes, share):
+                    kept += top_by_score(sc, range(a, a + ns), ks)
+                    a += ns
+            row_heads.append(HeadSel(kept, forced, sc))
+        heads.append(row_heads)
+    return Plan([B] * c.L, heads)
+
+
+def think_masks(c, p):
+    """docs/methods.md "think": per KV head, channel c scores mean_{group, last w rows}
+    q_c^2 x mean_j k_c^2; floor(ratio d) lowest pruned (ties: higher channel first).
+    Returns ([L][Hkv] '0'/'1' strings, [L][Hkv] scores)."""
+    w = min(int(p.get("window", 32)), c.N)
+    ratio = float(p.get("key_channel_ratio", 0.5))
+    n_pruned = int(math.floor(ratio * c.d + 1e-12))
+    masks, scores = [], []
+    for l in range(c.L):
+        ml, sl = [], []
+        for g in range(c.Hkv):
+            qn = [0.0] * c.d
+            for h in range(g * c.G, (g + 1) * c.G):
+                for row in c.Q[l][h][c.Nq - w:]:
+                    for ch in range(c.d):
+                        qn[ch] += row[ch] * row[ch]
+            kn = [sum(r[ch] * r[ch] for r in c.K[l][g]) / c.N for ch in range(c.d)]
+            sc = [qn[ch] / (c.G * w) * kn[ch] for ch in range(c.d)]
+            pruned = set(sorted(range(c.d), key=lambda ch: (sc[ch], -ch))[:n_pruned])
+            ml.append("".join("0" if ch in pruned else "1" for ch in range(c.d)))
+            sl.append(sc)
+        masks.append(ml)
+        scores.append(sl)
+    return masks, scores
+
+
+def m_think(c, B, p):
+    """SnapKV's tokens (window, kernel, pool) plus think's key channel masks."""
+    plan = m_snapkv(c, B, p)
+    plan.kchan, plan.kchan_scores = think_masks(c, p)
+    return plan
+
+
 METHODS = {"full": m_full, "streamingllm": m_streamingllm, "h2o": m_h2o, "snapkv": m_snapkv,
            "lookm": m_lookm, "meda": m_meda, "flashcache": m_flashcache,
            "cake": m_cake, "simlayerkv": m_simlayerkv, "qfilters": m_qfilters,
-           "compactor": m_compactor}
+           "compactor": m_compactor, "finch": m_finch, "think": m_think}
+
+
+def compare_channels(ref, layers, tag, msgs):
+    """key_channels of the C plan against the reference masks: 'ok', 'tie' or 'fail'."""
+    want = getattr(ref, "kchan", None)
+    status = "ok"
+    for l, ly in enumerate(layers):
+        got = ly.get("key_channels")
+        if want is None:
+            if got is not None:
+                msgs.append("FAIL %s layer %d: key_channels in a plan without channel rule" % (tag, l))
+                return "fail"
+            continue
+        if got is None or len(got) != len(want[l]):
+            msgs.append("FAIL %s layer %d: key_channels %s" % (tag, l, got))
+            return "fail"
+        for h, (a, b) in enumerate(zip(got, want[l])):
+            if a == b:
+                continue
+            sc = ref.kchan_scores[l][h]
+            diff = [ch for ch in range(len(a)) if a[ch] != b[ch]]
+            cut = max(sc[ch] for ch in range(len(b)) if b[ch] == "0") if "0" in b else 0.0
+            if a.count("0") == b.count("0") and all(abs(sc[ch] - cut) <= TIE_REL * max(abs(cut), 1e-30)
+                                                    for ch in diff):
+                msgs.append("TIE  %s layer %d head %d: channels C %s vs reference %s" % (tag, l, h, a, b))
+                status = "tie" if status == "ok" else status
+            else:
+                msgs.append("FAIL %s layer %d head %d: channels C %s vs reference %s (scores %s)" %
+                            (tag, l, h, a, b, ["%.6g" % x for x in sc]))
+                return "fail"
+    return status
 
 
 # --------------------------------------------------------------------------
@@ -858,6 +981,11 @@ def check_job(cache, case, method, budget, params, plan_path, out_path):
                 status = "fail"
             elif r == "tie" and status == "ok":
                 status = "tie"
+    st = compare_channels(ref, layers, tag, msgs)
+    if st == "fail":
+        return "fail", msgs
+    if st == "tie" and status == "ok":
+        status = "tie"
     if out_path and out_path != "-":
         st = check_dump(cache, ref, layers, same, out_path, tag, msgs)
         if st == "fail":
@@ -885,6 +1013,9 @@ def check_dump(cache, ref, layers, same, out_path, tag, msgs):
                 continue  # index mismatch already reported; merge uses C's set below only if equal
             kept = ly["heads"][h]
             rk, rv, fragile = merge_head(cache.K[l][h], cache.V[l][h], kept, how)
+            if ly.get("key_channels"):  # think: the plan's pruned key channels are stored as zeros
+                m = ly["key_channels"][h]
+                rk = [[x if m[ch] == "1" else 0.0 for ch, x in enumerate(r)] for r in rk]
             for s in range(Bl):
                 for name, a, b in (("K", kk[h][s], rk[s]), ("V", vv[h][s], rv[s])):
                     scale = max(max(abs(x) for x in b), 1e-30)

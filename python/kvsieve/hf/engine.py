@@ -396,11 +396,11 @@ class Engine:
         with torch.inference_mode():
             for l, (k, v, _q) in enumerate(pre.layers):
                 H, d, B = k.shape[1], k.shape[3], budgets[l]
-                if info["merge_name"] == "none":
+                if info["merge_name"] == "none" and not info["key_channels"]:
                     idx = plan.indices(l, out=torch.empty((H, B), dtype=torch.int64, device=k.device))
                     g = idx.view(1, H, B, 1).expand(1, H, B, d)
                     kl, vl = torch.gather(k, 2, g), torch.gather(v, 2, g)
-                else:  # merged rows: libkvsieve computes them (fp32 on a GPU; cast back)
+                else:  # merged rows or zeroed key channels (ThinK): libkvsieve computes them (fp32 on a GPU)
                     odt = k.dtype if k.device.type == "cpu" else torch.float32
                     kl = torch.empty((1, H, B, d), dtype=odt, device=k.device)
                     vl = torch.empty((1, H, B, d), dtype=odt, device=k.device)

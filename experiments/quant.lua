@@ -1,6 +1,6 @@
 -- quant.lua: eviction against quantisation, and both together. Full, SnapKV, FlashCache and
 -- AdaKV at kept ratios 0.25 and 0.5, each with every KV cache type of the engine (f16, q8_0,
--- q4_0: GGUF's blocks of 32 values and an f16 scale, `kvsieve serve -ctk/-ctv`), on the
+-- q4_0: GGUF's blocks of 32 values and an f16 scale, `kvsieve serve -ctk/-ctv`; kivi4, kivi2), on the
 -- quick-start needle grid and on a RULER slice, answered by Qwen2.5-0.5B (every layer global,
 -- so a kept ratio r keeps r of the whole cache and the bytes line up: f16 at 0.25 is 25% of the
 -- full f16 cache, q4_0 without eviction 18/64 = 28%, q8_0 34/64 = 53% against f16 at 0.5).
@@ -13,18 +13,17 @@
 -- report's "equal memory" table puts each quantised full cache beside the evicted f16 rows of
 -- nearly its bytes (within 25%).
 --
---   kvsieve run experiments/quant.lua --experiment quant-quickstart   -- 20 prompts x 3 types
+--   kvsieve run experiments/quant.lua --experiment quant-quickstart   -- 20 prompts x 5 types
 --   kvsieve run experiments/quant.lua --experiment quant-ruler        -- the RULER slice
 --   kvsieve report --experiment quant-quickstart
 --
 -- The quick-start grid's lengths and depths with two samples per point (the quick start has
 -- three): 20 prompts, 7 variants each, per cache type. docs/performance.md shows a run.
 --
--- KIVI (2- and 4-bit, per-channel keys, a full-precision recent window) is one more entry of
--- CACHE_TYPES once the engine and `backend.cache` know its names.
+-- kivi4 / kivi2: KIVI's asymmetric 4- and 2-bit cache (keys per channel, values per token, in
+-- groups of 32, the last 128 tokens in full precision; docs/methods.md "KIVI quantization").
 
-local CACHE_TYPES = { "f16", "q8_0", "q4_0" }
--- local CACHE_TYPES = { "f16", "q8_0", "q4_0", "kivi4", "kivi2" }  -- with the KIVI cache types
+local CACHE_TYPES = { "f16", "q8_0", "q4_0", "kivi4", "kivi2" }
 
 local METHODS = { "full", "snapkv", "flashcache", "adakv" }
 local BUDGETS = { 0.25, 0.5 }

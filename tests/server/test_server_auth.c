@@ -29,101 +29,32 @@
 #include "kvs_server.h"
 #include "test_util.h"
 #include "backend/tiny_model.h"
+#include "server/http_client.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <unistd.h>
 
-static int g_port;
-
-typedef struct {
-    char *data;
-    size_t len;
-} buf_t;
-
-static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
-    buf_t *b = ud;
-    size_t k = sz * n;
-    char *nb = realloc(b->data, b->len + k + 1);
-    if (!nb) return 0;
-    memcpy(nb + b->len, p, k);
-    b->data = nb;
-    b->len += k;
-    b->data[b->len] = 0;
-    return k;
-}
-
-/* One HTTP call with an optional extra header; returns the parsed JSON body
- * (NULL if not JSON) and the status in *status (0: no connection). */
-static cJSON *call(const char *method, const char *path, const char *json, const char *header, long *status) {
-    CURL *c = curl_easy_init();
-    buf_t b = {NULL, 0};
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *h = NULL;
-    if (header) h = curl_slist_append(h, header);
-    if (json) {
-        h = curl_slist_append(h, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(json));
-    }
-    if (h) curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    *status = 0;
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    cJSON *r = b.data ? cJSON_Parse(b.data) : NULL;
-    if (!r) fprintf(stderr, "%s %s -> %ld, not JSON: %.300s\n", method, path, *status, b.data ? b.data : "");
-    free(b.data);
-    return r;
-}
-
-static double num(const cJSON *o, const char *k) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(it) ? it->valuedouble : NAN;
-}
-static const char *str(const cJSON *o, const char *k) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(it) ? it->valuestring : NULL;
-}
-static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+static tc_server g_srv = {.timeout_s = 60}; /* the port set once started */
 
 /* kvsieve_prefills_total from /metrics (the key in header). */
 static double prefills(const char *header) {
-    CURL *c = curl_easy_init();
-    buf_t b = {NULL, 0};
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", g_port);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    struct curl_slist *h = curl_slist_append(NULL, header);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    double v = NAN;
-    if (curl_easy_perform(c) == CURLE_OK && b.data) {
-        const char *p = strstr(b.data, "\nkvsieve_prefills_total ");
-        if (p) v = strtod(p + strlen("\nkvsieve_prefills_total "), NULL);
-    }
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    free(b.data);
+    tc_reply r;
+    tc_request(&g_srv, "GET", "/metrics", NULL, header, &r);
+    const char *p = strstr(r.body, "\nkvsieve_prefills_total ");
+    double v = p ? strtod(p + strlen("\nkvsieve_prefills_total "), NULL) : NAN;
+    tc_reply_free(&r);
     return v;
 }
 
 static void expect_401(const char *method, const char *path, const char *json, const char *header) {
     long st;
-    cJSON *r = call(method, path, json, header, &st);
-    const cJSON *e = r ? obj(r, "error") : NULL;
+    cJSON *r = tc_call(&g_srv, method, path, json, header, &st);
+    const cJSON *e = r ? tc_obj(r, "error") : NULL;
     CHECK_MSG(st == 401, "%s %s with '%s': status %ld, want 401", method, path, header ? header : "(no key)", st);
-    CHECK_MSG(e && str(e, "type") && !strcmp(str(e, "type"), "authentication_error"),
-              "%s %s: error type %s", method, path, e && str(e, "type") ? str(e, "type") : "(none)");
-    CHECK(e && str(e, "field") && !strcmp(str(e, "field"), "authorization"));
+    CHECK_MSG(e && !strcmp(tc_str(e, "type"), "authentication_error"), "%s %s: error type %s", method, path,
+              e && tc_str_or_null(e, "type") ? tc_str_or_null(e, "type") : "(none)");
+    CHECK(e && !strcmp(tc_str(e, "field"), "authorization"));
     cJSON_Delete(r);
 }
 
@@ -146,19 +77,19 @@ static void test_api_key(void) {
     CHECK_MSG(prefills(good) == p0, "the refused requests prefilled (%g -> %g)", p0, prefills(good));
 
     long st;
-    cJSON *r = call("GET", "/health", NULL, NULL, &st);
-    CHECK_MSG(st == 200 && r && str(r, "status") && !strcmp(str(r, "status"), "ok"), "/health without key: %ld", st);
+    cJSON *r = tc_call(&g_srv, "GET", "/health", NULL, NULL, &st);
+    CHECK_MSG(st == 200 && r && !strcmp(tc_str(r, "status"), "ok"), "/health without key: %ld", st);
     cJSON_Delete(r);
-    r = call("POST", "/completion", body, good, &st);
-    CHECK_MSG(st == 200 && r && str(r, "content"), "/completion with the key: %ld", st);
+    r = tc_call(&g_srv, "POST", "/completion", body, good, &st);
+    CHECK_MSG(st == 200 && r && tc_str_or_null(r, "content"), "/completion with the key: %ld", st);
     cJSON_Delete(r);
-    r = call("POST", "/completion", body, "authorization: bearer s3cret-key", &st);
+    r = tc_call(&g_srv, "POST", "/completion", body, "authorization: bearer s3cret-key", &st);
     CHECK_MSG(st == 200, "header and scheme in lower case: %ld", st);
     cJSON_Delete(r);
-    r = call("POST", "/tokenize", "{\"content\": \"hi\"}", "X-Api-Key: s3cret-key", &st);
-    CHECK_MSG(st == 200 && r && obj(r, "tokens"), "X-Api-Key: %ld", st);
+    r = tc_call(&g_srv, "POST", "/tokenize", "{\"content\": \"hi\"}", "X-Api-Key: s3cret-key", &st);
+    CHECK_MSG(st == 200 && r && tc_obj(r, "tokens"), "X-Api-Key: %ld", st);
     cJSON_Delete(r);
-    r = call("GET", "/v1/models", NULL, good, &st);
+    r = tc_call(&g_srv, "GET", "/v1/models", NULL, good, &st);
     CHECK(st == 200);
     cJSON_Delete(r);
     CHECK_MSG(prefills(good) == p0 + 2, "prefills %g, want %g", prefills(good), p0 + 2);
@@ -182,26 +113,27 @@ static void test_tokenizer(const kvs_model *m) {
     kvs_err err = {0};
     const kvs_special_tokens *sp = kvs_model_special(m);
     long st;
-    cJSON *info = call("GET", "/tokenizer_info", NULL, KEY, &st);
+    cJSON *info = tc_call(&g_srv, "GET", "/tokenizer_info", NULL, KEY, &st);
     CHECK_MSG(st == 200 && info, "/tokenizer_info: %ld", st);
     if (!info) return;
     CHECK(sp->eos >= 0 && sp->bos >= 0);
-    CHECK(num(info, "eos_token_id") == sp->eos && num(info, "bos_token_id") == sp->bos);
-    CHECK(str(info, "eos_token") && !strcmp(str(info, "eos_token"), kvs_token_text(m, sp->eos)));
-    CHECK(str(info, "bos_token") && !strcmp(str(info, "bos_token"), kvs_token_text(m, sp->bos)));
-    CHECK(sp->pad < 0 ? cJSON_IsNull(obj(info, "pad_token")) : num(info, "pad_token_id") == sp->pad);
-    CHECK(num(info, "max_model_len") == 96 && num(info, "model_max_length") == 96);
-    CHECK(num(info, "vocab_size") == kvs_model_get_info(m)->n_vocab);
+    CHECK(tc_num(info, "eos_token_id") == sp->eos && tc_num(info, "bos_token_id") == sp->bos);
+    CHECK(tc_str_or_null(info, "eos_token") && !strcmp(tc_str_or_null(info, "eos_token"), kvs_token_text(m, sp->eos)));
+    CHECK(tc_str_or_null(info, "bos_token") && !strcmp(tc_str_or_null(info, "bos_token"), kvs_token_text(m, sp->bos)));
+    CHECK(sp->pad < 0 ? cJSON_IsNull(tc_obj(info, "pad_token")) : tc_num(info, "pad_token_id") == sp->pad);
+    CHECK(tc_num(info, "max_model_len") == 96 && tc_num(info, "model_max_length") == 96);
+    CHECK(tc_num(info, "vocab_size") == kvs_model_get_info(m)->n_vocab);
 
     /* lm-eval's remote tokenizer: eos_token_id = encode(eos_token)[0] */
     char body[512];
-    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"add_special_tokens\": false}", str(info, "eos_token"));
-    cJSON *r = call("POST", "/tokenize", body, KEY, &st);
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"add_special_tokens\": false}",
+             tc_str_or_null(info, "eos_token"));
+    cJSON *r = tc_call(&g_srv, "POST", "/tokenize", body, KEY, &st);
     int32_t got[128];
-    int n = r ? ids(obj(r, "tokens"), got, 128) : -1;
+    int n = r ? ids(tc_obj(r, "tokens"), got, 128) : -1;
     CHECK_MSG(st == 200 && n == 1 && got[0] == sp->eos, "encode(eos_token): status %ld, %d tokens, first %d", st,
               n, n > 0 ? got[0] : -1);
-    CHECK(r && num(r, "count") == n && num(r, "max_model_len") == 96);
+    CHECK(r && tc_num(r, "count") == n && tc_num(r, "max_model_len") == 96);
     cJSON_Delete(r);
 
     /* vLLM's shape equals the engine's tokenizer, with and without special tokens */
@@ -212,40 +144,40 @@ static void test_tokenizer(const kvs_model *m) {
         CHECK_OK(kvs_tokenize(m, text, strlen(text), special && sp->add_bos, 1, &want, &nw, &err), &err);
         snprintf(body, sizeof body, "{\"prompt\": \"%s\"%s}", text,
                  special ? "" : ", \"add_special_tokens\": false"); /* vLLM's default is true */
-        r = call("POST", "/tokenize", body, KEY, &st);
-        n = r ? ids(obj(r, "tokens"), got, 128) : -1;
+        r = tc_call(&g_srv, "POST", "/tokenize", body, KEY, &st);
+        n = r ? ids(tc_obj(r, "tokens"), got, 128) : -1;
         CHECK_MSG(st == 200 && n == nw && nw > 0 && !memcmp(got, want, (size_t)nw * sizeof *want),
                   "/tokenize prompt (special %d): %d tokens, want %d", special, n, nw);
-        CHECK(r && num(r, "count") == nw);
+        CHECK(r && tc_num(r, "count") == nw);
         cJSON_Delete(r);
         /* llama-server's shape is unchanged: no count, add_special defaults to false */
         snprintf(body, sizeof body, "{\"content\": \"%s\"%s}", text, special ? ", \"add_special\": true" : "");
-        r = call("POST", "/tokenize", body, KEY, &st);
-        n = r ? ids(obj(r, "tokens"), got, 128) : -1;
+        r = tc_call(&g_srv, "POST", "/tokenize", body, KEY, &st);
+        n = r ? ids(tc_obj(r, "tokens"), got, 128) : -1;
         CHECK(st == 200 && n == nw && !memcmp(got, want, (size_t)nw * sizeof *want));
-        CHECK(r && !obj(r, "count"));
+        CHECK(r && !tc_obj(r, "count"));
         cJSON_Delete(r);
         if (!special) { /* the round trip through /detokenize, both names */
             cJSON *d = cJSON_CreateObject();
             cJSON *arr = cJSON_AddArrayToObject(d, "tokens");
             for (int i = 0; i < nw; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(want[i]));
             char *js = cJSON_PrintUnformatted(d);
-            r = call("POST", "/detokenize", js, KEY, &st);
-            CHECK(st == 200 && r && str(r, "prompt") && !strcmp(str(r, "prompt"), text));
-            CHECK(r && str(r, "content") && !strcmp(str(r, "content"), text));
+            r = tc_call(&g_srv, "POST", "/detokenize", js, KEY, &st);
+            CHECK(st == 200 && r && tc_str_or_null(r, "prompt") && !strcmp(tc_str_or_null(r, "prompt"), text));
+            CHECK(r && tc_str_or_null(r, "content") && !strcmp(tc_str_or_null(r, "content"), text));
             cJSON_Delete(r);
             free(js);
             cJSON_Delete(d);
         }
         free(want);
     }
-    r = call("POST", "/tokenize", "{\"prompt\": 5}", KEY, &st);
-    CHECK(st == 400 && r && str(obj(r, "error"), "field") && !strcmp(str(obj(r, "error"), "field"), "prompt"));
+    r = tc_call(&g_srv, "POST", "/tokenize", "{\"prompt\": 5}", KEY, &st);
+    CHECK(st == 400 && r && !strcmp(tc_str(tc_obj(r, "error"), "field"), "prompt"));
     cJSON_Delete(r);
-    r = call("POST", "/tokenize", "{\"prompt\": \"x\", \"add_special_tokens\": 3}", KEY, &st);
+    r = tc_call(&g_srv, "POST", "/tokenize", "{\"prompt\": \"x\", \"add_special_tokens\": 3}", KEY, &st);
     CHECK(st == 400);
     cJSON_Delete(r);
-    r = call("POST", "/tokenizer_info", "{}", KEY, &st);
+    r = tc_call(&g_srv, "POST", "/tokenizer_info", "{}", KEY, &st);
     CHECK(st == 405);
     cJSON_Delete(r);
     cJSON_Delete(info);
@@ -260,7 +192,7 @@ static double ref_lp(const float *x, int V, int t) {
     return (double)x[t] - (m + log(sum));
 }
 
-static cJSON *complete(const char *json, long *st) { return call("POST", "/v1/completions", json, KEY, st); }
+static cJSON *complete(const char *json, long *st) { return tc_call(&g_srv, "POST", "/v1/completions", json, KEY, st); }
 
 static void test_logprobs(kvs_model *m) {
     kvs_err err = {0};
@@ -297,17 +229,17 @@ static void test_logprobs(kvs_model *m) {
     char *js = cJSON_PrintUnformatted(req);
     long st;
     cJSON *r = complete(js, &st);
-    const cJSON *ch = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
-    const cJSON *lo = ch ? obj(ch, "logprobs") : NULL;
+    const cJSON *ch = r ? cJSON_GetArrayItem(tc_obj(r, "choices"), 0) : NULL;
+    const cJSON *lo = ch ? tc_obj(ch, "logprobs") : NULL;
     CHECK_MSG(st == 200 && lo, "echo + logprobs: status %ld", st);
     if (lo) {
-        const cJSON *tl = obj(lo, "token_logprobs"), *tp = obj(lo, "top_logprobs"), *tk = obj(lo, "tokens"),
-                    *to = obj(lo, "text_offset");
+        const cJSON *tl = tc_obj(lo, "token_logprobs"), *tp = tc_obj(lo, "top_logprobs"), *tk = tc_obj(lo, "tokens"),
+                    *to = tc_obj(lo, "text_offset");
         CHECK_MSG(cJSON_GetArraySize(tl) == n + 1 && cJSON_GetArraySize(tp) == n + 1 &&
                       cJSON_GetArraySize(tk) == n + 1 && cJSON_GetArraySize(to) == n + 1,
                   "logprobs arrays of %d, want %d", cJSON_GetArraySize(tl), n + 1);
         CHECK(cJSON_IsNull(cJSON_GetArrayItem(tl, 0)) && cJSON_IsNull(cJSON_GetArrayItem(tp, 0)));
-        CHECK(num(ch, "index") == 0);
+        CHECK(tc_num(ch, "index") == 0);
         int exact = 0, near = 0;
         float *pre = malloc((size_t)V * sizeof *pre);
         for (int i = 1; i <= n && pre; i++) {
@@ -335,16 +267,16 @@ static void test_logprobs(kvs_model *m) {
         CHECK_MSG(exact == n, "%d of %d log-probs bit-identical to the in-process decode path", exact, n);
         CHECK_MSG(near == n, "%d of %d log-probs within 2e-3 of the prefill of the prefix", near, n);
         CHECK(cJSON_GetArrayItem(to, 0)->valuedouble == 0 && cJSON_GetArrayItem(to, n)->valuedouble > 0);
-        const cJSON *u = obj(r, "usage");
-        CHECK(num(u, "prompt_tokens") == n && num(u, "completion_tokens") == 1);
+        const cJSON *u = tc_obj(r, "usage");
+        CHECK(tc_num(u, "prompt_tokens") == n && tc_num(u, "completion_tokens") == 1);
         /* --prepend-bos: the same ids without BOS are scored after BOS, which is not echoed */
         cJSON *req2 = cJSON_Duplicate(req, 1);
-        cJSON_DeleteItemFromArray(cJSON_GetArrayItem(obj(req2, "prompt"), 0), 0);
+        cJSON_DeleteItemFromArray(cJSON_GetArrayItem(tc_obj(req2, "prompt"), 0), 0);
         char *js2 = cJSON_PrintUnformatted(req2);
         long st2;
         cJSON *r2 = complete(js2, &st2);
-        const cJSON *lo2 = r2 ? obj(cJSON_GetArrayItem(obj(r2, "choices"), 0), "logprobs") : NULL;
-        const cJSON *tl2 = obj(lo2, "token_logprobs");
+        const cJSON *lo2 = r2 ? tc_obj(cJSON_GetArrayItem(tc_obj(r2, "choices"), 0), "logprobs") : NULL;
+        const cJSON *tl2 = tc_obj(lo2, "token_logprobs");
         CHECK_MSG(st2 == 200 && cJSON_GetArraySize(tl2) == n, "without BOS: %ld, %d entries, want %d", st2,
                   cJSON_GetArraySize(tl2), n);
         int same = 0;
@@ -353,7 +285,8 @@ static void test_logprobs(kvs_model *m) {
             same += cJSON_IsNumber(a) && a->valuedouble == b->valuedouble;
         }
         CHECK_MSG(same == n, "without BOS: %d of %d log-probs equal those after the BOS", same, n);
-        CHECK(cJSON_GetArrayItem(obj(lo2, "text_offset"), 0) && cJSON_GetArrayItem(obj(lo2, "text_offset"), 0)->valuedouble == 0);
+        CHECK(cJSON_GetArrayItem(tc_obj(lo2, "text_offset"), 0) &&
+              cJSON_GetArrayItem(tc_obj(lo2, "text_offset"), 0)->valuedouble == 0);
         cJSON_Delete(r2);
         free(js2);
         cJSON_Delete(req2);
@@ -364,18 +297,20 @@ static void test_logprobs(kvs_model *m) {
     const char *two = "{\"prompt\": [\"Hello world\", \"The quick brown\"], \"max_tokens\": 3, \"logprobs\": 2, "
                       "\"temperature\": 0}";
     r = complete(two, &st);
-    CHECK_MSG(st == 200 && r && cJSON_GetArraySize(obj(r, "choices")) == 2, "two prompts: %ld", st);
+    CHECK_MSG(st == 200 && r && cJSON_GetArraySize(tc_obj(r, "choices")) == 2, "two prompts: %ld", st);
     const char *alone[2] = {"{\"prompt\": \"Hello world\", \"max_tokens\": 3, \"logprobs\": 2}",
                             "{\"prompt\": [\"The quick brown\"], \"max_tokens\": 3, \"logprobs\": 2}"};
     for (int k = 0; k < 2 && r; k++) {
-        const cJSON *c = cJSON_GetArrayItem(obj(r, "choices"), k);
+        const cJSON *c = cJSON_GetArrayItem(tc_obj(r, "choices"), k);
         long st1;
         cJSON *r1 = complete(alone[k], &st1);
-        const cJSON *c1 = r1 ? cJSON_GetArrayItem(obj(r1, "choices"), 0) : NULL;
-        CHECK(c && c1 && num(c, "index") == k);
-        char *a = c ? cJSON_PrintUnformatted(obj(c, "logprobs")) : NULL, *b = c1 ? cJSON_PrintUnformatted(obj(c1, "logprobs")) : NULL;
-        CHECK_MSG(a && b && !strcmp(a, b) && !strcmp(str(c, "text"), str(c1, "text")), "prompt %d alone differs", k);
-        const cJSON *tl = obj(obj(c, "logprobs"), "token_logprobs");
+        const cJSON *c1 = r1 ? cJSON_GetArrayItem(tc_obj(r1, "choices"), 0) : NULL;
+        CHECK(c && c1 && tc_num(c, "index") == k);
+        char *a = c ? cJSON_PrintUnformatted(tc_obj(c, "logprobs")) : NULL,
+             *b = c1 ? cJSON_PrintUnformatted(tc_obj(c1, "logprobs")) : NULL;
+        CHECK_MSG(a && b && !strcmp(a, b) && !strcmp(tc_str_or_null(c, "text"), tc_str_or_null(c1, "text")),
+                  "prompt %d alone differs", k);
+        const cJSON *tl = tc_obj(tc_obj(c, "logprobs"), "token_logprobs");
         CHECK(cJSON_GetArraySize(tl) >= 1 && cJSON_GetArraySize(tl) <= 3 && !cJSON_IsNull(cJSON_GetArrayItem(tl, 0)));
         free(a);
         free(b);
@@ -385,9 +320,9 @@ static void test_logprobs(kvs_model *m) {
 
     /* echo with max_tokens 0: the prompt only; no logprobs asked: null */
     r = complete("{\"prompt\": \"Hello world\", \"max_tokens\": 0, \"echo\": true}", &st);
-    ch = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
-    CHECK_MSG(st == 200 && ch && cJSON_IsNull(obj(ch, "logprobs")) && str(ch, "text") && !strcmp(str(ch, "text"), "Hello world"),
-              "echo, max_tokens 0: %ld '%s'", st, ch && str(ch, "text") ? str(ch, "text") : "");
+    ch = r ? cJSON_GetArrayItem(tc_obj(r, "choices"), 0) : NULL;
+    CHECK_MSG(st == 200 && ch && cJSON_IsNull(tc_obj(ch, "logprobs")) && !strcmp(tc_str(ch, "text"), "Hello world"),
+              "echo, max_tokens 0: %ld '%s'", st, tc_str(ch, "text"));
     cJSON_Delete(r);
     /* [[ids]] without echo or logprobs: the plain path */
     cJSON_DeleteItemFromObject(req, "echo");
@@ -395,8 +330,8 @@ static void test_logprobs(kvs_model *m) {
     free(js);
     js = cJSON_PrintUnformatted(req);
     r = complete(js, &st);
-    ch = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
-    CHECK_MSG(st == 200 && ch && str(ch, "text"), "[[ids]] plain: %ld", st);
+    ch = r ? cJSON_GetArrayItem(tc_obj(r, "choices"), 0) : NULL;
+    CHECK_MSG(st == 200 && ch && tc_str_or_null(ch, "text"), "[[ids]] plain: %ld", st);
     cJSON_Delete(r);
 
     static const struct {
@@ -419,10 +354,9 @@ static void test_logprobs(kvs_model *m) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         r = complete(bad[i].body, &st);
-        const cJSON *e = r ? obj(r, "error") : NULL;
-        CHECK_MSG(st == 400 && e && str(e, "field") && !strcmp(str(e, "field"), bad[i].field),
-                  "%s: status %ld, field %s, want 400 %s", bad[i].body, st, e && str(e, "field") ? str(e, "field") : "-",
-                  bad[i].field);
+        const cJSON *e = r ? tc_obj(r, "error") : NULL;
+        CHECK_MSG(st == 400 && e && !strcmp(tc_str(e, "field"), bad[i].field), "%s: status %ld, field %s, want 400 %s",
+                  bad[i].body, st, e && tc_str_or_null(e, "field") ? tc_str_or_null(e, "field") : "-", bad[i].field);
         cJSON_Delete(r);
     }
     /* more than 64 prompts */
@@ -430,7 +364,7 @@ static void test_logprobs(kvs_model *m) {
     for (int i = 1; i < 65; i++) strcat(many, ", \"a\"");
     strcat(many, "]}");
     r = complete(many, &st);
-    CHECK_MSG(st == 400 && r && str(obj(r, "error"), "message") && strstr(str(obj(r, "error"), "message"), "at most 64"),
+    CHECK_MSG(st == 400 && r && strstr(tc_str(tc_obj(r, "error"), "message"), "at most 64"),
               "65 prompts: %ld", st);
     cJSON_Delete(r);
     free(js);
@@ -469,7 +403,7 @@ int main(void) {
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) goto done;
     key[0] = 'X'; /* the server keeps its own copy */
-    g_port = kvs_server_port(srv);
+    g_srv.port = kvs_server_port(srv);
     test_api_key();
     test_tokenizer(m);
     test_logprobs(m);

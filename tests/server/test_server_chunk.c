@@ -24,70 +24,14 @@
 #include "kvs_server.h"
 #include "test_util.h"
 #include "backend/tiny_model.h"
+#include "server/http_client.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <math.h>
 #include <unistd.h>
 
-static int g_port;
-
-typedef struct {
-    char *data;
-    size_t len;
-} buf_t;
-
-static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
-    buf_t *b = ud;
-    size_t k = sz * n;
-    char *nb = realloc(b->data, b->len + k + 1);
-    if (!nb) return 0;
-    memcpy(nb + b->len, p, k);
-    b->data = nb;
-    b->len += k;
-    b->data[b->len] = 0;
-    return k;
-}
-
-/* One HTTP call; the parsed JSON body (NULL if not JSON), the status in *status. */
-static cJSON *call(const char *method, const char *path, const char *json, long *status) {
-    CURL *c = curl_easy_init();
-    buf_t b = {NULL, 0};
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *h = NULL;
-    if (json) {
-        h = curl_slist_append(h, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(json));
-    }
-    if (h) curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    *status = 0;
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    cJSON *r = b.data ? cJSON_Parse(b.data) : NULL;
-    if (!r || *status != 200)
-        fprintf(stderr, "%s %s -> %ld: %.400s\n", method, path, *status, b.data ? b.data : "");
-    free(b.data);
-    return r;
-}
-
-static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
-static double num(const cJSON *o, const char *k) {
-    const cJSON *it = obj(o, k);
-    return cJSON_IsNumber(it) ? it->valuedouble : NAN;
-}
-static const char *str(const cJSON *o, const char *k) {
-    const cJSON *it = obj(o, k);
-    return cJSON_IsString(it) ? it->valuestring : "";
-}
+static tc_server g_srv = {.timeout_s = 120, .log_non_200 = 1}; /* the port set once started */
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ULL;
 static int rnd(int lo, int hi) { /* [lo, hi] */
@@ -110,44 +54,45 @@ static void ids_json(char *buf, size_t cap, int n, uint64_t seed) {
 
 static void expect_400(const char *path, const char *body, const char *field, const char *words) {
     long st;
-    cJSON *r = call("POST", path, body, &st);
-    const cJSON *e = r ? obj(r, "error") : NULL;
+    cJSON *r = tc_call(&g_srv, "POST", path, body, NULL, &st);
+    const cJSON *e = r ? tc_obj(r, "error") : NULL;
     CHECK_MSG(st == 400, "%s: status %ld, want 400", body, st);
-    CHECK_MSG(e && !strcmp(str(e, "field"), field), "%s: field %s, want %s", body, e ? str(e, "field") : "-", field);
-    CHECK_MSG(e && strstr(str(e, "message"), words), "%s: message '%s' lacks '%s'", body, e ? str(e, "message") : "-",
-              words);
+    CHECK_MSG(e && !strcmp(tc_str(e, "field"), field), "%s: field %s, want %s", body, e ? tc_str(e, "field") : "-",
+              field);
+    CHECK_MSG(e && strstr(tc_str(e, "message"), words), "%s: message '%s' lacks '%s'", body,
+              e ? tc_str(e, "message") : "-", words);
     cJSON_Delete(r);
 }
 
 /* The default (streamingllm ratio 0.5) is reported and applied; a request's own overrides it. */
 static void test_default(void) {
     long st;
-    cJSON *h = call("GET", "/health", NULL, &st);
-    CHECK(st == 200 && !strcmp(str(obj(h, "kv_compression"), "method"), "streamingllm"));
+    cJSON *h = tc_call(&g_srv, "GET", "/health", NULL, NULL, &st);
+    CHECK(st == 200 && !strcmp(tc_str(tc_obj(h, "kv_compression"), "method"), "streamingllm"));
     cJSON_Delete(h);
-    cJSON *m = call("GET", "/v1/models", NULL, &st);
-    const cJSON *meta = obj(cJSON_GetArrayItem(obj(m, "data"), 0), "meta");
-    CHECK(st == 200 && num(obj(meta, "kv_compression"), "ratio") == 0.5);
+    cJSON *m = tc_call(&g_srv, "GET", "/v1/models", NULL, NULL, &st);
+    const cJSON *meta = tc_obj(cJSON_GetArrayItem(tc_obj(m, "data"), 0), "meta");
+    CHECK(st == 200 && tc_num(tc_obj(meta, "kv_compression"), "ratio") == 0.5);
     cJSON_Delete(m);
     char ids[4096], body[8192];
     ids_json(ids, sizeof ids, 40, 7);
     snprintf(body, sizeof body, "{\"prompt\": %s, \"n_predict\": 4}", ids);
-    cJSON *r = call("POST", "/completion", body, &st);
-    CHECK(st == 200 && !strcmp(str(obj(r, "kv"), "method"), "streamingllm"));
-    CHECK(num(obj(r, "kv"), "tokens_after") < num(obj(r, "kv"), "tokens_before"));
+    cJSON *r = tc_call(&g_srv, "POST", "/completion", body, NULL, &st);
+    CHECK(st == 200 && !strcmp(tc_str(tc_obj(r, "kv"), "method"), "streamingllm"));
+    CHECK(tc_num(tc_obj(r, "kv"), "tokens_after") < tc_num(tc_obj(r, "kv"), "tokens_before"));
     cJSON_Delete(r);
     snprintf(body, sizeof body, "{\"prompt\": %s, \"n_predict\": 4, \"kv_compression\": {\"method\": \"full\"}}", ids);
-    r = call("POST", "/completion", body, &st);
-    CHECK(st == 200 && !strcmp(str(obj(r, "kv"), "method"), "full"));
-    const cJSON *l5 = cJSON_GetArrayItem(obj(obj(r, "kv"), "layers"), 5); /* the global layer: all kept */
-    CHECK(num(l5, "tokens_after") == 40 && num(l5, "tokens_before") == 40);
+    r = tc_call(&g_srv, "POST", "/completion", body, NULL, &st);
+    CHECK(st == 200 && !strcmp(tc_str(tc_obj(r, "kv"), "method"), "full"));
+    const cJSON *l5 = cJSON_GetArrayItem(tc_obj(tc_obj(r, "kv"), "layers"), 5); /* the global layer: all kept */
+    CHECK(tc_num(l5, "tokens_after") == 40 && tc_num(l5, "tokens_before") == 40);
     cJSON_Delete(r);
     /* echo/logprobs (lm-eval's loglikelihood) get it too */
     snprintf(body, sizeof body, "{\"prompt\": [%s], \"echo\": true, \"logprobs\": 1, \"max_tokens\": 1}", ids);
-    r = call("POST", "/v1/completions", body, &st);
-    const cJSON *kv = obj(cJSON_GetArrayItem(obj(r, "choices"), 0), "kv");
-    CHECK(st == 200 && !strcmp(str(kv, "method"), "streamingllm"));
-    CHECK(cJSON_GetArraySize(obj(kv, "chunks")) == 1); /* one compression after the prompt */
+    r = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
+    const cJSON *kv = tc_obj(cJSON_GetArrayItem(tc_obj(r, "choices"), 0), "kv");
+    CHECK(st == 200 && !strcmp(tc_str(kv, "method"), "streamingllm"));
+    CHECK(cJSON_GetArraySize(tc_obj(kv, "chunks")) == 1); /* one compression after the prompt */
     cJSON_Delete(r);
 }
 
@@ -176,24 +121,25 @@ static void test_chunk_whole(void) {
                      chunk ? ", \"chunk\": " : "", chunk);
             long st;
             snprintf(body, sizeof body, "{\"prompt\": %s, \"n_predict\": 6, \"kv_compression\": %s}", ids, kc);
-            res[c][0] = call("POST", "/completion", body, &st);
+            res[c][0] = tc_call(&g_srv, "POST", "/completion", body, NULL, &st);
             CHECK(st == 200);
             snprintf(body, sizeof body,
                      "{\"prompt\": [%s], \"echo\": true, \"logprobs\": 3, \"max_tokens\": 5, \"kv_compression\": %s}",
                      ids, kc);
-            res[c][1] = call("POST", "/v1/completions", body, &st);
+            res[c][1] = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
             CHECK(st == 200);
         }
         for (int c = 1; c < 3; c++) {
-            char *a = cJSON_PrintUnformatted(obj(res[0][0], "tokens")), *b = cJSON_PrintUnformatted(obj(res[c][0], "tokens"));
+            char *a = cJSON_PrintUnformatted(tc_obj(res[0][0], "tokens")),
+                 *b = cJSON_PrintUnformatted(tc_obj(res[c][0], "tokens"));
             CHECK_MSG(a && b && !strcmp(a, b), "%s chunk case %d: tokens %s vs unchunked %s", methods[k], c, b, a);
             free(a);
             free(b);
-            CHECK(num(obj(res[c][0], "kv"), "tokens_after") == num(obj(res[0][0], "kv"), "tokens_after"));
-            CHECK(num(obj(res[c][0], "kv"), "bytes_after") == num(obj(res[0][0], "kv"), "bytes_after"));
-            const cJSON *l0 = obj(cJSON_GetArrayItem(obj(res[0][1], "choices"), 0), "logprobs");
-            const cJSON *lc = obj(cJSON_GetArrayItem(obj(res[c][1], "choices"), 0), "logprobs");
-            CHECK_MSG(same_doubles(obj(l0, "token_logprobs"), obj(lc, "token_logprobs")),
+            CHECK(tc_num(tc_obj(res[c][0], "kv"), "tokens_after") == tc_num(tc_obj(res[0][0], "kv"), "tokens_after"));
+            CHECK(tc_num(tc_obj(res[c][0], "kv"), "bytes_after") == tc_num(tc_obj(res[0][0], "kv"), "bytes_after"));
+            const cJSON *l0 = tc_obj(cJSON_GetArrayItem(tc_obj(res[0][1], "choices"), 0), "logprobs");
+            const cJSON *lc = tc_obj(cJSON_GetArrayItem(tc_obj(res[c][1], "choices"), 0), "logprobs");
+            CHECK_MSG(same_doubles(tc_obj(l0, "token_logprobs"), tc_obj(lc, "token_logprobs")),
                       "%s chunk case %d: log-probs differ from the unchunked request", methods[k], c);
         }
         for (int c = 0; c < 3; c++) {
@@ -257,25 +203,25 @@ static void test_chunk_property(void) {
                 snprintf(body, sizeof body,
                          "{\"prompt\": [%s], \"echo\": true, \"logprobs\": 0, \"max_tokens\": 1, \"kv_compression\": %s}",
                          ids, kc);
-            cJSON *r = call("POST", path == 0 ? "/completion" : "/v1/completions", body, &st);
+            cJSON *r = tc_call(&g_srv, "POST", path == 0 ? "/completion" : "/v1/completions", body, NULL, &st);
             CHECK_MSG(st == 200, "%s", kc);
-            const cJSON *kv = path == 0 ? obj(r, "kv") : obj(cJSON_GetArrayItem(obj(r, "choices"), 0), "kv");
-            const cJSON *ch = obj(kv, "chunks");
+            const cJSON *kv = path == 0 ? tc_obj(r, "kv") : tc_obj(cJSON_GetArrayItem(tc_obj(r, "choices"), 0), "kv");
+            const cJSON *ch = tc_obj(kv, "chunks");
             const int k = simulate(n, C, ratio, tokens, window, want);
             CHECK_MSG(cJSON_GetArraySize(ch) == k, "n %d, %s: %d compressions, the rule says %d", n, kc,
                       cJSON_GetArraySize(ch), k);
             for (int i = 0; i < k && i < cJSON_GetArraySize(ch); i++) {
                 const cJSON *c = cJSON_GetArrayItem(ch, i);
-                CHECK_MSG(num(c, "seen") == want[3 * i] && num(c, "rows_before") == want[3 * i + 1] &&
-                              num(c, "rows_after") == want[3 * i + 2],
+                CHECK_MSG(tc_num(c, "seen") == want[3 * i] && tc_num(c, "rows_before") == want[3 * i + 1] &&
+                              tc_num(c, "rows_after") == want[3 * i + 2],
                           "n %d, %s, compression %d: seen %g rows %g -> %g, the rule says %d rows %d -> %d", n, kc, i,
-                          num(c, "seen"), num(c, "rows_before"), num(c, "rows_after"), want[3 * i], want[3 * i + 1],
-                          want[3 * i + 2]);
+                          tc_num(c, "seen"), tc_num(c, "rows_before"), tc_num(c, "rows_after"), want[3 * i],
+                          want[3 * i + 1], want[3 * i + 2]);
             }
             if (path == 0) { /* the global layer (5) holds what the last compression kept, of n before */
-                const cJSON *l5 = cJSON_GetArrayItem(obj(kv, "layers"), 5);
-                CHECK(num(l5, "tokens_before") == n);
-                CHECK(k == 0 || num(l5, "tokens_after") == want[3 * (k - 1) + 2]);
+                const cJSON *l5 = cJSON_GetArrayItem(tc_obj(kv, "layers"), 5);
+                CHECK(tc_num(l5, "tokens_before") == n);
+                CHECK(k == 0 || tc_num(l5, "tokens_after") == want[3 * (k - 1) + 2]);
             }
             cJSON_Delete(r);
         }
@@ -291,15 +237,15 @@ static void test_chunk_logprobs(void) {
     snprintf(body, sizeof body,
              "{\"prompt\": [%s], \"echo\": true, \"logprobs\": 1, \"max_tokens\": 1, \"kv_compression\": "
              "{\"method\": \"full\"}}", ids);
-    cJSON *full = call("POST", "/v1/completions", body, &st);
+    cJSON *full = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
     CHECK(st == 200);
     snprintf(body, sizeof body,
              "{\"prompt\": [%s], \"echo\": true, \"logprobs\": 1, \"max_tokens\": 1, \"kv_compression\": "
              "{\"method\": \"streamingllm\", \"ratio\": 0.25, \"chunk\": %d, \"params\": {\"sinks\": 2}}}", ids, C);
-    cJSON *chk = call("POST", "/v1/completions", body, &st);
+    cJSON *chk = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
     CHECK(st == 200);
-    const cJSON *a = obj(obj(cJSON_GetArrayItem(obj(full, "choices"), 0), "logprobs"), "token_logprobs");
-    const cJSON *b = obj(obj(cJSON_GetArrayItem(obj(chk, "choices"), 0), "logprobs"), "token_logprobs");
+    const cJSON *a = tc_obj(tc_obj(cJSON_GetArrayItem(tc_obj(full, "choices"), 0), "logprobs"), "token_logprobs");
+    const cJSON *b = tc_obj(tc_obj(cJSON_GetArrayItem(tc_obj(chk, "choices"), 0), "logprobs"), "token_logprobs");
     CHECK_EQ_INT(cJSON_GetArraySize(a), n + 1);
     CHECK_EQ_INT(cJSON_GetArraySize(b), n + 1);
     int differ = 0, finite = 1, same_first = 1;
@@ -370,7 +316,7 @@ int main(void) {
     cfg.kv_compression = "{\"method\": \"streamingllm\", \"ratio\": 0.5}";
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) goto done;
-    g_port = kvs_server_port(srv);
+    g_srv.port = kvs_server_port(srv);
     test_default();
     test_chunk_whole();
     test_chunk_property();

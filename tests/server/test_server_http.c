@@ -22,6 +22,7 @@
 #include "server_internal.h"
 #include "test_util.h"
 #include "backend/tiny_model.h"
+#include "server/http_client.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -31,87 +32,20 @@
 
 #define N_CTX 96
 
-static int g_port;
+static tc_server g_srv = {.timeout_s = 60}; /* the port set once started */
 static tiny_spec g_spec; /* the model under test (argv[1] names its architecture) */
 
 /* gemma3 alternates 5 sliding-window layers with 1 global one */
 static int layer_is_local(int l) { return !strcmp(g_spec.arch, "gemma3") && (l + 1) % 6 != 0; }
 
-typedef struct {
-    char *data;
-    size_t len;
-} buf_t;
-
-static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
-    buf_t *b = ud;
-    size_t k = sz * n;
-    char *nb = realloc(b->data, b->len + k + 1);
-    if (!nb) return 0;
-    memcpy(nb + b->len, p, k);
-    b->data = nb;
-    b->len += k;
-    b->data[b->len] = 0;
-    return k;
-}
-
-/* One HTTP call. Returns the status (0 when the connection failed); *body is
- * malloc'd (NUL-terminated) and *len its size. */
-static long http(const char *method, const char *path, const char *json, char **body, size_t *len) {
-    CURL *c = curl_easy_init();
-    buf_t b = {NULL, 0};
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *h = NULL;
-    if (json) {
-        h = curl_slist_append(h, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(json));
-    }
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    long status = 0;
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    if (body) *body = b.data ? b.data : calloc(1, 1);
-    else free(b.data);
-    if (len) *len = b.len;
-    return status;
-}
-
-/* POST/GET expecting JSON; returns the parsed body (caller deletes). */
-static cJSON *call_json(const char *method, const char *path, const char *json, long *status) {
-    char *body = NULL;
-    *status = http(method, path, json, &body, NULL);
-    cJSON *r = cJSON_Parse(body);
-    if (!r) fprintf(stderr, "%s %s -> %ld, not JSON: %.300s\n", method, path, *status, body);
-    free(body);
-    return r;
-}
-
-static double num(const cJSON *o, const char *k) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(it) ? it->valuedouble : NAN;
-}
-static const char *str(const cJSON *o, const char *k) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(it) ? it->valuestring : "";
-}
-static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
-
 /* A metric value from /metrics text (the first line starting with name). */
 static double metric(const char *name) {
-    char *body = NULL;
-    long st = http("GET", "/metrics", NULL, &body, NULL);
+    tc_reply r;
+    long st = tc_request(&g_srv, "GET", "/metrics", NULL, NULL, &r);
     double v = NAN;
     if (st == 200) {
         size_t n = strlen(name);
-        for (const char *p = body; p && *p;) {
+        for (const char *p = r.body; p && *p;) {
             if (strncmp(p, name, n) == 0 && (p[n] == ' ' || p[n] == '{')) {
                 const char *sp = strchr(p, ' ');
                 if (sp) v = strtod(sp + 1, NULL);
@@ -121,20 +55,20 @@ static double metric(const char *name) {
             if (p) p++;
         }
     }
-    free(body);
+    tc_reply_free(&r);
     return v;
 }
 
 /* Expect a 4xx whose error names `field` and whose message contains `words`. */
 static void expect_error(const char *path, const char *json, long want_status, const char *field, const char *words) {
     long st;
-    cJSON *r = call_json("POST", path, json, &st);
-    const cJSON *e = r ? obj(r, "error") : NULL;
+    cJSON *r = tc_call(&g_srv, "POST", path, json, NULL, &st);
+    const cJSON *e = r ? tc_obj(r, "error") : NULL;
     CHECK_MSG(st == want_status, "%s %s: status %ld, want %ld", path, json, st, want_status);
-    CHECK_MSG(e && strcmp(str(e, "field"), field) == 0, "%s %s: field '%s', want '%s' (message: %s)", path, json,
-              e ? str(e, "field") : "(none)", field, e ? str(e, "message") : "");
-    CHECK_MSG(e && strstr(str(e, "message"), words), "%s %s: message '%s' lacks '%s'", path, json,
-              e ? str(e, "message") : "", words);
+    CHECK_MSG(e && strcmp(tc_str(e, "field"), field) == 0, "%s %s: field '%s', want '%s' (message: %s)", path, json,
+              e ? tc_str(e, "field") : "(none)", field, e ? tc_str(e, "message") : "");
+    CHECK_MSG(e && strstr(tc_str(e, "message"), words), "%s %s: message '%s' lacks '%s'", path, json,
+              e ? tc_str(e, "message") : "", words);
     cJSON_Delete(r);
 }
 
@@ -182,21 +116,21 @@ static int json_tokens(const cJSON *arr, int32_t *out, int cap) {
 
 static void test_basic(kvs_model *m) {
     long st;
-    cJSON *r = call_json("GET", "/health", NULL, &st);
+    cJSON *r = tc_call(&g_srv, "GET", "/health", NULL, NULL, &st);
     CHECK_EQ_INT(st, 200);
-    CHECK(r && strcmp(str(r, "status"), "ok") == 0);
+    CHECK(r && strcmp(tc_str(r, "status"), "ok") == 0);
     cJSON_Delete(r);
 
-    r = call_json("GET", "/v1/models", NULL, &st);
+    r = tc_call(&g_srv, "GET", "/v1/models", NULL, NULL, &st);
     CHECK_EQ_INT(st, 200);
-    const cJSON *d0 = r ? cJSON_GetArrayItem(obj(r, "data"), 0) : NULL;
-    CHECK(d0 && strcmp(str(d0, "id"), kvs_model_get_info(m)->name) == 0);
-    CHECK(d0 && num(obj(d0, "meta"), "n_vocab") == kvs_model_get_info(m)->n_vocab);
-    CHECK(d0 && strcmp(str(obj(d0, "meta"), "arch"), g_spec.arch) == 0);
+    const cJSON *d0 = r ? cJSON_GetArrayItem(tc_obj(r, "data"), 0) : NULL;
+    CHECK(d0 && strcmp(tc_str(d0, "id"), kvs_model_get_info(m)->name) == 0);
+    CHECK(d0 && tc_num(tc_obj(d0, "meta"), "n_vocab") == kvs_model_get_info(m)->n_vocab);
+    CHECK(d0 && strcmp(tc_str(tc_obj(d0, "meta"), "arch"), g_spec.arch) == 0);
     /* the weights a decode step reads (the decode-speed study's W): the engine's count, less than the file */
-    CHECK(d0 && num(obj(d0, "meta"), "step_bytes") == (double)kvs_model_get_info(m)->step_bytes);
-    CHECK(d0 && num(obj(d0, "meta"), "step_bytes") > 0 &&
-          num(obj(d0, "meta"), "step_bytes") < num(obj(d0, "meta"), "size"));
+    CHECK(d0 && tc_num(tc_obj(d0, "meta"), "step_bytes") == (double)kvs_model_get_info(m)->step_bytes);
+    CHECK(d0 && tc_num(tc_obj(d0, "meta"), "step_bytes") > 0 &&
+          tc_num(tc_obj(d0, "meta"), "step_bytes") < tc_num(tc_obj(d0, "meta"), "size"));
     cJSON_Delete(r);
 
     /* tokenize: same ids as the engine; detokenize gives the engine's text back */
@@ -204,10 +138,10 @@ static void test_basic(kvs_model *m) {
     int32_t *ref = NULL;
     int nref = 0;
     CHECK_OK(kvs_tokenize(m, "the cat is on", 13, 0, 1, &ref, &nref, err), err);
-    r = call_json("POST", "/tokenize", "{\"content\": \"the cat is on\"}", &st);
+    r = tc_call(&g_srv, "POST", "/tokenize", "{\"content\": \"the cat is on\"}", NULL, &st);
     CHECK_EQ_INT(st, 200);
     int32_t toks[64];
-    int n = r ? json_tokens(obj(r, "tokens"), toks, 64) : -1;
+    int n = r ? json_tokens(tc_obj(r, "tokens"), toks, 64) : -1;
     CHECK_EQ_INT(n, nref);
     CHECK(n == nref && n > 0 && memcmp(toks, ref, (size_t)n * sizeof *toks) == 0);
     CHECK_MSG(n == 4, "'the cat is on' should be 4 word tokens, got %d", n);
@@ -216,25 +150,26 @@ static void test_basic(kvs_model *m) {
     int o = snprintf(body, sizeof body, "{\"tokens\": [");
     for (int i = 0; i < nref; i++) o += snprintf(body + o, sizeof body - (size_t)o, "%s%d", i ? "," : "", ref[i]);
     snprintf(body + o, sizeof body - (size_t)o, "]}");
-    r = call_json("POST", "/detokenize", body, &st);
+    r = tc_call(&g_srv, "POST", "/detokenize", body, NULL, &st);
     CHECK_EQ_INT(st, 200);
     char *text = NULL;
     CHECK_OK(kvs_detokenize(m, ref, nref, 0, &text, err), err);
-    CHECK_MSG(r && text && strcmp(str(r, "content"), text) == 0, "detokenize '%s' vs engine '%s'",
-              r ? str(r, "content") : "", text ? text : "");
-    CHECK(r && strstr(str(r, "content"), "the cat is on"));
+    CHECK_MSG(r && text && strcmp(tc_str(r, "content"), text) == 0, "detokenize '%s' vs engine '%s'",
+              r ? tc_str(r, "content") : "", text ? text : "");
+    CHECK(r && strstr(tc_str(r, "content"), "the cat is on"));
     free(text);
     cJSON_Delete(r);
     free(ref);
 
     /* with_pieces and add_special */
-    r = call_json("POST", "/tokenize", "{\"content\": \"the cat\", \"with_pieces\": true, \"add_special\": true}", &st);
+    r = tc_call(&g_srv, "POST", "/tokenize", "{\"content\": \"the cat\", \"with_pieces\": true, \"add_special\": true}",
+                NULL, &st);
     CHECK_EQ_INT(st, 200);
-    const cJSON *arr = r ? obj(r, "tokens") : NULL;
+    const cJSON *arr = r ? tc_obj(r, "tokens") : NULL;
     CHECK_EQ_INT(cJSON_GetArraySize(arr), 3);
-    CHECK(num(cJSON_GetArrayItem(arr, 0), "id") == kvs_model_special(m)->bos);
-    CHECK(strcmp(str(cJSON_GetArrayItem(arr, 1), "piece"), "the") == 0);
-    CHECK(strcmp(str(cJSON_GetArrayItem(arr, 2), "piece"), " cat") == 0);
+    CHECK(tc_num(cJSON_GetArrayItem(arr, 0), "id") == kvs_model_special(m)->bos);
+    CHECK(strcmp(tc_str(cJSON_GetArrayItem(arr, 1), "piece"), "the") == 0);
+    CHECK(strcmp(tc_str(cJSON_GetArrayItem(arr, 2), "piece"), " cat") == 0);
     cJSON_Delete(r);
 }
 
@@ -251,39 +186,39 @@ static void test_completion(kvs_model *m) {
 
     char req[512];
     snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 12}", prompt);
-    cJSON *r = call_json("POST", "/completion", req, &st);
+    cJSON *r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
     CHECK_EQ_INT(st, 200);
     int32_t got[32];
-    int ng = r ? json_tokens(obj(r, "tokens"), got, 32) : -1;
+    int ng = r ? json_tokens(tc_obj(r, "tokens"), got, 32) : -1;
     CHECK_MSG(ng == nref && memcmp(got, ref, (size_t)(ng > 0 ? ng : 0) * sizeof *got) == 0,
               "server greedy (%d tokens) differs from the engine's (%d)", ng, nref);
-    CHECK(r && num(r, "tokens_predicted") == ng);
-    CHECK(r && num(r, "tokens_evaluated") == np);
-    CHECK(r && strcmp(str(r, "stop_type"), nref == 12 ? "limit" : "eos") == 0);
-    const cJSON *t = r ? obj(r, "timings") : NULL;
+    CHECK(r && tc_num(r, "tokens_predicted") == ng);
+    CHECK(r && tc_num(r, "tokens_evaluated") == np);
+    CHECK(r && strcmp(tc_str(r, "stop_type"), nref == 12 ? "limit" : "eos") == 0);
+    const cJSON *t = r ? tc_obj(r, "timings") : NULL;
     static const char *const names[] = {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
                                         "predicted_n", "predicted_ms", "predicted_per_token_ms",
                                         "predicted_per_second"};
-    for (int i = 0; i < 8; i++) CHECK_MSG(t && isfinite(num(t, names[i])), "timings.%s missing", names[i]);
-    CHECK(t && num(t, "prompt_n") == np && num(t, "predicted_n") == ng);
-    CHECK(t && num(t, "prompt_ms") > 0);
+    for (int i = 0; i < 8; i++) CHECK_MSG(t && isfinite(tc_num(t, names[i])), "timings.%s missing", names[i]);
+    CHECK(t && tc_num(t, "prompt_n") == np && tc_num(t, "predicted_n") == ng);
+    CHECK(t && tc_num(t, "prompt_ms") > 0);
     /* the content is the detokenised tokens (cleaned to valid UTF-8) */
     char *text = NULL;
     CHECK_OK(kvs_detokenize(m, got, ng, 0, &text, err), err);
     char *clean = text ? srv_utf8_clean(text, strlen(text)) : NULL;
-    CHECK(r && clean && strcmp(str(r, "content"), clean) == 0);
-    const cJSON *kv = r ? obj(r, "kv") : NULL;
-    CHECK(kv && strcmp(str(kv, "method"), "none") == 0);
-    CHECK(kv && num(kv, "bytes_before") > 0);
-    CHECK(kv && cJSON_GetArraySize(obj(kv, "layers")) == g_spec.n_layers);
+    CHECK(r && clean && strcmp(tc_str(r, "content"), clean) == 0);
+    const cJSON *kv = r ? tc_obj(r, "kv") : NULL;
+    CHECK(kv && strcmp(tc_str(kv, "method"), "none") == 0);
+    CHECK(kv && tc_num(kv, "bytes_before") > 0);
+    CHECK(kv && cJSON_GetArraySize(tc_obj(kv, "layers")) == g_spec.n_layers);
     /* nothing compressed: global layers hold the prompt, sliding-window ones their window */
     for (int l = 0; kv && l < g_spec.n_layers; l++) {
-        const cJSON *ly = cJSON_GetArrayItem(obj(kv, "layers"), l);
-        double tb = num(ly, "tokens_before"), ta = num(ly, "tokens_after");
+        const cJSON *ly = cJSON_GetArrayItem(tc_obj(kv, "layers"), l);
+        double tb = tc_num(ly, "tokens_before"), ta = tc_num(ly, "tokens_after");
         CHECK_EQ_INT((int)tb, np);
         CHECK_MSG(ta == (layer_is_local(l) && np >= g_spec.sliding_window ? g_spec.sliding_window - 1 : np),
                   "plain request layer %d: %g of %d rows held", l, ta, np);
-        CHECK(!cJSON_IsTrue(obj(ly, "compressed")));
+        CHECK(!cJSON_IsTrue(tc_obj(ly, "compressed")));
     }
     free(text);
     free(clean);
@@ -293,9 +228,9 @@ static void test_completion(kvs_model *m) {
     int o = snprintf(req, sizeof req, "{\"n_predict\": 12, \"prompt\": [");
     for (int i = 0; i < np; i++) o += snprintf(req + o, sizeof req - (size_t)o, "%s%d", i ? "," : "", ptoks[i]);
     snprintf(req + o, sizeof req - (size_t)o, "]}");
-    r = call_json("POST", "/completion", req, &st);
+    r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
     CHECK_EQ_INT(st, 200);
-    ng = r ? json_tokens(obj(r, "tokens"), got, 32) : -1;
+    ng = r ? json_tokens(tc_obj(r, "tokens"), got, 32) : -1;
     CHECK(ng == nref && memcmp(got, ref, (size_t)(ng > 0 ? ng : 0) * sizeof *got) == 0);
     cJSON_Delete(r);
 
@@ -304,12 +239,12 @@ static void test_completion(kvs_model *m) {
              "{\"prompt\": \"%s\", \"n_predict\": 16, \"temperature\": 1.5, \"top_k\": 40, \"top_p\": 0.95, \"seed\": 77}",
              prompt);
     int32_t a[32], b[32];
-    r = call_json("POST", "/completion", req, &st);
-    int na = r ? json_tokens(obj(r, "tokens"), a, 32) : -1;
-    CHECK(r && num(obj(r, "generation_settings"), "seed") == 77);
+    r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
+    int na = r ? json_tokens(tc_obj(r, "tokens"), a, 32) : -1;
+    CHECK(r && tc_num(tc_obj(r, "generation_settings"), "seed") == 77);
     cJSON_Delete(r);
-    r = call_json("POST", "/completion", req, &st);
-    int nb = r ? json_tokens(obj(r, "tokens"), b, 32) : -2;
+    r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
+    int nb = r ? json_tokens(tc_obj(r, "tokens"), b, 32) : -2;
     cJSON_Delete(r);
     CHECK(na == nb && na > 0 && memcmp(a, b, (size_t)na * sizeof *a) == 0);
 
@@ -318,9 +253,9 @@ static void test_completion(kvs_model *m) {
      * replays the same tokens up to the stop */
     snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 40, \"temperature\": 1.0, \"seed\": 123}",
              prompt);
-    r = call_json("POST", "/completion", req, &st);
+    r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
     int32_t full[48];
-    int nfull = r ? json_tokens(obj(r, "tokens"), full, 48) : 0;
+    int nfull = r ? json_tokens(tc_obj(r, "tokens"), full, 48) : 0;
     cJSON_Delete(r);
     char piece[64], *raw = NULL;
     int stop_at = -1;
@@ -345,13 +280,13 @@ static void test_completion(kvs_model *m) {
         snprintf(req, sizeof req,
                  "{\"prompt\": \"%s\", \"n_predict\": 40, \"temperature\": 1.0, \"seed\": 123, \"stop\": [\"%s\"]}",
                  prompt, piece);
-        r = call_json("POST", "/completion", req, &st);
+        r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
         CHECK_EQ_INT(st, 200);
-        CHECK(r && strcmp(str(r, "stop_type"), "word") == 0);
-        CHECK(r && strcmp(str(r, "stopping_word"), piece) == 0);
-        CHECK_MSG(r && want && strcmp(str(r, "content"), want) == 0, "stop '%s': content '%s', want '%s'", piece,
-                  r ? str(r, "content") : "", want ? want : "");
-        CHECK(r && num(r, "tokens_predicted") <= stop_at + 1);
+        CHECK(r && strcmp(tc_str(r, "stop_type"), "word") == 0);
+        CHECK(r && strcmp(tc_str(r, "stopping_word"), piece) == 0);
+        CHECK_MSG(r && want && strcmp(tc_str(r, "content"), want) == 0, "stop '%s': content '%s', want '%s'", piece,
+                  r ? tc_str(r, "content") : "", want ? want : "");
+        CHECK(r && tc_num(r, "tokens_predicted") <= stop_at + 1);
         cJSON_Delete(r);
         free(want);
         free(raw);
@@ -359,32 +294,33 @@ static void test_completion(kvs_model *m) {
 
     /* OpenAI text completion: same greedy text, usage numbers */
     snprintf(req, sizeof req, "{\"model\": \"x\", \"prompt\": \"%s\", \"max_tokens\": 12}", prompt);
-    r = call_json("POST", "/v1/completions", req, &st);
+    r = tc_call(&g_srv, "POST", "/v1/completions", req, NULL, &st);
     CHECK_EQ_INT(st, 200);
-    const cJSON *c0 = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
+    const cJSON *c0 = r ? cJSON_GetArrayItem(tc_obj(r, "choices"), 0) : NULL;
     CHECK_OK(kvs_detokenize(m, ref, nref, 0, &text, err), err);
     clean = text ? srv_utf8_clean(text, strlen(text)) : NULL;
-    CHECK(c0 && clean && strcmp(str(c0, "text"), clean) == 0);
-    CHECK(c0 && strcmp(str(c0, "finish_reason"), nref == 12 ? "length" : "stop") == 0);
-    CHECK(r && num(obj(r, "usage"), "prompt_tokens") == np && num(obj(r, "usage"), "completion_tokens") == nref);
-    CHECK(r && strcmp(str(r, "object"), "text_completion") == 0);
+    CHECK(c0 && clean && strcmp(tc_str(c0, "text"), clean) == 0);
+    CHECK(c0 && strcmp(tc_str(c0, "finish_reason"), nref == 12 ? "length" : "stop") == 0);
+    CHECK(r && tc_num(tc_obj(r, "usage"), "prompt_tokens") == np &&
+          tc_num(tc_obj(r, "usage"), "completion_tokens") == nref);
+    CHECK(r && strcmp(tc_str(r, "object"), "text_completion") == 0);
     free(text);
     free(clean);
     cJSON_Delete(r);
 
     /* chat: the template is applied and the answer comes back as a message */
-    r = call_json("POST", "/v1/chat/completions",
-                  "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", "
-                  "\"content\": [{\"type\": \"text\", \"text\": \"the\"}, {\"type\": \"text\", \"text\": \" cat\"}]}], "
-                  "\"max_tokens\": 6}",
-                  &st);
+    r = tc_call(&g_srv, "POST", "/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", "
+                "\"content\": [{\"type\": \"text\", \"text\": \"the\"}, {\"type\": \"text\", \"text\": \" cat\"}]}], "
+                "\"max_tokens\": 6}",
+                NULL, &st);
     CHECK_EQ_INT(st, 200);
-    c0 = r ? cJSON_GetArrayItem(obj(r, "choices"), 0) : NULL;
-    CHECK(c0 && strcmp(str(obj(c0, "message"), "role"), "assistant") == 0);
-    CHECK(r && num(obj(r, "usage"), "completion_tokens") <= 6);
-    CHECK(r && strcmp(str(r, "object"), "chat.completion") == 0);
+    c0 = r ? cJSON_GetArrayItem(tc_obj(r, "choices"), 0) : NULL;
+    CHECK(c0 && strcmp(tc_str(tc_obj(c0, "message"), "role"), "assistant") == 0);
+    CHECK(r && tc_num(tc_obj(r, "usage"), "completion_tokens") <= 6);
+    CHECK(r && strcmp(tc_str(r, "object"), "chat.completion") == 0);
     /* the prompt is the template's: more tokens than the two words */
-    CHECK(r && num(obj(r, "usage"), "prompt_tokens") > 4);
+    CHECK(r && tc_num(tc_obj(r, "usage"), "prompt_tokens") > 4);
     cJSON_Delete(r);
     free(ptoks);
 }
@@ -395,7 +331,7 @@ static void test_variants(void) {
                          "cat is a cat the cat is on an cat";
     char req[2048];
     snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 10}", prompt);
-    cJSON *plain = call_json("POST", "/completion", req, &st);
+    cJSON *plain = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
     CHECK_EQ_INT(st, 200);
     double pre0 = metric("kvsieve_prefills_total"), comp0 = metric("kvsieve_compressions_total");
     snprintf(req, sizeof req,
@@ -405,40 +341,40 @@ static void test_variants(void) {
              "{\"method\": \"snapkv\", \"tokens\": 8},"
              "{\"method\": \"h2o\", \"ratio\": 0.3, \"compress_local\": true}]}}",
              prompt);
-    cJSON *r = call_json("POST", "/completion", req, &st);
+    cJSON *r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
     CHECK_EQ_INT(st, 200);
     double pre1 = metric("kvsieve_prefills_total"), comp1 = metric("kvsieve_compressions_total");
     CHECK_MSG(pre1 - pre0 == 1, "4 variants cost %g prefills, want 1", pre1 - pre0);
     CHECK_MSG(comp1 - comp0 == 4, "4 variants ran %g compressions", comp1 - comp0);
-    const cJSON *vs = r ? obj(r, "variants") : NULL;
+    const cJSON *vs = r ? tc_obj(r, "variants") : NULL;
     CHECK_EQ_INT(cJSON_GetArraySize(vs), 4);
     /* the full variant reproduces the plain request */
     const cJSON *v0 = cJSON_GetArrayItem(vs, 0);
-    CHECK(v0 && plain && strcmp(str(v0, "content"), str(plain, "content")) == 0);
+    CHECK(v0 && plain && strcmp(tc_str(v0, "content"), tc_str(plain, "content")) == 0);
     CHECK(v0 && plain &&
-          cJSON_Compare(obj(v0, "tokens"), obj(plain, "tokens"), 1));
-    CHECK(r && plain && strcmp(str(r, "content"), str(plain, "content")) == 0);
-    const int n_prompt = plain ? (int)num(obj(plain, "timings"), "prompt_n") : 0;
+          cJSON_Compare(tc_obj(v0, "tokens"), tc_obj(plain, "tokens"), 1));
+    CHECK(r && plain && strcmp(tc_str(r, "content"), tc_str(plain, "content")) == 0);
+    const int n_prompt = plain ? (int)tc_num(tc_obj(plain, "timings"), "prompt_n") : 0;
     for (int i = 0; i < 4; i++) {
         const cJSON *v = cJSON_GetArrayItem(vs, i);
-        const cJSON *kv = obj(v, "kv"), *t = obj(v, "timings");
+        const cJSON *kv = tc_obj(v, "kv"), *t = tc_obj(v, "timings");
         CHECK_MSG(kv && t, "variant %d lacks kv or timings", i);
         if (!kv || !t) continue;
-        CHECK(num(t, "prompt_n") == n_prompt);
-        CHECK(num(kv, "compress_ms") >= 0);
-        CHECK(num(kv, "n_prompt") == n_prompt);
-        const cJSON *layers = obj(kv, "layers");
+        CHECK(tc_num(t, "prompt_n") == n_prompt);
+        CHECK(tc_num(kv, "compress_ms") >= 0);
+        CHECK(tc_num(kv, "n_prompt") == n_prompt);
+        const cJSON *layers = tc_obj(kv, "layers");
         CHECK_EQ_INT(cJSON_GetArraySize(layers), g_spec.n_layers);
         for (int l = 0; l < g_spec.n_layers; l++) {
             const cJSON *ly = cJSON_GetArrayItem(layers, l);
-            int local = cJSON_IsTrue(obj(ly, "local"));
+            int local = cJSON_IsTrue(tc_obj(ly, "local"));
             CHECK_EQ_INT(local, layer_is_local(l));
-            double tb = num(ly, "tokens_before"), ta = num(ly, "tokens_after");
-            double bb = num(ly, "bytes_before"), ba = num(ly, "bytes_after");
+            double tb = tc_num(ly, "tokens_before"), ta = tc_num(ly, "tokens_after");
+            double bb = tc_num(ly, "bytes_before"), ba = tc_num(ly, "bytes_after");
             CHECK(tb > 0 && ta <= tb && ba <= bb);
             int expect_compressed = i > 0 && (!local || i == 3);
-            CHECK_MSG(cJSON_IsTrue(obj(ly, "compressed")) == expect_compressed, "variant %d layer %d: compressed %d",
-                      i, l, cJSON_IsTrue(obj(ly, "compressed")));
+            CHECK_MSG(cJSON_IsTrue(tc_obj(ly, "compressed")) == expect_compressed, "variant %d layer %d: compressed %d",
+                      i, l, cJSON_IsTrue(tc_obj(ly, "compressed")));
             /* sliding-window layers keep at most their window, compressed or not */
             if (local) CHECK_MSG(ta <= g_spec.sliding_window - 1, "variant %d local layer %d holds %g rows", i, l, ta);
             else CHECK_MSG((ta < tb) == expect_compressed, "variant %d layer %d: tokens %g -> %g", i, l, tb, ta);
@@ -447,17 +383,17 @@ static void test_variants(void) {
         }
     }
     const cJSON *v1 = cJSON_GetArrayItem(vs, 1);
-    CHECK(strcmp(str(v1, "name"), "sl") == 0);
-    CHECK(strcmp(str(obj(v1, "kv"), "method"), "streamingllm") == 0);
-    CHECK(num(obj(obj(v1, "kv"), "budget"), "ratio") == 0.5);
-    CHECK(obj(obj(v1, "kv"), "params") && cJSON_IsObject(obj(obj(v1, "kv"), "params")));
+    CHECK(strcmp(tc_str(v1, "name"), "sl") == 0);
+    CHECK(strcmp(tc_str(tc_obj(v1, "kv"), "method"), "streamingllm") == 0);
+    CHECK(tc_num(tc_obj(tc_obj(v1, "kv"), "budget"), "ratio") == 0.5);
+    CHECK(tc_obj(tc_obj(v1, "kv"), "params") && cJSON_IsObject(tc_obj(tc_obj(v1, "kv"), "params")));
     /* the global layer of streamingllm at 0.5 keeps floor(0.5 N) per head */
-    const cJSON *gl = cJSON_GetArrayItem(obj(obj(v1, "kv"), "layers"), 5);
-    CHECK_MSG(num(gl, "tokens_after") == (double)(n_prompt / 2) * g_spec.n_kv_heads ||
-                  num(gl, "tokens_after") == (double)(n_prompt / 2),
-              "streamingllm 0.5: layer 5 keeps %g of %d", num(gl, "tokens_after"), n_prompt);
+    const cJSON *gl = cJSON_GetArrayItem(tc_obj(tc_obj(v1, "kv"), "layers"), 5);
+    CHECK_MSG(tc_num(gl, "tokens_after") == (double)(n_prompt / 2) * g_spec.n_kv_heads ||
+                  tc_num(gl, "tokens_after") == (double)(n_prompt / 2),
+              "streamingllm 0.5: layer 5 keeps %g of %d", tc_num(gl, "tokens_after"), n_prompt);
     const cJSON *v2 = cJSON_GetArrayItem(vs, 2);
-    CHECK(num(obj(obj(v2, "kv"), "budget"), "tokens") == 8);
+    CHECK(tc_num(tc_obj(tc_obj(v2, "kv"), "budget"), "tokens") == 8);
     cJSON_Delete(r);
     cJSON_Delete(plain);
 
@@ -468,24 +404,26 @@ static void test_variants(void) {
                                            "{\"method\": \"snapkv\", \"tokens\": 8}"};
         snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_compression\": {\"variants\": [%s, %s, %s]}}",
                  prompt, kv1[0], kv1[1], kv1[2]);
-        cJSON *rv = call_json("POST", "/completion", req, &st);
+        cJSON *rv = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
         CHECK_EQ_INT(st, 200);
-        const cJSON *vv = rv ? obj(rv, "variants") : NULL;
+        const cJSON *vv = rv ? tc_obj(rv, "variants") : NULL;
         CHECK_EQ_INT(cJSON_GetArraySize(vv), 3);
         for (int i = 0; i < 3 && cJSON_GetArraySize(vv) == 3; i++) {
             snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_compression\": %s}", prompt, kv1[i]);
-            cJSON *alone = call_json("POST", "/completion", req, &st);
+            cJSON *alone = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
             CHECK_EQ_INT(st, 200);
             const cJSON *v = cJSON_GetArrayItem(vv, i);
-            CHECK_MSG(alone && cJSON_Compare(obj(v, "tokens"), obj(alone, "tokens"), 1),
+            CHECK_MSG(alone && cJSON_Compare(tc_obj(v, "tokens"), tc_obj(alone, "tokens"), 1),
                       "variant %d (%s) decodes other tokens than alone", i, kv1[i]);
-            const cJSON *la = alone ? obj(obj(alone, "kv"), "layers") : NULL, *lv = obj(obj(v, "kv"), "layers");
+            const cJSON *la = alone ? tc_obj(tc_obj(alone, "kv"), "layers") : NULL,
+                        *lv = tc_obj(tc_obj(v, "kv"), "layers");
             CHECK_MSG(cJSON_GetArraySize(la) == g_spec.n_layers && cJSON_GetArraySize(lv) == g_spec.n_layers,
                       "variant %d: kv.layers missing", i);
             for (int l = 0; la && lv && l < g_spec.n_layers; l++)
-                CHECK_MSG(num(cJSON_GetArrayItem(la, l), "tokens_after") == num(cJSON_GetArrayItem(lv, l), "tokens_after") &&
-                              num(cJSON_GetArrayItem(la, l), "tokens_before") ==
-                                  num(cJSON_GetArrayItem(lv, l), "tokens_before"),
+                CHECK_MSG(tc_num(cJSON_GetArrayItem(la, l), "tokens_after") ==
+                                  tc_num(cJSON_GetArrayItem(lv, l), "tokens_after") &&
+                              tc_num(cJSON_GetArrayItem(la, l), "tokens_before") ==
+                                  tc_num(cJSON_GetArrayItem(lv, l), "tokens_before"),
                           "variant %d layer %d: the cache differs from the variant alone", i, l);
             cJSON_Delete(alone);
         }
@@ -503,34 +441,35 @@ static void test_variants(void) {
                  "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_spans\": [{\"start\": 0, \"end\": 12}], "
                  "\"kv_compression\": {\"variants\": [%s, %s, %s, %s, %s, %s]}}",
                  prompt, kg[0], kg[1], kg[2], kg[3], kg[4], kg[5]);
-        cJSON *rv = call_json("POST", "/completion", req, &st);
+        cJSON *rv = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
         CHECK_EQ_INT(st, 200);
-        const cJSON *vv = rv ? obj(rv, "variants") : NULL;
+        const cJSON *vv = rv ? tc_obj(rv, "variants") : NULL;
         CHECK_EQ_INT(cJSON_GetArraySize(vv), 6);
         for (int i = 0; i < 6 && cJSON_GetArraySize(vv) == 6; i++) {
             snprintf(req, sizeof req,
                      "{\"prompt\": \"%s\", \"n_predict\": 10, \"kv_spans\": [{\"start\": 0, \"end\": 12}], "
                      "\"kv_compression\": %s}",
                      prompt, kg[i]);
-            cJSON *alone = call_json("POST", "/completion", req, &st);
+            cJSON *alone = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
             CHECK_EQ_INT(st, 200);
             const cJSON *v = cJSON_GetArrayItem(vv, i);
-            CHECK_MSG(alone && cJSON_Compare(obj(v, "tokens"), obj(alone, "tokens"), 1),
+            CHECK_MSG(alone && cJSON_Compare(tc_obj(v, "tokens"), tc_obj(alone, "tokens"), 1),
                       "grouped variant %d (%s) decodes other tokens than alone", i, kg[i]);
-            const cJSON *ka = alone ? obj(alone, "kv") : NULL, *kv = obj(v, "kv");
-            CHECK_MSG(ka && kv && cJSON_Compare(obj(ka, "span_kept"), obj(kv, "span_kept"), 1) && obj(kv, "span_kept"),
+            const cJSON *ka = alone ? tc_obj(alone, "kv") : NULL, *kv = tc_obj(v, "kv");
+            CHECK_MSG(ka && kv && cJSON_Compare(tc_obj(ka, "span_kept"), tc_obj(kv, "span_kept"), 1) &&
+                          tc_obj(kv, "span_kept"),
                       "grouped variant %d: span_kept differs from the variant alone", i);
-            const cJSON *la = ka ? obj(ka, "layers") : NULL, *lv = kv ? obj(kv, "layers") : NULL;
+            const cJSON *la = ka ? tc_obj(ka, "layers") : NULL, *lv = kv ? tc_obj(kv, "layers") : NULL;
             CHECK_MSG(cJSON_GetArraySize(la) == g_spec.n_layers && cJSON_GetArraySize(lv) == g_spec.n_layers,
                       "grouped variant %d: kv.layers missing", i);
             for (int l = 0; la && lv && l < g_spec.n_layers; l++) {
                 const cJSON *a = cJSON_GetArrayItem(la, l), *b = cJSON_GetArrayItem(lv, l);
-                CHECK_MSG(num(a, "tokens_after") == num(b, "tokens_after") &&
-                              num(a, "bytes_after") == num(b, "bytes_after") &&
-                              cJSON_IsTrue(obj(a, "compressed")) == cJSON_IsTrue(obj(b, "compressed")),
+                CHECK_MSG(tc_num(a, "tokens_after") == tc_num(b, "tokens_after") &&
+                              tc_num(a, "bytes_after") == tc_num(b, "bytes_after") &&
+                              cJSON_IsTrue(tc_obj(a, "compressed")) == cJSON_IsTrue(tc_obj(b, "compressed")),
                           "grouped variant %d layer %d: the cache differs from the variant alone", i, l);
             }
-            CHECK(kv && num(kv, "compress_ms") >= 0);
+            CHECK(kv && tc_num(kv, "compress_ms") >= 0);
             cJSON_Delete(alone);
         }
         cJSON_Delete(rv);
@@ -542,12 +481,12 @@ static void test_variants(void) {
              "{\"prompt\": \"%s\", \"n_predict\": 4, \"kv_compression\": {\"method\": \"random\", \"ratio\": 0.25, "
              "\"params\": {\"seed\": 3}}}",
              prompt);
-    r = call_json("POST", "/completion", req, &st);
+    r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
     CHECK_EQ_INT(st, 200);
-    CHECK(r && !obj(r, "variants"));
-    CHECK(r && strcmp(str(obj(r, "kv"), "method"), "random") == 0);
-    CHECK(r && num(obj(obj(r, "kv"), "params"), "seed") == 3);
-    CHECK(r && num(obj(r, "kv"), "tokens_after") < num(obj(r, "kv"), "tokens_before"));
+    CHECK(r && !tc_obj(r, "variants"));
+    CHECK(r && strcmp(tc_str(tc_obj(r, "kv"), "method"), "random") == 0);
+    CHECK(r && tc_num(tc_obj(tc_obj(r, "kv"), "params"), "seed") == 3);
+    CHECK(r && tc_num(tc_obj(r, "kv"), "tokens_after") < tc_num(tc_obj(r, "kv"), "tokens_before"));
     CHECK(metric("kvsieve_prefills_total") - pre0 == 1);
     cJSON_Delete(r);
 }
@@ -569,21 +508,22 @@ static void test_composed_method(void) {
              "{\"prompt\": \"%s\", \"n_predict\": 8, \"kv_compression\": {\"method\": \"pyramidkv\", "
              "\"ratio\": 0.5}}",
              prompt);
-    cJSON *ref = call_json("POST", "/completion", req, &st);
+    cJSON *ref = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
     CHECK_EQ_INT(st, 200);
     snprintf(req, sizeof req,
              "{\"prompt\": \"%s\", \"n_predict\": 8, \"kv_compression\": {\"method\": %s, \"ratio\": 0.5, "
              "\"name\": \"pyr\"}}",
              prompt, desc);
-    cJSON *r = call_json("POST", "/completion", req, &st);
+    cJSON *r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
     CHECK_EQ_INT(st, 200);
-    const cJSON *kv = r ? obj(r, "kv") : NULL;
-    CHECK_MSG(kv && strcmp(str(kv, "method"), canon) == 0, "kv.method: %s", kv ? str(kv, "method") : "-");
-    CHECK(r && ref && cJSON_Compare(obj(r, "tokens"), obj(ref, "tokens"), 1));
-    const cJSON *la = ref ? obj(obj(ref, "kv"), "layers") : NULL, *lb = obj(kv, "layers");
+    const cJSON *kv = r ? tc_obj(r, "kv") : NULL;
+    CHECK_MSG(kv && strcmp(tc_str(kv, "method"), canon) == 0, "kv.method: %s", kv ? tc_str(kv, "method") : "-");
+    CHECK(r && ref && cJSON_Compare(tc_obj(r, "tokens"), tc_obj(ref, "tokens"), 1));
+    const cJSON *la = ref ? tc_obj(tc_obj(ref, "kv"), "layers") : NULL, *lb = tc_obj(kv, "layers");
     CHECK_EQ_INT(cJSON_GetArraySize(lb), g_spec.n_layers);
     for (int l = 0; la && lb && l < g_spec.n_layers; l++)
-        CHECK_MSG(num(cJSON_GetArrayItem(la, l), "tokens_after") == num(cJSON_GetArrayItem(lb, l), "tokens_after"),
+        CHECK_MSG(tc_num(cJSON_GetArrayItem(la, l), "tokens_after") ==
+                      tc_num(cJSON_GetArrayItem(lb, l), "tokens_after"),
                   "layer %d: composed pyramidkv keeps another count", l);
     /* the canonical JSON as a string: the same method (what the eval client sends) */
     cJSON *jr = cJSON_CreateObject();
@@ -593,10 +533,10 @@ static void test_composed_method(void) {
     cJSON_AddStringToObject(kc, "method", canon);
     cJSON_AddNumberToObject(kc, "ratio", 0.5);
     char *text = cJSON_PrintUnformatted(jr);
-    cJSON *r2 = call_json("POST", "/completion", text, &st);
+    cJSON *r2 = tc_call(&g_srv, "POST", "/completion", text, NULL, &st);
     CHECK_EQ_INT(st, 200);
-    CHECK(r2 && r && cJSON_Compare(obj(r2, "tokens"), obj(r, "tokens"), 1));
-    CHECK(r2 && strcmp(str(obj(r2, "kv"), "method"), canon) == 0);
+    CHECK(r2 && r && cJSON_Compare(tc_obj(r2, "tokens"), tc_obj(r, "tokens"), 1));
+    CHECK(r2 && strcmp(tc_str(tc_obj(r2, "kv"), "method"), canon) == 0);
     cJSON_free(text);
     cJSON_Delete(jr);
     cJSON_Delete(r2);
@@ -615,16 +555,15 @@ static void test_composed_method(void) {
 }
 
 static void test_dump(void) {
-    char *body = NULL;
-    size_t len = 0;
-    long st = http("POST", "/kv/dump", "{\"prompt\": \"the cat is on\", \"queries\": 3, \"dtype\": \"F16\"}",
-                   &body, &len);
+    tc_reply r;
+    long st = tc_request(&g_srv, "POST", "/kv/dump",
+                         "{\"prompt\": \"the cat is on\", \"queries\": 3, \"dtype\": \"F16\"}", NULL, &r);
     CHECK_EQ_INT(st, 200);
     char path[] = "/tmp/kvs-test-dump-XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
     if (fd >= 0) {
-        CHECK((size_t)write(fd, body, len) == len);
+        CHECK((size_t)write(fd, r.body, r.len) == r.len);
         close(fd);
         kvs_dump d;
         kvs_err err_ = {0}, *err = &err_;
@@ -641,7 +580,7 @@ static void test_dump(void) {
         }
         unlink(path);
     }
-    free(body);
+    tc_reply_free(&r);
 }
 
 static void test_bad_requests(void) {
@@ -672,7 +611,8 @@ static void test_bad_requests(void) {
                  400, "multimodal_data", "text-only");
     {
         long st = 0;
-        cJSON *r = call_json("POST", "/completion", "{\"prompt\": \"hi\", \"n_predict\": 1, \"multimodal_data\": []}", &st);
+        cJSON *r = tc_call(&g_srv, "POST", "/completion",
+                           "{\"prompt\": \"hi\", \"n_predict\": 1, \"multimodal_data\": []}", NULL, &st);
         CHECK_MSG(st == 200, "an empty multimodal_data list: status %ld, want 200", st);
         cJSON_Delete(r);
     }
@@ -724,9 +664,9 @@ static void test_bad_requests(void) {
     expect_error("/kv/dump", "{\"prompt\": \"hi\", \"dtype\": \"F64\"}", 400, "dtype", "F64");
     expect_error("/nowhere", "{}", 404, "path", "no endpoint");
     long st;
-    cJSON *r = call_json("GET", "/completion", NULL, &st);
+    cJSON *r = tc_call(&g_srv, "GET", "/completion", NULL, NULL, &st);
     CHECK_EQ_INT(st, 405);
-    CHECK(r && strcmp(str(obj(r, "error"), "field"), "method") == 0);
+    CHECK(r && strcmp(tc_str(tc_obj(r, "error"), "field"), "method") == 0);
     cJSON_Delete(r);
     double e1 = metric("kvsieve_request_errors_total");
     CHECK(isfinite(e1));
@@ -742,7 +682,9 @@ typedef struct {
 
 static void *job_run(void *p) {
     job_t *j = p;
-    j->status = http("POST", "/completion", j->req, &j->body, NULL);
+    tc_reply r;
+    j->status = tc_request(&g_srv, "POST", "/completion", j->req, NULL, &r);
+    j->body = r.body;
     return NULL;
 }
 
@@ -760,7 +702,7 @@ static void test_queue(void) {
     for (int i = 0; i < J; i++) {
         CHECK_EQ_INT(jobs[i].status, 200);
         cJSON *ri = cJSON_Parse(jobs[i].body);
-        CHECK_MSG(r0 && ri && cJSON_Compare(obj(r0, "tokens"), obj(ri, "tokens"), 1),
+        CHECK_MSG(r0 && ri && cJSON_Compare(tc_obj(r0, "tokens"), tc_obj(ri, "tokens"), 1),
                   "concurrent request %d gave other tokens", i);
         cJSON_Delete(ri);
         free(jobs[i].body);
@@ -793,7 +735,7 @@ static void test_drain(kvs_server *srv) {
     pthread_create(&stopper, NULL, stop_run, srv);
     long h = 200;
     for (int i = 0; i < 4000 && h == 200; i++) {
-        h = http("GET", "/health", NULL, NULL, NULL);
+        h = tc_status(&g_srv, "GET", "/health", NULL);
         if (h == 200) nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
     CHECK_MSG(h == 503 || h == 0, "while draining /health answered %ld", h);
@@ -804,11 +746,11 @@ static void test_drain(kvs_server *srv) {
     pthread_join(stopper, NULL);
     CHECK_MSG(j.status == 200, "request queued during the drain got %ld", j.status);
     cJSON *r = cJSON_Parse(j.body);
-    CHECK(r && cJSON_GetArraySize(obj(r, "tokens")) > 0);
+    CHECK(r && cJSON_GetArraySize(tc_obj(r, "tokens")) > 0);
     cJSON_Delete(r);
     free(j.body);
     /* after stop nothing listens */
-    CHECK_EQ_INT(http("GET", "/health", NULL, NULL, NULL), 0);
+    CHECK_EQ_INT(tc_status(&g_srv, "GET", "/health", NULL), 0);
 }
 
 int main(int argc, char **argv) {
@@ -848,7 +790,7 @@ int main(int argc, char **argv) {
     cfg.max_body = 2048;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (srv) {
-        g_port = kvs_server_port(srv);
+        g_srv.port = kvs_server_port(srv);
         char *big = malloc(4096);
         memset(big, ' ', 4095);
         memcpy(big, "{\"prompt\": \"", 12);
@@ -862,8 +804,8 @@ int main(int argc, char **argv) {
     cfg.max_body = (size_t)1 << 20;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) goto done;
-    g_port = kvs_server_port(srv);
-    CHECK(g_port > 0);
+    g_srv.port = kvs_server_port(srv);
+    CHECK(g_srv.port > 0);
 
     test_basic(m);
     test_completion(m);

@@ -25,13 +25,13 @@
 #include "server_internal.h"
 #include "test_util.h"
 #include "backend/tiny_model.h"
+#include "server/http_client.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <netinet/in.h>
 #include <pthread.h>
-#include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -39,95 +39,21 @@
 
 #define N_CTX 256
 
-static int g_port;
+static tc_server g_srv = {.timeout_s = 120}; /* the port of the server under test */
 
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000L}, NULL); }
 
-typedef struct {
-    char *data;
-    size_t len;
-    char retry_after[32];
-} buf_t;
-
-static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
-    buf_t *b = ud;
-    size_t k = sz * n;
-    char *nb = realloc(b->data, b->len + k + 1);
-    if (!nb) return 0;
-    memcpy(nb + b->len, p, k);
-    b->data = nb;
-    b->len += k;
-    b->data[b->len] = 0;
-    return k;
-}
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
-    buf_t *b = ud;
-    size_t k = sz * n;
-    if (k > 12 && strncasecmp(p, "Retry-After:", 12) == 0) {
-        size_t m = k - 12 < sizeof b->retry_after - 1 ? k - 12 : sizeof b->retry_after - 1;
-        memcpy(b->retry_after, p + 12, m);
-        b->retry_after[m] = 0;
-    }
-    return k;
-}
-
-/* One HTTP call on g_port; *body malloc'd; retry_after (may be NULL) gets the header. */
-static long http_full(const char *method, const char *path, const char *json, char **body, char *retry_after) {
-    CURL *c = curl_easy_init();
-    buf_t b = {NULL, 0, ""};
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *h = NULL;
-    if (json) {
-        h = curl_slist_append(h, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(json));
-    }
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    long status = 0;
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    if (body) *body = b.data ? b.data : calloc(1, 1);
-    else free(b.data);
-    if (retry_after) snprintf(retry_after, 32, "%s", b.retry_after);
-    return status;
-}
-
 static cJSON *post(const char *json, long *status) {
-    char *body = NULL;
-    *status = http_full("POST", "/completion", json, &body, NULL);
-    cJSON *r = cJSON_Parse(body);
-    free(body);
-    return r;
-}
-
-static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
-static double num(const cJSON *o, const char *k) {
-    const cJSON *it = obj(o, k);
-    return cJSON_IsNumber(it) ? it->valuedouble : NAN;
-}
-static const char *str(const cJSON *o, const char *k) {
-    const cJSON *it = obj(o, k);
-    return cJSON_IsString(it) ? it->valuestring : "";
+    return tc_call(&g_srv, "POST", "/completion", json, NULL, status);
 }
 
 /* A metric from /metrics: the line that starts with `name` exactly (labels included). */
 static double metric(const char *name) {
-    char *body = NULL;
-    long st = http_full("GET", "/metrics", NULL, &body, NULL);
+    tc_reply r;
+    long st = tc_request(&g_srv, "GET", "/metrics", NULL, NULL, &r);
     double v = NAN;
     size_t n = strlen(name);
-    for (const char *p = st == 200 ? body : NULL; p && *p;) {
+    for (const char *p = st == 200 ? r.body : NULL; p && *p;) {
         if (strncmp(p, name, n) == 0 && p[n] == ' ') {
             v = strtod(p + n + 1, NULL);
             break;
@@ -135,7 +61,7 @@ static double metric(const char *name) {
         p = strchr(p, '\n');
         if (p) p++;
     }
-    free(body);
+    tc_reply_free(&r);
     return v;
 }
 #define M_CANCEL_DISC "kvsieve_requests_cancelled_total{reason=\"disconnect\"}"
@@ -158,7 +84,7 @@ static int raw_connect(void) {
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)g_port);
+    a.sin_port = htons((uint16_t)g_srv.port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         close(fd);
@@ -182,7 +108,9 @@ static int raw_post(const char *json) {
     return fd;
 }
 
-static int same_tokens(const cJSON *a, const cJSON *b) { return a && b && cJSON_Compare(obj(a, "tokens"), obj(b, "tokens"), 1); }
+static int same_tokens(const cJSON *a, const cJSON *b) {
+    return a && b && cJSON_Compare(tc_obj(a, "tokens"), tc_obj(b, "tokens"), 1);
+}
 
 /* ---- continuous batching ----------------------------------------------------- */
 
@@ -226,7 +154,7 @@ static void test_batch_equality(void) {
         variants_request(reqs[p], sizeof reqs[p], p, 20 + 5 * p);
         alone[p] = post(reqs[p], &st);
         CHECK_EQ_INT(st, 200);
-        CHECK_EQ_INT(cJSON_GetArraySize(obj(alone[p], "variants")), 6);
+        CHECK_EQ_INT(cJSON_GetArraySize(tc_obj(alone[p], "variants")), 6);
     }
     /* the same requests all at once, twice over: they share decode steps */
     double steps0 = metric("kvsieve_batch_steps_total"), seqs0 = metric("kvsieve_batch_seq_steps_total");
@@ -241,16 +169,16 @@ static void test_batch_equality(void) {
     double steps = metric("kvsieve_batch_steps_total") - steps0, seqs = metric("kvsieve_batch_seq_steps_total") - seqs0;
     for (int i = 0; i < J; i++) {
         CHECK_EQ_INT(jobs[i].status, 200);
-        const cJSON *va = obj(alone[i % P], "variants"), *vb = obj(jobs[i].r, "variants");
+        const cJSON *va = tc_obj(alone[i % P], "variants"), *vb = tc_obj(jobs[i].r, "variants");
         CHECK_EQ_INT(cJSON_GetArraySize(vb), 6);
         for (int v = 0; v < 6; v++) {
             const cJSON *a = cJSON_GetArrayItem(va, v), *b = cJSON_GetArrayItem(vb, v);
-            CHECK_MSG(same_tokens(a, b) && !strcmp(str(a, "content"), str(b, "content")),
+            CHECK_MSG(same_tokens(a, b) && !strcmp(tc_str(a, "content"), tc_str(b, "content")),
                       "request %d variant %d: tokens differ when batched with others", i % P, v);
-            CHECK(!strcmp(str(a, "stop_type"), str(b, "stop_type")));
-            const cJSON *t = obj(b, "timings");
-            CHECK(num(t, "predicted_ms") >= 0 && num(t, "prompt_ms") > 0);
-            if (v >= 4) CHECK_MSG(num(t, "suffix_ms") > 0, "variant %d: suffix_ms %g", v, num(t, "suffix_ms"));
+            CHECK(!strcmp(tc_str(a, "stop_type"), tc_str(b, "stop_type")));
+            const cJSON *t = tc_obj(b, "timings");
+            CHECK(tc_num(t, "predicted_ms") >= 0 && tc_num(t, "prompt_ms") > 0);
+            if (v >= 4) CHECK_MSG(tc_num(t, "suffix_ms") > 0, "variant %d: suffix_ms %g", v, tc_num(t, "suffix_ms"));
         }
         cJSON_Delete(jobs[i].r);
     }
@@ -274,9 +202,9 @@ static void test_ignore_eos(kvs_model *m) {
         snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 60, \"temperature\": 3.0, \"seed\": %d}",
                  PROMPTS[1], seed);
         cJSON *r = post(req, &st);
-        if (r && !strcmp(str(r, "stop_type"), "eos") && num(r, "tokens_predicted") < 60) {
+        if (r && !strcmp(tc_str(r, "stop_type"), "eos") && tc_num(r, "tokens_predicted") < 60) {
             found = seed;
-            n_eos = (int)num(r, "tokens_predicted");
+            n_eos = (int)tc_num(r, "tokens_predicted");
         }
         cJSON_Delete(r);
     }
@@ -287,29 +215,29 @@ static void test_ignore_eos(kvs_model *m) {
                  PROMPTS[1], found);
         cJSON *r = post(req, &st);
         CHECK_EQ_INT(st, 200);
-        CHECK_MSG(r && !strcmp(str(r, "stop_type"), "limit") && num(r, "tokens_predicted") == 60,
-                  "ignore_eos: stop %s after %g tokens (without it: eos after %d)", r ? str(r, "stop_type") : "?",
-                  r ? num(r, "tokens_predicted") : -1, n_eos);
-        const cJSON *t, *arr = r ? obj(r, "tokens") : NULL;
+        CHECK_MSG(r && !strcmp(tc_str(r, "stop_type"), "limit") && tc_num(r, "tokens_predicted") == 60,
+                  "ignore_eos: stop %s after %g tokens (without it: eos after %d)", r ? tc_str(r, "stop_type") : "?",
+                  r ? tc_num(r, "tokens_predicted") : -1, n_eos);
+        const cJSON *t, *arr = r ? tc_obj(r, "tokens") : NULL;
         cJSON_ArrayForEach(t, arr) CHECK(!kvs_token_is_eog(m, (int32_t)t->valuedouble));
-        CHECK(r && cJSON_IsTrue(obj(obj(r, "generation_settings"), "ignore_eos")));
+        CHECK(r && cJSON_IsTrue(tc_obj(tc_obj(r, "generation_settings"), "ignore_eos")));
         cJSON_Delete(r);
     }
     /* above the cap: refused naming the field; none asked: capped, said so */
     cJSON *r = post("{\"prompt\": \"the cat\", \"n_predict\": 221}", &st);
     CHECK_EQ_INT(st, 400);
-    CHECK(r && !strcmp(str(obj(r, "error"), "field"), "n_predict"));
-    CHECK(r && strstr(str(obj(r, "error"), "message"), "n-predict-max"));
+    CHECK(r && !strcmp(tc_str(tc_obj(r, "error"), "field"), "n_predict"));
+    CHECK(r && strstr(tc_str(tc_obj(r, "error"), "message"), "n-predict-max"));
     cJSON_Delete(r);
     r = post("{\"prompt\": \"the cat\", \"ignore_eos\": true}", &st);
     CHECK_EQ_INT(st, 200);
-    CHECK(r && num(r, "tokens_predicted") == 220 && !strcmp(str(r, "stop_type"), "limit"));
-    CHECK(r && num(obj(r, "generation_settings"), "n_predict_max") == 220);
-    CHECK(r && num(obj(r, "generation_settings"), "n_predict") == -1);
+    CHECK(r && tc_num(r, "tokens_predicted") == 220 && !strcmp(tc_str(r, "stop_type"), "limit"));
+    CHECK(r && tc_num(tc_obj(r, "generation_settings"), "n_predict_max") == 220);
+    CHECK(r && tc_num(tc_obj(r, "generation_settings"), "n_predict") == -1);
     cJSON_Delete(r);
     r = post("{\"prompt\": \"the cat\", \"ignore_eos\": 1}", &st);
     CHECK_EQ_INT(st, 400);
-    CHECK(r && !strcmp(str(obj(r, "error"), "field"), "ignore_eos"));
+    CHECK(r && !strcmp(tc_str(tc_obj(r, "error"), "field"), "ignore_eos"));
     cJSON_Delete(r);
 }
 
@@ -347,13 +275,13 @@ static void test_spans(kvs_model *m) {
     snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 6, %s}", prompt, body);
     cJSON *plain = post(req, &st);
     CHECK_EQ_INT(st, 200);
-    const cJSON *vs = obj(r, "variants"), *vp = obj(plain, "variants");
+    const cJSON *vs = tc_obj(r, "variants"), *vp = tc_obj(plain, "variants");
     for (int v = 0; v < 3; v++) {
         const cJSON *a = cJSON_GetArrayItem(vs, v), *b = cJSON_GetArrayItem(vp, v);
         CHECK_MSG(same_tokens(a, b), "variant %d: asking for kv_spans changed the output", v);
-        CHECK(num(obj(a, "kv"), "tokens_after") == num(obj(b, "kv"), "tokens_after"));
-        CHECK(!obj(obj(b, "kv"), "span_kept"));
-        const cJSON *sk = obj(obj(a, "kv"), "span_kept");
+        CHECK(tc_num(tc_obj(a, "kv"), "tokens_after") == tc_num(tc_obj(b, "kv"), "tokens_after"));
+        CHECK(!tc_obj(tc_obj(b, "kv"), "span_kept"));
+        const cJSON *sk = tc_obj(tc_obj(a, "kv"), "span_kept");
         CHECK_EQ_INT(cJSON_GetArraySize(sk), 3);
         for (int k = 0; k < 3; k++) {
             const cJSON *row = cJSON_GetArrayItem(sk, k);
@@ -376,20 +304,20 @@ static void test_spans(kvs_model *m) {
     cJSON_Delete(plain);
     r = post("{\"prompt\": [2, 270, 271], \"n_predict\": 2, \"kv_spans\": [{\"start\": 0, \"end\": 1}]}", &st);
     CHECK_EQ_INT(st, 400);
-    CHECK(r && !strcmp(str(obj(r, "error"), "field"), "kv_spans"));
+    CHECK(r && !strcmp(tc_str(tc_obj(r, "error"), "field"), "kv_spans"));
     cJSON_Delete(r);
     r = post("{\"prompt\": \"the cat\", \"kv_spans\": [{\"start\": 3, \"end\": 2}]}", &st);
     CHECK_EQ_INT(st, 400);
-    CHECK(r && !strcmp(str(obj(r, "error"), "field"), "kv_spans[0].end"));
+    CHECK(r && !strcmp(tc_str(tc_obj(r, "error"), "field"), "kv_spans[0].end"));
     cJSON_Delete(r);
     r = post("{\"prompt\": \"the cat\", \"kv_spans\": [{\"start\": 0, \"end\": 99}]}", &st);
     CHECK_EQ_INT(st, 400);
-    CHECK(r && !strcmp(str(obj(r, "error"), "field"), "kv_spans[0].end"));
+    CHECK(r && !strcmp(tc_str(tc_obj(r, "error"), "field"), "kv_spans[0].end"));
     cJSON_Delete(r);
     /* no kv_compression: kv describes the plain cache, every share 1 */
     r = post("{\"prompt\": \"the cat is on\", \"n_predict\": 2, \"kv_spans\": [{\"start\": 4, \"end\": 7}]}", &st);
     CHECK_EQ_INT(st, 200);
-    const cJSON *row = cJSON_GetArrayItem(obj(obj(r, "kv"), "span_kept"), 0);
+    const cJSON *row = cJSON_GetArrayItem(tc_obj(tc_obj(r, "kv"), "span_kept"), 0);
     CHECK_EQ_INT(cJSON_GetArraySize(row), 6);
     for (int l = 0; l < 6; l++) CHECK(cJSON_GetArrayItem(row, l) && cJSON_GetArrayItem(row, l)->valuedouble == 1.0);
     cJSON_Delete(r);
@@ -458,26 +386,26 @@ static void test_queue_full(kvs_model *m) {
     kvs_server *srv = NULL;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) return;
-    int saved = g_port;
-    g_port = kvs_server_port(srv);
+    int saved = g_srv.port;
+    g_srv.port = kvs_server_port(srv);
     srv_slot_acquire(srv);
     job_t j = {"{\"prompt\": \"the cat\", \"n_predict\": 3}", 0, NULL};
     pthread_t th;
     pthread_create(&th, NULL, post_job, &j);
     CHECK(wait_metric("kvsieve_requests_waiting", 1, 20000) == 1);
-    char ra[32] = "", *body = NULL;
-    long st = http_full("POST", "/completion", "{\"prompt\": \"the cat\", \"n_predict\": 3}", &body, ra);
+    tc_reply a;
+    long st = tc_request(&g_srv, "POST", "/completion", "{\"prompt\": \"the cat\", \"n_predict\": 3}", NULL, &a);
     CHECK_EQ_INT(st, 503);
-    CHECK_MSG(atoi(ra) >= 1, "Retry-After '%s'", ra);
-    CHECK(strstr(body, "queue is full"));
-    free(body);
+    CHECK_MSG(atoi(a.retry_after) >= 1, "Retry-After '%s'", a.retry_after);
+    CHECK(strstr(a.body, "queue is full"));
+    tc_reply_free(&a);
     CHECK(metric("kvsieve_requests_rejected_queue_full_total") == 1);
     srv_slot_release(srv);
     pthread_join(th, NULL);
     CHECK_EQ_INT(j.status, 200);
     cJSON_Delete(j.r);
     kvs_server_stop(srv);
-    g_port = saved;
+    g_srv.port = saved;
 }
 
 /* 1100 idle connections: the server's descriptors go past FD_SETSIZE (1024). */
@@ -508,7 +436,7 @@ static void test_many_connections(void) {
     cJSON *r = post("{\"prompt\": \"the cat\", \"n_predict\": 5}", &st);
     CHECK_MSG(st == 200, "with %d idle connections a request got %ld", open_n, st);
     cJSON_Delete(r);
-    CHECK_EQ_INT(http_full("GET", "/health", NULL, NULL, NULL), 200);
+    CHECK_EQ_INT(tc_status(&g_srv, "GET", "/health", NULL), 200);
     /* one of the idle connections (a high descriptor on the server) still works */
     const char get[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     int last = fds[C - 1];
@@ -544,7 +472,7 @@ static void *load_client(void *p) {
     }
     cJSON *r = post(g_kind_req[c->kind], &c->status);
     c->ok = c->status == 200 && r && g_serial[c->kind] && same_tokens(r, g_serial[c->kind]);
-    const cJSON *va = obj(r, "variants"), *vb = obj(g_serial[c->kind], "variants");
+    const cJSON *va = tc_obj(r, "variants"), *vb = tc_obj(g_serial[c->kind], "variants");
     for (int v = 0; v < cJSON_GetArraySize(vb); v++)
         c->ok &= same_tokens(cJSON_GetArrayItem(va, v), cJSON_GetArrayItem(vb, v));
     cJSON_Delete(r);
@@ -597,12 +525,10 @@ static void test_load(void) {
     double c1 = wait_metric(M_CANCEL_DISC, c0 + n_hang, 30000);
     CHECK_MSG(c1 - c0 == n_hang, "%d clients hung up, %g cancellations counted", n_hang, c1 - c0);
     CHECK(metric("kvsieve_batch_size") == 0);
-    long h;
-    char *body = NULL;
-    h = http_full("GET", "/health", NULL, &body, NULL);
-    CHECK_EQ_INT(h, 200);
-    CHECK(strstr(body, "\"ok\""));
-    free(body);
+    tc_reply h;
+    CHECK_EQ_INT(tc_request(&g_srv, "GET", "/health", NULL, NULL, &h), 200);
+    CHECK(strstr(h.body, "\"ok\""));
+    tc_reply_free(&h);
     CHECK(metric("kvsieve_requests_waiting") == 0 && metric("kvsieve_requests_processing") == 0);
     printf("load: %d clients, %d hung up, %d completed, %d equal to their serial answer\n", LOAD_CLIENTS, n_hang,
            completed, equal);
@@ -623,21 +549,19 @@ static double cache_bytes(kvs_model *m, int t, char *type_name, size_t n) {
     kvs_server *srv = NULL;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) return NAN;
-    int saved = g_port;
-    g_port = kvs_server_port(srv);
+    int saved = g_srv.port;
+    g_srv.port = kvs_server_port(srv);
     long st;
     cJSON *r = post("{\"prompt\": \"the cat is on the cat\", \"n_predict\": 3}", &st);
     CHECK_EQ_INT(st, 200);
-    double b = r ? num(obj(r, "kv"), "bytes_before") : NAN;
+    double b = r ? tc_num(tc_obj(r, "kv"), "bytes_before") : NAN;
     cJSON_Delete(r);
-    char *body = NULL;
-    CHECK_EQ_INT(http_full("GET", "/v1/models", NULL, &body, NULL), 200);
-    cJSON *mj = cJSON_Parse(body);
-    snprintf(type_name, n, "%s", str(obj(cJSON_GetArrayItem(obj(mj, "data"), 0), "meta"), "cache_type"));
+    cJSON *mj = tc_call(&g_srv, "GET", "/v1/models", NULL, NULL, &st);
+    CHECK_EQ_INT(st, 200);
+    snprintf(type_name, n, "%s", tc_str(tc_obj(cJSON_GetArrayItem(tc_obj(mj, "data"), 0), "meta"), "cache_type"));
     cJSON_Delete(mj);
-    free(body);
     kvs_server_stop(srv);
-    g_port = saved;
+    g_srv.port = saved;
     return b;
 }
 
@@ -680,8 +604,8 @@ static void test_drain_timeout(kvs_model *m) {
     kvs_server *srv = NULL;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) return;
-    int saved = g_port;
-    g_port = kvs_server_port(srv);
+    int saved = g_srv.port;
+    g_srv.port = kvs_server_port(srv);
     srv_slot_acquire(srv);
     srv_slot_acquire(srv); /* never released: only the timeout can end these */
     job_t j[2] = {{"{\"prompt\": \"the cat\", \"n_predict\": 3}", 0, NULL},
@@ -694,12 +618,12 @@ static void test_drain_timeout(kvs_model *m) {
     for (int i = 0; i < 2; i++) {
         pthread_join(th[i], NULL);
         CHECK_MSG(j[i].status == 503, "queued request %d at the drain timeout: %ld", i, j[i].status);
-        CHECK(j[i].r && strstr(str(obj(j[i].r, "error"), "message"), "shutting down"));
+        CHECK(j[i].r && strstr(tc_str(tc_obj(j[i].r, "error"), "message"), "shutting down"));
         cJSON_Delete(j[i].r);
     }
     pthread_join(stopper, NULL);
-    CHECK_EQ_INT(http_full("GET", "/health", NULL, NULL, NULL), 0);
-    g_port = saved;
+    CHECK_EQ_INT(tc_status(&g_srv, "GET", "/health", NULL), 0);
+    g_srv.port = saved;
 }
 
 int main(void) {
@@ -728,7 +652,7 @@ int main(void) {
     cfg.batch = 64;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) goto done;
-    g_port = kvs_server_port(srv);
+    g_srv.port = kvs_server_port(srv);
     test_batch_equality();
     test_ignore_eos(m);
     test_spans(m);

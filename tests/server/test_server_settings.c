@@ -31,6 +31,7 @@
 #include "kvs_server.h"
 #include "test_util.h"
 #include "backend/tiny_model.h"
+#include "server/http_client.h"
 
 #include "kvsieve_methods.h"
 
@@ -39,64 +40,7 @@
 #include <math.h>
 #include <unistd.h>
 
-static int g_port;
-
-typedef struct {
-    char *data;
-    size_t len;
-} buf_t;
-
-static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
-    buf_t *b = ud;
-    size_t k = sz * n;
-    char *nb = realloc(b->data, b->len + k + 1);
-    if (!nb) return 0;
-    memcpy(nb + b->len, p, k);
-    b->data = nb;
-    b->len += k;
-    b->data[b->len] = 0;
-    return k;
-}
-
-/* One HTTP call; the parsed JSON body (NULL if not JSON), the status in *status. */
-static cJSON *call(const char *method, const char *path, const char *json, long *status) {
-    CURL *c = curl_easy_init();
-    buf_t b = {NULL, 0};
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *h = NULL;
-    if (json) {
-        h = curl_slist_append(h, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(json));
-    }
-    if (h) curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    *status = 0;
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    cJSON *r = b.data ? cJSON_Parse(b.data) : NULL;
-    if (!r || *status != 200)
-        fprintf(stderr, "%s %s -> %ld: %.400s\n", method, path, *status, b.data ? b.data : "");
-    free(b.data);
-    return r;
-}
-
-static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
-static double num(const cJSON *o, const char *k) {
-    const cJSON *it = obj(o, k);
-    return cJSON_IsNumber(it) ? it->valuedouble : NAN;
-}
-static const char *str(const cJSON *o, const char *k) {
-    const cJSON *it = obj(o, k);
-    return cJSON_IsString(it) ? it->valuestring : "";
-}
+static tc_server g_srv = {.timeout_s = 120, .log_non_200 = 1}; /* the port set once started */
 
 /* A prompt of n token ids (after BOS 2) as JSON text into buf, no brackets. */
 static void ids_text(char *buf, size_t cap, int n, uint64_t seed) {
@@ -114,7 +58,8 @@ static char *print(const cJSON *j) { return j ? cJSON_PrintUnformatted(j) : NULL
 static char *kept_rows(const cJSON *v) {
     cJSON *a = cJSON_CreateArray();
     const cJSON *l;
-    cJSON_ArrayForEach(l, obj(obj(v, "kv"), "layers")) cJSON_AddItemToArray(a, cJSON_CreateNumber(num(l, "tokens_after")));
+    cJSON_ArrayForEach(l, tc_obj(tc_obj(v, "kv"), "layers"))
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(tc_num(l, "tokens_after")));
     char *t = print(a);
     cJSON_Delete(a);
     return t;
@@ -138,10 +83,10 @@ static void test_settings(int n_suffix_words, int exact) {
     /* the suffix's tokens, as the server tokenizes a suffix (no BOS) */
     long st;
     snprintf(body, sizeof body, "{\"content\": \"%s\", \"add_special\": false}", sfx);
-    cJSON *tk = call("POST", "/tokenize", body, &st);
+    cJSON *tk = tc_call(&g_srv, "POST", "/tokenize", body, NULL, &st);
     CHECK(st == 200);
-    char *qt = print(obj(tk, "tokens"));
-    const int nq = cJSON_GetArraySize(obj(tk, "tokens"));
+    char *qt = print(tc_obj(tk, "tokens"));
+    const int nq = cJSON_GetArraySize(tc_obj(tk, "tokens"));
     CHECK(qt && nq > 0);
     if (!qt || nq <= 0) goto out;
     /* today: the query-aware request (suffix inside the prompt), the query-agnostic one */
@@ -150,7 +95,7 @@ static void test_settings(int n_suffix_words, int exact) {
     snprintf(kv + at, sizeof kv - at, "]");
     snprintf(body, sizeof body, "{\"prompt\": [%s,%.*s], \"max_tokens\": 12, \"kv_compression\": %s}", ids,
              (int)strlen(qt) - 2, qt + 1, kv);
-    cJSON *aware = call("POST", "/v1/completions", body, &st);
+    cJSON *aware = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
     CHECK(st == 200);
     at = (size_t)snprintf(kv, sizeof kv, "[");
     for (int i = 0; i < NV; i++)
@@ -158,7 +103,7 @@ static void test_settings(int n_suffix_words, int exact) {
                                (int)strlen(VARS[i]) - 1, VARS[i], sfx);
     snprintf(kv + at, sizeof kv - at, "]");
     snprintf(body, sizeof body, "{\"prompt\": [%s], \"max_tokens\": 12, \"kv_compression\": %s}", ids, kv);
-    cJSON *agn = call("POST", "/v1/completions", body, &st);
+    cJSON *agn = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
     CHECK(st == 200);
     /* one request: agnostic variants, then aware ones */
     at = (size_t)snprintf(kv, sizeof kv, "[");
@@ -168,23 +113,23 @@ static void test_settings(int n_suffix_words, int exact) {
                                    (int)strlen(VARS[i]) - 1, VARS[i], sfx, k ? ", \"compress_suffix\": true" : "");
     snprintf(kv + at, sizeof kv - at, "]");
     snprintf(body, sizeof body, "{\"prompt\": [%s], \"max_tokens\": 12, \"kv_compression\": %s}", ids, kv);
-    cJSON *both = call("POST", "/v1/completions", body, &st);
+    cJSON *both = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
     CHECK(st == 200);
-    const cJSON *vb = obj(both, "variants");
+    const cJSON *vb = tc_obj(both, "variants");
     for (int k = 0; k < 2 && vb; k++)
         for (int i = 0; i < NV; i++) {
-            const cJSON *today = cJSON_GetArrayItem(obj(k ? aware : agn, "variants"), i);
+            const cJSON *today = cJSON_GetArrayItem(tc_obj(k ? aware : agn, "variants"), i);
             const cJSON *one = cJSON_GetArrayItem(vb, k * NV + i);
-            char *ta = print(obj(today, "tokens")), *tb = print(obj(one, "tokens"));
+            char *ta = print(tc_obj(today, "tokens")), *tb = print(tc_obj(one, "tokens"));
             char *ra = kept_rows(today), *rb = kept_rows(one);
             CHECK_MSG(ra && rb && !strcmp(ra, rb), "%s %s (suffix %d tokens): kept rows %s, today %s", VARS[i],
                       k ? "query-aware" : "query-agnostic", nq, rb, ra);
             if (exact || !k)
                 CHECK_MSG(ta && tb && !strcmp(ta, tb), "%s %s (suffix %d tokens): tokens %s, today %s", VARS[i],
                           k ? "query-aware" : "query-agnostic", nq, tb, ta);
-            CHECK(num(obj(one, "kv"), "n_prompt") == num(obj(today, "kv"), "n_prompt"));
-            CHECK(num(obj(one, "timings"), "prompt_n") == num(obj(today, "timings"), "prompt_n"));
-            CHECK(k == 0 || strstr(str(obj(one, "kv"), "note"), "tokenized apart"));
+            CHECK(tc_num(tc_obj(one, "kv"), "n_prompt") == tc_num(tc_obj(today, "kv"), "n_prompt"));
+            CHECK(tc_num(tc_obj(one, "timings"), "prompt_n") == tc_num(tc_obj(today, "timings"), "prompt_n"));
+            CHECK(k == 0 || strstr(tc_str(tc_obj(one, "kv"), "note"), "tokenized apart"));
             free(ta);
             free(tb);
             free(ra);
@@ -193,12 +138,13 @@ static void test_settings(int n_suffix_words, int exact) {
     /* one variant alone extends the prefill itself: the same as its place in the list */
     snprintf(body, sizeof body, "{\"prompt\": [%s], \"max_tokens\": 12, \"kv_compression\": {\"method\": \"snapkv\", "
              "\"ratio\": 0.5, \"params\": {\"window\": 8}, \"suffix\": \"%s\", \"compress_suffix\": true}}", ids, sfx);
-    cJSON *alone = call("POST", "/v1/completions", body, &st);
+    cJSON *alone = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
     CHECK(st == 200);
-    const cJSON *c0 = cJSON_GetArrayItem(obj(alone, "choices"), 0);
-    CHECK(vb && c0 && !strcmp(str(c0, "text"), str(cJSON_GetArrayItem(vb, NV + 1), "content")));
-    CHECK(num(obj(alone, "timings"), "prompt_n") == 90 + nq);
-    CHECK(num(obj(alone, "kv"), "tokens_after") == num(obj(cJSON_GetArrayItem(vb, NV + 1), "kv"), "tokens_after"));
+    const cJSON *c0 = cJSON_GetArrayItem(tc_obj(alone, "choices"), 0);
+    CHECK(vb && c0 && !strcmp(tc_str(c0, "text"), tc_str(cJSON_GetArrayItem(vb, NV + 1), "content")));
+    CHECK(tc_num(tc_obj(alone, "timings"), "prompt_n") == 90 + nq);
+    CHECK(tc_num(tc_obj(alone, "kv"), "tokens_after") ==
+          tc_num(tc_obj(cJSON_GetArrayItem(vb, NV + 1), "kv"), "tokens_after"));
     cJSON_Delete(alone);
     cJSON_Delete(aware);
     cJSON_Delete(agn);
@@ -220,29 +166,29 @@ static void test_same_as(void) {
              "{\"method\": \"full\", \"ratio\": 0.25, \"suffix\": \"ab ab\"}]}",
              ids);
     long st;
-    cJSON *r = call("POST", "/v1/completions", body, &st);
+    cJSON *r = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
     CHECK(st == 200);
-    const cJSON *v = obj(r, "variants");
+    const cJSON *v = tc_obj(r, "variants");
     static const int want[] = {-1, -1, 0, 1, -1, -1, 5};
     for (int i = 0; i < 7 && v; i++) {
-        const cJSON *x = cJSON_GetArrayItem(v, i), *sa = obj(x, "same_as");
+        const cJSON *x = cJSON_GetArrayItem(v, i), *sa = tc_obj(x, "same_as");
         const int got = cJSON_IsNumber(sa) ? sa->valueint : -1;
         CHECK_MSG(got == want[i] && (got >= 0 || cJSON_IsNull(sa)), "variant %d: same_as %d, want %d", i, got, want[i]);
         if (want[i] < 0) continue;
         const cJSON *p = cJSON_GetArrayItem(v, want[i]);
-        char *a = print(obj(x, "tokens")), *b = print(obj(p, "tokens"));
-        CHECK(a && b && !strcmp(a, b) && !strcmp(str(x, "content"), str(p, "content")));
+        char *a = print(tc_obj(x, "tokens")), *b = print(tc_obj(p, "tokens"));
+        CHECK(a && b && !strcmp(a, b) && !strcmp(tc_str(x, "content"), tc_str(p, "content")));
         free(a);
         free(b);
-        CHECK(num(obj(x, "kv"), "tokens_after") == num(obj(p, "kv"), "tokens_after"));
-        CHECK(num(obj(x, "kv"), "compress_ms") >= 0);
+        CHECK(tc_num(tc_obj(x, "kv"), "tokens_after") == tc_num(tc_obj(p, "kv"), "tokens_after"));
+        CHECK(tc_num(tc_obj(x, "kv"), "compress_ms") >= 0);
     }
     /* what a variant alone decodes: the alias's output is its own */
     snprintf(body, sizeof body, "{\"prompt\": [%s], \"max_tokens\": 10, \"kv_compression\": "
              "{\"method\": \"snapkv\", \"ratio\": 0.5}}", ids);
-    cJSON *alone = call("POST", "/v1/completions", body, &st);
-    const cJSON *c0 = cJSON_GetArrayItem(obj(alone, "choices"), 0);
-    CHECK(v && c0 && !strcmp(str(c0, "text"), str(cJSON_GetArrayItem(v, 3), "content")));
+    cJSON *alone = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
+    const cJSON *c0 = cJSON_GetArrayItem(tc_obj(alone, "choices"), 0);
+    CHECK(v && c0 && !strcmp(tc_str(c0, "text"), tc_str(cJSON_GetArrayItem(v, 3), "content")));
     cJSON_Delete(alone);
     cJSON_Delete(r);
 }
@@ -342,10 +288,10 @@ static void test_extend_prompt(kvs_model *m, int np, int nq) {
 
 static void expect_400(const char *body, const char *field) {
     long st;
-    cJSON *r = call("POST", "/v1/completions", body, &st);
-    const cJSON *e = r ? obj(r, "error") : NULL;
-    CHECK_MSG(st == 400 && e && !strcmp(str(e, "field"), field), "%s: status %ld, field %s, want %s", body, st,
-              e ? str(e, "field") : "-", field);
+    cJSON *r = tc_call(&g_srv, "POST", "/v1/completions", body, NULL, &st);
+    const cJSON *e = r ? tc_obj(r, "error") : NULL;
+    CHECK_MSG(st == 400 && e && !strcmp(tc_str(e, "field"), field), "%s: status %ld, field %s, want %s", body, st,
+              e ? tc_str(e, "field") : "-", field);
     cJSON_Delete(r);
 }
 
@@ -375,7 +321,7 @@ int main(int argc, char **argv) {
     cfg.n_ctx = 256;
     CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
     if (!srv) goto done;
-    g_port = kvs_server_port(srv);
+    g_srv.port = kvs_server_port(srv);
     test_settings(70, 1); /* > 64 tokens: the extension runs through the prefill kernels */
     test_settings(12, 1); /* the decode kernels: here the same tokens too (equal up to rounding in general) */
     test_same_as();

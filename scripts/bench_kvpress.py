@@ -288,6 +288,7 @@ class KvpressSide:
         from transformers import pipeline
         self.pipe = pipeline("kv-press-text-generation", model=self.model, tokenizer=self.tok)
         lm = self.model.model.language_model if hasattr(self.model.model, "language_model") else self.model.model
+        self.lm = lm
         self.attn = [ly.self_attn for ly in lm.layers]
         self.load_s = time.perf_counter() - t0
         self.errors = {}  # (mode, method) -> kvpress's error
@@ -352,14 +353,23 @@ class KvpressSide:
                     self._clear_masks()
                     c = copy.deepcopy(cache)
                     p = self.press(v)
-                    if p is not None:
-                        p.post_init_from_model(self.model)
-                        for l in sorted(rec):
-                            module, kw, o = rec[l]
-                            p.forward_hook(module, [], dict(kw, past_key_values=c), o)
+                    try:
+                        if p is not None:
+                            # what `with press(model)` sets up before its hooks run
+                            # (presses such as ExpectedAttention read module.rotary_emb)
+                            p.post_init_from_model(self.model)
+                            for l in sorted(rec):
+                                module, kw, o = rec[l]
+                                module.rotary_emb = self.lm.rotary_emb
+                                p.forward_hook(module, [], dict(kw, past_key_values=c), o)
+                        failed = None
+                    except Exception as exc:  # the press's own failure, as in grid
+                        failed = exc
                     t1 = time.perf_counter()
                     t["copy+compress"] += t1 - t0
                     try:
+                        if failed is not None:
+                            raise failed
                         ans = self.pipe.generate_answer(question_ids=q, cache=c, context_length=n,
                                                         max_new_tokens=cap)
                     except Exception as exc:  # as in grid

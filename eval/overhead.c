@@ -484,27 +484,6 @@ typedef struct {
     uint64_t sink[64]; /* per worker, so the reads are not optimised away */
 } gather_job;
 
-/* The key norms of DOM_NORM: rows in tiles of 64, squares summed in 8
- * lanes (vectorised), out [Hkv][N]. */
-static void key_norms(const kvs_view *x, float *rows, float *out) {
-    const int N = x->n_tokens, d = x->head_dim;
-    for (int h = 0; h < x->n_heads; h++)
-        for (int n0 = 0; n0 < N; n0 += 64) {
-            const int cnt = N - n0 < 64 ? N - n0 : 64;
-            kvs_view_rows_f32(x, h, n0, cnt, rows);
-            for (int i = 0; i < cnt; i++) {
-                const float *r = rows + (size_t)i * d;
-                float acc[8] = {0};
-                int t = 0;
-                for (; t + 8 <= d; t += 8)
-                    for (int k = 0; k < 8; k++) acc[k] += r[t + k] * r[t + k];
-                for (; t < d; t++) acc[0] += r[t] * r[t];
-                out[(size_t)h * N + n0 + i] =
-                    sqrtf(((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
-            }
-        }
-}
-
 static uint64_t read_words(const kvs_view *x) {
     const size_t es = kvs_dtype_size(x->dtype);
     uint64_t acc = 0;
@@ -519,6 +498,19 @@ static uint64_t read_words(const kvs_view *x) {
         }
     }
     return acc;
+}
+
+/* The key norms of DOM_NORM: rows in tiles of 64, kvs_part_sumsq (the
+ * scorers' reduction), out [Hkv][N]. */
+static void key_norms(const kvs_view *x, float *rows, float *out) {
+    const int N = x->n_tokens, d = x->head_dim;
+    for (int h = 0; h < x->n_heads; h++)
+        for (int n0 = 0; n0 < N; n0 += 64) {
+            const int cnt = N - n0 < 64 ? N - n0 : 64;
+            kvs_view_rows_f32(x, h, n0, cnt, rows);
+            for (int i = 0; i < cnt; i++)
+                out[(size_t)h * N + n0 + i] = sqrtf(kvs_part_sumsq(rows + (size_t)i * d, d));
+        }
 }
 
 static kvs_status gather_unit(void *job, int tid, int u, kvs_err *err) {

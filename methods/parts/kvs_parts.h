@@ -98,6 +98,13 @@ typedef struct {
 /* Value of parameter `name` of method m, or `absent` when m does not declare it. */
 double kvs_part_param(const kvs_method *m, const kvs_params *p, const char *name, double absent);
 
+/* Row reductions of the linear scorers (part_rows.c): sum of squares and
+ * dot product of fp32 rows [d] in fp32, and the sum of squares in double;
+ * a fixed lane order (vectorised), the same result on every machine. */
+float kvs_part_sumsq(const float *r, int d);
+float kvs_part_dot(const float *a, const float *b, int d);
+double kvs_part_sumsq_f64(const float *r, int d);
+
 /* ---- scorers --------------------------------------------------------------- */
 
 typedef struct {

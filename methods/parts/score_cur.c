@@ -20,17 +20,31 @@
  *     here its tokens get 0;
  *   - kvpress's use_random_leverage (a Gaussian projection of K and V to
  *     20 columns, unseeded, off by default) is not offered.
- * Reads K and V only; sums in double. Memory [N][d] floats, 2 [N] doubles.
+ * Reads K and V only. Cost one pass over K and V: the squared norms in one
+ * parallel run per layer over units of 256 rows of one head and K|V on the
+ * shape's threads (rows converted in tiles of 64; squares summed in double
+ * in kvs_part_sumsq_f64's lane order), then the windows and the product per
+ * head in token order; the result does not depend on the thread count.
+ * Memory [T][64][d] floats, 2 [Hkv][N] doubles.
  */
 #include "kvs_parts.h"
 
 #include <stdlib.h>
 
+enum { CUR_TILE = 64, CUR_UNIT = 256 }; /* rows per tile, rows per parallel unit */
+
 typedef struct {
     const kvs_part_ctx *c;
-    float *rows;      /* [N][d] */
-    double *k2, *v2;  /* [N] */
+    int T;           /* workers */
+    float *rows;     /* [T][CUR_TILE][d] */
+    double *k2, *v2; /* [Hkv][N] */
 } cur_state;
+
+typedef struct {
+    cur_state *st;
+    const kvs_layer *in;
+    int per_head; /* units per head */
+} cur_job;
 
 static void cur_destroy(void *state) {
     cur_state *st = state;
@@ -43,30 +57,43 @@ static void cur_destroy(void *state) {
 
 static kvs_status cur_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
     const size_t N = (size_t)c->shape.n_tokens, d = (size_t)c->shape.head_dim;
+    const size_t H = (size_t)c->shape.n_kv_heads;
     cur_state *st = calloc(1, sizeof *st);
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     st->c = c;
-    st->rows = malloc(sizeof(float) * N * d);
-    st->k2 = malloc(sizeof(double) * N);
-    st->v2 = malloc(sizeof(double) * N);
+    st->T = kvs_parallel_threads(c->shape.threads, 64);
+    st->rows = malloc(sizeof(float) * (size_t)st->T * CUR_TILE * d);
+    st->k2 = malloc(sizeof(double) * H * N);
+    st->v2 = malloc(sizeof(double) * H * N);
     if (!st->rows || !st->k2 || !st->v2) {
         cur_destroy(st);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [N=%zu][d=%zu] rows", N, d);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [Hkv=%zu][N=%zu] norms", H, N);
     }
     *state = st;
     return KVS_OK;
 }
 
-/* Squared row norms of head h of view x into out [N], then the local
- * normalisation by windows of w (w = 0: none). */
-static void sq_norms(cur_state *st, const kvs_view *x, int h, int N, int d, int w, double *out) {
-    kvs_view_rows_f32(x, h, 0, N, st->rows);
-    for (int j = 0; j < N; j++) {
-        double s = 0.0;
-        const float *r = st->rows + (size_t)j * d;
-        for (int c = 0; c < d; c++) s += (double)r[c] * r[c];
-        out[j] = s;
+/* Unit u: squared norms of rows [n0, n0 + CUR_UNIT) of head (u / 2) /
+ * per_head, of K (u even) or V. */
+static kvs_status cur_unit(void *job, int tid, int u, kvs_err *err) {
+    (void)err;
+    const cur_job *j = job;
+    cur_state *st = j->st;
+    const kvs_view *x = u % 2 ? &j->in->v : &j->in->k;
+    const int N = x->n_tokens, d = x->head_dim, h = (u / 2) / j->per_head;
+    const int n0 = ((u / 2) % j->per_head) * CUR_UNIT, n1 = n0 + CUR_UNIT < N ? n0 + CUR_UNIT : N;
+    float *rows = st->rows + (size_t)tid * CUR_TILE * d;
+    double *out = (u % 2 ? st->v2 : st->k2) + (size_t)h * N;
+    for (int t0 = n0; t0 < n1; t0 += CUR_TILE) {
+        const int cnt = n1 - t0 < CUR_TILE ? n1 - t0 : CUR_TILE;
+        kvs_view_rows_f32(x, h, t0, cnt, rows);
+        for (int i = 0; i < cnt; i++) out[t0 + i] = kvs_part_sumsq_f64(rows + (size_t)i * d, d);
     }
+    return KVS_OK;
+}
+
+/* The local normalisation of out [N] by windows of w (w = 0: none). */
+static void local_norm(double *out, int N, int w) {
     if (w <= 0) return;
     for (int a = 0; a < N; a += w) {
         const int e = a + w < N ? a + w : N;
@@ -79,25 +106,28 @@ static void sq_norms(cur_state *st, const kvs_view *x, int h, int N, int d, int 
 static kvs_status cur_score(void *state, int layer, const kvs_layer *in, float *scores,
                             kvs_err *err) {
     (void)layer;
-    (void)err;
     cur_state *st = state;
     const kvs_part_ctx *c = st->c;
-    const int N = c->shape.n_tokens, H = c->shape.n_kv_heads, d = c->shape.head_dim;
+    const int N = c->shape.n_tokens, H = c->shape.n_kv_heads;
     int s = (int)kvs_part_param(c->m, c->p, "sinks", 0);
     const int type = (int)kvs_part_param(c->m, c->p, "leverage_type", 0);
     const int w = (int)kvs_part_param(c->m, c->p, "local_window", 16);
     if (s > N) s = N;
+    cur_job job = {st, in, (N + CUR_UNIT - 1) / CUR_UNIT};
+    kvs_status rc = kvs_parallel_run(&job, cur_unit, 2 * H * job.per_head, st->T, "cur", err);
+    if (rc) return rc;
     for (int h = 0; h < H; h++) {
         float *row = scores + (size_t)h * N; /* [N] */
-        sq_norms(st, &in->k, h, N, d, w, st->k2);
-        sq_norms(st, &in->v, h, N, d, w, st->v2);
+        double *k2 = st->k2 + (size_t)h * N, *v2 = st->v2 + (size_t)h * N;
+        local_norm(k2, N, w);
+        local_norm(v2, N, w);
         double z = 0.0;
         for (int j = 0; j < N; j++) {
-            const double a = st->k2[j], b = st->v2[j];
-            st->k2[j] = type == 1 ? a : type == 2 ? b : type == 3 ? (a + b) / 2 : a * b;
-            z += st->k2[j];
+            const double a = k2[j], b = v2[j];
+            k2[j] = type == 1 ? a : type == 2 ? b : type == 3 ? (a + b) / 2 : a * b;
+            z += k2[j];
         }
-        for (int j = 0; j < N; j++) row[j] = z > 0 ? (float)(st->k2[j] / z) : 0.0f;
+        for (int j = 0; j < N; j++) row[j] = z > 0 ? (float)(k2[j] / z) : 0.0f;
         for (int j = 0; j < s; j++) row[j] = 1.0f;
     }
     return KVS_OK;

@@ -28,12 +28,13 @@
  *     (the later token ranks higher); torch's argsort leaves them open.
  *   - Sinks and the tail score 1 as in kvpress; the pick rule keeps them
  *     first (ties: lower index), whatever keep rules the composition has.
- * Reads K and V only. Cost: one parallel run per layer over the (KV head,
- * partition) units on the shape's threads, each converting its partition
- * and the reference (2L rows of K and of V) to fp32; per channel the
+ * Reads K and V only. Cost: one parallel run per layer over (KV head, group
+ * of 4 partitions) units on the shape's threads, each converting its rows
+ * of K and V to fp32 once (a two-partition ring: own, reference); per
+ * channel the
  * reciprocal of the reference's range is taken once (x = (K - min) * inv,
  * not a division per element), and the sums of x and x^2 over the channels
- * run in 4 lanes (AVX where built with it, the same order without): the
+ * run in 8 lanes (AVX where built with it, the same order without): the
  * result does not depend on the thread count or the build. Memory per
  * worker [2L][d] floats for K and V, [d] and [L] doubles.
  */
@@ -49,7 +50,7 @@
 typedef struct {
     const kvs_part_ctx *c;
     int T, R;              /* workers; rows per worker buffer, min(2 lag, N) */
-    float *krows, *vrows;  /* [T][R][d] a partition and its reference */
+    float *krows, *vrows;  /* [T][R][d] two partitions (a ring: own, reference) */
     double *lo, *inv;      /* [T][d] */
     double *sk, *sv;       /* [T][lag] */
 } lag_state;
@@ -59,7 +60,10 @@ typedef struct {
     const kvs_layer *in;
     float *scores; /* [Hkv][N] */
     int s, L, P, cross;
+    int per_head; /* units per head: groups of LAG_GROUP partitions */
 } lag_job;
+
+enum { LAG_GROUP = 4 }; /* partitions per unit: each partition is converted once per unit */
 
 static void lag_destroy(void *state) {
     lag_state *st = state;
@@ -102,27 +106,45 @@ static kvs_status lag_create(const kvs_part_ctx *c, void **state, kvs_err *err) 
 /* The reference's channel ranges: lo[c] and inv[c] = 1 / (max - min) over
  * rows [L, 2L) (0 for a constant channel: it contributes x = 0). Min / max
  * are exact in fp32; 8 channels at a time kept in registers over the rows. */
-static void ref_range(const float *restrict rows, int d, int L, double *restrict lo,
-                      double *restrict inv) {
-    const float *ref = rows + (size_t)L * d;
-    int c = 0;
 #if defined(__AVX__)
-    for (; c + 8 <= d; c += 8) {
-        __m256 mn = _mm256_set1_ps(INFINITY), mx = _mm256_set1_ps(-INFINITY);
-        for (int t = 0; t < L; t++) {
-            const __m256 x = _mm256_loadu_ps(ref + (size_t)t * d + c);
-            mn = _mm256_min_ps(x, mn); /* x < mn ? x : mn, as the scalar loop */
-            mx = _mm256_max_ps(x, mx);
-        }
-        float a[8], b[8];
-        _mm256_storeu_ps(a, mn);
-        _mm256_storeu_ps(b, mx);
-        for (int k = 0; k < 8; k++) {
-            const double r = (double)b[k] - (double)a[k];
-            lo[c + k] = a[k];
-            inv[c + k] = r > 0 ? 1.0 / r : 0.0;
+/* Channels [c, c + 8 nb) of the reference, nb <= 4 blocks at once (their
+ * min / max chains overlap); _mm256_min_ps(x, m) is x < m ? x : m, as the
+ * scalar loop. */
+static void range_blocks(const float *restrict ref, int d, int L, int c, int nb, double *restrict lo,
+                         double *restrict inv) {
+    __m256 mn0 = _mm256_set1_ps(INFINITY), mn1 = mn0, mn2 = mn0, mn3 = mn0;
+    __m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0, mx2 = mx0, mx3 = mx0;
+    for (int t = 0; t < L; t++) {
+        const float *r = ref + (size_t)t * d + c;
+        const __m256 x0 = _mm256_loadu_ps(r);
+        mn0 = _mm256_min_ps(x0, mn0), mx0 = _mm256_max_ps(x0, mx0);
+        if (nb == 4) {
+            const __m256 x1 = _mm256_loadu_ps(r + 8), x2 = _mm256_loadu_ps(r + 16), x3 = _mm256_loadu_ps(r + 24);
+            mn1 = _mm256_min_ps(x1, mn1), mx1 = _mm256_max_ps(x1, mx1);
+            mn2 = _mm256_min_ps(x2, mn2), mx2 = _mm256_max_ps(x2, mx2);
+            mn3 = _mm256_min_ps(x3, mn3), mx3 = _mm256_max_ps(x3, mx3);
         }
     }
+    float a[32], e[32];
+    _mm256_storeu_ps(a, mn0), _mm256_storeu_ps(a + 8, mn1), _mm256_storeu_ps(a + 16, mn2), _mm256_storeu_ps(a + 24, mn3);
+    _mm256_storeu_ps(e, mx0), _mm256_storeu_ps(e + 8, mx1), _mm256_storeu_ps(e + 16, mx2), _mm256_storeu_ps(e + 24, mx3);
+    for (int k = 0; k < 8 * nb; k++) {
+        const double r = (double)e[k] - (double)a[k];
+        lo[c + k] = a[k];
+        inv[c + k] = r > 0 ? 1.0 / r : 0.0;
+    }
+}
+#endif
+
+/* The reference's channel ranges: lo[c] and inv[c] = 1 / (max - min) over
+ * its L rows ref [L][d] (0 for a constant channel: it contributes x = 0).
+ * Min / max are exact in fp32. */
+static void ref_range(const float *restrict ref, int d, int L, double *restrict lo,
+                      double *restrict inv) {
+    int c = 0;
+#if defined(__AVX__)
+    for (; c + 32 <= d; c += 32) range_blocks(ref, d, L, c, 4, lo, inv);
+    for (; c + 8 <= d; c += 8) range_blocks(ref, d, L, c, 1, lo, inv);
 #endif
     for (; c < d; c++) {
         float mn = INFINITY, mx = -INFINITY;
@@ -137,43 +159,55 @@ static void ref_range(const float *restrict rows, int d, int L, double *restrict
     }
 }
 
-/* The softmax over a partition rows [0, L) of the sigma of each token, with
- * rows [L, 2L) as the reference; rows [2L][d]; out [L]; worker tid's
- * scratch. x_c = (K[t][c] - lo_c) inv_c; the sums of x and x^2 in 4 lanes
- * (channel c in lane c mod 4), combined (l0 + l2) + (l1 + l3). */
-static void partition_score(lag_state *st, int tid, const float *restrict rows, int d, int L,
-                            double *restrict out) {
+/* Lanes of one token's sums: x_c = (r[c] - lo_c) inv_c, channel c in lane
+ * c mod 8 of s8 (x) and q8 (x^2), blocks of 8 then the tail. */
+static void token_sums(const float *restrict r, const double *restrict lo,
+                       const double *restrict inv, int d, double *s8, double *q8) {
+    int c = 0;
+#if defined(__AVX__)
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+    for (; c + 8 <= d; c += 8) {
+        const __m256d x0 = _mm256_mul_pd(
+            _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(r + c)), _mm256_loadu_pd(lo + c)),
+            _mm256_loadu_pd(inv + c));
+        const __m256d x1 = _mm256_mul_pd(
+            _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(r + c + 4)), _mm256_loadu_pd(lo + c + 4)),
+            _mm256_loadu_pd(inv + c + 4));
+        s0 = _mm256_add_pd(s0, x0);
+        s1 = _mm256_add_pd(s1, x1);
+        q0 = _mm256_add_pd(q0, _mm256_mul_pd(x0, x0));
+        q1 = _mm256_add_pd(q1, _mm256_mul_pd(x1, x1));
+    }
+    _mm256_storeu_pd(s8, s0);
+    _mm256_storeu_pd(s8 + 4, s1);
+    _mm256_storeu_pd(q8, q0);
+    _mm256_storeu_pd(q8 + 4, q1);
+#endif
+    for (; c < d; c++) { /* the plain-C blocks and the tail: lane c mod 8 either way */
+        const double x = ((double)r[c] - lo[c]) * inv[c];
+        s8[c % 8] += x;
+        q8[c % 8] += x * x;
+    }
+}
+
+static double fold8(double *l) {
+    for (int w = 4; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) l[k] += l[k + w];
+    return l[0];
+}
+
+/* The softmax over a partition own [L][d] of the sigma of each token, with
+ * ref [L][d] (the next partition) as the reference; out [L]; worker tid's
+ * scratch. */
+static void partition_score(lag_state *st, int tid, const float *own, const float *ref, int d,
+                            int L, double *restrict out) {
     double *restrict lo = st->lo + (size_t)tid * d, *restrict inv = st->inv + (size_t)tid * d;
-    ref_range(rows, d, L, lo, inv);
+    ref_range(ref, d, L, lo, inv);
     double mx = -INFINITY;
     for (int t = 0; t < L; t++) {
-        const float *r = rows + (size_t)t * d;
-        double s4[4] = {0}, q4[4] = {0};
-        int c = 0;
-#if defined(__AVX__)
-        __m256d vs = _mm256_setzero_pd(), vq = _mm256_setzero_pd();
-        for (; c + 4 <= d; c += 4) {
-            const __m256d x = _mm256_mul_pd(
-                _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(r + c)), _mm256_loadu_pd(lo + c)),
-                _mm256_loadu_pd(inv + c));
-            vs = _mm256_add_pd(vs, x);
-            vq = _mm256_add_pd(vq, _mm256_mul_pd(x, x));
-        }
-        _mm256_storeu_pd(s4, vs);
-        _mm256_storeu_pd(q4, vq);
-#endif
-        for (; c + 4 <= d; c += 4)
-            for (int k = 0; k < 4; k++) {
-                const double x = ((double)r[c + k] - lo[c + k]) * inv[c + k];
-                s4[k] += x;
-                q4[k] += x * x;
-            }
-        for (; c < d; c++) {
-            const double x = ((double)r[c] - lo[c]) * inv[c];
-            s4[c % 4] += x;
-            q4[c % 4] += x * x;
-        }
-        const double sum = (s4[0] + s4[2]) + (s4[1] + s4[3]), sq = (q4[0] + q4[2]) + (q4[1] + q4[3]);
+        double s8[8] = {0}, q8[8] = {0};
+        token_sums(own + (size_t)t * d, lo, inv, d, s8, q8);
+        const double sum = fold8(s8), sq = fold8(q8);
         double var = d > 1 ? (sq - sum * sum / d) / (d - 1) : 0.0;
         if (var < 0) var = 0; /* rounding of sq - sum^2 / d */
         out[t] = sqrt(var);
@@ -184,33 +218,58 @@ static void partition_score(lag_state *st, int tid, const float *restrict rows, 
     for (int t = 0; t < L; t++) out[t] /= z;
 }
 
-/* Unit u: partition p = u % (P - 1) of head u / (P - 1). */
+/* How many of v[0, n) are below x (le: or equal). */
+static int count_below(const double *v, int n, double x, int le) {
+    int i = 0, r = 0;
+#if defined(__AVX__)
+    const __m256d vx = _mm256_set1_pd(x);
+    __m256i acc = _mm256_setzero_si256();
+    for (; i + 4 <= n; i += 4) { /* a true compare is all ones: -1 per lane */
+        const __m256d y = _mm256_loadu_pd(v + i);
+        const __m256d m = le ? _mm256_cmp_pd(y, vx, _CMP_LE_OQ) : _mm256_cmp_pd(y, vx, _CMP_LT_OQ);
+        acc = _mm256_sub_epi64(acc, _mm256_castpd_si256(m));
+    }
+    int64_t a[4];
+    _mm256_storeu_si256((__m256i *)a, acc);
+    r = (int)(a[0] + a[1] + a[2] + a[3]);
+#endif
+    for (; i < n; i++) r += le ? v[i] <= x : v[i] < x;
+    return r;
+}
+
+/* Unit u: partitions [p0, p1) (a group of LAG_GROUP) of head u / per_head.
+ * The ring holds partition p and its reference p + 1; moving on converts
+ * only p + 2. */
 static kvs_status lag_unit(void *job, int tid, int u, kvs_err *err) {
     (void)err;
     const lag_job *j = job;
     lag_state *st = j->st;
-    const int N = j->in->k.n_tokens, d = j->in->k.head_dim, L = j->L;
-    const int h = u / (j->P - 1), a = j->s + (u % (j->P - 1)) * L;
+    const int N = j->in->k.n_tokens, d = j->in->k.head_dim, L = j->L, h = u / j->per_head;
+    const int p0 = (u % j->per_head) * LAG_GROUP, p1 = p0 + LAG_GROUP < j->P - 1 ? p0 + LAG_GROUP : j->P - 1;
     float *kr = st->krows + (size_t)tid * st->R * d, *vr = st->vrows + (size_t)tid * st->R * d;
     double *sk = st->sk + (size_t)tid * L, *sv = st->sv + (size_t)tid * L;
     float *row = j->scores + (size_t)h * N; /* [N] */
-    kvs_view_rows_f32(&j->in->k, h, a, 2 * L, kr);
-    kvs_view_rows_f32(&j->in->v, h, a, 2 * L, vr);
-    partition_score(st, tid, kr, d, L, sk);
-    partition_score(st, tid, vr, d, L, sv);
-    for (int t = 0; t < L; t++) sk[t] = (sk[t] + sv[t]) / 2;
-    if (j->cross) {
-        for (int t = 0; t < L; t++) row[a + t] = (float)sk[t];
-        return KVS_OK;
-    }
-    /* rank within the partition, ties to the lower index first: the tokens
-     * below t, and the equal ones before it */
-    for (int t = 0; t < L; t++) {
-        const double x = sk[t];
-        int r = 0;
-        for (int i = 0; i < t; i++) r += sk[i] <= x;
-        for (int i = t + 1; i < L; i++) r += sk[i] < x;
-        row[a + t] = (float)((double)r / L);
+    const size_t slot = (size_t)L * d;      /* floats per ring slot */
+    kvs_view_rows_f32(&j->in->k, h, j->s + p0 * L, L, kr + (size_t)(p0 % 2) * slot);
+    kvs_view_rows_f32(&j->in->v, h, j->s + p0 * L, L, vr + (size_t)(p0 % 2) * slot);
+    for (int p = p0; p < p1; p++) {
+        const int a = j->s + p * L;
+        const size_t own = (size_t)(p % 2) * slot, ref = (size_t)((p + 1) % 2) * slot;
+        kvs_view_rows_f32(&j->in->k, h, a + L, L, kr + ref);
+        kvs_view_rows_f32(&j->in->v, h, a + L, L, vr + ref);
+        partition_score(st, tid, kr + own, kr + ref, d, L, sk);
+        partition_score(st, tid, vr + own, vr + ref, d, L, sv);
+        for (int t = 0; t < L; t++) sk[t] = (sk[t] + sv[t]) / 2;
+        if (j->cross) {
+            for (int t = 0; t < L; t++) row[a + t] = (float)sk[t];
+            continue;
+        }
+        /* rank within the partition, ties to the lower index first: the
+         * tokens before t at or below it, those after it strictly below */
+        for (int t = 0; t < L; t++) {
+            const int r = count_below(sk, t, sk[t], 1) + count_below(sk + t + 1, L - t - 1, sk[t], 0);
+            row[a + t] = (float)((double)r / L);
+        }
     }
     return KVS_OK;
 }
@@ -239,8 +298,8 @@ static kvs_status lag_score(void *state, int layer, const kvs_layer *in, float *
         for (int j = 0; j < s; j++) row[j] = 1.0f;
         for (int j = e - L; j < N; j++) row[j] = 1.0f; /* the tail: the last partition + rest */
     }
-    lag_job j = {st, in, scores, s, L, P, cross};
-    return kvs_parallel_run(&j, lag_unit, H * (P - 1), st->T, "lagkv", err);
+    lag_job j = {st, in, scores, s, L, P, cross, (P - 1 + LAG_GROUP - 1) / LAG_GROUP};
+    return kvs_parallel_run(&j, lag_unit, H * j.per_head, st->T, "lagkv", err);
 }
 
 const kvs_scorer kvs_scorer_lagkv = {

@@ -117,6 +117,14 @@ typedef struct {
      * shape): scores is [Hkv][N], finite. */
     kvs_status (*score)(void *state, int layer, const kvs_layer *in, float *scores, kvs_err *err);
     void (*destroy)(void *state);
+    /* Optional: the scores of every layer at once, in [L] the layers' views,
+     * scores [L][Hkv][N]: one parallel run for the whole cache instead of one
+     * per layer (a run waits for all its workers; per layer that wait is paid
+     * L times). The composition calls it after the last layer is observed
+     * (a layer's memory stays valid until select returns); NULL: score per
+     * layer. Same scores as `score` layer by layer. */
+    kvs_status (*score_layers)(void *state, const kvs_layer *in, int n_layers, float *scores,
+                               kvs_err *err);
 } kvs_scorer;
 
 extern const kvs_scorer kvs_scorer_snapkv, kvs_scorer_h2o, kvs_scorer_tova, kvs_scorer_knorm,

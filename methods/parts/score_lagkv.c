@@ -28,8 +28,8 @@
  *     (the later token ranks higher); torch's argsort leaves them open.
  *   - Sinks and the tail score 1 as in kvpress; the pick rule keeps them
  *     first (ties: lower index), whatever keep rules the composition has.
- * Reads K and V only. Cost: one parallel run per layer over (KV head, group
- * of 4 partitions) units on the shape's threads, each converting its rows
+ * Reads K and V only. Cost: all layers in one parallel run (score_layers)
+ * over (layer, KV head, group of 4 partitions) units on the shape's threads, each converting its rows
  * of K and V to fp32 once (a two-partition ring: own, reference); per
  * channel the
  * reciprocal of the reference's range is taken once (x = (K - min) * inv,
@@ -57,8 +57,8 @@ typedef struct {
 
 typedef struct {
     lag_state *st;
-    const kvs_layer *in;
-    float *scores; /* [Hkv][N] */
+    const kvs_layer *in; /* [n_layers] */
+    float *scores;       /* [n_layers][Hkv][N] */
     int s, L, P, cross;
     int per_head; /* units per head: groups of LAG_GROUP partitions */
 } lag_job;
@@ -237,26 +237,29 @@ static int count_below(const double *v, int n, double x, int le) {
     return r;
 }
 
-/* Unit u: partitions [p0, p1) (a group of LAG_GROUP) of head u / per_head.
+/* Unit u: partitions [p0, p1) (a group of LAG_GROUP) of (layer, KV head)
+ * u / per_head.
  * The ring holds partition p and its reference p + 1; moving on converts
  * only p + 2. */
 static kvs_status lag_unit(void *job, int tid, int u, kvs_err *err) {
     (void)err;
     const lag_job *j = job;
     lag_state *st = j->st;
-    const int N = j->in->k.n_tokens, d = j->in->k.head_dim, L = j->L, h = u / j->per_head;
+    const int N = j->in[0].k.n_tokens, d = j->in[0].k.head_dim, H = j->in[0].k.n_heads, L = j->L;
+    const int lh = u / j->per_head, h = lh % H;
+    const kvs_layer *in = &j->in[lh / H];
     const int p0 = (u % j->per_head) * LAG_GROUP, p1 = p0 + LAG_GROUP < j->P - 1 ? p0 + LAG_GROUP : j->P - 1;
     float *kr = st->krows + (size_t)tid * st->R * d, *vr = st->vrows + (size_t)tid * st->R * d;
     double *sk = st->sk + (size_t)tid * L, *sv = st->sv + (size_t)tid * L;
-    float *row = j->scores + (size_t)h * N; /* [N] */
+    float *row = j->scores + (size_t)lh * N; /* [N] */
     const size_t slot = (size_t)L * d;      /* floats per ring slot */
-    kvs_view_rows_f32(&j->in->k, h, j->s + p0 * L, L, kr + (size_t)(p0 % 2) * slot);
-    kvs_view_rows_f32(&j->in->v, h, j->s + p0 * L, L, vr + (size_t)(p0 % 2) * slot);
+    kvs_view_rows_f32(&in->k, h, j->s + p0 * L, L, kr + (size_t)(p0 % 2) * slot);
+    kvs_view_rows_f32(&in->v, h, j->s + p0 * L, L, vr + (size_t)(p0 % 2) * slot);
     for (int p = p0; p < p1; p++) {
         const int a = j->s + p * L;
         const size_t own = (size_t)(p % 2) * slot, ref = (size_t)((p + 1) % 2) * slot;
-        kvs_view_rows_f32(&j->in->k, h, a + L, L, kr + ref);
-        kvs_view_rows_f32(&j->in->v, h, a + L, L, vr + ref);
+        kvs_view_rows_f32(&in->k, h, a + L, L, kr + ref);
+        kvs_view_rows_f32(&in->v, h, a + L, L, vr + ref);
         partition_score(st, tid, kr + own, kr + ref, d, L, sk);
         partition_score(st, tid, vr + own, vr + ref, d, L, sv);
         for (int t = 0; t < L; t++) sk[t] = (sk[t] + sv[t]) / 2;
@@ -274,9 +277,8 @@ static kvs_status lag_unit(void *job, int tid, int u, kvs_err *err) {
     return KVS_OK;
 }
 
-static kvs_status lag_score(void *state, int layer, const kvs_layer *in, float *scores,
-                            kvs_err *err) {
-    (void)layer;
+static kvs_status lag_layers(void *state, const kvs_layer *in, int n_layers, float *scores,
+                             kvs_err *err) {
     lag_state *st = state;
     const kvs_part_ctx *c = st->c;
     const int N = c->shape.n_tokens, H = c->shape.n_kv_heads;
@@ -285,7 +287,7 @@ static kvs_status lag_score(void *state, int layer, const kvs_layer *in, float *
     const int cross = kvs_part_param(c->m, c->p, "cross_scoring", 0) != 0.0;
     if (s > N) s = N;
     if (N < s + 2 * L) { /* too short: sinks, then the newest first */
-        for (int h = 0; h < H; h++) {
+        for (int h = 0; h < n_layers * H; h++) {
             float *row = scores + (size_t)h * N; /* [N] */
             for (int j = 0; j < s; j++) row[j] = 1.0f;
             for (int j = s; j < N; j++) row[j] = (float)((double)(j - s) / (double)(N - s));
@@ -293,13 +295,19 @@ static kvs_status lag_score(void *state, int layer, const kvs_layer *in, float *
         return KVS_OK;
     }
     const int e = s + ((N - s) / L) * L, P = (e - s) / L; /* P >= 2 */
-    for (int h = 0; h < H; h++) {
+    for (int h = 0; h < n_layers * H; h++) {
         float *row = scores + (size_t)h * N; /* [N] */
         for (int j = 0; j < s; j++) row[j] = 1.0f;
         for (int j = e - L; j < N; j++) row[j] = 1.0f; /* the tail: the last partition + rest */
     }
     lag_job j = {st, in, scores, s, L, P, cross, (P - 1 + LAG_GROUP - 1) / LAG_GROUP};
-    return kvs_parallel_run(&j, lag_unit, H * j.per_head, st->T, "lagkv", err);
+    return kvs_parallel_run(&j, lag_unit, n_layers * H * j.per_head, st->T, "lagkv", err);
+}
+
+static kvs_status lag_score(void *state, int layer, const kvs_layer *in, float *scores,
+                            kvs_err *err) {
+    (void)layer;
+    return lag_layers(state, in, 1, scores, err);
 }
 
 const kvs_scorer kvs_scorer_lagkv = {
@@ -309,4 +317,5 @@ const kvs_scorer kvs_scorer_lagkv = {
     .create = lag_create,
     .score = lag_score,
     .destroy = lag_destroy,
+    .score_layers = lag_layers,
 };

@@ -8,7 +8,8 @@
  *     are within rounding of the serial sum;
  *   - each scorer's [L][Hkv][N] scores are the same bits with 1, 2 and 3
  *     threads (units of rows / partitions; N = 700 is not a multiple of the
- *     unit or the tile), on an f16 view as well as fp32.
+ *     unit or the tile), on an f16 view as well as fp32, layer by layer
+ *     (score) and all layers at once (score_layers, which they all have).
  */
 #include "kvs_parts.h"
 #include "m1_util.h"
@@ -55,31 +56,41 @@ static void rows_exact(void) {
 
 /* Scores of scorer sc on cache c (views of dtype dt), `threads` workers. */
 static void score_with(const kvs_scorer *sc, const kvs_method *m, m1_cache *c, kvs_dtype dt,
-                       int threads, float *out) {
+                       int threads, int all, float *out) {
     kvs_params p;
     kvs_params_defaults(m, &p);
     kvs_part_ctx ctx = {.m = m, .p = &p, .shape = m1_shape(c, threads)};
     const size_t n = (size_t)c->Hkv * c->N * c->d;
-    uint16_t *k16 = malloc(sizeof *k16 * n), *v16 = malloc(sizeof *v16 * n);
+    uint16_t *k16 = malloc(sizeof *k16 * n * c->L), *v16 = malloc(sizeof *v16 * n * c->L);
+    kvs_layer *lys = calloc((size_t)c->L, sizeof *lys);
     void *st = NULL;
     kvs_err e = {0};
-    CHECK(k16 && v16);
-    kvs_status rc = k16 && v16 ? sc->create(&ctx, &st, &e) : KVS_ERR_NOMEM;
+    CHECK(k16 && v16 && lys && sc->score_layers);
+    kvs_status rc = k16 && v16 && lys ? sc->create(&ctx, &st, &e) : KVS_ERR_NOMEM;
     CHECK_MSG(rc == KVS_OK, "%s create: %s", sc->name, e.msg);
     for (int l = 0; l < c->L && !rc; l++) {
-        kvs_layer ly = c->layers[l];
+        kvs_layer *ly = &lys[l];
+        *ly = c->layers[l];
         if (dt == KVS_F16) {
+            uint16_t *kl = k16 + n * l, *vl = v16 + n * l;
             for (size_t i = 0; i < n; i++) {
-                k16[i] = kvs_f32_to_f16(((const float *)ly.k.data)[i]);
-                v16[i] = kvs_f32_to_f16(((const float *)ly.v.data)[i]);
+                kl[i] = kvs_f32_to_f16(((const float *)ly->k.data)[i]);
+                vl[i] = kvs_f32_to_f16(((const float *)ly->v.data)[i]);
             }
-            ly.k = kvs_view_make(k16, KVS_F16, c->Hkv, c->N, c->d);
-            ly.v = kvs_view_make(v16, KVS_F16, c->Hkv, c->N, c->d);
+            ly->k = kvs_view_make(kl, KVS_F16, c->Hkv, c->N, c->d);
+            ly->v = kvs_view_make(vl, KVS_F16, c->Hkv, c->N, c->d);
         }
-        rc = sc->score(st, l, &ly, out + (size_t)l * c->Hkv * c->N, &e);
-        CHECK_MSG(rc == KVS_OK, "%s score layer %d: %s", sc->name, l, e.msg);
+        if (!all) {
+            rc = sc->score(st, l, ly, out + (size_t)l * c->Hkv * c->N, &e);
+            CHECK_MSG(rc == KVS_OK, "%s score layer %d: %s", sc->name, l, e.msg);
+        }
+    }
+    if (!rc && all && sc->score_layers) {
+        rc = sc->score_layers(st, lys, c->L, out, &e);
+        CHECK_MSG(rc == KVS_OK, "%s score_layers: %s", sc->name, e.msg);
     }
     if (st) sc->destroy(st);
+    free(lys);
     free(k16);
     free(v16);
 }
@@ -93,13 +104,15 @@ static void threads_same(const kvs_scorer *sc, const kvs_method *m) {
     CHECK(a && b);
     for (int f = 0; a && b && f < 2; f++) {
         const kvs_dtype dt = f ? KVS_F16 : KVS_F32;
-        score_with(sc, m, &c, dt, 1, a);
-        for (int t = 2; t <= 3; t++) {
-            memset(b, 0, sizeof *b * n);
-            score_with(sc, m, &c, dt, t, b);
-            CHECK_MSG(memcmp(a, b, sizeof *a * n) == 0, "%s %s: %d threads differ from 1", sc->name,
-                      kvs_dtype_name(dt), t);
-        }
+        score_with(sc, m, &c, dt, 1, 0, a);
+        for (int t = 1; t <= 3; t++)
+            for (int all = t == 1; all < 2; all++) {
+                memset(b, 0, sizeof *b * n);
+                score_with(sc, m, &c, dt, t, all, b);
+                CHECK_MSG(memcmp(a, b, sizeof *a * n) == 0,
+                          "%s %s: %d threads, %s differ from 1 thread layer by layer", sc->name,
+                          kvs_dtype_name(dt), t, all ? "all layers at once" : "layer by layer");
+            }
         for (size_t i = 0; i < n; i++)
             if (!isfinite(a[i])) {
                 CHECK_MSG(0, "%s: score %zu is not finite", sc->name, i);

@@ -21,13 +21,14 @@
  *   methods that read     the same pass over the window's queries only;
  *   the last queries
  *   (snapkv, tova, ...)
+ *   key-only scorers      what a scorer of the keys cannot avoid: the L2
+ *   (knorm, keydiff,      norm of every key row (rows converted to fp32 as
+ *   lagkv, cur, ...)      the parts do, kvs_view_rows_f32) + the V read and
+ *                         gather below: the "one norm pass" of the bar;
  *   the rest (full,       what their contract cannot avoid: one read of every
  *   random, streaming-    K and V byte (kvs_compress's NaN/Inf check) + the
- *   llm, knorm, keydiff,  gather of the kept rows into fp32 buffers (the plan
- *   lagkv, cur, ...)      of the timed runs), on the cell's threads: the
- *                         "one norm pass" of the bar (leverage's Gaussian
- *                         sketch, N d k per head, is more than that: its
- *                         ratio shows by how much).
+ *   llm)                  gather of the kept rows into fp32 buffers (the plan
+ *                         of the timed runs), on the cell's threads.
  * The leverage scorer's presets: the Gaussian sketch its scores cannot
  * avoid, fp32 keys [N][d] x Phi [d][k] per (layer, KV head) (one sgemm; k =
  * sketch_dimension), the keys converted to fp32 as the scorer does.
@@ -90,9 +91,9 @@
 #define KVS_BUILD_TYPE "unknown"
 #endif
 
-enum { DOM_GATHER = 0, DOM_DCT = 1, DOM_ATTN = 2, DOM_WO = 3, DOM_SKETCH = 4 };
-static const char *const dom_names[] = {"cache read + gather", "DCT-II+III pair",
-                                        "attention pass", "W_o projection", "key sketch"};
+enum { DOM_GATHER = 0, DOM_DCT = 1, DOM_ATTN = 2, DOM_WO = 3, DOM_SKETCH = 4, DOM_NORM = 5 };
+static const char *const dom_names[] = {"cache read + gather", "DCT-II+III pair",  "attention pass",
+                                        "W_o projection",      "key sketch",       "key norms + gather"};
 
 /* One finished cell, for the closing summary. */
 typedef struct {
@@ -236,6 +237,7 @@ static int dominant_kind(const kvs_method *m) {
     if (comp && comp->scorer == &kvs_scorer_leverage) return DOM_SKETCH;
     if (m->needs & KVS_NEED_W_O) return DOM_WO; /* Hq E d per token: more than the window's attention */
     if (m->needs & (KVS_NEED_Q_ALL | KVS_NEED_Q_WINDOW)) return DOM_ATTN;
+    if (comp && comp->scorer != &kvs_scorer_random) return DOM_NORM; /* its scorer reads the keys */
     return DOM_GATHER;
 }
 
@@ -478,6 +480,7 @@ typedef struct {
     const kvs_plan *p;
     float *out; /* [L][2][Hkv][maxB][d] */
     int maxB;
+    float *norms, *rows; /* DOM_NORM: [L][Hkv][N] key norms, [T][64][d] rows; else NULL */
     uint64_t sink[64]; /* per worker, so the reads are not optimised away */
 } gather_job;
 
@@ -497,13 +500,29 @@ static uint64_t read_words(const kvs_view *x) {
     return acc;
 }
 
+/* The key norms of DOM_NORM: rows in tiles of 64, kvs_part_sumsq (the
+ * scorers' reduction), out [Hkv][N]. */
+static void key_norms(const kvs_view *x, float *rows, float *out) {
+    const int N = x->n_tokens, d = x->head_dim;
+    for (int h = 0; h < x->n_heads; h++)
+        for (int n0 = 0; n0 < N; n0 += 64) {
+            const int cnt = N - n0 < 64 ? N - n0 : 64;
+            kvs_view_rows_f32(x, h, n0, cnt, rows);
+            for (int i = 0; i < cnt; i++)
+                out[(size_t)h * N + n0 + i] = sqrtf(kvs_part_sumsq(rows + (size_t)i * d, d));
+        }
+}
+
 static kvs_status gather_unit(void *job, int tid, int u, kvs_err *err) {
     (void)err;
     gather_job *g = job;
     const int l = u / 2, is_v = u % 2;
     const kvs_view *x = is_v ? &g->ly[l].v : &g->ly[l].k;
-    g->sink[tid] ^= read_words(x);
     const int Hkv = x->n_heads, d = x->head_dim;
+    if (g->norms && !is_v)
+        key_norms(x, g->rows + (size_t)tid * 64 * d, g->norms + (size_t)l * Hkv * x->n_tokens);
+    else
+        g->sink[tid] ^= read_words(x);
     for (int h = 0; h < Hkv; h++) {
         int B;
         const int32_t *idx = kvs_plan_head(g->p, l, h, &B); /* [B]: ragged plans, each head its own */
@@ -514,8 +533,8 @@ static kvs_status gather_unit(void *job, int tid, int u, kvs_err *err) {
 }
 
 static kvs_status gather_run(const kvs_layer *ly, int L, const kvs_plan *p, float *out, int maxB,
-                             int threads, kvs_err *err) {
-    gather_job g = {.ly = ly, .p = p, .out = out, .maxB = maxB};
+                             float *norms, float *rows, int threads, kvs_err *err) {
+    gather_job g = {.ly = ly, .p = p, .out = out, .maxB = maxB, .norms = norms, .rows = rows};
     kvs_status st = kvs_parallel_run(&g, gather_unit, 2 * L, threads, "dominant term", err);
     volatile uint64_t keep = 0; /* keeps the reads live */
     for (int t = 0; t < 64; t++) keep ^= g.sink[t];
@@ -684,7 +703,9 @@ static kvs_status run_cpu(kvs_overhead *x, const kvs_experiment *e, const kvs_ce
                 maxB = last.layers[l].counts && last.layers[l].counts[h] > maxB ? last.layers[l].counts[h]
                        : last.layers[l].budget > maxB                            ? last.layers[l].budget
                                                                                  : maxB;
-        scratch = malloc(sizeof *scratch * 2 * (size_t)L * in->Hkv * maxB * in->d); /* [L][2][Hkv][maxB][d] */
+        /* [L][2][Hkv][maxB][d] gathered rows; DOM_NORM: + [L][Hkv][N] norms + [T][64][d] rows */
+        const size_t nn = dk == DOM_NORM ? (size_t)L * in->Hkv * in->N + (size_t)64 * 64 * in->d : 0;
+        scratch = malloc(sizeof *scratch * (2 * (size_t)L * in->Hkv * maxB * in->d + nn));
     }
     if (dk != DOM_DCT && !scratch) {
         rc = kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for the dominant-term benchmark");
@@ -715,7 +736,10 @@ static kvs_status run_cpu(kvs_overhead *x, const kvs_experiment *e, const kvs_ce
                     goto cleanup;
                 }
         } else {
-            if ((rc = gather_run(ly, L, &last, scratch, maxB, threads, err))) goto cleanup;
+            float *nrm = scratch + 2 * (size_t)L * in->Hkv * maxB * in->d;
+            if ((rc = gather_run(ly, L, &last, scratch, maxB, dk == DOM_NORM ? nrm : NULL,
+                                 nrm + (size_t)L * in->Hkv * in->N, threads, err)))
+                goto cleanup;
         }
         double t1 = kvs_now_ms();
         if (it >= 1) t[it - 1] = t1 - t0;

@@ -8,9 +8,11 @@
 -- median / p10 / p90, bytes moved and GB/s against a memcpy bandwidth
 -- measured in the same run, GFLOP/s of attention passes, and on CPU the
 -- method's dominant term timed by a micro-benchmark in the same cell (the
--- CPU bar: median <= 2 x that): the DCT pair, the attention pass, or, for
--- full / random / StreamingLLM, one read of the cache (their NaN/Inf check)
--- + the gather of the kept rows.
+-- CPU bar: median <= 2 x that): the DCT pair, the attention pass, for
+-- presets whose scorer reads only K and V (knorm, keydiff, lagkv, cur) the
+-- L2 norm of every key + the V read and the gather, or, for full / random /
+-- StreamingLLM, one read of the cache (their NaN/Inf check) + the gather of
+-- the kept rows.
 --
 --   kvsieve run experiments/overhead.lua              -- the CPU grid below: 106 cells, about
 --                                                        12 min on 2 idle cores

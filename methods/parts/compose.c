@@ -10,7 +10,8 @@
  * then per layer the protect rules' prefix / suffix and the pick rule on
  * what is between; see kvs_parts.h), destroy.
  * Memory: the scores [L][Hkv][N] (O(N) per head, as h2o; twice that with a
- * pick rule's observe output), the scorer's own
+ * pick rule's observe output), the observed layers' views when the scorer
+ * scores them all at once (score_layers, after the last layer), the scorer's own
  * O(N) scratch and one pick workspace of N entries; nothing per token is
  * allocated in a loop.
  * GPU: a CUDA view is KVS_ERR_UNSUPPORTED "<method>: layer l: not
@@ -44,6 +45,7 @@ typedef struct {
     kvs_layer_stats *stats; /* [L] what a data-driven allocator reads */
     const kvs_keep_rule *span; /* the span rule, or NULL */
     float *forced;             /* [Hkv][N] a layer's scores with the span at +inf (span only) */
+    kvs_layer *views;          /* [L] the observed layers (a scorer with score_layers only) */
     char note[256];         /* the allocator's line for the plan's note */
     kvs_pick_ws ws;
     uint8_t *kchan; /* [L][Hkv][d] the channel rule's masks, or NULL */
@@ -99,6 +101,7 @@ void kvs_compose_destroy(void *state) {
     free(st->aux);
     free(st->stats);
     free(st->forced);
+    free(st->views);
     free(st->ws.pairs);
     free(st->ws.ibuf);
     free(st->ws.mask);
@@ -146,6 +149,7 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)
         if (comp->keep[i]->side == KVS_KEEP_SPAN) st->span = comp->keep[i];
     if (st->span) st->forced = malloc(sizeof(float) * (size_t)H * (size_t)N);
+    if (comp->scorer->score_layers) st->views = malloc(sizeof(kvs_layer) * (size_t)L);
     st->ws.pairs = malloc(sizeof(kvs_pick_pair) * (size_t)N);
     st->ws.ibuf = malloc(sizeof(int32_t) * (size_t)N);
     st->ws.mask = malloc((size_t)N);
@@ -155,7 +159,8 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
         kvs_compose_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for key channel masks", m->name);
     }
-    if (!st->scores || !st->stats || (st->span && !st->forced) || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask ||
+    if (!st->scores || !st->stats || (st->span && !st->forced) ||
+        (comp->scorer->score_layers && !st->views) || !st->ws.pairs || !st->ws.ibuf || !st->ws.mask ||
         (comp->pick && comp->pick->observe && !st->aux)) {
         kvs_compose_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "%s: out of memory for [L=%d][Hkv=%d][N=%d] scores",
@@ -205,7 +210,14 @@ kvs_status kvs_compose_observe(void *state, int layer, const kvs_layer *in,
     kvs_layer_stats *ls = &st->stats[layer];
     memset(ls, 0, sizeof *ls);
     st->ctx.modality = modality;
-    kvs_status rc = st->comp->scorer->score(st->scorer_state, layer, in, sc, err);
+    kvs_status rc = KVS_OK;
+    if (st->views) { /* every layer at once after the last one */
+        st->views[layer] = *in;
+        if (layer == s->n_layers - 1)
+            rc = st->comp->scorer->score_layers(st->scorer_state, st->views, s->n_layers, st->scores, err);
+    } else {
+        rc = st->comp->scorer->score(st->scorer_state, layer, in, sc, err);
+    }
     const unsigned want = st->ctx.want_stats;
     if (!rc && (ls->have & want) != want) {
         rc = st->comp->allocator->measure(&st->ctx, layer, in, ls, err);

@@ -102,6 +102,13 @@ typedef struct {
 /* Value of parameter `name` of method m, or `absent` when m does not declare it. */
 double kvs_part_param(const kvs_method *m, const kvs_params *p, const char *name, double absent);
 
+/* Row reductions of the linear scorers (part_rows.c): sum of squares and
+ * dot product of fp32 rows [d] in fp32, and the sum of squares in double;
+ * a fixed lane order (vectorised), the same result on every machine. */
+float kvs_part_sumsq(const float *r, int d);
+float kvs_part_dot(const float *a, const float *b, int d);
+double kvs_part_sumsq_f64(const float *r, int d);
+
 /* ---- scorers --------------------------------------------------------------- */
 
 typedef struct {
@@ -116,6 +123,14 @@ typedef struct {
     void (*destroy)(void *state);
     unsigned props; /* KVS_READS_ATTN_STATS: reads kvs_layer.attn_colsum / attn_ent
                        when present (kvs_method_reads_attn_stats); not a need */
+    /* Optional: the scores of every layer at once, in [L] the layers' views,
+     * scores [L][Hkv][N]: one parallel run for the whole cache instead of one
+     * per layer (a run waits for all its workers; per layer that wait is paid
+     * L times). The composition calls it after the last layer is observed
+     * (a layer's memory stays valid until select returns); NULL: score per
+     * layer. Same scores as `score` layer by layer. */
+    kvs_status (*score_layers)(void *state, const kvs_layer *in, int n_layers, float *scores,
+                               kvs_err *err);
 } kvs_scorer;
 
 extern const kvs_scorer kvs_scorer_snapkv, kvs_scorer_h2o, kvs_scorer_tova, kvs_scorer_knorm,

@@ -20,17 +20,32 @@
  *     here its tokens get 0;
  *   - kvpress's use_random_leverage (a Gaussian projection of K and V to
  *     20 columns, unseeded, off by default) is not offered.
- * Reads K and V only; sums in double. Memory [N][d] floats, 2 [N] doubles.
+ * Reads K and V only. Cost one pass over K and V, all layers in one parallel
+ * run (score_layers) over (layer, KV head) units on the shape's threads:
+ * rows converted in tiles of 64, squares summed in double in
+ * kvs_part_sumsq_f64's lane order, then the windows and the product in token
+ * order; the result does not depend on the thread count. Memory per worker
+ * [64][d] floats and 2 [N] doubles.
  */
 #include "kvs_parts.h"
 
 #include <stdlib.h>
 
+enum { CUR_TILE = 64 }; /* rows per tile */
+
 typedef struct {
     const kvs_part_ctx *c;
-    float *rows;      /* [N][d] */
-    double *k2, *v2;  /* [N] */
+    int T;           /* workers */
+    float *rows;     /* [T][CUR_TILE][d] */
+    double *k2, *v2; /* [T][N] */
 } cur_state;
+
+typedef struct {
+    cur_state *st;
+    const kvs_layer *in; /* [n_layers] */
+    float *scores;       /* [n_layers][Hkv][N] */
+    int s, type, w;      /* sinks, leverage_type, local_window */
+} cur_job;
 
 static void cur_destroy(void *state) {
     cur_state *st = state;
@@ -46,26 +61,27 @@ static kvs_status cur_create(const kvs_part_ctx *c, void **state, kvs_err *err) 
     cur_state *st = calloc(1, sizeof *st);
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     st->c = c;
-    st->rows = malloc(sizeof(float) * N * d);
-    st->k2 = malloc(sizeof(double) * N);
-    st->v2 = malloc(sizeof(double) * N);
+    st->T = kvs_parallel_threads(c->shape.threads, 64);
+    const size_t T = (size_t)st->T;
+    st->rows = malloc(sizeof(float) * T * CUR_TILE * d);
+    st->k2 = malloc(sizeof(double) * T * N);
+    st->v2 = malloc(sizeof(double) * T * N);
     if (!st->rows || !st->k2 || !st->v2) {
         cur_destroy(st);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [N=%zu][d=%zu] rows", N, d);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [T=%zu][N=%zu] norms", T, N);
     }
     *state = st;
     return KVS_OK;
 }
 
-/* Squared row norms of head h of view x into out [N], then the local
- * normalisation by windows of w (w = 0: none). */
-static void sq_norms(cur_state *st, const kvs_view *x, int h, int N, int d, int w, double *out) {
-    kvs_view_rows_f32(x, h, 0, N, st->rows);
-    for (int j = 0; j < N; j++) {
-        double s = 0.0;
-        const float *r = st->rows + (size_t)j * d;
-        for (int c = 0; c < d; c++) s += (double)r[c] * r[c];
-        out[j] = s;
+/* Squared row norms of head h of view x into out [N] (tiles of CUR_TILE rows
+ * in rows), then the local normalisation by windows of w (w = 0: none). */
+static void sq_norms(const kvs_view *x, int h, int w, float *rows, double *out) {
+    const int N = x->n_tokens, d = x->head_dim;
+    for (int t0 = 0; t0 < N; t0 += CUR_TILE) {
+        const int cnt = N - t0 < CUR_TILE ? N - t0 : CUR_TILE;
+        kvs_view_rows_f32(x, h, t0, cnt, rows);
+        for (int i = 0; i < cnt; i++) out[t0 + i] = kvs_part_sumsq_f64(rows + (size_t)i * d, d);
     }
     if (w <= 0) return;
     for (int a = 0; a < N; a += w) {
@@ -76,31 +92,44 @@ static void sq_norms(cur_state *st, const kvs_view *x, int h, int N, int d, int 
     }
 }
 
+/* Unit u: (layer, KV head) u / Hkv, u % Hkv, whole. */
+static kvs_status cur_unit(void *job, int tid, int u, kvs_err *err) {
+    (void)err;
+    const cur_job *j = job;
+    cur_state *st = j->st;
+    const int N = st->c->shape.n_tokens, d = st->c->shape.head_dim, H = st->c->shape.n_kv_heads;
+    const int l = u / H, h = u % H;
+    float *rows = st->rows + (size_t)tid * CUR_TILE * d, *row = j->scores + (size_t)u * N; /* [N] */
+    double *k2 = st->k2 + (size_t)tid * N, *v2 = st->v2 + (size_t)tid * N;
+    sq_norms(&j->in[l].k, h, j->w, rows, k2);
+    sq_norms(&j->in[l].v, h, j->w, rows, v2);
+    double z = 0.0;
+    for (int t = 0; t < N; t++) {
+        const double a = k2[t], b = v2[t];
+        k2[t] = j->type == 1 ? a : j->type == 2 ? b : j->type == 3 ? (a + b) / 2 : a * b;
+        z += k2[t];
+    }
+    for (int t = 0; t < N; t++) row[t] = z > 0 ? (float)(k2[t] / z) : 0.0f;
+    for (int t = 0; t < j->s; t++) row[t] = 1.0f;
+    return KVS_OK;
+}
+
+static kvs_status cur_layers(void *state, const kvs_layer *in, int n_layers, float *scores,
+                             kvs_err *err) {
+    cur_state *st = state;
+    const kvs_part_ctx *c = st->c;
+    const int N = c->shape.n_tokens, H = c->shape.n_kv_heads;
+    int s = (int)kvs_part_param(c->m, c->p, "sinks", 0);
+    if (s > N) s = N;
+    cur_job j = {st, in, scores, s, (int)kvs_part_param(c->m, c->p, "leverage_type", 0),
+                 (int)kvs_part_param(c->m, c->p, "local_window", 16)};
+    return kvs_parallel_run(&j, cur_unit, n_layers * H, st->T, "cur", err);
+}
+
 static kvs_status cur_score(void *state, int layer, const kvs_layer *in, float *scores,
                             kvs_err *err) {
     (void)layer;
-    (void)err;
-    cur_state *st = state;
-    const kvs_part_ctx *c = st->c;
-    const int N = c->shape.n_tokens, H = c->shape.n_kv_heads, d = c->shape.head_dim;
-    int s = (int)kvs_part_param(c->m, c->p, "sinks", 0);
-    const int type = (int)kvs_part_param(c->m, c->p, "leverage_type", 0);
-    const int w = (int)kvs_part_param(c->m, c->p, "local_window", 16);
-    if (s > N) s = N;
-    for (int h = 0; h < H; h++) {
-        float *row = scores + (size_t)h * N; /* [N] */
-        sq_norms(st, &in->k, h, N, d, w, st->k2);
-        sq_norms(st, &in->v, h, N, d, w, st->v2);
-        double z = 0.0;
-        for (int j = 0; j < N; j++) {
-            const double a = st->k2[j], b = st->v2[j];
-            st->k2[j] = type == 1 ? a : type == 2 ? b : type == 3 ? (a + b) / 2 : a * b;
-            z += st->k2[j];
-        }
-        for (int j = 0; j < N; j++) row[j] = z > 0 ? (float)(st->k2[j] / z) : 0.0f;
-        for (int j = 0; j < s; j++) row[j] = 1.0f;
-    }
-    return KVS_OK;
+    return cur_layers(state, in, 1, scores, err);
 }
 
 const kvs_scorer kvs_scorer_cur = {
@@ -110,4 +139,5 @@ const kvs_scorer kvs_scorer_cur = {
     .create = cur_create,
     .score = cur_score,
     .destroy = cur_destroy,
+    .score_layers = cur_layers,
 };

@@ -1,7 +1,8 @@
 /* test_eval_overhead.c -- kind `overhead` (eval/overhead.c) end to end on the
  * tiny shape: every cell stores a latency row and a result with sane fields
  * (p10 <= median <= p90, repetitions, bytes moved by the stated model,
- * hand-checked for three cells, GB/s, the dominant term and its ratio);
+ * hand-checked for three cells, GB/s, the dominant term and its ratio;
+ * key-only scorers against the key-norm pass);
  * resume skips finished cells; --threads defines new cells; max_tokens
  * limits the grid; a cuda cell without a device fails with a clear message
  * and stores nothing (with a device it is timed and stored as "cuda"); a
@@ -191,6 +192,32 @@ static void test_run_and_resume(void) {
     }
 }
 
+/* Presets whose scorer reads only K and V are measured against one pass of
+ * key norms + the V read and the gather (DOM_NORM). */
+static void test_key_scorers(void) {
+    char db[256];
+    kvs_err err = {0};
+    kvs_run_summary sum;
+    snprintf(db, sizeof db, "%s/keys.db", dir);
+    const char *t =
+        "experiment { name = \"keys\", kind = \"overhead\", repeats = 3, warmup = 0,\n"
+        "  dataset = synthetic { shape = \"tiny\", n_tokens = 64 }, dtype = \"f16\",\n"
+        "  methods = { \"knorm\", \"keydiff\", \"lagkv\", \"cur\", \"full\" }, budgets = 0.25,\n"
+        "  threads = 2 }\n";
+    CHECK_OK(run_text("keys.lua", t, db, 0, &sum, &err), &err);
+    CHECK_EQ_INT(sum.n_done, 5);
+    sqlite3 *h = NULL;
+    CHECK(sqlite3_open(db, &h) == SQLITE_OK);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM results r JOIN cells c ON c.key = r.cell_key WHERE "
+                       "c.method IN ('knorm','keydiff','lagkv','cur') AND r.note LIKE "
+                       "'%dominant=key norms + gather; dominant_ms=%' AND r.note LIKE '%ratio=%'"),
+                 4);
+    CHECK_EQ_INT(q1(h, "SELECT count(*) FROM results r JOIN cells c ON c.key = r.cell_key WHERE "
+                       "c.method = 'full' AND r.note LIKE '%dominant=cache read + gather;%'"),
+                 1);
+    sqlite3_close(h);
+}
+
 static void test_limits_and_seeds(void) {
     char path[256];
     kvs_err err = {0};
@@ -344,6 +371,7 @@ int main(void) {
     double t0 = kvs_now_ms();
     test_run_and_resume();
     double t1 = kvs_now_ms();
+    test_key_scorers();
     test_limits_and_seeds();
     test_cuda_cell();
     test_too_big();

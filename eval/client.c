@@ -271,10 +271,10 @@ kvs_status kvs_client_submit(kvs_client *c, const kvs_client_request *r, void *t
     if (!r->prompt || r->n_variants < 1 || !r->variants || r->max_tokens < 1)
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "client: a request needs a prompt, max_tokens >= 1 and at least one variant");
-    if (c->o.api == KVS_API_KVSIEVE && r->n_variants > 128)
+    if (c->o.api == KVS_API_KVSIEVE && r->n_variants > 4096)
         return kvs_errorf(err, KVS_ERR_INVALID,
-                          "client: %d variants in one request; the kvsieve server takes at most 128 "
-                          "(and 64 unless started with --batch 128)",
+                          "client: %d variants in one request; the kvsieve server takes at most its --batch "
+                          "(64 by default, 4096 at most)",
                           r->n_variants);
     if (c->o.api == KVS_API_OPENAI) {
         if (r->n_variants != 1 || strcmp(r->variants[0].method, "full") != 0)

@@ -1,16 +1,19 @@
 /*
  * http_client.c -- the server tests' libcurl client (http_client.h): one easy
- * handle per call, the body and the Retry-After header collected in a tc_reply.
+ * handle per call, the body and the Retry-After header collected in a tc_reply;
+ * and the server fixture (tc_fixture).
  * Not a general client (see the header).
  */
 #include "server/http_client.h"
 
 #include <curl/curl.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
     tc_reply *r = ud;
@@ -106,4 +109,46 @@ const char *tc_str(const cJSON *o, const char *k) {
 const char *tc_str_or_null(const cJSON *o, const char *k) {
     const cJSON *it = tc_obj(o, k);
     return cJSON_IsString(it) ? it->valuestring : NULL;
+}
+
+kvs_status tc_fixture_init(tc_fixture *f, const char *tag, const char *arch, kvs_err *err) {
+    memset(f, 0, sizeof *f);
+    f->spec = tiny_default(arch);
+    kvs_server_config_defaults(&f->cfg);
+    f->cfg.port = 0;
+    f->cfg.threads = 1;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    char dir[sizeof f->dir];
+    snprintf(dir, sizeof dir, "/tmp/%s-XXXXXX", tag);
+    if (!mkdtemp(dir)) return kvs_errorf(err, KVS_ERR_IO, "mkdtemp %s: %s", dir, strerror(errno));
+    memcpy(f->dir, dir, sizeof dir); /* set only once made: tc_fixture_free removes it */
+    snprintf(f->path, sizeof f->path, "%s/tiny.gguf", f->dir);
+    return tiny_write(&f->spec, f->path, err);
+}
+
+kvs_status tc_fixture_load(tc_fixture *f, kvs_err *err) {
+    kvs_model_opts mo = {1};
+    return kvs_model_load(f->path, &mo, &f->model, err);
+}
+
+kvs_status tc_server_start(tc_fixture *f, tc_server *s, kvs_err *err) {
+    kvs_status st = kvs_server_start(f->model, &f->cfg, &f->srv, err);
+    if (f->srv) s->port = kvs_server_port(f->srv);
+    return st;
+}
+
+void tc_server_stop(tc_fixture *f) {
+    kvs_server_stop(f->srv);
+    f->srv = NULL;
+}
+
+void tc_fixture_free(tc_fixture *f) {
+    tc_server_stop(f);
+    kvs_model_free(f->model);
+    f->model = NULL;
+    if (f->dir[0]) {
+        unlink(f->path);
+        rmdir(f->dir);
+    }
+    curl_global_cleanup();
 }

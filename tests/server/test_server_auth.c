@@ -376,42 +376,23 @@ static void test_logprobs(kvs_model *m) {
 
 int main(void) {
     kvs_err err_ = {0}, *err = &err_;
-    tiny_spec spec = tiny_default("gemma3");
-    char dir[] = "/tmp/kvs-server-auth-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    char path[128];
-    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
-    kvs_model *m = NULL;
-    kvs_server *srv = NULL;
-    CHECK_OK(tiny_write(&spec, path, err), err);
-    kvs_model_opts mo = {1};
-    CHECK_OK(kvs_model_load(path, &mo, &m, err), err);
+    tc_fixture fx;
+    CHECK_OK(tc_fixture_init(&fx, "kvs-server-auth", "gemma3", err), err);
+    CHECK_OK(tc_fixture_load(&fx, err), err);
+    kvs_model *m = fx.model;
     if (!m) goto done;
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    kvs_server_config cfg;
-    kvs_server_config_defaults(&cfg);
-    cfg.port = 0;
-    cfg.slots = 2;
-    cfg.threads = 1;
-    cfg.n_ctx = 96;
+    fx.cfg.slots = 2;
+    fx.cfg.n_ctx = 96;
     char key[] = "s3cret-key";
-    cfg.api_key = key;
-    cfg.prepend_bos = 1;
-    CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
-    if (!srv) goto done;
+    fx.cfg.api_key = key;
+    fx.cfg.prepend_bos = 1;
+    CHECK_OK(tc_server_start(&fx, &g_srv, err), err);
+    if (!fx.srv) goto done;
     key[0] = 'X'; /* the server keeps its own copy */
-    g_srv.port = kvs_server_port(srv);
     test_api_key();
     test_tokenizer(m);
     test_logprobs(m);
 done:
-    kvs_server_stop(srv);
-    kvs_model_free(m);
-    unlink(path);
-    rmdir(dir);
-    curl_global_cleanup();
+    tc_fixture_free(&fx);
     return kvs_test_finish("test_server_auth");
 }

@@ -285,48 +285,29 @@ static void test_refusals(void) {
 
 int main(void) {
     kvs_err err_ = {0}, *err = &err_;
-    tiny_spec spec = tiny_default("gemma3");
-    char dir[] = "/tmp/kvs-server-chunk-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    char path[128];
-    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
-    kvs_model *m = NULL;
-    kvs_server *srv = NULL;
-    CHECK_OK(tiny_write(&spec, path, err), err);
-    kvs_model_opts mo = {1};
-    CHECK_OK(kvs_model_load(path, &mo, &m, err), err);
+    tc_fixture fx;
+    CHECK_OK(tc_fixture_init(&fx, "kvs-server-chunk", "gemma3", err), err);
+    CHECK_OK(tc_fixture_load(&fx, err), err);
+    kvs_model *m = fx.model;
     if (!m) goto done;
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    kvs_server_config cfg;
-    kvs_server_config_defaults(&cfg);
-    cfg.port = 0;
-    cfg.slots = 2;
-    cfg.threads = 1;
-    cfg.n_ctx = 256;
+    fx.cfg.slots = 2;
+    fx.cfg.n_ctx = 256;
     /* a bad default is refused at start, naming the field */
-    cfg.kv_compression = "{\"method\": \"streamingllm\", \"ratio\": 0.5, \"chunk\": -1}";
-    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "kv_compression.chunk");
-    cfg.kv_compression = "{\"method\": \"nosuch\", \"ratio\": 0.5}";
-    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "kv_compression.method");
-    cfg.kv_compression = "{\"method\": \"streamingllm\"";
-    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "not valid JSON");
-    cfg.kv_compression = "{\"method\": \"streamingllm\", \"ratio\": 0.5}";
-    CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
-    if (!srv) goto done;
-    g_srv.port = kvs_server_port(srv);
+    fx.cfg.kv_compression = "{\"method\": \"streamingllm\", \"ratio\": 0.5, \"chunk\": -1}";
+    CHECK_FAILS(kvs_server_start(m, &fx.cfg, &fx.srv, err), KVS_ERR_INVALID, err, "kv_compression.chunk");
+    fx.cfg.kv_compression = "{\"method\": \"nosuch\", \"ratio\": 0.5}";
+    CHECK_FAILS(kvs_server_start(m, &fx.cfg, &fx.srv, err), KVS_ERR_INVALID, err, "kv_compression.method");
+    fx.cfg.kv_compression = "{\"method\": \"streamingllm\"";
+    CHECK_FAILS(kvs_server_start(m, &fx.cfg, &fx.srv, err), KVS_ERR_INVALID, err, "not valid JSON");
+    fx.cfg.kv_compression = "{\"method\": \"streamingllm\", \"ratio\": 0.5}";
+    CHECK_OK(tc_server_start(&fx, &g_srv, err), err);
+    if (!fx.srv) goto done;
     test_default();
     test_chunk_whole();
     test_chunk_property();
     test_chunk_logprobs();
     test_refusals();
 done:
-    kvs_server_stop(srv);
-    kvs_model_free(m);
-    unlink(path);
-    rmdir(dir);
-    curl_global_cleanup();
+    tc_fixture_free(&fx);
     return kvs_test_finish("test_server_chunk");
 }

@@ -755,42 +755,29 @@ static void test_drain(kvs_server *srv) {
 
 int main(int argc, char **argv) {
     kvs_err err_ = {0}, *err = &err_;
-    g_spec = tiny_default(argc > 1 ? argv[1] : "gemma3");
-    char dir[] = "/tmp/kvs-server-test-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    char path[128];
-    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
-    kvs_model *m = NULL;
-    kvs_server *srv = NULL;
-    CHECK_OK(tiny_write(&g_spec, path, err), err);
-    kvs_model_opts mo = {1};
-    CHECK_OK(kvs_model_load(path, &mo, &m, err), err);
+    tc_fixture fx;
+    CHECK_OK(tc_fixture_init(&fx, "kvs-server-test", argc > 1 ? argv[1] : "gemma3", err), err);
+    g_spec = fx.spec;
+    CHECK_OK(tc_fixture_load(&fx, err), err);
+    kvs_model *m = fx.model;
     if (!m) goto done;
-    curl_global_init(CURL_GLOBAL_DEFAULT);
 
     /* config errors */
-    kvs_server_config cfg;
-    kvs_server_config_defaults(&cfg);
-    cfg.port = 0;
-    cfg.slots = 0;
-    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "slots");
-    cfg.slots = 2;
-    cfg.host = "no.such.host.invalid";
-    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "no.such.host.invalid");
+    kvs_server_config *cfg = &fx.cfg;
+    cfg->slots = 0;
+    CHECK_FAILS(kvs_server_start(m, cfg, &fx.srv, err), KVS_ERR_INVALID, err, "slots");
+    cfg->slots = 2;
+    cfg->host = "no.such.host.invalid";
+    CHECK_FAILS(kvs_server_start(m, cfg, &fx.srv, err), KVS_ERR_INVALID, err, "no.such.host.invalid");
 
-    cfg.host = "127.0.0.1";
-    cfg.n_ctx = 100000; /* the tiny model was trained for 256 */
-    CHECK_FAILS(kvs_server_start(m, &cfg, &srv, err), KVS_ERR_INVALID, err, "context length 256");
-    cfg.threads = 1;
-    cfg.n_ctx = N_CTX;
+    cfg->host = "127.0.0.1";
+    cfg->n_ctx = 100000; /* the tiny model was trained for 256 */
+    CHECK_FAILS(kvs_server_start(m, cfg, &fx.srv, err), KVS_ERR_INVALID, err, "context length 256");
+    cfg->n_ctx = N_CTX;
     /* a body over the limit: 413 naming "body" */
-    cfg.max_body = 2048;
-    CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
-    if (srv) {
-        g_srv.port = kvs_server_port(srv);
+    cfg->max_body = 2048;
+    CHECK_OK(tc_server_start(&fx, &g_srv, err), err);
+    if (fx.srv) {
         char *big = malloc(4096);
         memset(big, ' ', 4095);
         memcpy(big, "{\"prompt\": \"", 12);
@@ -798,13 +785,11 @@ int main(int argc, char **argv) {
         big[4092] = 0;
         expect_error("/completion", big, 413, "body", "larger than 2048");
         free(big);
-        kvs_server_stop(srv);
-        srv = NULL;
+        tc_server_stop(&fx);
     }
-    cfg.max_body = (size_t)1 << 20;
-    CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
-    if (!srv) goto done;
-    g_srv.port = kvs_server_port(srv);
+    cfg->max_body = (size_t)1 << 20;
+    CHECK_OK(tc_server_start(&fx, &g_srv, err), err);
+    if (!fx.srv) goto done;
     CHECK(g_srv.port > 0);
 
     test_basic(m);
@@ -814,14 +799,10 @@ int main(int argc, char **argv) {
     test_dump();
     test_bad_requests();
     test_queue();
-    test_drain(srv);
-    srv = NULL;
+    test_drain(fx.srv); /* stops the server */
+    fx.srv = NULL;
 done:
-    kvs_server_stop(srv);
-    kvs_model_free(m);
-    unlink(path);
-    rmdir(dir);
-    curl_global_cleanup();
+    tc_fixture_free(&fx);
     printf("architecture %s\n", g_spec.arch);
     return kvs_test_finish("test_server_http");
 }

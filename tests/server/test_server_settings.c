@@ -298,30 +298,15 @@ static void expect_400(const char *body, const char *field) {
 int main(int argc, char **argv) {
     kvs_err err_ = {0}, *err = &err_;
     const char *arch = argc > 1 ? argv[1] : "llama";
-    tiny_spec spec = tiny_default(arch);
-    char dir[] = "/tmp/kvs-server-settings-XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    char path[128];
-    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
-    kvs_model *m = NULL;
-    kvs_server *srv = NULL;
-    CHECK_OK(tiny_write(&spec, path, err), err);
-    kvs_model_opts mo = {1};
-    CHECK_OK(kvs_model_load(path, &mo, &m, err), err);
+    tc_fixture fx;
+    CHECK_OK(tc_fixture_init(&fx, "kvs-server-settings", arch, err), err);
+    CHECK_OK(tc_fixture_load(&fx, err), err);
+    kvs_model *m = fx.model;
     if (!m) goto done;
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    kvs_server_config cfg;
-    kvs_server_config_defaults(&cfg);
-    cfg.port = 0;
-    cfg.slots = 2;
-    cfg.threads = 1;
-    cfg.n_ctx = 256;
-    CHECK_OK(kvs_server_start(m, &cfg, &srv, err), err);
-    if (!srv) goto done;
-    g_srv.port = kvs_server_port(srv);
+    fx.cfg.slots = 2;
+    fx.cfg.n_ctx = 256;
+    CHECK_OK(tc_server_start(&fx, &g_srv, err), err);
+    if (!fx.srv) goto done;
     test_settings(70, 1); /* > 64 tokens: the extension runs through the prefill kernels */
     test_settings(12, 1); /* the decode kernels: here the same tokens too (equal up to rounding in general) */
     test_same_as();
@@ -333,10 +318,6 @@ int main(int argc, char **argv) {
     expect_400("{\"prompt\": [2, 11, 12], \"kv_compression\": [{\"method\": \"full\", \"compress_suffix\": 1}]}",
                "kv_compression[0].compress_suffix");
 done:
-    kvs_server_stop(srv);
-    kvs_model_free(m);
-    unlink(path);
-    rmdir(dir);
-    curl_global_cleanup();
+    tc_fixture_free(&fx);
     return kvs_test_finish("test_server_settings");
 }

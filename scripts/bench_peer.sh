@@ -35,6 +35,13 @@
 # ones kvsieve runs. Where an environment pins an older core (some machines set
 # OPENBLAS_CORETYPE=Haswell on AVX-512 CPUs), run the script under
 # `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` to measure OpenBLAS's own choice.
+# --decode-only: decode tok/s alone, for long contexts (--lens 8192) where the
+# prefills would take most of the run: kvsieve fills its cache rows with random
+# values (`kvsieve bench --fill random`: a decode step costs the same whatever
+# the rows hold), every cache type in one interleaved call; llama-bench runs
+# only tg GEN at depth L (its depth is a real prefill, not timed). The prefill
+# columns then read "-".
+# Each measurement's line is printed as it is taken; the table follows at the end.
 # What it is not: no accuracy comparison and no timed test; it prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,11 +61,12 @@ while [ $# -gt 0 ]; do
   --threads) THREADS=$2; shift 2 ;;
   --gen) GEN=$2; shift 2 ;;
   --build-only) BUILD_ONLY=1; shift ;;
+  --decode-only) DECODE_ONLY=1; shift ;;
   --peer-spin) PEER_WAIT=active; shift ;;
   --peer-repack) PEER_REPACK=$2; shift 2 ;;
   --lens) IFS=, read -r -a LENS <<<"$2"; shift 2 ;;
   --cache-types) IFS=, read -r -a CTYPES <<<"$2"; shift 2 ;;
-  -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "bench_peer: unknown option $1" >&2; exit 2 ;;
   *) models+=("$1"); shift ;;
   esac
@@ -162,13 +170,39 @@ def ts(path):
 print(ts(sys.argv[1]), ts(sys.argv[2]))
 EOF
 }
+# --decode-only: kvsieve decodes after random rows, all types in one call
+# (interleaved per repetition); prints "TYPE DECODE" lines.
+run_kvs_decode() { # model len round
+  local o="$OUT/kvs-$1-$2-$3-decode.txt" types
+  types=$(IFS=,; echo "${CTYPES[*]}")
+  "$KVS" bench --model "${PATHS[$1]}" --prompt-len "$2" --gen "$GEN" --threads "$THREADS" --reps 1 \
+    --cache-types "$types" --fill random --no-store >"$o" 2>&1 || { cat "$o" >&2; return 1; }
+  sed -n 's/^median \([a-z0-9_]*\) *: decode \([0-9.]*\) tok\/s.*/\1 \2/p' "$o"
+}
+run_peer_decode() { # model len round cache: llama-bench tg GEN at depth len
+  local o="$OUT/$1-$2-$3-$4"
+  OMP_WAIT_POLICY=$PEER_WAIT "$BENCH" -m "${PATHS[$1]}" -t "$THREADS" --repack "${REPACK[$1]}" -ctk "$4" -ctv "$4" \
+    -r 1 -o csv -p 0 -n "$GEN" -d "$2" >"$o.tg.csv" 2>"$o.tg.err" || { cat "$o.tg.err" >&2; return 1; }
+  "$PY" -c 'import csv, sys; print(float(list(csv.DictReader(open(sys.argv[1])))[-1]["avg_ts"]))' "$o.tg.csv"
+}
+record() { echo "$*" | tee -a "$OUT/results"; }
 
 for r in $(seq 1 "$ROUNDS"); do
   for m in "${models[@]}"; do
     for L in "${LENS[@]}"; do
+      if [ -n "${DECODE_ONLY:-}" ]; then
+        kd=$(run_kvs_decode "$m" "$L" "$r")
+        for T in "${CTYPES[@]}"; do
+          v=$(awk -v t="$T" '$1 == t { print $2 }' <<<"$kd")
+          [ -n "$v" ] || { echo "bench_peer: no decode figure for $T in kvsieve's output" >&2; exit 1; }
+          record "$m $L $T $r kvs nan $v"
+          record "$m $L $T $r peer nan $(run_peer_decode "$m" "$L" "$r" "$T")"
+        done
+        continue
+      fi
       for T in "${CTYPES[@]}"; do
-        echo "$m $L $T $r kvs $(run_kvs "$m" "$L" "$r" "$T")" >>"$OUT/results"
-        echo "$m $L $T $r peer $(run_peer "$m" "$L" "$r" "$T")" >>"$OUT/results"
+        record "$m $L $T $r kvs $(run_kvs "$m" "$L" "$r" "$T")"
+        record "$m $L $T $r peer $(run_peer "$m" "$L" "$r" "$T")"
       done
     done
   done
@@ -193,7 +227,8 @@ for m in models:
             k, p = data[(m, L, T, "kvs")], data[(m, L, T, "peer")]
             kp, kd = st.median(x[0] for x in k), st.median(x[1] for x in k)
             pp, pd = st.median(x[0] for x in p), st.median(x[1] for x in p)
-            print(f"| {m} | {L} | {T} | {kp:.1f} | {pp:.1f} | {kp / pp:.2f}x | {kd:.2f} | {pd:.2f} | {kd / pd:.2f}x |")
+            pre = "- | - | -" if kp != kp else f"{kp:.1f} | {pp:.1f} | {kp / pp:.2f}x"  # nan: --decode-only
+            print(f"| {m} | {L} | {T} | {pre} | {kd:.2f} | {pd:.2f} | {kd / pd:.2f}x |")
 print()
 print(f"medians of {n_rounds} interleaved rounds; {threads} threads; KV cache: kvsieve --cache-type T, "
       f"llama.cpp llama-bench -ctk T -ctv T (flash attention auto, OMP_WAIT_POLICY={wait}); decode = {gen} greedy "

@@ -80,13 +80,11 @@ static kvs_status parse_limits(const vctx *v, int t, kvs_experiment *e) {
         const char *mname = lua_tostring(L, -2);
         char field[96];
         snprintf(field, sizeof field, "max_tokens.%s", mname);
-        int used = 0;
-        for (int i = 0; i < e->n_variants; i++) used |= !strcmp(e->variants[i].method->name, mname);
+        /* any method of the registry, run or not (so that -D may narrow
+         * `methods` without touching the limits, as for shapes below); a
+         * limit of a method the experiment does not run is kept and unused */
         if (!kvs_method_find(mname))
             rc = kvs_cfg_ferr(v, e->line, field, KVS_ERR_INVALID, "unknown method '%s'", mname);
-        else if (!used)
-            rc = kvs_cfg_ferr(v, e->line, field, KVS_ERR_INVALID,
-                              "method '%s' is not in this experiment's methods", mname);
         else if (lua_type(L, -1) == LUA_TTABLE) {
             int st = lua_gettop(L);
             lua_pushnil(L);

@@ -26,6 +26,8 @@
 --   kvsieve run experiments/overhead.lua \
 --     -D 'max_tokens.h2o={["gemma3-270m"]=8192,["qwen2.5-vl-7b"]=0,["llava-1.5-7b"]=0}'
 -- One dtype or one thread count only:  -D dtype=f16   --threads 1
+-- Some presets only (the limits below stay; those of presets not run are unused):
+--   kvsieve run experiments/overhead.lua -D 'methods={"knorm","cake"}'
 --
 -- Where and why the default CPU grid stops lower (2 shared cores, 23 GB):
 --   * Methods that read every query (H2O, LOOK-M, MEDA, Expected Attention:

@@ -885,10 +885,10 @@ kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o,
         stats->compress_ms = kvs_now_ms() - t0;
         return st;
     }
-    kvs_status st = kvs_session_plan_many(s, o, &o->budget, 1, out_plan, map, NULL, err);
-    if (st == KVS_OK) st = kvs_session_compress_with(s, out_plan, map, stats, err);
     /* view + observe + select + apply + trim, and the reconstruction pass when the method reads it */
     const double recon = o->method->needs & KVS_NEED_RECON ? kvs_session_recon_ms(s) : 0.0;
+    kvs_status st = kvs_session_plan_many(s, o, &o->budget, 1, out_plan, map, NULL, err);
+    if (st == KVS_OK) st = kvs_session_compress_with(s, out_plan, map, stats, err);
     if (st == KVS_OK) stats->compress_ms = kvs_now_ms() - t0 + recon;
     return st;
 }

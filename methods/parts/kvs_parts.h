@@ -153,10 +153,10 @@ extern const kvs_scorer kvs_scorer_lookm;
 
 typedef struct {
     const char *name;
-    /* budgets [L], each in [1, N], summing exactly to L * per_layer.
-     * The interface grows here for the later slices: scores [L][Hkv][N] (or
-     * per-layer statistics) as input for data-driven allocators (DBA,
-     * entropy), and per-head budgets [L][Hkv] out for AdaKV (ragged heads). */
+    /* budgets [L], each in [1, N], summing exactly to L * per_layer. Inputs
+     * beyond the shape: per-layer statistics (c->stats, data-driven
+     * allocators) or every layer's scores (c->scores, global); per-head
+     * counts are a head allocator's (kvs_head_allocator). */
     kvs_status (*allocate)(const kvs_part_ctx *c, int per_layer, int *budgets, kvs_err *err);
     /* Data-driven allocators (0 / NULL otherwise): the KVS_STAT_* groups
      * allocate reads from c->stats, the inputs their measure needs

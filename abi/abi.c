@@ -140,6 +140,7 @@ static cJSON *methods_tree(void) {
         if (m->needs & KVS_NEED_Q_ALL) cJSON_AddItemToArray(needs, cJSON_CreateString("q_all"));
         if (m->needs & KVS_NEED_MODALITY) cJSON_AddItemToArray(needs, cJSON_CreateString("modality"));
         if (m->needs & KVS_NEED_W_O) cJSON_AddItemToArray(needs, cJSON_CreateString("w_o"));
+        if (m->needs & KVS_NEED_RECON) cJSON_AddItemToArray(needs, cJSON_CreateString("recon"));
         cJSON_AddBoolToObject(jm, "keeps_all", (m->needs & KVS_KEEPS_ALL) != 0);
         cJSON *jp = cJSON_AddArrayToObject(jm, "params");
         if (!jp) goto oom;

@@ -239,7 +239,9 @@ KVS_ABI_API kvs_abi_status kvs_abi_cuda_devices(int32_t *count, char *err, size_
  * needs: any of "q_window" (queries of the last w positions), "q_all"
  * (queries of every position), "modality", "w_o" (each layer's output
  * projection: a context has none, so such a method is refused with a
- * message naming W_o). type: int|float|bool|enum
+ * message naming W_o), "recon" (KVzip's context-reconstruction statistic,
+ * an extra forward pass of the model: a context has none, so such a method
+ * is refused with a message naming it). type: int|float|bool|enum
  * (choices "max|avg" for enum; min / max for int and float).
  * Size query: with buf == NULL (or cap == 0) returns KVS_ABI_OK and sets *len
  * to the bytes needed including the NUL; with a buffer smaller than that

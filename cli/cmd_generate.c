@@ -172,7 +172,10 @@ int kvs_cmd_generate(int argc, char **argv) {
     }
     kvs_session_opts so = {ctx > 0 ? (int)ctx : n + (int)max_tokens + 1, (int)threads, 0, cache_type, cache_type_v};
     if (co.method) so.record_queries = kvs_method_queries_needed(co.method, &co.params, n);
+    const int recon = co.method && (co.method->needs & KVS_NEED_RECON); /* kvzip: the reconstruction pass */
+    if (recon && ctx <= 0) so.n_ctx += (n < 2048 ? n : 2048) + 64; /* room for its input after the prompt */
     if (kvs_session_new(m, &so, &s, &err) != KVS_OK || kvs_kivi_apply(s, cache_type, kivi, &err) != KVS_OK) goto fail;
+    if (recon) kvs_session_set_recon(s, -1);
     logits = malloc((size_t)info->n_vocab * sizeof *logits);
     if (!logits) {
         fprintf(stderr, "kvsieve generate: out of memory\n");
@@ -180,7 +183,7 @@ int kvs_cmd_generate(int argc, char **argv) {
     }
     double t0 = kvs_now_ms();
     if (kvs_session_prefill(s, toks, n, NULL, logits, &err) != KVS_OK) goto fail;
-    double t_prefill = kvs_now_ms() - t0;
+    double t_prefill = kvs_now_ms() - t0 - kvs_session_recon_ms(s); /* the pass counts in compress_ms */
     kvs_kv_stats st;
     if (kvs_session_compress(s, &co, &st, &err) != KVS_OK) goto fail;
     int generated = 0;

@@ -31,6 +31,7 @@ static void needs_text(unsigned needs, char *buf, size_t n) {
     if (needs & KVS_NEED_Q_WINDOW) strncat(buf, "window queries, ", n - strlen(buf) - 1);
     if (needs & KVS_NEED_MODALITY) strncat(buf, "modality mask, ", n - strlen(buf) - 1);
     if (needs & KVS_NEED_W_O) strncat(buf, "output projection W_o, ", n - strlen(buf) - 1);
+    if (needs & KVS_NEED_RECON) strncat(buf, "context-reconstruction pass (engine only), ", n - strlen(buf) - 1);
     size_t l = strlen(buf);
     if (l >= 2) buf[l - 2] = 0;
     else snprintf(buf, n, "K and V only");

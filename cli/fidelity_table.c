@@ -26,6 +26,10 @@ static const char *unmet_need(const kvs_method *m, const kvs_cache_view *c, char
         snprintf(buf, n, "skipped: needs each layer's output projection W_o, the cache has none");
         return buf;
     }
+    if ((m->needs & KVS_NEED_RECON) && !l0->attn_recon_max) {
+        snprintf(buf, n, "skipped: needs the engine's context-reconstruction pass, the cache has none");
+        return buf;
+    }
     return NULL;
 }
 

@@ -69,6 +69,24 @@ static kvs_status check_inputs(const kvs_method *m, const kvs_params *p, const k
             if ((st = kvs_view_check_finite(w, "W_o", err)))
                 return kvs_err_prefix(err, "method %s: layer %d", mn, l);
         }
+    if (m->needs & KVS_NEED_RECON)
+        for (int l = 0; l < c->n_layers; l++) {
+            const float *r = c->layers[l].attn_recon_max;
+            if (!r)
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "method %s needs the context-reconstruction statistic "
+                                  "(kvs_layer.attn_recon_max: an extra forward pass of the model "
+                                  "over the prompt); layer %d of this cache view has none (the "
+                                  "embedded engine provides it; cache files, the recorder, the C "
+                                  "ABI and kvsieve-hf do not)",
+                                  mn, l);
+            for (size_t x = 0; x < (size_t)shape->n_kv_heads * N; x++)
+                if (!(r[x] >= 0.0f && r[x] <= 1.0f))
+                    return kvs_errorf(err, KVS_ERR_NUMERIC,
+                                      "method %s: layer %d: attn_recon_max head %d token %d is %g, "
+                                      "not a probability in [0, 1]",
+                                      mn, l, (int)(x / (size_t)N), (int)(x % (size_t)N), (double)r[x]);
+        }
     for (int i = 0; i < n; i++) {
         if ((st = kvs_budget_per_layer(&b[i], N, &per_layer[i], err))) {
             if (n > 1) kvs_err_prefix(err, "budget %d of %d", i, n);

@@ -159,6 +159,19 @@ typedef struct {
      * modality (all text when the view's modality is NULL). */
     const float *attn_colsum;
     const kvs_entropy_stats *attn_ent;
+    /* The context-reconstruction statistic (KVzip, KVS_NEED_RECON), NULL
+     * when absent; no consumer can compute it from the view (it needs the
+     * model). After the N-token prompt the producer feeds the model a
+     * reconstruction input on top of the uncompressed prompt cache: an
+     * instruction ("Repeat the previous context exactly.") followed by the
+     * prompt's own tokens, teacher-forced, in chunks (each chunk of the
+     * prompt repeated after its instruction; the pass's rows are dropped
+     * afterwards). attn_recon_max [Hkv][N]: for key j, the maximum over
+     * the reconstruction rows of j's chunk and over the G query heads of
+     * KV head g of the model's attention probability on j (each row's
+     * softmax over every key it sees: the prompt and the pass's rows before
+     * it), in [0, 1]. Valid only for the uncompressed prompt cache. */
+    const float *attn_recon_max;
 } kvs_layer;
 
 /* A whole prompt: L layers with equal N, Hkv, d; optional modality [N]. */
@@ -363,9 +376,13 @@ enum {
                                     budget (no method of this tree sets it) */
     KVS_NEED_W_O = 1u << 5,      /* each layer's output projection (kvs_layer.wo):
                                     kvs_compress refuses a view without it */
-    KVS_READS_ATTN_STATS = 1u << 6 /* property: reads kvs_layer.attn_colsum /
+    KVS_READS_ATTN_STATS = 1u << 6, /* property: reads kvs_layer.attn_colsum /
                                     attn_ent when present (else computes them):
                                     a producer that can accumulate them should */
+    KVS_NEED_RECON = 1u << 7     /* each layer's context-reconstruction statistic
+                                    (kvs_layer.attn_recon_max, KVzip): only a
+                                    producer with the model can make it;
+                                    kvs_compress refuses a view without it */
 };
 
 typedef struct kvs_method kvs_method;

@@ -7,7 +7,7 @@
  * presets() returns the names of the registered methods in registry order
  * (what `kvsieve methods` lists), so a config can run every preset without
  * naming them; method_needs(name) lists what a method reads beyond K and V
- * ("q_window", "q_all", "modality", "w_o"), so a config can size a grid by
+ * ("q_window", "q_all", "modality", "w_o", "recon"), so a config can size a grid by
  * a method's cost class without naming methods either.
  *
  * Sandbox: base library without dofile/loadfile (load is text-only),
@@ -86,7 +86,8 @@ static int l_method_needs(lua_State *L) {
     } bits[] = {{KVS_NEED_Q_WINDOW, "q_window"},
                 {KVS_NEED_Q_ALL, "q_all"},
                 {KVS_NEED_MODALITY, "modality"},
-                {KVS_NEED_W_O, "w_o"}};
+                {KVS_NEED_W_O, "w_o"},
+                {KVS_NEED_RECON, "recon"}};
     lua_newtable(L);
     int n = 0;
     for (size_t i = 0; i < sizeof bits / sizeof bits[0]; i++)

@@ -11,7 +11,8 @@
 -- (queries = "all"); SnapKV takes the last `window` of them.
 -- criticalkv / criticaladakv are not here: they need each layer's output
 -- projection W_o, which synthetic caches do not have (the engine does:
--- experiments/methods.lua).
+-- experiments/methods.lua); nor is kvzip: it needs the model's
+-- context-reconstruction pass (the engine runs it: experiments/methods.lua).
 
 experiment {
   name    = "fidelity",

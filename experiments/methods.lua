@@ -4,8 +4,9 @@
 -- eight; this config puts the presets built from parts (methods/parts/:
 -- knorm, tova, keydiff, pyramidkv, chunkkv, expected_attention, pyramid_tova,
 -- adakv, ada_pyramidkv, ada_flashcache, lagkv, criticalkv, criticaladakv, cur,
--- leverage, cake, simlayerkv, qfilters, compactor, finch, think)
--- beside them on the same prompts (the engine gives CriticalKV each layer's W_o).
+-- leverage, cake, simlayerkv, qfilters, compactor, finch, think, kvzip)
+-- beside them on the same prompts (the engine gives CriticalKV each layer's W_o
+-- and runs KVzip's context-reconstruction pass after the prefill).
 --
 --   kvsieve run experiments/methods.lua         -- prints the table
 --   kvsieve report --experiment methods         -- the same table again
@@ -39,7 +40,7 @@ experiment {
               "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention",
               "pyramid_tova", "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv",
               "criticalkv", "criticaladakv", "cur", "leverage", "cake", "simlayerkv",
-              "qfilters", "compactor", "finch", "think" },
+              "qfilters", "compactor", "finch", "think", "kvzip" },
   budgets = { 0.25 },
   metrics = { "needle" },
   n_predict = 16,

@@ -18,7 +18,7 @@ static const kvs_method *const registry[] = {
     &kvs_preset_lagkv, &kvs_preset_criticalkv, &kvs_preset_criticaladakv,
     &kvs_preset_cur, &kvs_preset_leverage,
     &kvs_preset_cake, &kvs_preset_simlayerkv, &kvs_preset_qfilters, &kvs_preset_compactor,
-    &kvs_preset_finch, &kvs_preset_think,
+    &kvs_preset_finch, &kvs_preset_think, &kvs_preset_kvzip,
 };
 
 int kvs_method_reads_attn_stats(const kvs_method *m) {
@@ -46,7 +46,7 @@ kvs_status kvs_method_lookup(const char *name, const kvs_method **out, kvs_err *
     if (*out) return KVS_OK;
     const char *best = NULL;
     int bestd = 4;
-    char known[256] = "";
+    char known[512] = "";
     for (int i = 0; i < kvs_methods_count(); i++) {
         int d = kvs_edit_distance(name ? name : "", registry[i]->name);
         if (d < bestd) bestd = d, best = registry[i]->name;

@@ -413,6 +413,7 @@ static kvs_status decode_run(kvs_pool *pool, dec_buf *db, kvs_session *const *ss
         db->pos[i] = ss[i]->n_past;
         kvs_kv_make_room(ss[i], ss[i]->n_past, 1);
         kvs_attn_stats_free(ss[i]); /* the cache grows: not the prefill's any more */
+        kvs_recon_free(ss[i]);
     }
     /* a session alone may record its queries (kvs_session_record_window) */
     const int rec_end = n == 1 ? ss[0]->rec_end : 0;
@@ -615,6 +616,7 @@ typedef struct {
     const kv_layer *c;
     int p0, len0, window; /* position of the chunk's first token, cache rows before the chunk */
     int stats_layer;      /* >= 0: accumulate the attention statistics of this layer (s->as) */
+    int recon_layer;      /* >= 0: the reconstruction pass's maxima of this layer (s->rc) */
 } at_job;
 
 /* First row in [lo, hi) of P (ascending) with P[row] > p - window. */
@@ -659,6 +661,21 @@ static void at_stats(const at_job *j, int ith, int h, int t0, int tq, int nk, co
         const int p = j->p0 + t0 + i; /* sees keys 0 .. p */
         kvs_attn_row_entropy(asum + (size_t)i * cap, p + 1, Hq, as->modality,
                              as->rowh + ((size_t)l * cap + p) * 2, as->kind + (size_t)l * cap + p);
+    }
+}
+
+/* The reconstruction pass (s->rc): the maxima over the tile's rows S [tq][nk]
+ * (normalised; column k is cache row kmin + k, a position: the prompt's cache
+ * is uncompressed) of the chunk's keys [lo, hi), into the worker's [cap] row
+ * of KV head g. */
+static void at_recon(const at_job *j, int ith, int g, int kmin, int tq, int nk, const float *S) {
+    const recon_stats *rc = &j->s->rc;
+    const kvs_model_info *MI = &j->s->m->info;
+    float *mx = rc->tmax + (((size_t)ith * MI->n_layers + j->recon_layer) * MI->n_kv_heads + g) * rc->cap;
+    const int a = rc->lo > kmin ? rc->lo - kmin : 0, b = rc->hi - kmin < nk ? rc->hi - kmin : nk;
+    for (int i = 0; i < tq; i++) {
+        const float *r = S + (size_t)i * nk;
+        for (int k = a; k < b; k++) mx[kmin + k] = r[k] > mx[kmin + k] ? r[k] : mx[kmin + k];
     }
 }
 
@@ -709,6 +726,7 @@ static void at_one(const at_job *j, int ith, int h, int t0, at_conv *cv) {
         memset(r + e, 0, sizeof(float) * (size_t)(nk - e));
     }
     if (j->stats_layer >= 0) at_stats(j, ith, h, t0, tq, nk, S);
+    if (j->recon_layer >= 0) at_recon(j, ith, g, kmin, tq, nk, S);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, D, nk, 1.0f, S, nk, Vc, D, 0.0f,
                 b->A + ((size_t)t0 * Hq + h) * D, Hq * D);
 }
@@ -842,7 +860,7 @@ static void prefill_chunk(kvs_session *s, pf_buf *b, int p0, int rec, int n_tota
         kvs_pool_run(s->pool, ew_run, &ej);
         c->len = len0 + T;
         const int stats = s->as.active && s->as.have[l] ? l : -1;
-        at_job aj = {s, b, c, p0, len0, w->is_local ? MI->sliding_window : 0, stats};
+        at_job aj = {s, b, c, p0, len0, w->is_local ? MI->sliding_window : 0, stats, s->rc.active ? l : -1};
         kvs_pool_run(s->pool, at_run, &aj);
         if (stats >= 0) attn_stats_reduce(s, l, len0 + T);
         matmul(s, b, &w->wo, b->A, b->O, NULL, 0);
@@ -948,6 +966,58 @@ cleanup:
     return st;
 }
 
+/* KVzip's reconstruction pass over the n-token prompt just prefilled
+ * (kvs_session_set_recon, kvs_backend.h): per chunk of recon_chunk context
+ * tokens (fewer when n_ctx leaves less room), its input (recon.c) runs
+ * through the batched kernels at positions n.. with the maxima armed for
+ * the chunk's keys, then every layer drops the pass's rows. */
+static kvs_status recon_pass(kvs_session *s, const int32_t *tokens, int n, kvs_err *err) {
+    const kvs_model_info *MI = &s->m->info;
+    const double t0 = kvs_now_ms();
+    int room = s->n_ctx - n, extra = 0, ni = 0;
+    for (int l = 0; l < MI->n_layers; l++) {
+        if (s->kv[l].bounded || s->kv[l].compressed || s->kv[l].len != n)
+            return kvs_errorf(err, KVS_ERR_INTERNAL, "reconstruction pass: layer %d is not the prompt's cache", l);
+        if (s->kv[l].cap - n < room) room = s->kv[l].cap - n;
+    }
+    /* the instruction's length: the longer of the first and a later chunk's input for one token, less it */
+    int32_t probe[256];
+    const int later = n - 1 < KVS_RECON_PREV ? n - 1 : KVS_RECON_PREV;
+    kvs_status st = kvs_recon_chunk_tokens(s->m, tokens, 0, 1, probe, 256, &ni, err);
+    extra = ni - 1;
+    if (!st && later > 0) st = kvs_recon_chunk_tokens(s->m, tokens, later, later + 1, probe, 256, &ni, err);
+    if (st) return st;
+    if (later > 0 && ni - 1 > extra) extra = ni - 1;
+    int chunk = s->recon_chunk < n ? s->recon_chunk : n;
+    if (chunk > room - extra) chunk = room - extra;
+    if (chunk < 1)
+        return kvs_errorf(err, KVS_ERR_INVALID,
+                          "reconstruction pass (KVzip): the context of %d positions leaves %d after the %d-token "
+                          "prompt; the pass needs at least %d (its instruction and one token)",
+                          s->n_ctx, room, n, extra + 1);
+    int32_t *in = malloc(sizeof(int32_t) * (size_t)(chunk + extra)); /* [chunk + instruction] */
+    if (!in) return kvs_errorf(err, KVS_ERR_NOMEM, "reconstruction pass: out of memory");
+    if ((st = kvs_recon_begin(s, n, err))) goto done;
+    for (int c0 = 0; c0 < n && !st; c0 += chunk) {
+        const int c1 = c0 + chunk < n ? c0 + chunk : n;
+        int ns = 0;
+        if ((st = kvs_recon_chunk_tokens(s->m, tokens, c0, c1, in, chunk + extra, &ns, err))) break;
+        s->rc.lo = c0;
+        s->rc.hi = c1;
+        st = run_chunks(s, in, NULL, ns, 0, NULL, err);
+        for (int l = 0; l < MI->n_layers; l++) s->kv[l].len = n; /* the pass's rows go */
+        s->n_past = n;
+    }
+    if (!st) kvs_recon_finish(s, kvs_now_ms() - t0);
+done:
+    free(in);
+    if (st) {
+        kvs_recon_free(s);
+        kvs_err_prefix(err, "reconstruction pass (KVzip)");
+    }
+    return st;
+}
+
 /* tokens or embd (exactly one non-NULL) */
 static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *embd, int n, const uint8_t *modality,
                           float *logits, kvs_err *err) {
@@ -1006,6 +1076,7 @@ static kvs_status prefill(kvs_session *s, const int32_t *tokens, const float *em
     for (int i = 0; i < n; i++) s->modality[i] = modality ? modality[i] : KVS_MOD_TEXT;
     s->n_past = n;
     s->n_prompt = n;
+    if (s->recon_chunk > 0 && tokens && (st = recon_pass(s, tokens, n, err))) goto fail;
     return KVS_OK;
 fail:
     kvs_session_reset(s);
@@ -1050,6 +1121,7 @@ kvs_status kvs_session_extend(kvs_session *s, const int32_t *tokens, int n, floa
     const int p_start = s->n_past;
     kvs_status st = KVS_OK;
     kvs_attn_stats_free(s); /* the cache grows: not the prefill's any more */
+    kvs_recon_free(s);
     if (s->kivi) {
         /* a KIVI store answers for the tokens it holds: each token is one
          * decode step (the store as decoding leaves it, bit for bit) */

@@ -318,6 +318,35 @@ void kvs_session_set_ubatch(kvs_session *s, int ubatch);
  * kvs_session_has_attn_stats: 1 while they are valid. */
 void kvs_session_set_attn_stats(kvs_session *s, int on);
 int kvs_session_has_attn_stats(const kvs_session *s);
+/* The context-reconstruction pass of KVzip (KVS_NEED_RECON; off by default).
+ * chunk: 0 off, < 0 the default 2048, else context tokens per chunk. When
+ * on, every later prefill of tokens (not embeddings) longer than 0 runs,
+ * after the prompt, one extra forward pass per chunk [c0, c1) of the prompt:
+ * the input kvs_recon_chunk_tokens gives, at the positions after the prompt,
+ * on top of the prompt's cache, keeping per context key of the chunk the
+ * maximum attention probability any of its rows and any query head of the
+ * key's group gives it (in the attention kernel's own pass); then the rows
+ * are dropped, the cache holds the prompt again. Cost: about one prefill of
+ * the prompt's length more, and [threads][L][Hkv][N] floats during it, [L][Hkv][N]
+ * kept. Needs n_ctx >= prompt + the chunk's input (the chunk shrinks to the
+ * room left; none left is an error of the prefill, as any failure of the
+ * pass). Cache views hand it out as kvs_layer.attn_recon_max while the
+ * cache is that prefill's (like the attention statistics: reset, extend,
+ * decode, a compression drop it, a copy takes it along).
+ * kvs_session_has_recon: 1 while it is valid; kvs_session_recon_ms: the
+ * pass's wall time (0 without one), which kvs_session_compress counts in
+ * compress_ms for a method that needs it. */
+void kvs_session_set_recon(kvs_session *s, int chunk);
+int kvs_session_has_recon(const kvs_session *s);
+double kvs_session_recon_ms(const kvs_session *s);
+/* The reconstruction input of context chunk [c0, c1) of ctx: the
+ * instruction "\n\nRepeat the previous context exactly." (c0 = 0) or
+ * "\n\nRepeat the part of the previous context exactly, starting with" and
+ * the 8 tokens before c0 (c0 > 0), then "\n", then ctx[c0..c1) (kvpress
+ * KVzipPress's input for a model without a chat template). out [cap]; *n_out
+ * its length (an error when over cap). */
+kvs_status kvs_recon_chunk_tokens(const kvs_model *m, const int32_t *ctx, int c0, int c1, int32_t *out, int cap,
+                                  int *n_out, kvs_err *err);
 /* Forget the sequence (cache lengths to 0, capacity restored). */
 void kvs_session_reset(kvs_session *s);
 int kvs_session_n_ctx(const kvs_session *s);

@@ -166,6 +166,7 @@ void kvs_session_free(kvs_session *s) {
     kvs_dec_buf_free(&s->db);
     free(s->scores);
     kvs_attn_stats_free(s);
+    kvs_recon_free(s);
     free(s);
 }
 
@@ -303,6 +304,7 @@ void kvs_session_reset(kvs_session *s) {
     s->n_prompt = 0;
     s->rec_end = 0;
     kvs_attn_stats_free(s);
+    kvs_recon_free(s);
 }
 
 int kvs_session_n_ctx(const kvs_session *s) { return s->n_ctx; }
@@ -528,7 +530,8 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
     dst->n_past = src->n_past;
     dst->n_prompt = src->n_prompt;
     dst->rec_end = src->rec_end;
-    return kvs_attn_stats_copy(dst, src, err);
+    kvs_status st = kvs_attn_stats_copy(dst, src, err);
+    return st ? st : kvs_recon_copy(dst, src, err);
 }
 
 /* The view of kvs_session_cache_view; current = 1: of the rows held now (compressed, extended or
@@ -562,6 +565,7 @@ static kvs_status cache_view(const kvs_session *s, int include_local, int curren
         if (c->q) L->q = (kvs_view){c->q, KVS_F32, KVS_HOST, Hq, c->nq, D, (int64_t)c->nq * D, D};
         else L->q = (kvs_view){NULL, KVS_F32, KVS_HOST, Hq, 0, D, 0, D};
         if (!current) kvs_attn_stats_view(s, l, L); /* the prefill's statistics, where it has them */
+        if (!current) kvs_recon_view(s, l, L);
         layer_map[n++] = l;
     }
     if (n == 0) return kvs_errorf(err, KVS_ERR_INVALID, "cache view: no layer selected (all layers are local)");
@@ -635,6 +639,7 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
     kvs_kv_stats before;
     kvs_session_kv_stats(s, &before);
     kvs_attn_stats_free(s); /* the cache changes below */
+    kvs_recon_free(s);
     /* a plan that only keeps rows copies them as they are (bytes of any cache
      * type, block rows whole); one that merges goes through kvs_apply in fp32
      * and back to the cache type (block types quantise the merged rows again) */
@@ -810,6 +815,14 @@ kvs_status kvs_session_plan_many(kvs_session *s, const kvs_compress_opts *o, con
     if (!layers) return kvs_errorf(err, KVS_ERR_NOMEM, "compress: out of memory");
     kvs_cache_view cv;
     if ((st = kvs_session_cache_view(s, o->compress_local, &cv, layers, map, &nm, err))) goto cleanup;
+    if ((o->method->needs & KVS_NEED_RECON) && !kvs_session_has_recon(s)) {
+        st = kvs_errorf(err, KVS_ERR_INVALID,
+                        "compress: method %s needs the context-reconstruction pass (KVS_NEED_RECON), which this "
+                        "session did not run or no longer holds (kvs_session_set_recon before a prefill of tokens; "
+                        "extending the prompt, e.g. the server's compress_suffix, drops it)",
+                        o->method->name);
+        goto cleanup;
+    }
     int N = s->n_prompt;
     int want = kvs_method_queries_needed(o->method, &o->params, N);
     if (want > 0) {
@@ -872,9 +885,11 @@ kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o,
         stats->compress_ms = kvs_now_ms() - t0;
         return st;
     }
+    /* view + observe + select + apply + trim, and the reconstruction pass when the method reads it */
+    const double recon = o->method->needs & KVS_NEED_RECON ? kvs_session_recon_ms(s) : 0.0;
     kvs_status st = kvs_session_plan_many(s, o, &o->budget, 1, out_plan, map, NULL, err);
     if (st == KVS_OK) st = kvs_session_compress_with(s, out_plan, map, stats, err);
-    if (st == KVS_OK) stats->compress_ms = kvs_now_ms() - t0; /* view + observe + select + apply + trim */
+    if (st == KVS_OK) stats->compress_ms = kvs_now_ms() - t0 + recon;
     return st;
 }
 
@@ -933,6 +948,13 @@ kvs_status kvs_session_recompress(kvs_session *s, const kvs_compress_opts *o, kv
     kvs_status st;
     if (!layers) return kvs_errorf(err, KVS_ERR_NOMEM, "recompress: out of memory");
     kvs_cache_view cv;
+    if (o->method->needs & KVS_NEED_RECON) {
+        st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
+                        "recompress: method %s needs the context-reconstruction pass over the whole prompt "
+                        "(KVS_NEED_RECON); chunked compression cannot give it",
+                        o->method->name);
+        goto cleanup;
+    }
     if ((st = cache_view(s, o->compress_local, 1, &cv, layers, map, &nm, err))) goto cleanup;
     const int N = layers[0].k.n_tokens;
     const int want = kvs_method_queries_needed(o->method, &o->params, N);

@@ -84,6 +84,23 @@ typedef struct {
     int active;              /* a prefill is accumulating them */
 } attn_stats;
 
+/* The context-reconstruction statistic (kvs_session_set_recon; recon.c,
+ * forward.c's recon_pass): kvs_layer.attn_recon_max of every layer, valid
+ * only while n == n_prompt > 0 and the layer is the uncompressed prefill
+ * cache. During the pass (active) each worker keeps its own maxima of the
+ * keys [lo, hi) of the chunk being reconstructed. */
+#define KVS_RECON_CHUNK 2048 /* context tokens per reconstruction chunk (kvpress's chunk_size) */
+#define KVS_RECON_PREV 8     /* tokens of the chunk before that prompt a later chunk (prev_postfix_size) */
+typedef struct {
+    int n;       /* prompt length it describes; 0: none */
+    int cap;     /* tokens the buffers hold */
+    float *max;  /* [L][Hkv][cap] */
+    float *tmax; /* [threads][L][Hkv][cap] per-worker maxima during the pass */
+    int lo, hi;  /* keys whose maxima the current chunk takes */
+    int active;  /* a pass is accumulating */
+    double ms;   /* the pass's wall time */
+} recon_stats;
+
 struct kvs_session {
     kvs_model *m;
     int n_ctx, n_threads, record_queries, ubatch;
@@ -103,6 +120,8 @@ struct kvs_session {
     float *scores;                  /* [Hq][n_ctx] decode attention scores */
     int want_attn_stats;            /* kvs_session_set_attn_stats */
     attn_stats as;
+    int recon_chunk;                /* kvs_session_set_recon: 0 off, else context tokens per chunk */
+    recon_stats rc;
 };
 
 struct kvs_batch {
@@ -156,6 +175,18 @@ kvs_status kvs_attn_stats_begin(kvs_session *s, int n, const uint8_t *modality, 
 kvs_status kvs_attn_stats_finish(kvs_session *s, int n, kvs_err *err);
 kvs_status kvs_attn_stats_copy(kvs_session *dst, const kvs_session *src, kvs_err *err);
 void kvs_attn_stats_view(const kvs_session *s, int l, kvs_layer *out);
+
+/* recon.c: the reconstruction statistic (s->rc). free: drop it (anything
+ * that changes the cache). begin: before the pass over an n-token prompt
+ * (zeroed per-worker maxima, armed). finish: reduce the workers' maxima (valid
+ * from then on; ms the pass's time). copy: dst gets src's (if any). view:
+ * out's attn_recon_max for model layer l (NULL where absent or no longer
+ * valid). */
+void kvs_recon_free(kvs_session *s);
+kvs_status kvs_recon_begin(kvs_session *s, int n, kvs_err *err);
+void kvs_recon_finish(kvs_session *s, double ms);
+kvs_status kvs_recon_copy(kvs_session *dst, const kvs_session *src, kvs_err *err);
+void kvs_recon_view(const kvs_session *s, int l, kvs_layer *out);
 
 /* kivi_cache.c: the KIVI stores of a session (s->kivi set). */
 /* The stores' config from the session's K and V types (both kivi), G and R (<= 0: KIVI's). */

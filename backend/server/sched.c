@@ -351,6 +351,9 @@ static void admit(kvs_server *s, srv_job *j) {
     /* h2o, lookm, meda: the prefill accumulates the attention statistics they read (one pass for all) */
     for (int i = 0; i < g->n_variants && !chunked; i++)
         if (kvs_method_reads_attn_stats(g->variants[i].method)) kvs_session_set_attn_stats(pre, 1);
+    /* kvzip: the prefill runs the context-reconstruction pass, once for all variants (copies take it along) */
+    for (int i = 0; i < g->n_variants && !chunked; i++)
+        if (g->variants[i].method && (g->variants[i].method->needs & KVS_NEED_RECON)) kvs_session_set_recon(pre, -1);
     double t0 = kvs_now_ms();
     if (chunked) {
         if (srv_chunked_prefill(s, pre, chunked, g->prompt, g->n_prompt, NULL, NULL, logits0, &j->outs[0].chunks,
@@ -362,7 +365,7 @@ static void admit(kvs_server *s, srv_job *j) {
         srv_fail_kvs(&j->e, &err, g->prompt_field);
         goto fail;
     }
-    j->prompt_ms = kvs_now_ms() - t0;
+    j->prompt_ms = kvs_now_ms() - t0 - kvs_session_recon_ms(pre); /* the pass counts in compress_ms */
     srv_note_prefill(s, g->n_prompt, j->prompt_ms);
     /* Sliding-window layers keep only their window once the prompt is in (each variant trims its copy
      * after compressing). When no variant compresses those layers, trim the prefill's cache once

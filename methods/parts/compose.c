@@ -144,6 +144,7 @@ kvs_status kvs_compose_create(const kvs_composition *comp, const kvs_method *m, 
     st->ctx.want_stats = comp->allocator->stats;
     st->ctx.note = st->note;
     st->scores = malloc(sizeof(float) * (size_t)L * (size_t)H * (size_t)N);
+    st->ctx.scores = st->scores;
     st->stats = calloc((size_t)L, sizeof *st->stats);
     st->ctx.stats = st->stats;
     for (int i = 0; i < KVS_PARTS_MAX_KEEP && comp->keep[i]; i++)

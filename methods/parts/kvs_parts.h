@@ -9,9 +9,9 @@
  *   scorer     per layer, per KV head, one fp32 score per token (higher =
  *              keep): snapkv, h2o, tova, knorm, keydiff, random, flashcache,
  *              expected_attention, lagkv, cur, leverage, cake, simlayer,
- *              qfilter, compactor
+ *              qfilter, compactor, finch, kvzip
  *   allocator  splits the global budget L * B over layers: uniform, pyramid,
- *              and the data-driven dba, entropy, cake, simlayer (they read
+ *              and the data-driven dba, entropy, cake, simlayer, global (they read
  *              per-layer statistics, kvs_layer_stats, gathered during observe)
  *   head allocator (optional) splits a layer's budget over its KV heads by
  *              the layer's scores: adakv (ragged per-head counts)
@@ -97,6 +97,10 @@ typedef struct {
     kvs_layer_stats *stats;
     unsigned want_stats;
     char *note; /* [256] or NULL */
+    /* The scores of every layer [L][Hkv][N] as the scorer wrote them,
+     * complete once the last layer is observed (NULL for a part used
+     * alone): what an allocator ranking all layers reads (global). */
+    const float *scores;
 } kvs_part_ctx;
 
 /* Value of parameter `name` of method m, or `absent` when m does not declare it. */
@@ -149,10 +153,10 @@ extern const kvs_scorer kvs_scorer_lookm;
 
 typedef struct {
     const char *name;
-    /* budgets [L], each in [1, N], summing exactly to L * per_layer.
-     * The interface grows here for the later slices: scores [L][Hkv][N] (or
-     * per-layer statistics) as input for data-driven allocators (DBA,
-     * entropy), and per-head budgets [L][Hkv] out for AdaKV (ragged heads). */
+    /* budgets [L], each in [1, N], summing exactly to L * per_layer. Inputs
+     * beyond the shape: per-layer statistics (c->stats, data-driven
+     * allocators) or every layer's scores (c->scores, global); per-head
+     * counts are a head allocator's (kvs_head_allocator). */
     kvs_status (*allocate)(const kvs_part_ctx *c, int per_layer, int *budgets, kvs_err *err);
     /* Data-driven allocators (0 / NULL otherwise): the KVS_STAT_* groups
      * allocate reads from c->stats, the inputs their measure needs
@@ -167,6 +171,9 @@ typedef struct {
 } kvs_allocator;
 
 extern const kvs_allocator kvs_alloc_uniform, kvs_alloc_pyramid;
+/* global (alloc_global.c): layer budgets from one top-k of the scores over
+ * every layer and head (KVzip's non-layerwise budget; reads c->scores). */
+extern const kvs_allocator kvs_alloc_global;
 /* Data-driven allocators: FlashCache's DBA (alloc_dba.c), MEDA's entropy
  * budgets (alloc_entropy.c), CAKE's layer preferences (alloc_cake.c). */
 extern const kvs_allocator kvs_alloc_dba, kvs_alloc_entropy, kvs_alloc_cake;
@@ -458,6 +465,9 @@ extern const kvs_scorer kvs_scorer_cur, kvs_scorer_leverage;
  * over segments by length, top-k in each. */
 extern const kvs_scorer kvs_scorer_finch;
 extern const kvs_pick_rule kvs_pick_segment;
+/* kvzip (score_kvzip.c): KVzip's context-reconstruction scores, read from
+ * kvs_layer.attn_recon_max (KVS_NEED_RECON); the first `sinks` score 1. */
+extern const kvs_scorer kvs_scorer_kvzip;
 /* The leverage of one head's keys krows [N][d] with a sketch of k columns
  * drawn from stream (score_leverage.c; exposed for tests): out [N]; scratch
  * y [N][k] floats, g and z [k][k] doubles. */
@@ -609,6 +619,8 @@ extern const kvs_method kvs_preset_compactor;
 /* Finch (finch scorer + segment pick) and ThinK (SnapKV tokens +
  * think key channels) */
 extern const kvs_method kvs_preset_finch, kvs_preset_think;
+/* KVzip: kvzip scorer + global allocator + adakv heads (alpha 0) + sinks */
+extern const kvs_method kvs_preset_kvzip;
 /* FlashCache as a composition (dba allocator; bit-identity proof against
  * methods/flashcache.c in tests/parts; not registered: the monolith's
  * threaded observe stays the fast path). The registered lookm and meda

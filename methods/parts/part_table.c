@@ -189,6 +189,13 @@ static const kvs_part_info table[] = {
     PART(KVS_PART_CHANNELS, "think", &kvs_chan_think,
          "ThinK: per head the key channels with the lowest mean q^2 x mean k^2 pruned (zeroed)",
          p_think),
+    /* KVzip */
+    PART(KVS_PART_SCORER, "kvzip", &kvs_scorer_kvzip,
+         "KVzip: max attention from the engine's context-reconstruction pass (needs it); the "
+         "first `sinks` score 1",
+         p_sinks),
+    PART0(KVS_PART_ALLOCATOR, "global", &kvs_alloc_global,
+          "layer budgets from one top-k of the scores over every layer and head (KVzip)"),
 };
 
 const char *kvs_part_kind_name(kvs_part_kind k) {

@@ -77,6 +77,10 @@
  *   think               snapkv scorer + window + topk (SnapKV's defaults)
  *                       + think channel rule (arXiv 2407.21018),
  *                       key_channel_ratio 0.5: pruned key channels zeroed
+ *   kvzip               kvzip scorer (arXiv 2505.23416; needs the engine's
+ *                       reconstruction pass) + global allocator (one
+ *                       ranking over layers and heads, kvpress's default)
+ *                       + adakv heads with alpha 0 (no safeguard) + sinks 4
  *   lookm, meda         the registered kvs_method_lookm / kvs_method_meda:
  *                       lookm scorer + uniform / entropy + window
  *                       (recent_frac) + topk, merge from `merge`; the
@@ -500,6 +504,19 @@ KVS_PRESET(think, "think",
             .keep = {&kvs_keep_window}, .pick = &kvs_pick_topk, .merge = KVS_MERGE_NONE,
             .channels = &kvs_chan_think})
 
+/* ---- KVzip (docs/methods.md) ---- */
+static const kvs_param_def params_kvzip[] = {
+    KVS_PARTS_P_SINKS(4),
+    KVS_PARTS_P_ALPHA(0.0),
+};
+KVS_PRESET(kvzip, "kvzip",
+           "KVzip: max attention each token receives while the model repeats the context "
+           "(an extra pass), one ranking over all layers and heads",
+           KVS_NEED_RECON,
+           {.scorer = &kvs_scorer_kvzip, .allocator = &kvs_alloc_global,
+            .heads = &kvs_heads_adakv, .keep = {&kvs_keep_sinks}, .pick = &kvs_pick_topk,
+            .merge = KVS_MERGE_NONE})
+
 static const struct {
     const kvs_method *m;
     const kvs_composition *comp;
@@ -531,6 +548,7 @@ static const struct {
     {&kvs_preset_compactor, &comp_compactor},
     {&kvs_preset_finch, &comp_finch},
     {&kvs_preset_think, &comp_think},
+    {&kvs_preset_kvzip, &comp_kvzip},
 };
 
 int kvs_parts_presets_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

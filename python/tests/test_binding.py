@@ -30,9 +30,10 @@ HEADER = os.environ.get("KVSIEVE_ABI_HEADER")
 METHODS = ["full", "random", "streamingllm", "h2o", "snapkv", "lookm", "meda", "flashcache",
            "knorm", "tova", "keydiff", "pyramidkv", "chunkkv", "expected_attention", "pyramid_tova",
            "adakv", "ada_pyramidkv", "ada_flashcache", "lagkv", "criticalkv", "criticaladakv", "cur", "leverage",
-           "cake", "simlayerkv", "qfilters", "compactor", "finch", "think"]
+           "cake", "simlayerkv", "qfilters", "compactor", "finch", "think", "kvzip"]
 RAGGED = {"adakv", "ada_pyramidkv", "ada_flashcache", "criticaladakv"}  # head-adaptive: per-head counts
 W_O = {"criticalkv", "criticaladakv"}  # need each layer's output projection, which the ABI does not take
+RECON = {"kvzip"}  # needs the model's context-reconstruction pass, which a context cannot hold
 
 
 def synth(L=2, Hkv=2, Hq=4, N=48, Nq=48, d=8, seed=1):
@@ -143,6 +144,14 @@ class TestPurePython(unittest.TestCase):
                     self.assertIn(m["name"], str(e.exception))
                     refused += 1
                     continue
+                if "recon" in m["needs"]:  # nor KVzip's reconstruction statistic: refused, by name
+                    with self.assertRaises(KvsError) as e:
+                        ctx.compress(m["name"], ratio=0.25)
+                    self.assertEqual(e.exception.status_name, "invalid")
+                    self.assertIn("context-reconstruction statistic", str(e.exception))
+                    self.assertIn(m["name"], str(e.exception))
+                    refused += 1
+                    continue
                 for budget in ({"ratio": 0.25}, {"tokens": 10}):
                     plan = ctx.compress(m["name"], **budget)
                     per_layer = int(0.25 * N) if "ratio" in budget else 10
@@ -154,8 +163,8 @@ class TestPurePython(unittest.TestCase):
             st = ctx.stats()
             self.assertEqual(st["tensors_fed"], 3 * L)
             self.assertEqual(st["tensors_copied"], 0)
-            self.assertEqual(refused, len(W_O))
-            self.assertEqual(st["compress_calls"], 2 * (len(METHODS) - len(W_O)))
+            self.assertEqual(refused, len(W_O) + len(RECON))
+            self.assertEqual(st["compress_calls"], 2 * (len(METHODS) - len(W_O) - len(RECON)))
 
     def test_params_and_merge(self):
         layers, modality = synth(seed=4)
@@ -226,7 +235,7 @@ class TestAgainstCli(unittest.TestCase):
             f, L = self.feed_dump(ctx, dump)
             self.assertEqual(ctx.stats()["tensors_copied"], 0)
             for m in METHODS:
-                if m in W_O:  # neither the dump nor the context has W_o (refusals: above)
+                if m in W_O or m in RECON:  # neither the dump nor the context has W_o / the pass (refusals: above)
                     continue
                 for flag, value in budgets:
                     pj = os.path.join(self.tmp, "p.json")

@@ -460,6 +460,8 @@ class TestServer(unittest.TestCase):
             ({"prompt": "x", "kv_compression": {"method": "snapkv", "ratio": 0.5, "params": {"window": -3}}},
              "kv_compression.params.window"),
             ({"prompt": "x", "kv_compression": {"method": "snapkv"}}, "kv_compression.ratio"),
+            # KVzip needs the engine's context-reconstruction pass: refused by name before the prefill
+            ({"prompt": "x", "kv_compression": {"method": "kvzip", "ratio": 0.5}}, "kv_compression.method"),
             ({"prompt": "x", "kv_compression": {"variants": [{"method": "h2o", "ratio": 0.5, "bogus": 1}]}},
              "kv_compression.variants[0].bogus"),
             ({"prompt": "x", "n_predict": 10 ** 6}, "n_predict"),

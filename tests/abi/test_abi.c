@@ -234,6 +234,11 @@ static void compare_one(kvs_abi_ctx *ctx, const cache *c, const kvs_method *m, c
     if (m->needs & KVS_NEED_W_O)
         CHECK_MSG(ast != 0 && strstr(kvs_abi_last_error(ctx), "output projection W_o"),
                   "%s: a context without W_o was not refused by name: %s", m->name, kvs_abi_last_error(ctx));
+    if (m->needs & KVS_NEED_RECON) /* kvzip: a context has no reconstruction pass */
+        CHECK_MSG(ast != 0 && strstr(kvs_abi_last_error(ctx), "context-reconstruction statistic") &&
+                      strstr(kvs_abi_last_error(ctx), m->name),
+                  "%s: a context without the reconstruction statistic was not refused by name: %s", m->name,
+                  kvs_abi_last_error(ctx));
     if (rst != KVS_OK || ast != 0) {
         /* Same failure, same message (the ABI adds nothing to core's). */
         if (rst != KVS_OK && ast != 0) CHECK_MSG(strcmp(kvs_abi_last_error(ctx), err.msg) == 0, "'%s' vs '%s'",
@@ -413,10 +418,12 @@ static void compare_one(kvs_abi_ctx *ctx, const cache *c, const kvs_method *m, c
     kvs_abi_plan_free(p);
 }
 
-/* Registered methods that need each layer's W_o (KVS_NEED_W_O). */
+/* Registered methods that need an input a context cannot hold: each layer's
+ * W_o (KVS_NEED_W_O) or the context-reconstruction statistic (KVS_NEED_RECON). */
 static int n_need_wo(void) {
     int n = 0;
-    for (int i = 0; i < kvs_methods_count(); i++) n += (kvs_method_at(i)->needs & KVS_NEED_W_O) != 0;
+    for (int i = 0; i < kvs_methods_count(); i++)
+        n += (kvs_method_at(i)->needs & (KVS_NEED_W_O | KVS_NEED_RECON)) != 0;
     return n;
 }
 
@@ -459,8 +466,8 @@ static void test_plans_equal(void) {
             cache_free(&c);
         }
     /* Every case compressed (the caches carry all queries) but the methods
-     * that need W_o, which a context has not (refused by core and ABI with
-     * one message, compare_one): 3 dtypes x 4 layouts x (2 budgets per
+     * that need W_o or the reconstruction pass, which a context has not
+     * (refused by core and ABI with one message, compare_one): 3 dtypes x 4 layouts x (2 budgets per
      * method + 3 parameter cases). */
     CHECK(n_need_wo() > 0);
     CHECK_EQ_INT(n_compared, 3 * 4 * (2 * (kvs_methods_count() - n_need_wo()) + 3));

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_cli.sh KVSIEVE -- drives the real binary like a user would:
-#  1. `methods` lists the 29 methods (presets with their composition) and the parts;
+#  1. `methods` lists the 30 methods (presets with their composition) and the parts;
 #  2. synth + compress for every method at ratio 0.2 on several shapes: the
 #     plan JSON has exact budgets (sum = L * floor(0.2 N), equal counts per
 #     head, sorted unique indices in range), checked by an independent reader;
@@ -23,10 +23,10 @@ expect_fail() {
 
 # 1. methods
 out=$("$BIN" methods) || bad "methods failed"
-for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv ada_flashcache lagkv criticalkv criticaladakv cur leverage cake simlayerkv qfilters compactor finch think; do
+for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv ada_flashcache lagkv criticalkv criticaladakv cur leverage cake simlayerkv qfilters compactor finch think kvzip; do
   echo "$out" | grep -q "^$m\$" && ok || bad "methods does not list $m"
 done
-"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==29' && ok || bad "methods --json"
+"$BIN" methods --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==30' && ok || bad "methods --json"
 
 # 2. exact budgets on several shapes
 check_plan() { # plan.json L N ratio
@@ -57,6 +57,9 @@ for s in "${shapes[@]}"; do
     expect_fail "needs each layer's output projection W_o" \
       "$BIN" compress --kv "$TMP/c.safetensors" --method "$m" --ratio 0.2 --plan "$TMP/p.json" --quiet
   done
+  # nor KVzip's context-reconstruction statistic (the engine's extra forward pass): refused by name
+  expect_fail "method kvzip needs the context-reconstruction statistic" \
+    "$BIN" compress --kv "$TMP/c.safetensors" --method kvzip --ratio 0.2 --plan "$TMP/p.json" --quiet
   for m in full random streamingllm h2o snapkv lookm meda flashcache knorm tova keydiff pyramidkv chunkkv expected_attention pyramid_tova adakv ada_pyramidkv ada_flashcache lagkv cur leverage cake simlayerkv qfilters compactor finch think; do
     outarg=(--out "$TMP/o.safetensors")
     case $m in ada*) outarg=() ;; esac # ragged plans: the [Hkv, B, d] dump cannot hold them (refused below)

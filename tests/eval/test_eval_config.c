@@ -287,8 +287,10 @@ static void test_shipped(const char *golden_dir) {
     int methods = 0;
     for (int i = 0; i < e->n_variants; i++)
         methods += i == 0 || e->variants[i].method != e->variants[i - 1].method;
-    int need_wo = 0; /* synthetic caches have no W_o: CriticalKV runs in experiments/methods.lua */
-    for (int i = 0; i < kvs_methods_count(); i++) need_wo += (kvs_method_at(i)->needs & KVS_NEED_W_O) != 0;
+    int need_wo = 0; /* synthetic caches have no W_o nor a reconstruction pass: CriticalKV and KVzip run in
+                        experiments/methods.lua */
+    for (int i = 0; i < kvs_methods_count(); i++)
+        need_wo += (kvs_method_at(i)->needs & (KVS_NEED_W_O | KVS_NEED_RECON)) != 0;
     CHECK_EQ_INT(methods, kvs_methods_count() - need_wo); /* every registered method but those */
     CHECK_EQ_INT(e->queries, -1);              /* H2O, LOOK-M, MEDA need all queries */
     kvs_cell *cells;

@@ -20,6 +20,7 @@ typedef struct {
     float *k, *v, *q;   /* [L][Hkv][N][d], [L][Hkv][N][d], [L][Hq][Nq][d] (q NULL if Nq == 0) */
     uint8_t *modality;  /* [N] or NULL */
     float *wo;          /* [L][Hq][E][d] output projections (m1_cache_add_wo), or NULL */
+    float *recon;       /* [L][Hkv][N] reconstruction maxima (m1_cache_add_recon), or NULL */
     kvs_layer *layers;  /* [L] */
     kvs_cache_view view;
 } m1_cache;
@@ -67,6 +68,7 @@ static inline void m1_cache_free(m1_cache *c) {
     free(c->q);
     free(c->modality);
     free(c->wo);
+    free(c->recon);
     free(c->layers);
     memset(c, 0, sizeof *c);
 }
@@ -101,6 +103,21 @@ static inline void m1_cache_add_wo(m1_cache *c, int E, uint64_t seed) {
     for (size_t i = 0; i < per * (size_t)c->L; i++) c->wo[i] = (float)kvs_rng_normal(&rng);
     for (int l = 0; l < c->L; l++)
         c->layers[l].wo = kvs_view_make(c->wo + per * (size_t)l, KVS_F32, c->Hq, E, c->d);
+}
+
+/* Uniform [0, 1) stand-ins for the context-reconstruction statistic
+ * (kvs_layer.attn_recon_max), for methods that declare KVS_NEED_RECON. */
+static inline void m1_cache_add_recon(m1_cache *c, uint64_t seed) {
+    const size_t per = (size_t)c->Hkv * c->N;
+    free(c->recon);
+    c->recon = malloc(sizeof(float) * (per * (size_t)c->L + 1));
+    if (!c->recon) {
+        fprintf(stderr, "m1_cache_add_recon: out of memory\n");
+        exit(2);
+    }
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 11;
+    for (size_t i = 0; i < per * (size_t)c->L; i++) c->recon[i] = (float)kvs_rng_uniform(&rng);
+    for (int l = 0; l < c->L; l++) c->layers[l].attn_recon_max = c->recon + per * (size_t)l;
 }
 
 static inline kvs_shape m1_shape(const m1_cache *c, int threads) {

@@ -169,6 +169,7 @@ static void test_presets(uint64_t *rng) {
             m1_cache_init(&c, irand(rng, 1, 4), Hkv, Hkv * G, N, N, 8 * irand(rng, 1, 3));
             m1_cache_fill_random(&c, 1000 + (uint64_t)rep * 31 + (uint64_t)i);
             if (m->needs & KVS_NEED_W_O) m1_cache_add_wo(&c, irand(rng, 1, 24), 77 + (uint64_t)rep);
+            if (m->needs & KVS_NEED_RECON) m1_cache_add_recon(&c, 91 + (uint64_t)rep);
             kvs_params p;
             kvs_params_defaults(m, &p);
             const int B = rep == 0 ? N : irand(rng, 1, N);
@@ -246,6 +247,7 @@ static void test_refusals(void) {
     m1_cache_init(&c, 2, 1, 2, 16, 16, 4);
     m1_cache_fill_random(&c, 5);
     m1_cache_add_wo(&c, 6, 5); /* host W_o: the presets that need it get past that check */
+    m1_cache_add_recon(&c, 5);  /* and the reconstruction statistic (kvzip) */
     kvs_err e = {0};
     kvs_budget b = {0, 8};
     kvs_plan pl;

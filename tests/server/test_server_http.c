@@ -10,7 +10,8 @@
  * kv_compression extension (one object and variants: one prefill, checked on
  * /metrics; the "full" variant reproduces the plain output; per-layer kv
  * statistics; a method composed from parts, as an object or its JSON
- * text), /kv/dump read back with kvs_dump_open, bad requests (4xx
+ * text; KVzip's reconstruction pass shared by its variants, refused with
+ * chunked compression and compress_suffix), /kv/dump read back with kvs_dump_open, bad requests (4xx
  * naming the field; 413 over the body limit), concurrent requests beyond the slots, and the drain on
  * stop (a request in flight completes).
  * Not covered: the real model (integration tests), SIGTERM delivery itself
@@ -69,6 +70,74 @@ static void expect_error(const char *path, const char *json, long want_status, c
               e ? tc_str(e, "field") : "(none)", field, e ? tc_str(e, "message") : "");
     CHECK_MSG(e && strstr(tc_str(e, "message"), words), "%s %s: message '%s' lacks '%s'", path, json,
               e ? tc_str(e, "message") : "", words);
+    cJSON_Delete(r);
+}
+
+/* KVzip end to end: the prefill runs the reconstruction pass once for all kvzip variants (copies take it
+ * along), each variant decodes what it decodes alone (its own pass), its global layers are compressed to the
+ * budget and its compress_ms counts the pass; chunked compression and compress_suffix cannot give it. */
+static void test_kvzip(void) {
+    long st;
+    const char *prompt = "the cat is on the cat a cat is an cat the cat on a cat is the cat an cat on the "
+                         "cat is a cat the cat is on an cat";
+    static const char *const kz[3] = {"{\"method\": \"kvzip\", \"ratio\": 0.3}",
+                                      "{\"method\": \"kvzip\", \"ratio\": 0.5, \"params\": {\"sinks\": 2}}",
+                                      "{\"method\": \"snapkv\", \"ratio\": 0.3}"};
+    char req[2048];
+    const double pre0 = metric("kvsieve_prefills_total"), comp0 = metric("kvsieve_compressions_total");
+    snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 8, \"kv_compression\": {\"variants\": [%s, %s, %s]}}",
+             prompt, kz[0], kz[1], kz[2]);
+    cJSON *rv = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
+    CHECK_EQ_INT(st, 200);
+    CHECK(metric("kvsieve_prefills_total") - pre0 == 1 && metric("kvsieve_compressions_total") - comp0 == 3);
+    const cJSON *vv = rv ? tc_obj(rv, "variants") : NULL;
+    CHECK_EQ_INT(cJSON_GetArraySize(vv), 3);
+    for (int i = 0; i < 3 && cJSON_GetArraySize(vv) == 3; i++) {
+        snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"n_predict\": 8, \"kv_compression\": %s}", prompt, kz[i]);
+        cJSON *alone = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
+        CHECK_EQ_INT(st, 200);
+        const cJSON *v = cJSON_GetArrayItem(vv, i), *kv = tc_obj(v, "kv");
+        CHECK_MSG(alone && cJSON_Compare(tc_obj(v, "tokens"), tc_obj(alone, "tokens"), 1) &&
+                      cJSON_GetArraySize(tc_obj(v, "tokens")) == 8,
+                  "kvzip variant %d decodes other tokens than alone", i);
+        CHECK(kv && strcmp(tc_str(kv, "method"), i < 2 ? "kvzip" : "snapkv") == 0);
+        CHECK(kv && tc_num(kv, "compress_ms") > 0);
+        const int np = kv ? (int)tc_num(kv, "n_prompt") : 0;
+        const double ratio = i == 1 ? 0.5 : 0.3;
+        double kept = 0, glob = 0; /* rows of the global layers: per layer Hkv x its budget, summing to the total */
+        const cJSON *la = kv ? tc_obj(kv, "layers") : NULL, *lb = alone ? tc_obj(tc_obj(alone, "kv"), "layers") : NULL;
+        for (int l = 0; l < cJSON_GetArraySize(la); l++) {
+            const cJSON *ly = cJSON_GetArrayItem(la, l);
+            CHECK_MSG(lb && tc_num(ly, "tokens_after") == tc_num(cJSON_GetArrayItem(lb, l), "tokens_after"),
+                      "kvzip variant %d layer %d: the cache differs from the variant alone", i, l);
+            if (layer_is_local(l)) continue;
+            CHECK(cJSON_IsTrue(tc_obj(ly, "compressed")));
+            kept += tc_num(ly, "tokens_after");
+            glob++;
+        }
+        const int per = (int)(ratio * np);
+        CHECK_MSG(kept == glob * per * g_spec.n_kv_heads || (g_spec.n_kv_heads > 1 && kept == glob * per),
+                  "kvzip variant %d: %g rows kept in %g global layers, want %d each (x %d heads)", i, kept, glob, per,
+                  g_spec.n_kv_heads);
+        cJSON_Delete(alone);
+    }
+    cJSON_Delete(rv);
+    /* the pass needs the whole prompt before any compression */
+    snprintf(req, sizeof req,
+             "{\"prompt\": \"%s\", \"n_predict\": 4, \"kv_compression\": {\"method\": \"kvzip\", \"ratio\": 0.5, "
+             "\"chunk\": 16}}", prompt);
+    cJSON *r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
+    const cJSON *e = r ? tc_obj(r, "error") : NULL;
+    CHECK_MSG(st >= 400 && e && strstr(tc_str(e, "message"), "kvzip needs the context-reconstruction pass"),
+              "chunked kvzip: status %ld, %s", st, e ? tc_str(e, "message") : "(no error)");
+    cJSON_Delete(r);
+    snprintf(req, sizeof req,
+             "{\"prompt\": \"%s\", \"n_predict\": 4, \"kv_compression\": {\"method\": \"kvzip\", \"ratio\": 0.5, "
+             "\"suffix\": \" the question\", \"compress_suffix\": true}}", prompt);
+    r = tc_call(&g_srv, "POST", "/completion", req, NULL, &st);
+    e = r ? tc_obj(r, "error") : NULL;
+    CHECK_MSG(st >= 400 && e && strstr(tc_str(e, "message"), "no longer holds"),
+              "kvzip with compress_suffix: status %ld, %s", st, e ? tc_str(e, "message") : "(no error)");
     cJSON_Delete(r);
 }
 
@@ -795,6 +864,7 @@ int main(int argc, char **argv) {
     test_basic(m);
     test_completion(m);
     test_variants();
+    test_kvzip();
     test_composed_method();
     test_dump();
     test_bad_requests();

@@ -259,6 +259,11 @@ class Server:
                 kvsieve.queries_wanted(method, ps, 1)
             except kvsieve.KvsError as exc:
                 raise RequestError(400, f, "%s: %s" % (f, exc.message))
+        needs = {m["name"]: m["needs"] for m in kvsieve.methods()}.get(method, [])
+        if "recon" in needs:  # KVzip: the statistic comes from a model pass only the kvsieve engine runs
+            raise RequestError(400, field + ".method", "%s.method: method %s needs the context-reconstruction "
+                               "statistic (an extra forward pass of the model over the prompt), which kvsieve-hf "
+                               "does not run; use `kvsieve serve` or `kvsieve generate`" % (field, method))
         return Variant(field, name, method, params, ratio, tokens, suffix, chunk)
 
     def parse_settings(self, root, oai):

@@ -898,14 +898,20 @@ kvs_status kvs_session_compress_with(kvs_session *s, const kvs_plan *plan, const
     return finish_compress(s, stats, t0, err);
 }
 
+/* The cache type of K (v = 0) or V (v = 1) as the session was opened with (kivi types included). */
+static int kv_type(const kvs_session *s, int v) {
+    if (!s->kivi) return v ? s->ctype_v : s->ctype_k;
+    return v ? (s->kivi_cfg.v_bits == 2 ? KVS_CACHE_KIVI2 : KVS_CACHE_KIVI4) : s->kivi;
+}
+
 kvs_status kvs_session_copy_plan(kvs_session *dst, const kvs_session *src, const kvs_plan *plan, const int *map,
                                  kvs_kv_stats *stats, kvs_err *err) {
     const kvs_model_info *MI = &src->m->info;
     if (dst == src) return kvs_errorf(err, KVS_ERR_INVALID, "copy plan: the destination is the source");
-    if (dst->ctype_k != src->ctype_k || dst->ctype_v != src->ctype_v || dst->kivi != src->kivi)
+    if (kv_type(dst, 0) != kv_type(src, 0) || kv_type(dst, 1) != kv_type(src, 1))
         return kvs_errorf(err, KVS_ERR_INVALID, "copy plan: cache types differ (K %s, V %s into K %s, V %s)",
-                          kvs_cache_type_name(src->kivi ? src->kivi : src->ctype_k), kvs_cache_type_name(src->ctype_v),
-                          kvs_cache_type_name(dst->kivi ? dst->kivi : dst->ctype_k), kvs_cache_type_name(dst->ctype_v));
+                          kvs_cache_type_name(kv_type(src, 0)), kvs_cache_type_name(kv_type(src, 1)),
+                          kvs_cache_type_name(kv_type(dst, 0)), kvs_cache_type_name(kv_type(dst, 1)));
     if (src->n_prompt == 0) return kvs_errorf(err, KVS_ERR_INVALID, "copy plan: no prefill in the source session");
     kvs_status st = copy_begin(dst, src, "copy plan", err);
     if (st) return st;

@@ -526,6 +526,27 @@ kvs_status kvs_session_plan_many(kvs_session *s, const kvs_compress_opts *o, con
  * (the caller adds the plan's share). */
 kvs_status kvs_session_compress_with(kvs_session *s, const kvs_plan *plan, const int *layer_map,
                                      kvs_kv_stats *stats, kvs_err *err);
+/* One prefill, many variants, memory by kept rows: dst (of src's model and
+ * cache types, n_ctx >= src's n_past, its sequence discarded) ends as
+ * kvs_session_copy(dst, src) followed by kvs_session_apply_plan(dst, plan,
+ * layer_map, stats) leaves it, bit for bit (the same kept or merged rows,
+ * positions, lengths, per-head counts and stats), without ever holding src's
+ * whole cache: each layer of the plan gathers (or merges) its kept rows
+ * straight from src's prefill cache; the other layers are copied. plan NULL:
+ * every layer copied (stats as kvs_session_kv_stats). Unlike a copy, dst gets
+ * no recorded queries and no attention statistics (it is decoded, not
+ * planned again). Capacities are the rows held plus dst->n_ctx - src's
+ * n_past: give dst the n_ctx it will reach (prompt + suffix + tokens to
+ * generate) and it holds no more than that. src is not changed. On error dst
+ * is reset. */
+kvs_status kvs_session_copy_plan(kvs_session *dst, const kvs_session *src, const kvs_plan *plan,
+                                 const int *layer_map, kvs_kv_stats *stats, kvs_err *err);
+/* kvs_session_copy_plan with a plan, then the rest of
+ * kvs_session_compress_with (sliding-window trim, KIVI quantisation, stats):
+ * dst ends as kvs_session_copy + kvs_session_compress_with leave it;
+ * stats->compress_ms is this gather + trim. */
+kvs_status kvs_session_compress_from(kvs_session *dst, const kvs_session *src, const kvs_plan *plan,
+                                     const int *layer_map, kvs_kv_stats *stats, kvs_err *err);
 /* Statistics of the current cache without compressing: before = the full
  * prompt cache (n_prompt rows in every layer), after = the rows held now
  * (equal right after a prefill). Bytes are real: rows x 2 (K, V) x KV heads x

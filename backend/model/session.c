@@ -1,7 +1,8 @@
 /*
  * session.c -- a session's ragged KV cache: lifecycle, element types, copies,
- * views for methods, plans applied, compression, statistics, and the
- * sliding-window trim.
+ * views for methods, plans applied (in place, or gathered from another
+ * session's prefill into a variant's own session: kvs_session_copy_plan),
+ * compression, statistics, and the sliding-window trim.
  *
  * The cache: per layer K and V as [Hkv][cap] rows of D elements in the
  * session's element types (f16 default, bf16, f32, or GGUF's Q8_0 / Q4_0
@@ -448,29 +449,52 @@ kvs_status kvs_session_fill_random(kvs_session *s, int n, uint64_t seed, kvs_err
 
 /* ---- copies, views, compression --------------------------------------------------- */
 
-kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err) {
-    if (dst == src) return KVS_OK;
-    if (dst->m != src->m) return kvs_errorf(err, KVS_ERR_INVALID, "session copy: sessions of different models");
-    /* other cache types: rows converted through fp32 (bench: one prefill, decode per type) */
-    const int conv = dst->ctype_k != src->ctype_k || dst->ctype_v != src->ctype_v;
-    float *tmp = conv ? malloc(sizeof(float) * (size_t)src->m->info.head_dim) : NULL;
-    if (conv && !tmp) return kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory");
-    if (dst->n_ctx < src->n_past) {
-        free(tmp);
-        return kvs_errorf(err, KVS_ERR_INVALID, "session copy: destination context %d < source length %d", dst->n_ctx,
+/* Every row of src's layer a into dst's layer c (its buffers reallocated to
+ * a->len + room rows; a trimmed layer: its window's), positions and flags
+ * with them, no recorded queries; tmp [D] (NULL where the cache types are
+ * the same) converts the rows through fp32. */
+static kvs_status copy_layer(kvs_session *dst, kv_layer *c, const kvs_session *src, const kv_layer *a, int room,
+                             float *tmp, kvs_err *err) {
+    const int D = src->m->info.head_dim, Hkv = src->m->info.n_kv_heads;
+    int cap = a->len + room;
+    if (a->bounded && cap > window_cap(src)) cap = a->len < window_cap(src) ? window_cap(src) : a->len + 1;
+    if (c->cap != cap || a->lag) {
+        kvs_status st = kv_alloc(c, Hkv, cap, a->lag, dst->rsz_k, dst->rsz_v, err);
+        if (st) return st;
+    }
+    for (int g = 0; g < Hkv; g++) { /* each head's own rows */
+        const size_t rows = (size_t)(a->len - kvs_kv_lag(a, g));
+        if (!tmp) {
+            memcpy(kvs_kv_krow(dst, c, g, 0), kvs_kv_krow(src, a, g, 0), rows * src->rsz_k);
+            memcpy(kvs_kv_vrow(dst, c, g, 0), kvs_kv_vrow(src, a, g, 0), rows * src->rsz_v);
+        } else
+            for (size_t r = 0; r < rows; r++) {
+                kvs_cache_to_f32(src->ctype_k, kvs_kv_krow(src, a, g, (int)r), tmp, D);
+                kvs_cache_from_f32(dst->ctype_k, tmp, kvs_kv_krow(dst, c, g, (int)r), D);
+                kvs_cache_to_f32(src->ctype_v, kvs_kv_vrow(src, a, g, (int)r), tmp, D);
+                kvs_cache_from_f32(dst->ctype_v, tmp, kvs_kv_vrow(dst, c, g, (int)r), D);
+            }
+        memcpy(kvs_kv_pos(c, g), kvs_kv_pos(a, g), rows * 4);
+    }
+    c->len = a->len;
+    c->compressed = a->compressed;
+    c->bounded = a->bounded;
+    return KVS_OK;
+}
+
+/* The checks of a copy (what names the call in errors); then dst forgets its
+ * sequence without kvs_session_reset's reallocation: every layer gets the
+ * capacity it needs after. */
+static kvs_status copy_begin(kvs_session *dst, const kvs_session *src, const char *what, kvs_err *err) {
+    if (dst->m != src->m) return kvs_errorf(err, KVS_ERR_INVALID, "%s: sessions of different models", what);
+    if (dst->n_ctx < src->n_past)
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: destination context %d < source length %d", what, dst->n_ctx,
                           src->n_past);
-    }
-    const kvs_model_info *MI = &src->m->info;
-    const int D = MI->head_dim, Hkv = MI->n_kv_heads, Hq = MI->n_heads;
-    if (kvs_kv_kivi_sealed(src)) {
-        free(tmp);
+    if (kvs_kv_kivi_sealed(src))
         return kvs_errorf(err, KVS_ERR_UNSUPPORTED,
-                          "session copy: the source's %s cache is quantised already (by compression or decoding); "
-                          "copy a KIVI session before that", kvs_cache_type_name(src->kivi));
-    }
-    /* forget dst's sequence without kvs_session_reset's reallocation: every
-     * layer gets the capacity it needs below */
-    for (int l = 0; l < MI->n_layers; l++) {
+                          "%s: the source's %s cache is quantised already (by compression or decoding); "
+                          "copy a KIVI session before that", what, kvs_cache_type_name(src->kivi));
+    for (int l = 0; l < src->m->info.n_layers; l++) {
         kv_layer *c = &dst->kv[l];
         free(c->q);
         c->q = NULL;
@@ -478,51 +502,42 @@ kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *e
         free_views(c);
         c->len = 0;
         c->compressed = c->bounded = 0;
-        if (c->lag || c->kivi) c->cap = -1; /* packed (smaller) buffers, or stores: reallocate below */
+        if (c->lag || c->kivi) c->cap = -1; /* packed (smaller) buffers, or stores: reallocate */
         kvs_kv_kivi_free(c);
         free(c->lag);
         c->lag = NULL;
     }
     dst->n_past = dst->n_prompt = 0;
+    kvs_attn_stats_free(dst);
+    return KVS_OK;
+}
+
+kvs_status kvs_session_copy(kvs_session *dst, const kvs_session *src, kvs_err *err) {
+    if (dst == src) return KVS_OK;
+    kvs_status st0 = copy_begin(dst, src, "session copy", err);
+    if (st0) return st0;
+    const kvs_model_info *MI = &src->m->info;
+    const int D = MI->head_dim, Hq = MI->n_heads;
+    /* other cache types: rows converted through fp32 (bench: one prefill, decode per type) */
+    const int conv = dst->ctype_k != src->ctype_k || dst->ctype_v != src->ctype_v;
+    float *tmp = conv ? malloc(sizeof(float) * (size_t)D) : NULL;
+    if (conv && !tmp) return kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory");
     for (int l = 0; l < MI->n_layers; l++) {
         const kv_layer *a = &src->kv[l];
         kv_layer *c = &dst->kv[l];
-        int cap = a->len + (dst->n_ctx - src->n_past);
-        if (a->bounded && cap > window_cap(src)) cap = a->len < window_cap(src) ? window_cap(src) : a->len + 1;
-        if (c->cap != cap || a->lag) {
-            kvs_status st = kv_alloc(c, Hkv, cap, a->lag, dst->rsz_k, dst->rsz_v, err);
-            if (st) {
-                free(tmp);
-                kvs_session_reset(dst);
-                return st;
-            }
-        }
-        for (int g = 0; g < Hkv; g++) { /* each head's own rows */
-            const size_t rows = (size_t)(a->len - kvs_kv_lag(a, g));
-            if (!conv) {
-                memcpy(kvs_kv_krow(dst, c, g, 0), kvs_kv_krow(src, a, g, 0), rows * src->rsz_k);
-                memcpy(kvs_kv_vrow(dst, c, g, 0), kvs_kv_vrow(src, a, g, 0), rows * src->rsz_v);
-            } else
-                for (size_t r = 0; r < rows; r++) {
-                    kvs_cache_to_f32(src->ctype_k, kvs_kv_krow(src, a, g, (int)r), tmp, D);
-                    kvs_cache_from_f32(dst->ctype_k, tmp, kvs_kv_krow(dst, c, g, (int)r), D);
-                    kvs_cache_to_f32(src->ctype_v, kvs_kv_vrow(src, a, g, (int)r), tmp, D);
-                    kvs_cache_from_f32(dst->ctype_v, tmp, kvs_kv_vrow(dst, c, g, (int)r), D);
-                }
-            memcpy(kvs_kv_pos(c, g), kvs_kv_pos(a, g), rows * 4);
-        }
-        c->len = a->len;
-        c->compressed = a->compressed;
-        c->bounded = a->bounded;
-        if (a->q) {
+        kvs_status st = copy_layer(dst, c, src, a, dst->n_ctx - src->n_past, tmp, err);
+        if (!st && a->q) {
             c->q = malloc((size_t)Hq * a->nq * D * 4);
-            if (!c->q) {
-                free(tmp);
-                kvs_session_reset(dst);
-                return kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory for queries");
+            if (!c->q) st = kvs_errorf(err, KVS_ERR_NOMEM, "session copy: out of memory for queries");
+            else {
+                memcpy(c->q, a->q, (size_t)Hq * a->nq * D * 4);
+                c->nq = a->nq;
             }
-            memcpy(c->q, a->q, (size_t)Hq * a->nq * D * 4);
-            c->nq = a->nq;
+        }
+        if (st) {
+            free(tmp);
+            kvs_session_reset(dst);
+            return st;
         }
     }
     free(tmp);
@@ -624,20 +639,24 @@ void kvs_session_kv_stats(const kvs_session *s, kvs_kv_stats *st) {
     snprintf(st->method, sizeof st->method, "full");
 }
 
-/* kvs_session_apply_plan; current = 1: the plan indexes the rows held now (kvs_session_recompress). */
-static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map, int current,
-                             kvs_kv_stats *stats, kvs_err *err) {
+/* kvs_session_apply_plan; current = 1: the plan indexes the rows held now
+ * (kvs_session_recompress). The kept rows are read from src's layers and
+ * written to s's: src == s compacts in place; else (kvs_session_copy_plan,
+ * current = 0) s holds src's sequence with the plan's layers still to fill,
+ * which never hold src's whole cache. Capacities: kept + s->n_ctx - n_past. */
+static kvs_status apply_plan(kvs_session *s, const kvs_session *src, const kvs_plan *plan, const int *layer_map,
+                             int current, kvs_kv_stats *stats, kvs_err *err) {
     const kvs_model_info *MI = &s->m->info;
     const int D = MI->head_dim, Hkv = MI->n_kv_heads;
     kvs_status st = kvs_plan_check(plan, err);
     if (st) return st;
-    if (plan->n_kv_heads != Hkv || (!current && plan->n_tokens != s->n_prompt) || plan->n_layers < 1 ||
+    if (plan->n_kv_heads != Hkv || (!current && plan->n_tokens != src->n_prompt) || plan->n_layers < 1 ||
         plan->n_layers > MI->n_layers)
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "apply plan: plan shape (%d layers, %d KV heads, %d tokens) does not fit the cache (%d layers, %d KV heads, %d prompt tokens)",
-                          plan->n_layers, plan->n_kv_heads, plan->n_tokens, MI->n_layers, Hkv, s->n_prompt);
+                          plan->n_layers, plan->n_kv_heads, plan->n_tokens, MI->n_layers, Hkv, src->n_prompt);
     kvs_kv_stats before;
-    kvs_session_kv_stats(s, &before);
+    kvs_session_kv_stats(src, &before);
     kvs_attn_stats_free(s); /* the cache changes below */
     kvs_recon_free(s);
     /* a plan that only keeps rows copies them as they are (bytes of any cache
@@ -645,8 +664,13 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
      * and back to the cache type (block types quantise the merged rows again) */
     const int merge = plan->merge != KVS_MERGE_NONE || plan->kchan; /* ThinK's zeroed key channels: kvs_apply */
     kvs_layer *views = calloc((size_t)plan->n_layers, sizeof *views);
+    /* src's layers as kvs_apply reads them: block types get fp32 copies of their own, freed at the end */
+    kv_layer *shadow = merge ? calloc((size_t)plan->n_layers, sizeof *shadow) : NULL;
     kvs_dense_cache dense = {0};
-    if (!views) return kvs_errorf(err, KVS_ERR_NOMEM, "apply plan: out of memory");
+    if (!views || (merge && !shadow)) {
+        free(views);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "apply plan: out of memory");
+    }
     for (int pl = 0; pl < plan->n_layers; pl++) {
         int l = layer_map[pl];
         if (l < 0 || l >= MI->n_layers) {
@@ -658,18 +682,18 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
                 st = kvs_errorf(err, KVS_ERR_INVALID, "apply plan: model layer %d appears twice in the layer map", l);
                 goto cleanup;
             }
-        const kv_layer *c = &s->kv[l];
+        const kv_layer *c = &src->kv[l];
         if (c->kivi) {
             st = kvs_errorf(err, KVS_ERR_UNSUPPORTED,
                             "apply plan: layer %d's %s cache is quantised already (by compression or decoding); a "
                             "plan applies to the fp16 prefill cache, before it is quantised",
-                            l, kvs_cache_type_name(s->kivi));
+                            l, kvs_cache_type_name(src->kivi));
             goto cleanup;
         }
-        if (!current && (c->compressed || c->len != s->n_prompt)) {
+        if (!current && (c->compressed || c->len != src->n_prompt)) {
             st = kvs_errorf(err, KVS_ERR_INVALID,
                             "apply plan: layer %d is already compressed or extended by decoding (%d rows, prompt %d)", l,
-                            c->len, s->n_prompt);
+                            c->len, src->n_prompt);
             goto cleanup;
         }
         if (current && (c->len != plan->n_tokens || c->lag || c->bounded)) {
@@ -687,14 +711,19 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
                             plan->method, l);
             goto cleanup;
         }
-        if (merge && (st = layer_views(s, &s->kv[l], &views[pl].k, &views[pl].v, err))) goto cleanup;
+        if (merge) {
+            shadow[pl] = *c;
+            shadow[pl].kf = shadow[pl].vf = NULL;
+            if ((st = layer_views(src, &shadow[pl], &views[pl].k, &views[pl].v, err))) goto cleanup;
+        }
         views[pl].q = (kvs_view){NULL, KVS_F32, KVS_HOST, MI->n_heads, 0, D, 0, D};
     }
-    kvs_cache_view cv = {plan->n_layers, views, current ? NULL : s->modality};
+    kvs_cache_view cv = {plan->n_layers, views, current ? NULL : src->modality};
     if (merge && (st = kvs_apply(&cv, plan, &dense, err))) goto cleanup;
-    int room = s->n_ctx - s->n_past;
+    int room = s->n_ctx - src->n_past;
     for (int pl = 0; pl < plan->n_layers; pl++) {
         int l = layer_map[pl];
+        const kv_layer *a = &src->kv[l]; /* the rows kept are read from a, then c's buffers are replaced */
         kv_layer *c = &s->kv[l];
         const kvs_dense_layer *dl = merge ? &dense.layers[pl] : NULL;
         /* len = the longest head; a ragged head g holds len - lag[g] rows */
@@ -735,11 +764,11 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
                 kvs_cache_from_f32(s->ctype_v, dl->v + (size_t)off * D, kvs_kv_vrow(s, &n, g, 0), Bg * D);
             } else
                 for (int i = 0; i < Bg; i++) {
-                    memcpy(kvs_kv_krow(s, &n, g, i), kvs_kv_krow(s, c, g, row[i]), s->rsz_k);
-                    memcpy(kvs_kv_vrow(s, &n, g, i), kvs_kv_vrow(s, c, g, row[i]), s->rsz_v);
+                    memcpy(kvs_kv_krow(s, &n, g, i), kvs_kv_krow(src, a, g, row[i]), s->rsz_k);
+                    memcpy(kvs_kv_vrow(s, &n, g, i), kvs_kv_vrow(src, a, g, row[i]), s->rsz_v);
                 }
             /* the kept rows' original positions (a prefill cache: row == position) */
-            const int32_t *old_pos = kvs_kv_pos(c, g);
+            const int32_t *old_pos = kvs_kv_pos(a, g);
             int32_t *new_pos = kvs_kv_pos(&n, g);
             for (int i = 0; i < Bg; i++) new_pos[i] = old_pos[row[i]];
         }
@@ -776,13 +805,15 @@ static kvs_status apply_plan(kvs_session *s, const kvs_plan *plan, const int *la
     }
 cleanup:
     kvs_dense_cache_free(&dense);
+    for (int pl = 0; shadow && pl < plan->n_layers; pl++) free_views(&shadow[pl]);
+    free(shadow);
     free(views);
     return st;
 }
 
 kvs_status kvs_session_apply_plan(kvs_session *s, const kvs_plan *plan, const int *layer_map, kvs_kv_stats *stats,
                                   kvs_err *err) {
-    return apply_plan(s, plan, layer_map, 0, stats, err);
+    return apply_plan(s, s, plan, layer_map, 0, stats, err);
 }
 
 int kvs_method_queries_needed(const kvs_method *m, const kvs_params *p, int N) {
@@ -850,13 +881,11 @@ cleanup:
     return st;
 }
 
-kvs_status kvs_session_compress_with(kvs_session *s, const kvs_plan *plan, const int *map, kvs_kv_stats *stats,
-                                     kvs_err *err) {
-    double t0 = kvs_now_ms();
-    kvs_kv_stats local_stats;
-    if (!stats) stats = &local_stats;
+/* After a plan was applied (stats filled by it): trim the sliding-window
+ * layers, quantise a KIVI cache, and the stats' after fields of what is held
+ * then; compress_ms from t0. */
+static kvs_status finish_compress(kvs_session *s, kvs_kv_stats *stats, double t0, kvs_err *err) {
     kvs_status st;
-    if ((st = kvs_session_apply_plan(s, plan, map, stats, err))) return st;
     /* past the prefill: sliding-window layers keep only their window */
     if ((st = kvs_session_trim_local(s, err))) return st;
     /* plan first, then quantise: a KIVI cache's kept (or merged) rows into its stores */
@@ -870,6 +899,62 @@ kvs_status kvs_session_compress_with(kvs_session *s, const kvs_plan *plan, const
     stats->bytes_after_total = now.bytes_after_total;
     stats->compress_ms = kvs_now_ms() - t0;
     return KVS_OK;
+}
+
+kvs_status kvs_session_compress_with(kvs_session *s, const kvs_plan *plan, const int *map, kvs_kv_stats *stats,
+                                     kvs_err *err) {
+    double t0 = kvs_now_ms();
+    kvs_kv_stats local_stats;
+    if (!stats) stats = &local_stats;
+    kvs_status st;
+    if ((st = kvs_session_apply_plan(s, plan, map, stats, err))) return st;
+    return finish_compress(s, stats, t0, err);
+}
+
+/* The cache type of K (v = 0) or V (v = 1) as the session was opened with (kivi types included). */
+static int kv_type(const kvs_session *s, int v) {
+    if (!s->kivi) return v ? s->ctype_v : s->ctype_k;
+    return v ? (s->kivi_cfg.v_bits == 2 ? KVS_CACHE_KIVI2 : KVS_CACHE_KIVI4) : s->kivi;
+}
+
+kvs_status kvs_session_copy_plan(kvs_session *dst, const kvs_session *src, const kvs_plan *plan, const int *map,
+                                 kvs_kv_stats *stats, kvs_err *err) {
+    const kvs_model_info *MI = &src->m->info;
+    if (dst == src) return kvs_errorf(err, KVS_ERR_INVALID, "copy plan: the destination is the source");
+    if (kv_type(dst, 0) != kv_type(src, 0) || kv_type(dst, 1) != kv_type(src, 1))
+        return kvs_errorf(err, KVS_ERR_INVALID, "copy plan: cache types differ (K %s, V %s into K %s, V %s)",
+                          kvs_cache_type_name(kv_type(src, 0)), kvs_cache_type_name(kv_type(src, 1)),
+                          kvs_cache_type_name(kv_type(dst, 0)), kvs_cache_type_name(kv_type(dst, 1)));
+    if (src->n_prompt == 0) return kvs_errorf(err, KVS_ERR_INVALID, "copy plan: no prefill in the source session");
+    kvs_status st = copy_begin(dst, src, "copy plan", err);
+    if (st) return st;
+    /* the layers the plan keeps rows of are filled by apply_plan; every other layer is copied whole */
+    uint8_t planned[KVS_MAX_LAYERS] = {0};
+    for (int pl = 0; plan && pl < plan->n_layers && pl < KVS_MAX_LAYERS; pl++)
+        if (map[pl] >= 0 && map[pl] < MI->n_layers) planned[map[pl]] = 1;
+    for (int l = 0; l < MI->n_layers && !st; l++)
+        if (!planned[l]) st = copy_layer(dst, &dst->kv[l], src, &src->kv[l], dst->n_ctx - src->n_past, NULL, err);
+    if (!st) {
+        memcpy(dst->modality, src->modality, (size_t)src->n_past);
+        dst->n_past = src->n_past;
+        dst->n_prompt = src->n_prompt;
+        dst->rec_end = 0; /* no recorded queries */
+        if (plan) st = apply_plan(dst, src, plan, map, 0, stats, err);
+        else if (stats) kvs_session_kv_stats(dst, stats);
+    }
+    if (st) kvs_session_reset(dst);
+    return st;
+}
+
+kvs_status kvs_session_compress_from(kvs_session *dst, const kvs_session *src, const kvs_plan *plan, const int *map,
+                                     kvs_kv_stats *stats, kvs_err *err) {
+    double t0 = kvs_now_ms();
+    kvs_kv_stats local_stats;
+    if (!stats) stats = &local_stats;
+    if (!plan) return kvs_errorf(err, KVS_ERR_INVALID, "compress: no plan");
+    kvs_status st = kvs_session_copy_plan(dst, src, plan, map, stats, err);
+    if (st == KVS_OK) st = finish_compress(dst, stats, t0, err);
+    return st;
 }
 
 kvs_status kvs_session_compress_plan(kvs_session *s, const kvs_compress_opts *o, kvs_kv_stats *stats,
@@ -979,7 +1064,7 @@ kvs_status kvs_session_recompress(kvs_session *s, const kvs_compress_opts *o, kv
     if ((st = kvs_compress_many(o->method, &o->params, &cv, &o->budget, 1, o->threads > 0 ? o->threads : s->n_threads,
                                 &plan, NULL, err)))
         goto cleanup;
-    if ((st = apply_plan(s, &plan, map, 1, stats, err))) goto cleanup;
+    if ((st = apply_plan(s, s, &plan, map, 1, stats, err))) goto cleanup;
     s->rec_end = 0;
     stats->compress_ms = kvs_now_ms() - t0;
 cleanup:

@@ -130,8 +130,9 @@
  *   variant took part in (a step decodes every live sequence at once, so
  *   concurrent variants share that time rather than adding to it). "kv" = {method, params (all values), budget, compress_local,
  *   compress_ms (end of prefill -> decode may start: the method's cost),
- *   copy_ms (copying the shared prefill cache for this variant; its sliding-window layers already trimmed
- *   when no variant compresses them), n_prompt, tokens_before/after, bytes_before/after (total,
+ *   copy_ms (making this variant's session: for full or no compression a copy of the shared prefill cache,
+ *   its sliding-window layers already trimmed when no variant compresses them; a compressed variant gathers
+ *   only its kept rows from the prefill, inside compress_ms), n_prompt, tokens_before/after, bytes_before/after (total,
  *   _global, _local), note, layers: [{layer, local, compressed, tokens_before,
  *   tokens_after, bytes_before, bytes_after}]}. Bytes are real (the cache
  *   element type, --cache-type); sliding-window layers keep only their window

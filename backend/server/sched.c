@@ -5,8 +5,9 @@
  * queue jobs (a generation request, or an exclusive task such as the
  * /kv/dump prefill) and wait for them while poll()ing their client socket;
  * the scheduler loops: admit queued jobs in arrival order while a slot and
- * room in the batch are free (prefill; per variant copy + compress; the
- * suffix as one kvs_session_extend chunk; the first token sampled), drop
+ * room in the batch are free (prefill; per variant a session of its kept
+ * rows gathered from the prefill; the suffix as one kvs_session_extend
+ * chunk; the first token sampled), drop
  * cancelled jobs, then decode one step of every live sequence -- each
  * variant of each running request -- with one kvs_batch_decode call, sample
  * each row, apply the stop rules, and complete the jobs whose sequences have
@@ -16,8 +17,10 @@
  *
  * Timing per variant: predicted_ms = its first sampling after admission plus
  * the wall time of every step it took part in (decode of the whole batch and
- * the sampling of all rows); compress_ms, copy_ms, suffix_ms as before
- * (variants sharing a method and its parameters: plan_groups.c).
+ * the sampling of all rows); compress_ms (its share of the plan, gathering
+ * its kept rows, trim; variants sharing a method and its parameters:
+ * plan_groups.c), copy_ms (its session; for full or none also the copy of the
+ * prefill), suffix_ms.
  * The step loop allocates nothing (the output text and token arrays grow
  * geometrically, as before).
  */
@@ -305,6 +308,22 @@ static int branch_first(const gen_req *g, const int *branch, int b) {
     return 0;
 }
 
+/* A variant's session: the positions it can reach are its branch's prefill,
+ * a suffix run after the compression and the tokens it may generate (the
+ * last one sampled is not decoded; one spare keeps the session non-empty),
+ * so that it holds its kept rows plus that room, not the server's context.
+ * Where the context is reached first it stops there, as with --ctx (both
+ * stop as "limit"). No recorded queries: it is not planned again. */
+static kvs_session_opts variant_opts(const kvs_server *s, const kvs_session_opts *so, const gen_req *g,
+                                     const variant_req *v, const kvs_session *branch) {
+    kvs_session_opts o = *so;
+    const int64_t reach = (int64_t)kvs_session_n_past(branch) + (v->compress_suffix ? 0 : v->n_suffix) +
+                          (g->limit > 0 ? g->limit : 0) + 1;
+    o.n_ctx = reach < s->cfg.n_ctx ? (int)reach : s->cfg.n_ctx;
+    o.record_queries = 0;
+    return o;
+}
+
 /* What admission holds: the plans, the branch sessions (bses[0] the prefill), the logits. */
 static void admit_free(srv_plans *P, kvs_session **bses, int nb, int *branch, float *logits) {
     srv_plans_free(P);
@@ -314,7 +333,7 @@ static void admit_free(srv_plans *P, kvs_session **bses, int nb, int *branch, fl
     free(logits);
 }
 
-/* Prefill, per variant copy + compress + suffix + first sample; the job joins
+/* Prefill, per variant compress (into a session of its own kept rows) + suffix + first sample; the job joins
  * the batch (or completes when every variant stopped at once). */
 static void admit(kvs_server *s, srv_job *j) {
     srv_sched *sc = s->sched;
@@ -454,10 +473,14 @@ static void admit(kvs_server *s, srv_job *j) {
             }
             continue;
         }
+        const kvs_plan *plan = plans.planned && plans.planned[i] ? &plans.plans[i] : NULL;
         if (j->n_outs > 1) {
+            /* the variant's own session, sized by what it keeps: a planned one gathers its kept rows from
+             * the branch's prefill when compressed below, the others copy it (kvs_session_copy_plan) */
+            kvs_session_opts vo = variant_opts(s, &so, g, v, bses[branch[i]]);
             double tc = kvs_now_ms();
-            if (kvs_session_new(s->model, &so, &q->ses, &err) != KVS_OK ||
-                kvs_session_copy(q->ses, bses[branch[i]], &err) != KVS_OK) {
+            if (kvs_session_new(s->model, &vo, &q->ses, &err) != KVS_OK ||
+                (!plan && kvs_session_copy_plan(q->ses, bses[branch[i]], NULL, NULL, NULL, &err) != KVS_OK)) {
                 srv_fail(&j->e, 500, "", "variant %d: cannot copy the prefill cache: %s", i, err.msg);
                 kvs_session_free(q->ses);
                 q->ses = NULL;
@@ -486,10 +509,10 @@ static void admit(kvs_server *s, srv_job *j) {
         } else if (v && v->method && strcmp(v->method->name, "full") != 0) {
             kvs_compress_opts co = srv_variant_compress_opts(s, v);
             kvs_status st;
-            if (plans.planned && plans.planned[i]) { /* its plan is ready: apply it to this copy */
+            if (plan) { /* its plan is ready: its kept rows from the branch's prefill */
                 const int *map = plans.maps + (size_t)i * KVS_MAX_LAYERS;
-                st = kvs_session_compress_with(q->ses, &plans.plans[i], map, &o->stats, &err);
-                if (st == KVS_OK && g->n_spans && srv_span_kept(s, g, &plans.plans[i], map, o))
+                st = kvs_session_compress_from(q->ses, bses[branch[i]], plan, map, &o->stats, &err);
+                if (st == KVS_OK && g->n_spans && srv_span_kept(s, g, plan, map, o))
                     st = kvs_errorf(&err, KVS_ERR_NOMEM, "span_kept: out of memory");
                 o->stats.compress_ms += plans.plan_ms[i]; /* + its share of the observation and its select */
             } else

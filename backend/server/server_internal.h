@@ -159,7 +159,7 @@ typedef struct {
     double predicted_ms; /* wall time of the decode steps this variant took part in */
     kvs_kv_stats stats;
     double compress_ms;
-    double copy_ms;   /* copying the prefill cache for this variant (not part of compress_ms) */
+    double copy_ms;   /* making this variant's session (full / none: copying the prefill cache); not in compress_ms */
     double suffix_ms; /* running the variant's suffix after the compression */
     double extend_ms; /* compress_suffix: running the suffix before the compression (shared by the variants
                          with the same suffix; reported in timings.prompt_ms) */

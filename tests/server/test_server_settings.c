@@ -18,7 +18,10 @@
  * the suffix, kv.note says it was tokenized apart from a token-id prompt;
  * same_as: full at several ratios, a repeated method and budget, each with
  * its own kv statistics and the first one's output; refusals (compress_suffix
- * with chunk, not a boolean) naming the field. The engine call underneath
+ * with chunk, not a boolean) naming the field; with ignore_eos every variant
+ * of such a request (snapkv, adakv, lookm, h2o, full) decodes exactly
+ * n_predict tokens in its session sized kept + suffix + n_predict, the
+ * tokens it decodes requested alone. The engine call underneath
  * (kvs_session_extend_prompt): prefill P, extend the prompt by Q plans byte
  * for byte as one prefill of P + Q (snapkv's window, h2o's every query, tova,
  * streamingllm) and decodes the same greedy tokens, with Q through the
@@ -193,6 +196,49 @@ static void test_same_as(void) {
     cJSON_Delete(r);
 }
 
+/* A variant's session holds its kept rows plus room for its suffix and answer only (sched.c): with
+ * ignore_eos every variant of a request, query-agnostic and query-aware, decodes exactly n_predict tokens
+ * (stop_type "limit") and each gives what it gives requested alone (one session of the whole context). */
+static void test_decode_to_limit(int n_predict) {
+    static const char *const M[] = {"full", "snapkv", "adakv", "lookm", "h2o"};
+    enum { NM = (int)(sizeof M / sizeof M[0]) };
+    char ids[4096], kv[8192], body[16384];
+    ids_text(ids, sizeof ids, 80, 5);
+    size_t at = (size_t)snprintf(kv, sizeof kv, "[");
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < NM; i++)
+            at += (size_t)snprintf(kv + at, sizeof kv - at,
+                                   "%s{\"method\": \"%s\", \"ratio\": 0.4, \"suffix\": \"ab ab ab\"%s}",
+                                   k + i ? "," : "", M[i], k ? ", \"compress_suffix\": true" : "");
+    snprintf(kv + at, sizeof kv - at, "]");
+    snprintf(body, sizeof body, "{\"prompt\": [%s], \"n_predict\": %d, \"ignore_eos\": true, \"kv_compression\": %s}",
+             ids, n_predict, kv);
+    long st;
+    cJSON *r = tc_call(&g_srv, "POST", "/completion", body, NULL, &st);
+    CHECK(st == 200);
+    const cJSON *v = tc_obj(r, "variants");
+    CHECK(cJSON_GetArraySize(v) == 2 * NM);
+    for (int k = 0; k < 2 && v; k++)
+        for (int i = 0; i < NM; i++) {
+            const cJSON *x = cJSON_GetArrayItem(v, k * NM + i);
+            CHECK_MSG(cJSON_GetArraySize(tc_obj(x, "tokens")) == n_predict && !strcmp(tc_str(x, "stop_type"), "limit"),
+                      "%s%s: %d tokens (%s), want %d", M[i], k ? " query-aware" : "", cJSON_GetArraySize(tc_obj(x, "tokens")),
+                      tc_str(x, "stop_type"), n_predict);
+            snprintf(body, sizeof body,
+                     "{\"prompt\": [%s], \"n_predict\": %d, \"ignore_eos\": true, \"kv_compression\": {\"method\": "
+                     "\"%s\", \"ratio\": 0.4, \"suffix\": \"ab ab ab\"%s}}",
+                     ids, n_predict, M[i], k ? ", \"compress_suffix\": true" : "");
+            cJSON *alone = tc_call(&g_srv, "POST", "/completion", body, NULL, &st);
+            CHECK(st == 200);
+            char *a = print(tc_obj(x, "tokens")), *b = print(tc_obj(alone, "tokens"));
+            CHECK_MSG(a && b && !strcmp(a, b), "%s%s: tokens %s, alone %s", M[i], k ? " query-aware" : "", a, b);
+            free(a);
+            free(b);
+            cJSON_Delete(alone);
+        }
+    cJSON_Delete(r);
+}
+
 /* Byte for byte the same plan (kept rows of every layer and head, merge). */
 static int plans_equal(const kvs_plan *a, const kvs_plan *b) {
     if (a->n_layers != b->n_layers || a->n_kv_heads != b->n_kv_heads || a->n_tokens != b->n_tokens || a->merge != b->merge)
@@ -310,6 +356,7 @@ int main(int argc, char **argv) {
     test_settings(70, 1); /* > 64 tokens: the extension runs through the prefill kernels */
     test_settings(12, 1); /* the decode kernels: here the same tokens too (equal up to rounding in general) */
     test_same_as();
+    test_decode_to_limit(40);
     test_extend_prompt(m, 90, 70); /* > 64: the prefill kernels */
     test_extend_prompt(m, 90, 20); /* the decode kernels */
     expect_400("{\"prompt\": [2, 11, 12], \"kv_compression\": {\"method\": \"streamingllm\", \"ratio\": 0.5, "

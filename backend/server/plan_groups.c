@@ -46,7 +46,10 @@ int srv_plans_same(const srv_plans *P, int i, int j) {
     if (!P->planned || !P->planned[i] || !P->planned[j]) return 0;
     const kvs_plan *a = &P->plans[i], *b = &P->plans[j];
     if (a->n_layers != b->n_layers || a->n_kv_heads != b->n_kv_heads || a->n_tokens != b->n_tokens ||
-        a->merge != b->merge)
+        a->merge != b->merge || !a->kchan != !b->kchan || a->kchan_dim != b->kchan_dim)
+        return 0;
+    /* ThinK's key-channel masks change the cache as much as the rows do */
+    if (a->kchan && memcmp(a->kchan, b->kchan, (size_t)a->n_layers * (size_t)a->n_kv_heads * (size_t)a->kchan_dim))
         return 0;
     if (memcmp(P->maps + (size_t)i * KVS_MAX_LAYERS, P->maps + (size_t)j * KVS_MAX_LAYERS,
                sizeof(int) * (size_t)a->n_layers))

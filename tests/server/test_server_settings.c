@@ -19,7 +19,7 @@
  * same_as: full at several ratios, a repeated method and budget, each with
  * its own kv statistics and the first one's output; refusals (compress_suffix
  * with chunk, not a boolean) naming the field; with ignore_eos every variant
- * of such a request (snapkv, adakv, lookm, h2o, full) decodes exactly
+ * of such a request (snapkv, adakv, lookm, h2o, think, full) decodes exactly
  * n_predict tokens in its session sized kept + suffix + n_predict, the
  * tokens it decodes requested alone. The engine call underneath
  * (kvs_session_extend_prompt): prefill P, extend the prompt by Q plans byte
@@ -35,6 +35,7 @@
 #include "test_util.h"
 #include "backend/tiny_model.h"
 #include "server/http_client.h"
+#include "server_internal.h"
 
 #include "kvsieve_methods.h"
 
@@ -200,7 +201,7 @@ static void test_same_as(void) {
  * ignore_eos every variant of a request, query-agnostic and query-aware, decodes exactly n_predict tokens
  * (stop_type "limit") and each gives what it gives requested alone (one session of the whole context). */
 static void test_decode_to_limit(int n_predict) {
-    static const char *const M[] = {"full", "snapkv", "adakv", "lookm", "h2o"};
+    static const char *const M[] = {"full", "snapkv", "adakv", "lookm", "h2o", "think"};
     enum { NM = (int)(sizeof M / sizeof M[0]) };
     char ids[4096], kv[8192], body[16384];
     ids_text(ids, sizeof ids, 80, 5);
@@ -221,6 +222,8 @@ static void test_decode_to_limit(int n_predict) {
     for (int k = 0; k < 2 && v; k++)
         for (int i = 0; i < NM; i++) {
             const cJSON *x = cJSON_GetArrayItem(v, k * NM + i);
+            /* think keeps snapkv's rows with pruned key channels: a different cache, never an alias of it */
+            if (!strcmp(M[i], "think")) CHECK_MSG(cJSON_IsNull(cJSON_GetObjectItem(x, "same_as")), "think aliased");
             CHECK_MSG(cJSON_GetArraySize(tc_obj(x, "tokens")) == n_predict && !strcmp(tc_str(x, "stop_type"), "limit"),
                       "%s%s: %d tokens (%s), want %d", M[i], k ? " query-aware" : "", cJSON_GetArraySize(tc_obj(x, "tokens")),
                       tc_str(x, "stop_type"), n_predict);
@@ -341,8 +344,36 @@ static void expect_400(const char *body, const char *field) {
     cJSON_Delete(r);
 }
 
+/* srv_plans_same on hand-made plans: equal rows alias; ThinK's key-channel masks (present or not, or
+ * different) do not: the caches they give differ. */
+static void test_plans_same_kchan(void) {
+    kvs_err err = {0};
+    kvs_plan pl[3];
+    int budgets[2] = {2, 2};
+    unsigned char planned[3] = {1, 1, 1};
+    int maps[3 * KVS_MAX_LAYERS] = {0};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(kvs_plan_init(&pl[i], "t", 2, 2, 5, budgets, &err), &err);
+        for (int l = 0; l < 2; l++) {
+            static const int32_t rows[4] = {0, 3, 1, 4}; /* [Hkv][budget] */
+            for (int k = 0; k < 4; k++) pl[i].layers[l].idx[k] = rows[k];
+            maps[i * KVS_MAX_LAYERS + l] = l;
+        }
+    }
+    srv_plans P = {3, pl, maps, NULL, planned};
+    CHECK(srv_plans_same(&P, 0, 1));
+    CHECK_OK(kvs_plan_kchan_init(&pl[1], 4, &err), &err); /* all channels kept, but masks present */
+    CHECK_OK(kvs_plan_kchan_init(&pl[2], 4, &err), &err);
+    CHECK(!srv_plans_same(&P, 0, 1));
+    CHECK(srv_plans_same(&P, 1, 2));
+    pl[2].kchan[5] = 0; /* layer 0, head 1, channel 1 pruned */
+    CHECK(!srv_plans_same(&P, 1, 2));
+    for (int i = 0; i < 3; i++) kvs_plan_free(&pl[i]);
+}
+
 int main(int argc, char **argv) {
     kvs_err err_ = {0}, *err = &err_;
+    test_plans_same_kchan();
     const char *arch = argc > 1 ? argv[1] : "llama";
     tc_fixture fx;
     CHECK_OK(tc_fixture_init(&fx, "kvs-server-settings", arch, err), err);

@@ -333,6 +333,40 @@ static void admit_free(srv_plans *P, kvs_session **bses, int nb, int *branch, fl
     free(logits);
 }
 
+static int needs_recon(const variant_req *v) { return v->method && (v->method->needs & KVS_NEED_RECON); }
+
+/* KVzip (KVS_NEED_RECON) in the query-aware setting: its reconstruction pass runs over the prompt it
+ * compresses, the context and the question, so its branch is prefilled afresh with the pass (a copy of
+ * the prefill extended by the question holds no pass over the question): one prefill and one pass more
+ * than a branch of other methods. trim: the prefill's sliding-window layers were trimmed, so are these.
+ * *ext_ms: the prefill's time without the pass (the pass counts in compress_ms). */
+static kvs_status recon_branch(kvs_server *s, const kvs_session_opts *so, const kvs_session *pre, const gen_req *g,
+                               const variant_req *v, int trim, kvs_session **out, float *logits, double *ext_ms,
+                               kvs_err *err) {
+    const int n = g->n_prompt + v->n_suffix;
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)n); /* [n]: the prompt, then the suffix */
+    kvs_session *bs = NULL;
+    if (!t) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
+    memcpy(t, g->prompt, sizeof(int32_t) * (size_t)g->n_prompt);
+    memcpy(t + g->n_prompt, v->suffix, sizeof(int32_t) * (size_t)v->n_suffix);
+    const double t0 = kvs_now_ms();
+    kvs_status st = kvs_session_new(s->model, so, &bs, err);
+    if (!st) {
+        kvs_session_set_attn_stats(bs, kvs_session_has_attn_stats(pre));
+        kvs_session_set_recon(bs, -1);
+        st = kvs_session_prefill(bs, t, n, NULL, logits, err);
+    }
+    *ext_ms = kvs_now_ms() - t0 - (st ? 0.0 : kvs_session_recon_ms(bs));
+    if (!st && trim) st = kvs_session_trim_local(bs, err);
+    free(t);
+    if (st) {
+        kvs_session_free(bs);
+        bs = NULL;
+    }
+    *out = bs;
+    return st;
+}
+
 /* Prefill, per variant compress (into a session of its own kept rows) + suffix + first sample; the job joins
  * the batch (or completes when every variant stopped at once). */
 static void admit(kvs_server *s, srv_job *j) {
@@ -370,9 +404,11 @@ static void admit(kvs_server *s, srv_job *j) {
     /* h2o, lookm, meda: the prefill accumulates the attention statistics they read (one pass for all) */
     for (int i = 0; i < g->n_variants && !chunked; i++)
         if (kvs_method_reads_attn_stats(g->variants[i].method)) kvs_session_set_attn_stats(pre, 1);
-    /* kvzip: the prefill runs the context-reconstruction pass, once for all variants (copies take it along) */
+    /* kvzip: the prefill runs the context-reconstruction pass, once for all variants (copies take it
+     * along); a query-aware one gets a branch of its own (recon_branch) */
     for (int i = 0; i < g->n_variants && !chunked; i++)
-        if (g->variants[i].method && (g->variants[i].method->needs & KVS_NEED_RECON)) kvs_session_set_recon(pre, -1);
+        if (needs_recon(&g->variants[i]) && !(g->variants[i].compress_suffix && g->variants[i].n_suffix))
+            kvs_session_set_recon(pre, -1);
     double t0 = kvs_now_ms();
     if (chunked) {
         if (srv_chunked_prefill(s, pre, chunked, g->prompt, g->n_prompt, NULL, NULL, logits0, &j->outs[0].chunks,
@@ -390,9 +426,11 @@ static void admit(kvs_server *s, srv_job *j) {
      * after compressing). When no variant compresses those layers, trim the prefill's cache once
      * instead: the copies are then smaller (Gemma 3: 5 of 6 layers hold 512 rows, not the prompt, and
      * no recorded queries) and no variant pays the trim. Every variant ends in the same state. */
+    int trimmed = 0;
     if (j->n_outs > 1) {
         int local = 0;
         for (int i = 0; i < g->n_variants; i++) local |= g->variants[i].compress_local;
+        trimmed = !local;
         if (!local && kvs_session_trim_local(pre, &err) != KVS_OK) {
             srv_fail(&j->e, 500, "", "trimming the sliding-window layers failed: %s", err.msg);
             goto fail;
@@ -406,7 +444,7 @@ static void admit(kvs_server *s, srv_job *j) {
         const variant_req *v = &g->variants[i];
         if (!v->compress_suffix || v->n_suffix == 0) continue;
         for (int k = 0; k < i && !branch[i]; k++)
-            if (branch[k] && g->variants[k].n_suffix == v->n_suffix &&
+            if (branch[k] && g->variants[k].n_suffix == v->n_suffix && needs_recon(&g->variants[k]) == needs_recon(v) &&
                 !memcmp(g->variants[k].suffix, v->suffix, sizeof(int32_t) * (size_t)v->n_suffix))
                 branch[i] = branch[k];
         if (branch[i]) {
@@ -415,6 +453,25 @@ static void admit(kvs_server *s, srv_job *j) {
             continue;
         }
         branch[i] = ++nb;
+        if (needs_recon(v)) {
+            kvs_session *bs = NULL;
+            if (recon_branch(s, &so, pre, g, v, trimmed, &bs, logits0 + (size_t)nb * V, &j->outs[i].extend_ms, &err) !=
+                KVS_OK) {
+                srv_fail_kvs(&j->e, &err, v->field);
+                goto fail;
+            }
+            j->outs[i].n_extend = v->n_suffix;
+            if (j->n_outs > 1) {
+                bses[nb] = bs;
+                continue;
+            }
+            kvs_session_free(pre); /* one variant: its branch is the prefill */
+            pre = bses[0] = bs;
+            memcpy(logits0, logits0 + (size_t)nb * V, V * sizeof *logits0);
+            branch[i] = 0;
+            nb = 0;
+            continue;
+        }
         const double te = kvs_now_ms();
         kvs_session *bs = pre;
         if (j->n_outs > 1 && (kvs_session_new(s->model, &so, &bs, &err) != KVS_OK || kvs_session_copy(bs, pre, &err) != KVS_OK)) {

@@ -19,7 +19,7 @@
  * same_as: full at several ratios, a repeated method and budget, each with
  * its own kv statistics and the first one's output; refusals (compress_suffix
  * with chunk, not a boolean) naming the field; with ignore_eos every variant
- * of such a request (snapkv, adakv, lookm, h2o, think, full) decodes exactly
+ * of such a request (snapkv, adakv, lookm, h2o, think, kvzip, full) decodes exactly
  * n_predict tokens in its session sized kept + suffix + n_predict, the
  * tokens it decodes requested alone. The engine call underneath
  * (kvs_session_extend_prompt): prefill P, extend the prompt by Q plans byte
@@ -201,7 +201,7 @@ static void test_same_as(void) {
  * ignore_eos every variant of a request, query-agnostic and query-aware, decodes exactly n_predict tokens
  * (stop_type "limit") and each gives what it gives requested alone (one session of the whole context). */
 static void test_decode_to_limit(int n_predict) {
-    static const char *const M[] = {"full", "snapkv", "adakv", "lookm", "h2o", "think"};
+    static const char *const M[] = {"full", "snapkv", "adakv", "lookm", "h2o", "think", "kvzip"};
     enum { NM = (int)(sizeof M / sizeof M[0]) };
     char ids[4096], kv[8192], body[16384];
     ids_text(ids, sizeof ids, 80, 5);

@@ -51,8 +51,8 @@ for _, model in ipairs(models) do
     metrics = { "ruler" },
     -- 0: the embedded backend's default, 160 variants a request, for every model: a variant's session holds
     -- only its kept rows (gathered from the one prefill), so one request of 160 variants at 4K
-    -- peaks at 7.1 GB RSS for smollm2-135m (the largest cache per token of the three; was 21.7 GB
-    -- when each variant copied the whole prefill) and 2.5 GB for gemma3-270m
+    -- peaks at 7.1 GB RSS for smollm2-135m (the largest cache per token of the three) and 2.5 GB
+    -- for gemma3-270m (docs/performance.md, scripts/bench_variant_rss.sh)
     variants_per_request = 0,
   }
 end

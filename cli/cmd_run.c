@@ -31,8 +31,9 @@ static void run_usage(FILE *f) {
             "usage: kvsieve run FILE.lua [-D key=value ...] [--db PATH] [--dry-run]\n"
             "                            [--threads N] [--limit N] [--shard I/N]\n"
             "                            [--experiment NAME] [--quiet]\n"
-            "  -D key=value  override a field of every experiment{} in the file; the value is a\n"
-            "                Lua expression (-D budgets={0.1,0.2}, -D dataset.n_tokens=512) or text\n"
+            "  -D key=value  override a field of every experiment{} in the file (with --experiment,\n"
+            "                of that one only); the value is a Lua expression\n"
+            "                (-D budgets={0.1,0.2}, -D dataset.n_tokens=512) or text\n"
             "  --db PATH     results database (default %s; the folder is created)\n"
             "  --dry-run     print the grid and how many cells are already done; run nothing\n"
             "  --threads N   worker threads per method (overrides the config's threads)\n"
@@ -122,7 +123,7 @@ int kvs_cmd_run(int argc, char **argv) {
             goto usage;
         }
     kvs_err err = {0};
-    if (kvs_config_load(file, over, n_over, &cfg, &err)) {
+    if (kvs_config_load_only(file, only, over, n_over, &cfg, &err)) {
         fprintf(stderr, "kvsieve run: %s\n", err.msg);
         goto cleanup;
     }

@@ -100,8 +100,9 @@ void kvs_config_free(kvs_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
 }
 
-kvs_status kvs_config_load_text(const char *path, const char *text, const char *const *overrides,
-                                int n_overrides, kvs_config *cfg, kvs_err *err) {
+/* only: apply the overrides to the experiment{} tables of that name only (NULL: all). */
+static kvs_status load_text(const char *path, const char *text, const char *only, const char *const *overrides,
+                            int n_overrides, kvs_config *cfg, kvs_err *err) {
     kvs_status rc = KVS_OK;
     lua_State *L = NULL;
     memset(cfg, 0, sizeof *cfg);
@@ -190,7 +191,13 @@ kvs_status kvs_config_load_text(const char *path, const char *text, const char *
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, list, i);
         int t = lua_gettop(L);
-        for (int o = 0; o < n_overrides && !rc; o++) rc = apply_override(&v, t, overrides[o]);
+        int mine = 1;
+        if (only) {
+            lua_getfield(L, t, "name");
+            mine = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), only) == 0;
+            lua_pop(L, 1);
+        }
+        for (int o = 0; o < n_overrides && mine && !rc; o++) rc = apply_override(&v, t, overrides[o]);
         cfg->n_experiments = i;
         if (!rc) rc = kvs_cfg_parse_experiment(&v, t, &cfg->experiments[i - 1]);
         lua_pop(L, 1);
@@ -209,8 +216,13 @@ cleanup:
     return rc;
 }
 
-kvs_status kvs_config_load(const char *path, const char *const *overrides, int n_overrides,
-                           kvs_config *cfg, kvs_err *err) {
+kvs_status kvs_config_load_text(const char *path, const char *text, const char *const *overrides,
+                                int n_overrides, kvs_config *cfg, kvs_err *err) {
+    return load_text(path, text, NULL, overrides, n_overrides, cfg, err);
+}
+
+kvs_status kvs_config_load_only(const char *path, const char *only, const char *const *overrides, int n_overrides,
+                                kvs_config *cfg, kvs_err *err) {
     kvs_status rc = KVS_OK;
     char *text = NULL;
     FILE *f = fopen(path, "rb");
@@ -239,9 +251,14 @@ kvs_status kvs_config_load(const char *path, const char *const *overrides, int n
         rc = kvs_errorf(err, KVS_ERR_INVALID, "%s: contains a NUL byte (not a text config)", path);
         goto cleanup;
     }
-    rc = kvs_config_load_text(path, text, overrides, n_overrides, cfg, err);
+    rc = load_text(path, text, only, overrides, n_overrides, cfg, err);
 cleanup:
     free(text);
     fclose(f);
     return rc;
+}
+
+kvs_status kvs_config_load(const char *path, const char *const *overrides, int n_overrides,
+                           kvs_config *cfg, kvs_err *err) {
+    return kvs_config_load_only(path, NULL, overrides, n_overrides, cfg, err);
 }

@@ -189,6 +189,11 @@ typedef struct {
  * ("fidelity.lua:7: budgets[2]: 1.5 out of range: ..."). */
 kvs_status kvs_config_load(const char *path, const char *const *overrides, int n_overrides,
                            kvs_config *cfg, kvs_err *err);
+/* The same, the overrides applied only to the experiment{} tables named
+ * only (NULL: every one), so that `kvsieve run --experiment NAME -D ...`
+ * may set a field the file's other experiments do not have. */
+kvs_status kvs_config_load_only(const char *path, const char *only, const char *const *overrides, int n_overrides,
+                                kvs_config *cfg, kvs_err *err);
 /* The same from text (path is only used in messages and as the sandbox
  * root's folder). */
 kvs_status kvs_config_load_text(const char *path, const char *text,

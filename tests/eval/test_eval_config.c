@@ -223,6 +223,32 @@ static void test_kinds(void) {
                 "mix.lua:6: metrics: not used by kind 'fidelity'");
 }
 
+/* -D with --experiment: the overrides reach that experiment only (the file's others need not have the field) */
+static void test_only(void) {
+    kvs_config cfg;
+    kvs_err err = {0};
+    char path[256];
+    eval_write(dir, "only.lua",
+               "experiment { name = \"a\", dataset = synthetic { shape = \"tiny\", n_tokens = 64 },"
+               " methods = \"full\", budgets = 0.5 }\n"
+               "experiment { name = \"b\", dataset = synthetic { shape = \"tiny\", n_tokens = 64 },"
+               " methods = \"full\", budgets = 0.5 }\n",
+               path, sizeof path);
+    const char *ov[1] = {"budgets={0.25,0.125}"};
+    CHECK_OK(kvs_config_load_only(path, "b", ov, 1, &cfg, &err), &err);
+    if (!err.code) {
+        CHECK_EQ_INT(cfg.n_experiments, 2);
+        CHECK_EQ_INT(cfg.experiments[0].n_budgets, 1);
+        CHECK_EQ_INT(cfg.experiments[1].n_budgets, 2);
+        kvs_config_free(&cfg);
+    }
+    const char *bad[1] = {"dataset.nope=1"}; /* unknown to both: an error for "b" ... */
+    CHECK_FAILS(kvs_config_load_only(path, "b", bad, 1, &cfg, &err), KVS_ERR_INVALID, &err, "nope");
+    CHECK_OK(kvs_config_load_only(path, "c", bad, 1, &cfg, &err), &err); /* ... and none with no "c" */
+    if (!err.code) kvs_config_free(&cfg);
+    CHECK_FAILS(kvs_config_load(path, bad, 1, &cfg, &err), KVS_ERR_INVALID, &err, "nope");
+}
+
 static void test_sandbox(void) {
     kvs_config cfg;
     kvs_err err = {0};
@@ -439,6 +465,7 @@ int main(int argc, char **argv) {
     test_grid();
     test_kinds();
     test_sandbox();
+    test_only();
     test_composed();
     eval_rmdir(dir);
     return kvs_test_finish("test_eval_config");

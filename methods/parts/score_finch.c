@@ -17,8 +17,10 @@
  * kvpress pads them with max + 1); the `window` keep rule of the preset
  * keeps them anyway. Higher = keep.
  * Parameters (read by name): window (w, absent 32), normalize_scores (absent 1).
- * Cost Hq * w * N * d multiply-adds (one pass, double accumulation, one
- * thread); scratch [N][d] floats (one KV head's keys) and 2 N doubles.
+ * Cost two of the core's window attention passes (kvs_attn_lse, then
+ * kvs_attn_colsum with the weights folded into the lse), 2 Hq * w * N * d
+ * multiply-adds in fp32 on the shape's threads; scratch [Hq][w] + [Hkv][N]
+ * floats.
  * Decisions where sources disagree or are silent:
  *   - The question's length: kvpress finds it from a delimiter token it adds
  *     to the tokenizer; a cache view carries no question boundary, so w is
@@ -43,10 +45,8 @@
 typedef struct {
     const kvs_part_ctx *c;
     int w, normalize;
-    float *krows;  /* [N][d] one KV head's keys in fp32 */
-    float *qrow;   /* [d] */
-    double *logit; /* [N] */
-    double *acc;   /* [N] */
+    float *lse;    /* [Hq][w] the question rows' log-sum-exp, less log f_i */
+    float *colsum; /* [Hkv][N] */
 } finch_state;
 
 static int finch_window(const kvs_method *m, const kvs_params *p, int N) {
@@ -58,51 +58,32 @@ static int finch_window(const kvs_method *m, const kvs_params *p, int N) {
 static void finch_destroy(void *state) {
     finch_state *st = state;
     if (!st) return;
-    free(st->krows);
-    free(st->qrow);
-    free(st->logit);
-    free(st->acc);
+    free(st->lse);
+    free(st->colsum);
     free(st);
 }
 
 static kvs_status finch_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
     finch_state *st = calloc(1, sizeof *st);
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
-    const size_t N = (size_t)c->shape.n_tokens, d = (size_t)c->shape.head_dim;
+    const size_t N = (size_t)c->shape.n_tokens;
     st->c = c;
     st->w = finch_window(c->m, c->p, c->shape.n_tokens);
     st->normalize = kvs_part_param(c->m, c->p, "normalize_scores", 1) != 0;
-    st->krows = malloc(sizeof(float) * N * d);
-    st->qrow = malloc(sizeof(float) * d);
-    st->logit = malloc(sizeof(double) * N);
-    st->acc = malloc(sizeof(double) * N);
-    if (!st->krows || !st->qrow || !st->logit || !st->acc) {
+    st->lse = malloc(sizeof(float) * (size_t)c->shape.n_q_heads * (size_t)st->w);
+    st->colsum = malloc(sizeof(float) * (size_t)c->shape.n_kv_heads * N);
+    if (!st->lse || !st->colsum) {
         finch_destroy(st);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [N=%zu][d=%zu] keys", N, d);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [Hkv][N=%zu] scores", N);
     }
     *state = st;
     return KVS_OK;
 }
 
-/* Adds f * A[j] for the context keys j < P of one query row at position p:
- * A is the softmax of q . k_j / sqrt(d) over j <= p. */
-static void add_row(const finch_state *st, const float *q, int p, int P, double f) {
-    const int d = st->c->shape.head_dim;
-    const double scale = 1.0 / sqrt((double)d);
-    double mx = -INFINITY;
-    for (int j = 0; j <= p; j++) {
-        const float *k = st->krows + (size_t)j * d;
-        double s = 0.0;
-        for (int c = 0; c < d; c++) s += (double)q[c] * k[c];
-        st->logit[j] = s * scale;
-        if (st->logit[j] > mx) mx = st->logit[j];
-    }
-    double z = 0.0;
-    for (int j = 0; j <= p; j++) z += exp(st->logit[j] - mx);
-    const double g = f / z;
-    for (int j = 0; j < P && j <= p; j++) st->acc[j] += g * exp(st->logit[j] - mx);
-}
-
+/* The weighted column sum in two of the core's attention passes: the rows'
+ * log-sum-exp (kvs_attn_lse), then kvs_attn_colsum with each row's lse
+ * lowered by log f_i, since f_i exp(s_ij - lse_i) = exp(s_ij - (lse_i -
+ * log f_i)). */
 static kvs_status finch_score(void *state, int layer, const kvs_layer *in, float *scores,
                               kvs_err *err) {
     finch_state *st = state;
@@ -117,19 +98,30 @@ static kvs_status finch_score(void *state, int layer, const kvs_layer *in, float
     if (in->q.n_heads != Hq || Hq < H || Hq % H)
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: layer %d: %d query heads, the shape says %d",
                           mn, layer, in->q.n_heads, Hq);
-    const int G = Hq / H, Nq = in->q.n_tokens;
-    for (int g = 0; g < H; g++) {
-        float *dst = scores + (size_t)g * N; /* [N] */
-        for (int j = 0; j < P; j++) st->acc[j] = 0.0;
-        kvs_view_rows_f32(&in->k, g, 0, N, st->krows);
-        for (int h = g * G; h < (g + 1) * G; h++)
+    if (P == 0) { /* no context: nothing to rank */
+        for (size_t j = 0; j < (size_t)H * N; j++) scores[j] = FLT_MAX;
+        return KVS_OK;
+    }
+    kvs_view qw = in->q; /* the question's rows: positions N - w .. N - 1 */
+    qw.data = (const char *)in->q.data +
+              (size_t)(in->q.n_tokens - w) * (size_t)in->q.s_tok * kvs_dtype_size(in->q.dtype);
+    qw.n_tokens = w;
+    const int threads = st->c->shape.threads;
+    kvs_status rc = kvs_attn_lse(&qw, &in->k, st->lse, threads, err);
+    if (!rc && st->normalize)
+        for (int h = 0; h < Hq; h++)
             for (int i = 0; i < w; i++) {
-                const int p = N - w + i;
-                kvs_view_rows_f32(&in->q, h, Nq - w + i, 1, st->qrow);
-                add_row(st, st->qrow, p, P, st->normalize ? (double)p : 1.0);
+                const int p = N - w + i; /* f_i = p_i >= P >= 1: the keys row i sees, less one (kvpress) */
+                float *l = st->lse + (size_t)h * w + i;
+                *l = (float)((double)*l - log((double)p));
             }
+    if (!rc) rc = kvs_attn_colsum(&qw, &in->k, st->lse, st->colsum, NULL, threads, err);
+    if (rc) return kvs_err_prefix(err, "%s: layer %d", mn, layer);
+    for (int g = 0; g < H; g++) {
+        const float *v = st->colsum + (size_t)g * N; /* [N]: (1/G) sum_h sum_i f_i A_h[i][j] */
+        float *dst = scores + (size_t)g * N;         /* [N] */
         for (int j = 0; j < P; j++) {
-            dst[j] = (float)(st->acc[j] / ((double)G * w));
+            dst[j] = v[j] / (float)w;
             if (!isfinite(dst[j]))
                 return kvs_errorf(err, KVS_ERR_NUMERIC,
                                   "%s: layer %d: KV head %d: score of token %d is not finite", mn,

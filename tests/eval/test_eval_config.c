@@ -244,6 +244,7 @@ static void test_only(void) {
     }
     const char *bad[1] = {"dataset.nope=1"}; /* unknown to both: an error for "b" ... */
     CHECK_FAILS(kvs_config_load_only(path, "b", bad, 1, &cfg, &err), KVS_ERR_INVALID, &err, "nope");
+    memset(&err, 0, sizeof err);
     CHECK_OK(kvs_config_load_only(path, "c", bad, 1, &cfg, &err), &err); /* ... and none with no "c" */
     if (!err.code) kvs_config_free(&cfg);
     CHECK_FAILS(kvs_config_load(path, bad, 1, &cfg, &err), KVS_ERR_INVALID, &err, "nope");

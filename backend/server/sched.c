@@ -335,26 +335,33 @@ static void admit_free(srv_plans *P, kvs_session **bses, int nb, int *branch, fl
 
 static int needs_recon(const variant_req *v) { return v->method && (v->method->needs & KVS_NEED_RECON); }
 
+/* [n_prompt + n_suffix] tokens: the prompt, then v's suffix (NULL when out of memory) */
+static int32_t *prompt_and_suffix(const gen_req *g, const variant_req *v) {
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)(g->n_prompt + v->n_suffix));
+    if (!t) return NULL;
+    memcpy(t, g->prompt, sizeof(int32_t) * (size_t)g->n_prompt);
+    memcpy(t + g->n_prompt, v->suffix, sizeof(int32_t) * (size_t)v->n_suffix);
+    return t;
+}
+
 /* KVzip (KVS_NEED_RECON) in the query-aware setting: its reconstruction pass runs over the prompt it
  * compresses, the context and the question, so its branch is prefilled afresh with the pass (a copy of
  * the prefill extended by the question holds no pass over the question): one prefill and one pass more
- * than a branch of other methods. trim: the prefill's sliding-window layers were trimmed, so are these.
+ * than a branch of other methods (a request of this one variant prefills only this, in admit).
+ * trim: the prefill's sliding-window layers were trimmed, so are these.
  * *ext_ms: the prefill's time without the pass (the pass counts in compress_ms). */
 static kvs_status recon_branch(kvs_server *s, const kvs_session_opts *so, const kvs_session *pre, const gen_req *g,
                                const variant_req *v, int trim, kvs_session **out, float *logits, double *ext_ms,
                                kvs_err *err) {
-    const int n = g->n_prompt + v->n_suffix;
-    int32_t *t = malloc(sizeof(int32_t) * (size_t)n); /* [n]: the prompt, then the suffix */
+    int32_t *t = prompt_and_suffix(g, v);
     kvs_session *bs = NULL;
     if (!t) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
-    memcpy(t, g->prompt, sizeof(int32_t) * (size_t)g->n_prompt);
-    memcpy(t + g->n_prompt, v->suffix, sizeof(int32_t) * (size_t)v->n_suffix);
     const double t0 = kvs_now_ms();
     kvs_status st = kvs_session_new(s->model, so, &bs, err);
     if (!st) {
         kvs_session_set_attn_stats(bs, kvs_session_has_attn_stats(pre));
         kvs_session_set_recon(bs, -1);
-        st = kvs_session_prefill(bs, t, n, NULL, logits, err);
+        st = kvs_session_prefill(bs, t, g->n_prompt + v->n_suffix, NULL, logits, err);
     }
     *ext_ms = kvs_now_ms() - t0 - (st ? 0.0 : kvs_session_recon_ms(bs));
     if (!st && trim) st = kvs_session_trim_local(bs, err);
@@ -409,8 +416,26 @@ static void admit(kvs_server *s, srv_job *j) {
     for (int i = 0; i < g->n_variants && !chunked; i++)
         if (needs_recon(&g->variants[i]) && !(g->variants[i].compress_suffix && g->variants[i].n_suffix))
             kvs_session_set_recon(pre, -1);
+    /* a request of one query-aware kvzip variant: its prompt is the context and the question, prefilled
+     * once with the pass (timings count the question in prompt_ms) */
+    const variant_req *v0 = g->n_variants == 1 ? &g->variants[0] : NULL;
+    const int solo_recon = v0 && !chunked && needs_recon(v0) && v0->compress_suffix && v0->n_suffix;
+    int32_t *pq = solo_recon ? prompt_and_suffix(g, v0) : NULL;
+    if (solo_recon && !pq) {
+        srv_fail(&j->e, 500, "", "out of memory");
+        goto fail;
+    }
+    if (solo_recon) kvs_session_set_recon(pre, -1);
     double t0 = kvs_now_ms();
-    if (chunked) {
+    if (solo_recon) {
+        const kvs_status st = kvs_session_prefill(pre, pq, g->n_prompt + v0->n_suffix, NULL, logits0, &err);
+        free(pq);
+        if (st != KVS_OK) {
+            srv_fail_kvs(&j->e, &err, v0->field);
+            goto fail;
+        }
+        j->outs[0].n_extend = v0->n_suffix;
+    } else if (chunked) {
         if (srv_chunked_prefill(s, pre, chunked, g->prompt, g->n_prompt, NULL, NULL, logits0, &j->outs[0].chunks,
                                 &err) != KVS_OK) {
             srv_fail_kvs(&j->e, &err, chunked->field);
@@ -421,7 +446,7 @@ static void admit(kvs_server *s, srv_job *j) {
         goto fail;
     }
     j->prompt_ms = kvs_now_ms() - t0 - kvs_session_recon_ms(pre); /* the pass counts in compress_ms */
-    srv_note_prefill(s, g->n_prompt, j->prompt_ms);
+    srv_note_prefill(s, g->n_prompt + (solo_recon ? v0->n_suffix : 0), j->prompt_ms);
     /* Sliding-window layers keep only their window once the prompt is in (each variant trims its copy
      * after compressing). When no variant compresses those layers, trim the prefill's cache once
      * instead: the copies are then smaller (Gemma 3: 5 of 6 layers hold 512 rows, not the prompt, and
@@ -442,7 +467,7 @@ static void admit(kvs_server *s, srv_job *j) {
     bses[0] = pre;
     for (int i = 0; i < g->n_variants; i++) {
         const variant_req *v = &g->variants[i];
-        if (!v->compress_suffix || v->n_suffix == 0) continue;
+        if (!v->compress_suffix || v->n_suffix == 0 || solo_recon) continue;
         for (int k = 0; k < i && !branch[i]; k++)
             if (branch[k] && g->variants[k].n_suffix == v->n_suffix && needs_recon(&g->variants[k]) == needs_recon(v) &&
                 !memcmp(g->variants[k].suffix, v->suffix, sizeof(int32_t) * (size_t)v->n_suffix))
@@ -461,15 +486,7 @@ static void admit(kvs_server *s, srv_job *j) {
                 goto fail;
             }
             j->outs[i].n_extend = v->n_suffix;
-            if (j->n_outs > 1) {
-                bses[nb] = bs;
-                continue;
-            }
-            kvs_session_free(pre); /* one variant: its branch is the prefill */
-            pre = bses[0] = bs;
-            memcpy(logits0, logits0 + (size_t)nb * V, V * sizeof *logits0);
-            branch[i] = 0;
-            nb = 0;
+            bses[nb] = bs;
             continue;
         }
         const double te = kvs_now_ms();

@@ -5,7 +5,8 @@
  * logits (kvs_attn_colsum_fused), the entropies of the head-averaged
  * attention, plain and MEDA cross-modal (kvs_attn_entropies), and all of
  * these from one pass (kvs_attn_stats_fused), and the column sums with
- * weighted query rows (kvs_attn_colsum_fused_w). This file holds the shared
+ * weighted query rows (kvs_attn_colsum_fused_w); one row's softmax in
+ * place for the parts' window statistics (kvs_attn_softmax_row). This file holds the shared
  * set-up, the log-sum-exp and the column sums; the entropies and the
  * one-pass statistics are in attn_entropy.c, the tile sizes, vector helpers
  * and context both use in attn_internal.h.
@@ -646,3 +647,57 @@ cleanup:
     kvs_attn_ctx_free(&c);
     return st;
 }
+
+/* ------------------------------------------------------------------------ */
+/* One row's softmax in place (window statistics of the parts)               */
+/* ------------------------------------------------------------------------ */
+
+float kvs_attn_softmax_row(float *s, int n, int m, double *plogp) {
+    if (n < 1) {
+        *plogp = 0.0;
+        return -INFINITY;
+    }
+    const int nf = n / VL * VL; /* vector body; the tail one by one */
+    v8f mx = v8_set1(MASKED);
+    for (int j = 0; j < nf; j += VL) mx = v8_max(mx, v8_load(s + j));
+    float mt = v8_hmax(mx);
+    for (int j = nf; j < n; j++) mt = s[j] > mt ? s[j] : mt;
+    const v8f mb = v8_set1(mt);
+    /* z = sum e, and over j < m: se = sum e, set = sum e (s - max); float
+     * lanes within TK-key chunks, double across chunks (as fused_row) */
+    double z = 0.0, se = 0.0, set = 0.0;
+    for (int j0 = 0; j0 < n; j0 += TK) {
+        const int je = j0 + TK < n ? j0 + TK : n;
+        v8f vz = v8_set1(0.0f), vs = vz, vt = vz;
+        float tz = 0.0f, ts = 0.0f, tt = 0.0f;
+        int j = j0;
+        for (; j + VL <= je; j += VL) {
+            const v8f t = v8_load(s + j) - mb, e = v8_exp(t);
+            v8_store(s + j, e);
+            vz += e;
+            if (j + VL <= m) {
+                vs += e;
+                vt += e * t;
+            } else if (j < m) {
+                for (int x = 0; x < m - j; x++) ts += e[x], tt += e[x] * t[x];
+            }
+        }
+        for (; j < je; j++) {
+            const float t = s[j] - mt, e = expf(t);
+            s[j] = e;
+            tz += e;
+            if (j < m) ts += e, tt += e * t;
+        }
+        z += v8_hsum(vz) + (double)tz;
+        se += v8_hsum(vs) + (double)ts;
+        set += v8_hsum(vt) + (double)tt;
+    }
+    const float inv = (float)(1.0 / z);
+    const v8f vi = v8_set1(inv);
+    for (int j = 0; j < nf; j += VL) v8_store(s + j, v8_load(s + j) * vi);
+    for (int j = nf; j < n; j++) s[j] *= inv;
+    const double lz = log(z);
+    *plogp = set / z - lz * se / z; /* sum_{j<m} p (s - max - log z) */
+    return (float)((double)mt + lz);
+}
+

@@ -7,7 +7,9 @@
  * blocks, N not a multiple of the vector width; lse unweighted (equal to
  * kvs_attn_colsum_fused's); all weights 1 and NULL give kvs_attn_colsum_fused
  * bit for bit; results bit-identical for 1 and 2 threads; a non-finite
- * weight is an error. Not a benchmark.
+ * weight is an error. kvs_attn_softmax_row (one row's softmax in place and
+ * its prefix sum p log p) against the same in double, lengths around the
+ * 8-lane and 256-key chunk edges. Not a benchmark.
  */
 #include "attn_ref.h"
 #include "kvsieve.h"
@@ -79,7 +81,44 @@ static void check_case(int Hq, int Hkv, int Nq, int N, int d, kvs_dtype t, uint6
     free(kv);
 }
 
+static void check_softmax_row(int n, int m, double scale, uint64_t seed) {
+    uint64_t rng = seed;
+    float *s = malloc(sizeof(float) * (size_t)n + 4);
+    double *x = malloc(sizeof(double) * (size_t)n + 8);
+    for (int j = 0; j < n; j++) x[j] = s[j] = (float)(scale * kvs_rng_normal(&rng));
+    double mx = -INFINITY, z = 0.0, plp = 0.0;
+    for (int j = 0; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int j = 0; j < n; j++) z += exp(x[j] - mx);
+    const double lse = mx + log(z);
+    for (int j = 0; j < m; j++) plp += exp(x[j] - lse) * (x[j] - lse);
+    double got_plp = 0.0;
+    const float got = kvs_attn_softmax_row(s, n, m, &got_plp);
+    CHECK_MSG(fabs(got - lse) <= 2e-6 * (1.0 + fabs(lse)), "n%d: lse %.9g, reference %.9g", n,
+              (double)got, lse);
+    double mag = 0.0; /* sum |p log p| over the prefix: the scale of the sum's rounding */
+    for (int j = 0; j < m; j++) mag += fabs(exp(x[j] - lse) * (x[j] - lse));
+    CHECK_MSG(fabs(got_plp - plp) <= 1e-5 * mag + 1e-12, "n%d m%d: sum p log p %.12g, reference %.12g",
+              n, m, got_plp, plp);
+    int bad = 0;
+    for (int j = 0; j < n; j++) {
+        const double p = exp(x[j] - lse);
+        /* fp32 exp: relative error grows with |s - max| (its argument's rounding) */
+        if (!(fabs(s[j] - p) <= 1e-7 * (20.0 + fabs(x[j] - mx)) * p + 1e-30) && bad++ < 3)
+            CHECK_MSG(0, "n%d: p[%d] = %.9g, reference %.9g", n, j, (double)s[j], p);
+    }
+    free(s);
+    free(x);
+}
+
 int main(void) {
+    const int ns[][2] = {{1, 1}, {1, 0}, {7, 3}, {8, 8}, {9, 8}, {255, 250}, {256, 255},
+                         {257, 200}, {600, 571}, {1031, 1000}, {2048, 2016}};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        check_softmax_row(ns[i][0], ns[i][1], 1.0, 70 + i);
+        check_softmax_row(ns[i][0], ns[i][1], 6.0, 90 + i); /* sharp rows */
+    }
+    double plp = 1.0;
+    CHECK(kvs_attn_softmax_row(NULL, 0, 0, &plp) == -INFINITY && plp == 0.0);
     check_case(1, 1, 1, 1, 4, KVS_F32, 1);       /* N = 1 */
     check_case(4, 1, 32, 300, 32, KVS_F16, 2);   /* Finch's window, G = 4 */
     check_case(2, 1, 37, 37, 16, KVS_F32, 3);    /* G = 2, Nq = N */

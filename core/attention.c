@@ -4,7 +4,9 @@
  * optional row entropies (kvs_attn_colsum), both from one pass over the
  * logits (kvs_attn_colsum_fused), the entropies of the head-averaged
  * attention, plain and MEDA cross-modal (kvs_attn_entropies), and all of
- * these from one pass (kvs_attn_stats_fused). This file holds the shared
+ * these from one pass (kvs_attn_stats_fused), and the column sums with
+ * weighted query rows (kvs_attn_colsum_fused_w); one row's softmax in
+ * place for the parts' window statistics (kvs_attn_softmax_row). This file holds the shared
  * set-up, the log-sum-exp and the column sums; the entropies and the
  * one-pass statistics are in attn_entropy.c, the tile sizes, vector helpers
  * and context both use in attn_internal.h.
@@ -507,6 +509,7 @@ typedef struct {
     int slab_b0[NSLAB + 1];
     double *acc; /* [Hkv][n_slab][N] */
     float *kbuf; /* [threads][KCHUNK][d] fp32 keys being converted (lazy), or NULL */
+    const float *row_w; /* [Nq] weights of the query rows in the column sums, or NULL (all 1) */
 } fused_job;
 
 /* Set-up the fused passes share: c->tq = rows per block and head so that
@@ -562,7 +565,8 @@ static kvs_status fused_unit(void *jp, int tid, int u, kvs_err *err) {
             const int nv = c->off + i0 + r + 1; /* causal keys 0 .. p */
             const int nvp = (nv + VL - 1) / VL * VL;
             float *s = buf + (size_t)R * (size_t)ld; /* [ld] */
-            const v8f il = fused_row_out(s, nv, J->lse, J->row_entropy, (size_t)h * c->Nq + i0 + r);
+            v8f il = fused_row_out(s, nv, J->lse, J->row_entropy, (size_t)h * c->Nq + i0 + r);
+            if (J->row_w) il *= v8_set1(J->row_w[i0 + r]);
             for (int j = 0; j < nvp; j += VL) v8_store(col + j, v8_load(col + j) + v8_load(s + j) * il);
         }
         for (int j = 0; j < W; j++) acc[j] += (double)col[j];
@@ -572,7 +576,13 @@ static kvs_status fused_unit(void *jp, int tid, int u, kvs_err *err) {
 
 kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *lse, float *colsum,
                                  float *row_entropy, int threads, kvs_err *err) {
-    static const char fn[] = "kvs_attn_colsum_fused";
+    return kvs_attn_colsum_fused_w(q, k, NULL, lse, colsum, row_entropy, threads, err);
+}
+
+kvs_status kvs_attn_colsum_fused_w(const kvs_view *q, const kvs_view *k, const float *row_w,
+                                   float *lse, float *colsum, float *row_entropy, int threads,
+                                   kvs_err *err) {
+    const char *fn = row_w ? "kvs_attn_colsum_fused_w" : "kvs_attn_colsum_fused";
     attn_ctx c;
     scratch *sc = NULL;
     int nt = 0;
@@ -586,9 +596,17 @@ kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *ls
     /* rows per block and head: FUSED_ROWS stacked rows of the G heads of a group */
     st = kvs_attn_fused_setup(&c, c.G, &J.ld, &lse, &lse_owned, fn, err);
     if (st) goto cleanup;
+    if (row_w)
+        for (int i = 0; i < c.Nq; i++)
+            if (!isfinite(row_w[i])) {
+                st = kvs_errorf(err, KVS_ERR_INVALID, "%s: row weight %d is not finite (%g)", fn, i,
+                                (double)row_w[i]);
+                goto cleanup;
+            }
     J.c = &c;
     J.lse = lse;
     J.row_entropy = row_entropy;
+    J.row_w = row_w;
     J.n_slab = kvs_attn_make_slabs(&c, J.slab_b0);
     const int n_units = c.Hkv * J.n_slab;
     nt = kvs_parallel_threads(threads, n_units);
@@ -629,3 +647,57 @@ cleanup:
     kvs_attn_ctx_free(&c);
     return st;
 }
+
+/* ------------------------------------------------------------------------ */
+/* One row's softmax in place (window statistics of the parts)               */
+/* ------------------------------------------------------------------------ */
+
+float kvs_attn_softmax_row(float *s, int n, int m, double *plogp) {
+    if (n < 1) {
+        *plogp = 0.0;
+        return -INFINITY;
+    }
+    const int nf = n / VL * VL; /* vector body; the tail one by one */
+    v8f mx = v8_set1(MASKED);
+    for (int j = 0; j < nf; j += VL) mx = v8_max(mx, v8_load(s + j));
+    float mt = v8_hmax(mx);
+    for (int j = nf; j < n; j++) mt = s[j] > mt ? s[j] : mt;
+    const v8f mb = v8_set1(mt);
+    /* z = sum e, and over j < m: se = sum e, set = sum e (s - max); float
+     * lanes within TK-key chunks, double across chunks (as fused_row) */
+    double z = 0.0, se = 0.0, set = 0.0;
+    for (int j0 = 0; j0 < n; j0 += TK) {
+        const int je = j0 + TK < n ? j0 + TK : n;
+        v8f vz = v8_set1(0.0f), vs = vz, vt = vz;
+        float tz = 0.0f, ts = 0.0f, tt = 0.0f;
+        int j = j0;
+        for (; j + VL <= je; j += VL) {
+            const v8f t = v8_load(s + j) - mb, e = v8_exp(t);
+            v8_store(s + j, e);
+            vz += e;
+            if (j + VL <= m) {
+                vs += e;
+                vt += e * t;
+            } else if (j < m) {
+                for (int x = 0; x < m - j; x++) ts += e[x], tt += e[x] * t[x];
+            }
+        }
+        for (; j < je; j++) {
+            const float t = s[j] - mt, e = expf(t);
+            s[j] = e;
+            tz += e;
+            if (j < m) ts += e, tt += e * t;
+        }
+        z += v8_hsum(vz) + (double)tz;
+        se += v8_hsum(vs) + (double)ts;
+        set += v8_hsum(vt) + (double)tt;
+    }
+    const float inv = (float)(1.0 / z);
+    const v8f vi = v8_set1(inv);
+    for (int j = 0; j < nf; j += VL) v8_store(s + j, v8_load(s + j) * vi);
+    for (int j = nf; j < n; j++) s[j] *= inv;
+    const double lz = log(z);
+    *plogp = set / z - lz * se / z; /* sum_{j<m} p (s - max - log z) */
+    return (float)((double)mt + lz);
+}
+

@@ -532,6 +532,22 @@ kvs_status kvs_attn_colsum(const kvs_view *q, const kvs_view *k, const float *ls
 kvs_status kvs_attn_colsum_fused(const kvs_view *q, const kvs_view *k, float *lse, float *colsum,
                                  float *row_entropy, int threads, kvs_err *err);
 
+/* kvs_attn_colsum_fused with weighted query rows, still one pass: row_w
+ * [Nq] (NULL: all 1, then it is kvs_attn_colsum_fused) scales row i's
+ * probabilities in the column sums, colsum[g][j] = (1/G) sum_{h in g}
+ * sum_i row_w[i] A_h[i][j] (the same weight for every head); lse and
+ * row_entropy are unweighted. A non-finite weight is KVS_ERR_INVALID. */
+kvs_status kvs_attn_colsum_fused_w(const kvs_view *q, const kvs_view *k, const float *row_w,
+                                   float *lse, float *colsum, float *row_entropy, int threads,
+                                   kvs_err *err);
+
+/* One row of logits s[0 .. n) to its softmax in place, p_j = exp(s_j -
+ * lse) (8-lane exp as the passes above, relative error ~1e-7); returns
+ * lse; *plogp = sum_{j < m} p_j log p_j (m <= n: a prefix of the keys, e.g.
+ * CAKE's dispersion over the context). Sums in float within 256-key chunks,
+ * double across them. n < 1: returns -inf, *plogp = 0. */
+float kvs_attn_softmax_row(float *s, int n, int m, double *plogp);
+
 /* Entropies of the head-averaged causal attention (kvs_entropy_stats, above
  * kvs_layer): modality is [N] (query row i has modality modality[p_i]). */
 kvs_status kvs_attn_entropies(const kvs_view *q, const kvs_view *k, const float *lse,

@@ -28,9 +28,10 @@
  *   - CAKE's cascading (budgets re-split while prefilling layer by layer) is
  *     a memory schedule of the prefill; one-shot after the prefill it gives
  *     the same final split, so it is not modelled.
- *   - Logits by one fp32 GEMM per KV head (its G query heads' window rows
- *     against all keys, as core's attention statistics); softmax in fp32
- *     with the row maximum subtracted and a double sum; D per row from
+ *   - Logits by fp32 GEMMs of each KV head's G w window rows against its
+ *     keys in blocks of 512 (as core's attention statistics); softmax in fp32 with the row
+ *     maximum subtracted (core's kvs_attn_softmax_row: float sums within
+ *     256 keys, double across); D per row from
  *     log p = s - max - log z (no per-key log; the official code's
  *     log(p + 1e-10) differs only where p is below ~1e-8, where p log p is
  *     about 0 either way); V from per-column sums and sums of squares in
@@ -39,8 +40,9 @@
  *     (or B <= w, or L = 1) there is nothing to measure or shape, so every
  *     layer gets B (the note says so). All-zero preferences give equal
  *     shares (kvs_budget_allocate).
- * Cost: Hq * w * N * d per layer (as SnapKV's votes); memory w * N floats
- * plus one KV head's keys in fp32.
+ * Cost: Hq * w * N * d per layer (as SnapKV's votes), on the shape's
+ * threads (kvs_cake_measure_ex); memory [Hq][w][N] logits, [Hq][N - w]
+ * indicator shares and per thread 512 keys in fp32 and [2][N - w] doubles.
  */
 #include "kvs_parts.h"
 
@@ -49,8 +51,81 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Two parallel runs per layer. Logits: one unit per (KV head g, block of
+ * CAKE_KROWS keys) converts its keys to fp32 and multiplies them with the
+ * group's G w window rows (one sgemm; the keys are packed once) into the
+ * layer's [Hkv][G w][N] logits. Rows: one unit per query head, its w rows'
+ * softmax, the row terms of D, the column variances over the w rows (V)
+ * and its share of the eviction indicator. Partials go to per-head slots
+ * reduced in head order, so the result does not depend on the thread
+ * count. */
+typedef struct {
+    const kvs_view *k;
+    const float *qq; /* [Hq][w][d] fp32 window rows (= [Hkv][G w][d]) */
+    int N, d, G, w, P, kchunks;
+    float scale;
+    double gamma;
+    float *kbuf;   /* [threads][CAKE_KROWS][d] keys of one block in fp32 */
+    float *a;      /* [Hq][w][N] logits, then probabilities */
+    double *sum;   /* [threads][2][P] column sums, sums of squares */
+    double *dv;    /* [Hq][2] per query head: its D and V terms */
+    float *evp;    /* [Hq][P] per query head: its share of the indicator, or NULL */
+} cake_job;
+
+enum { CAKE_KROWS = 512 };
+
+static kvs_status cake_logit_unit(void *jp, int tid, int u, kvs_err *err) {
+    (void)err;
+    cake_job *J = jp;
+    const int g = u / J->kchunks, n0 = (u % J->kchunks) * CAKE_KROWS, d = J->d, R = J->G * J->w;
+    const int rows = J->N - n0 < CAKE_KROWS ? J->N - n0 : CAKE_KROWS;
+    float *kb = J->kbuf + (size_t)tid * CAKE_KROWS * d; /* [rows][d] */
+    kvs_view_rows_f32(J->k, g, n0, rows, kb);
+    /* logits of every window row against every key (the masked ones unused) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, rows, d, J->scale,
+                J->qq + (size_t)g * R * d, d, kb, d, 0.0f, J->a + (size_t)g * R * J->N + n0, J->N);
+    return KVS_OK;
+}
+
+static kvs_status cake_row_unit(void *jp, int tid, int h, kvs_err *err) {
+    (void)err;
+    cake_job *J = jp;
+    const int N = J->N, w = J->w, P = J->P;
+    float *a = J->a + (size_t)h * w * N;                     /* [w][N] */
+    double *s1 = J->sum + (size_t)tid * 2 * P, *s2 = s1 + P; /* [P] each */
+    /* each row's softmax over the keys it sees (row i sits at position
+     * P + i); D -= its sum p log p over the prefix */
+    double D = 0.0;
+    for (int i = 0; i < w; i++) {
+        double plp;
+        kvs_attn_softmax_row(a + (size_t)i * N, P + i + 1, P, &plp);
+        D -= plp;
+    }
+    /* variance over the w rows of each prefix column (sum and sum of squares
+     * in double; probabilities are in [0, 1]) */
+    for (int j = 0; j < P; j++) s1[j] = s2[j] = 0.0;
+    for (int i = 0; i < w; i++) {
+        const float *ai = a + (size_t)i * N;
+        for (int j = 0; j < P; j++) {
+            const double x = ai[j];
+            s1[j] += x;
+            s2[j] += x * x;
+        }
+    }
+    double vt = 0.0;
+    float *ev = J->evp ? J->evp + (size_t)h * P : NULL;
+    for (int j = 0; j < P; j++) {
+        const double v = (s2[j] - s1[j] * s1[j] / w) / (w - 1);
+        vt += v > 0.0 ? v : 0.0;
+        if (ev) ev[j] = (float)((s1[j] / w + J->gamma * (v > 0.0 ? v : 0.0)) / J->G);
+    }
+    J->dv[2 * (size_t)h] = D;
+    J->dv[2 * (size_t)h + 1] = vt;
+    return KVS_OK;
+}
+
 kvs_status kvs_cake_measure_ex(const kvs_layer *in, int window, double gamma, double *disp,
-                               double *var, float *evict, kvs_err *err) {
+                               double *var, float *evict, int threads, kvs_err *err) {
     const kvs_view *q = &in->q, *k = &in->k;
     const int N = k->n_tokens, d = k->head_dim, Hkv = k->n_heads, Hq = q->n_heads;
     const int Nq = q->data ? q->n_tokens : 0, w = window;
@@ -59,83 +134,59 @@ kvs_status kvs_cake_measure_ex(const kvs_layer *in, int window, double gamma, do
         return kvs_errorf(err, KVS_ERR_INVALID,
                           "cake: window %d needs 2 <= w <= Nq=%d and w < N=%d (Hq=%d Hkv=%d)", w,
                           Nq, N, Hq, Hkv);
-    const int G = Hq / Hkv, P = N - w, R = G * w; /* prefix keys [0, P); R rows per KV head */
-    float *kk = malloc(sizeof(float) * (size_t)N * (size_t)d); /* [N][d] one KV head */
-    float *qq = malloc(sizeof(float) * (size_t)R * (size_t)d); /* [G][w][d] its window rows */
-    float *a = malloc(sizeof(float) * (size_t)R * (size_t)N);  /* [G][w][N] logits, then probabilities */
-    double *sum = malloc(sizeof(double) * 2 * (size_t)N);      /* [2][P] column sums, sums of squares */
-    if (!kk || !qq || !a || !sum) {
-        free(kk);
-        free(qq);
-        free(a);
-        free(sum);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "cake: out of memory for [%d][%d] probabilities", R, N);
+    const int G = Hq / Hkv, P = N - w; /* prefix keys [0, P) */
+    const int kchunks = (N + CAKE_KROWS - 1) / CAKE_KROWS;
+    const int nt = kvs_parallel_threads(threads, Hkv * kchunks > Hq ? Hkv * kchunks : Hq);
+    cake_job J = {.k = k, .N = N, .d = d, .G = G, .w = w, .P = P, .kchunks = kchunks,
+                  .scale = 1.0f / sqrtf((float)d), .gamma = gamma};
+    float *qq = malloc(sizeof(float) * (size_t)Hq * w * d);                /* [Hq][w][d] */
+    J.qq = qq;
+    J.kbuf = malloc(sizeof(float) * (size_t)nt * CAKE_KROWS * d);          /* [nt][KROWS][d] */
+    J.a = malloc(sizeof(float) * (size_t)Hq * w * N);                      /* [Hq][w][N] */
+    J.sum = malloc(sizeof(double) * (size_t)nt * 2 * P);                   /* [nt][2][P] */
+    J.dv = malloc(sizeof(double) * 2 * (size_t)Hq);                        /* [Hq][2] */
+    J.evp = evict ? malloc(sizeof(float) * (size_t)Hq * P) : NULL;         /* [Hq][P] */
+    kvs_status rc = KVS_OK;
+    if (!qq || !J.kbuf || !J.a || !J.sum || !J.dv || (evict && !J.evp))
+        rc = kvs_errorf(err, KVS_ERR_NOMEM, "cake: out of memory for [%d][%d][%d] probabilities",
+                        Hq, w, N);
+    if (!rc) {
+        for (int h = 0; h < Hq; h++) kvs_view_rows_f32(q, h, Nq - w, w, qq + (size_t)h * w * d);
+        rc = kvs_parallel_run(&J, cake_logit_unit, Hkv * kchunks, nt, "cake: logits", err);
     }
-    const float scale = 1.0f / sqrtf((float)d);
-    double D = 0.0, V = 0.0;
-    for (int g = 0; g < Hkv; g++) {
-        kvs_view_rows_f32(k, g, 0, N, kk);
-        for (int t = 0; t < G; t++) kvs_view_rows_f32(q, g * G + t, Nq - w, w, qq + (size_t)t * w * d);
-        /* logits of every window row against every key (the masked ones unused) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, N, d, scale, qq, d, kk, d, 0.0f, a, N);
-        for (int r = 0; r < R; r++) {
-            const int n_vis = P + r % w + 1; /* row i = r % w sits at position P + i */
-            float *ai = a + (size_t)r * N;
-            float mx = -INFINITY;
-            for (int j = 0; j < n_vis; j++) mx = ai[j] > mx ? ai[j] : mx;
-            /* e_j = exp(s_j - mx), z = sum e: over the prefix, sum p log p =
-             * (sum e (s - mx)) / z - log z (sum e) / z, with no log per key */
-            double z = 0.0, set = 0.0, se = 0.0;
-            for (int j = 0; j < n_vis; j++) {
-                const float t = ai[j] - mx, e = expf(t);
-                ai[j] = e;
-                z += e;
-                if (j < P) set += (double)e * t, se += e;
-            }
-            const float inv = (float)(1.0 / z);
-            for (int j = 0; j < n_vis; j++) ai[j] *= inv;
-            D -= set / z - log(z) * se / z;
-        }
-        /* variance over the w rows of each prefix column, row by row
-         * (sum and sum of squares in double; probabilities are in [0, 1]);
-         * the eviction indicator [P] of KV head g: the group mean of
-         * mean_i A + gamma * var_i A */
-        float *ev = evict ? evict + (size_t)g * P : NULL;
-        if (ev)
-            for (int j = 0; j < P; j++) ev[j] = 0.0f;
-        for (int t = 0; t < G; t++) {
-            const float *at = a + (size_t)t * w * N; /* [w][N] of query head g G + t */
-            double *s1 = sum, *s2 = sum + P;
-            for (int j = 0; j < P; j++) s1[j] = s2[j] = 0.0;
-            for (int i = 0; i < w; i++)
-                for (int j = 0; j < P; j++) {
-                    const double x = at[(size_t)i * N + j];
-                    s1[j] += x;
-                    s2[j] += x * x;
+    if (!rc) rc = kvs_parallel_run(&J, cake_row_unit, Hq, nt, "cake", err);
+    if (!rc) {
+        double D = 0.0, V = 0.0;
+        for (int h = 0; h < Hq; h++) D += J.dv[2 * (size_t)h], V += J.dv[2 * (size_t)h + 1];
+        /* the eviction indicator [P] of KV head g: the group mean of
+         * mean_i A + gamma * var_i A, summed over the group in head order */
+        if (evict)
+            for (int g = 0; g < Hkv; g++) {
+                float *ev = evict + (size_t)g * P;
+                for (int j = 0; j < P; j++) ev[j] = 0.0f;
+                for (int t = 0; t < G; t++) {
+                    const float *e = J.evp + (size_t)(g * G + t) * P;
+                    for (int j = 0; j < P; j++) ev[j] += e[j];
                 }
-            double vt = 0.0;
-            for (int j = 0; j < P; j++) {
-                const double v = (s2[j] - s1[j] * s1[j] / w) / (w - 1);
-                vt += v > 0.0 ? v : 0.0;
-                if (ev) ev[j] += (float)((s1[j] / w + gamma * (v > 0.0 ? v : 0.0)) / G);
             }
-            V += vt;
-        }
+        if (!isfinite(D) || !isfinite(V))
+            rc = kvs_errorf(err, KVS_ERR_NUMERIC, "cake: dispersion %g or shift %g is not finite",
+                            D, V);
+        else
+            *disp = D, *var = V;
     }
-    free(sum);
-    free(kk);
     free(qq);
-    free(a);
-    if (!isfinite(D) || !isfinite(V))
-        return kvs_errorf(err, KVS_ERR_NUMERIC, "cake: dispersion %g or shift %g is not finite", D, V);
-    *disp = D;
-    *var = V;
-    return KVS_OK;
+    free(J.kbuf);
+    free(J.a);
+    free(J.sum);
+    free(J.dv);
+    free(J.evp);
+    return rc;
 }
 
 kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, double *var,
                             kvs_err *err) {
-    return kvs_cake_measure_ex(in, window, 0.0, disp, var, NULL, err);
+    return kvs_cake_measure_ex(in, window, 0.0, disp, var, NULL, 1, err);
 }
 
 kvs_status kvs_cake_budgets(const double *disp, const double *var, int L, int N, int per_layer,
@@ -187,7 +238,8 @@ static kvs_status cake_measure(const kvs_part_ctx *c, int layer, const kvs_layer
                                kvs_layer_stats *out, kvs_err *err) {
     const int w = cake_window(c);
     if (w >= 2) {
-        kvs_status rc = kvs_cake_measure(in, w, &out->cake_disp, &out->cake_var, err);
+        kvs_status rc = kvs_cake_measure_ex(in, w, 0.0, &out->cake_disp, &out->cake_var, NULL,
+                                            c->shape.threads, err);
         if (rc) return kvs_err_prefix(err, "layer %d", layer);
     }
     out->have |= KVS_STAT_CAKE;

@@ -203,9 +203,10 @@ kvs_status kvs_cake_measure(const kvs_layer *in, int window, double *disp, doubl
 /* kvs_cake_measure plus, when evict != NULL, CAKE's eviction indicator
  * (score_cake.c) from the same probabilities: evict [Hkv][N - w], for prefix
  * key j the mean over the G query heads of mean_i A[i][j] + gamma *
- * var_i A[i][j] (the w window rows, unbiased variance). */
+ * var_i A[i][j] (the w window rows, unbiased variance); on `threads`
+ * threads (one unit per query head; results independent of the count). */
 kvs_status kvs_cake_measure_ex(const kvs_layer *in, int window, double gamma, double *disp,
-                               double *var, float *evict, kvs_err *err);
+                               double *var, float *evict, int threads, kvs_err *err);
 
 /* A head allocator: splits layer `layer`'s pick budget over its KV heads.
  * scores [Hkv][N] are the layer's (finite); every head's candidates are

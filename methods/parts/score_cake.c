@@ -33,8 +33,9 @@
  *   - w_eff = min(window, N - 1); fewer than w_eff recorded queries is an
  *     error (as snapkv). N <= 2 (w_eff < 2: no variance) scores the prefix
  *     0 (a single prefix token at most; nothing to rank).
- * Cost Hq * w * N * d per layer (one sgemm per KV head, as CAKE's
- * allocator); memory G * w * N floats + [Hkv][N - w].
+ * Cost Hq * w * N * d per layer (one sgemm per query head on the shape's
+ * threads, as CAKE's allocator); memory as kvs_cake_measure_ex +
+ * [Hkv][N - w].
  */
 #include "kvs_parts.h"
 
@@ -98,7 +99,7 @@ static kvs_status cake_score(void *state, int layer, const kvs_layer *in, float 
                           "(window=%d) but %d were recorded",
                           mn, layer, w, w, in->q.data ? in->q.n_tokens : 0);
     double D = 0.0, V = 0.0;
-    kvs_status rc = kvs_cake_measure_ex(in, w, gamma, &D, &V, st->ev, err);
+    kvs_status rc = kvs_cake_measure_ex(in, w, gamma, &D, &V, st->ev, c->shape.threads, err);
     if (rc) return kvs_err_prefix(err, "%s: layer %d", mn, layer);
     /* the allocator measures with min(window, Nq, N - 1): the same w here */
     if (c->stats && (c->want_stats & KVS_STAT_CAKE)) {

@@ -17,10 +17,10 @@
  * kvpress pads them with max + 1); the `window` keep rule of the preset
  * keeps them anyway. Higher = keep.
  * Parameters (read by name): window (w, absent 32), normalize_scores (absent 1).
- * Cost two of the core's window attention passes (kvs_attn_lse, then
- * kvs_attn_colsum with the weights folded into the lse), 2 Hq * w * N * d
- * multiply-adds in fp32 on the shape's threads; scratch [Hq][w] + [Hkv][N]
- * floats.
+ * Cost one of the core's window attention passes (kvs_attn_colsum_fused_w,
+ * the weights f_i applied to the normalised rows), Hq * w * N * d
+ * multiply-adds in fp32 on the shape's threads, as SnapKV; scratch
+ * [Hq][w] + [w] + [Hkv][N] floats.
  * Decisions where sources disagree or are silent:
  *   - The question's length: kvpress finds it from a delimiter token it adds
  *     to the tokenizer; a cache view carries no question boundary, so w is
@@ -45,7 +45,8 @@
 typedef struct {
     const kvs_part_ctx *c;
     int w, normalize;
-    float *lse;    /* [Hq][w] the question rows' log-sum-exp, less log f_i */
+    float *lse;    /* [Hq][w] the question rows' log-sum-exp */
+    float *f;      /* [w] the rows' weights f_i */
     float *colsum; /* [Hkv][N] */
 } finch_state;
 
@@ -59,6 +60,7 @@ static void finch_destroy(void *state) {
     finch_state *st = state;
     if (!st) return;
     free(st->lse);
+    free(st->f);
     free(st->colsum);
     free(st);
 }
@@ -71,8 +73,9 @@ static kvs_status finch_create(const kvs_part_ctx *c, void **state, kvs_err *err
     st->w = finch_window(c->m, c->p, c->shape.n_tokens);
     st->normalize = kvs_part_param(c->m, c->p, "normalize_scores", 1) != 0;
     st->lse = malloc(sizeof(float) * (size_t)c->shape.n_q_heads * (size_t)st->w);
+    st->f = malloc(sizeof(float) * (size_t)st->w);
     st->colsum = malloc(sizeof(float) * (size_t)c->shape.n_kv_heads * N);
-    if (!st->lse || !st->colsum) {
+    if (!st->lse || !st->f || !st->colsum) {
         finch_destroy(st);
         return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [Hkv][N=%zu] scores", N);
     }
@@ -80,10 +83,9 @@ static kvs_status finch_create(const kvs_part_ctx *c, void **state, kvs_err *err
     return KVS_OK;
 }
 
-/* The weighted column sum in two of the core's attention passes: the rows'
- * log-sum-exp (kvs_attn_lse), then kvs_attn_colsum with each row's lse
- * lowered by log f_i, since f_i exp(s_ij - lse_i) = exp(s_ij - (lse_i -
- * log f_i)). */
+/* The weighted column sum in one of the core's attention passes
+ * (kvs_attn_colsum_fused_w with row i's weight f_i): each question row's
+ * logits are computed once, normalised and added to the columns. */
 static kvs_status finch_score(void *state, int layer, const kvs_layer *in, float *scores,
                               kvs_err *err) {
     finch_state *st = state;
@@ -106,16 +108,10 @@ static kvs_status finch_score(void *state, int layer, const kvs_layer *in, float
     qw.data = (const char *)in->q.data +
               (size_t)(in->q.n_tokens - w) * (size_t)in->q.s_tok * kvs_dtype_size(in->q.dtype);
     qw.n_tokens = w;
-    const int threads = st->c->shape.threads;
-    kvs_status rc = kvs_attn_lse(&qw, &in->k, st->lse, threads, err);
-    if (!rc && st->normalize)
-        for (int h = 0; h < Hq; h++)
-            for (int i = 0; i < w; i++) {
-                const int p = N - w + i; /* f_i = p_i >= P >= 1: the keys row i sees, less one (kvpress) */
-                float *l = st->lse + (size_t)h * w + i;
-                *l = (float)((double)*l - log((double)p));
-            }
-    if (!rc) rc = kvs_attn_colsum(&qw, &in->k, st->lse, st->colsum, NULL, threads, err);
+    /* f_i = p_i >= P >= 1: the keys row i sees, less one (kvpress) */
+    for (int i = 0; i < w; i++) st->f[i] = st->normalize ? (float)(N - w + i) : 1.0f;
+    kvs_status rc = kvs_attn_colsum_fused_w(&qw, &in->k, st->f, st->lse, st->colsum, NULL,
+                                            st->c->shape.threads, err);
     if (rc) return kvs_err_prefix(err, "%s: layer %d", mn, layer);
     for (int g = 0; g < H; g++) {
         const float *v = st->colsum + (size_t)g * N; /* [N]: (1/G) sum_h sum_i f_i A_h[i][j] */

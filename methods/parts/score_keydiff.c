@@ -8,11 +8,10 @@
  * distinctive and kept. Reads only K. Cost two passes over K (the anchor,
  * then the cosines): 2 N d, the stated bound; all layers in one parallel
  * run (score_layers) over (layer, KV head) units on the shape's threads,
- * each doing both passes of its head, rows converted to fp32 16 at a time
- * (they stay in L1 between the conversion and the sums), the key norms of
- * pass 1 kept for pass 2 (per-worker scratch allocated once). Norms and
- * dots in fp32 (kvs_part_sumsq / kvs_part_dot's fixed lane order), each
- * tile of 64 rows' anchor sum in fp32 (rows in order), the
+ * each doing both passes of its head, rows converted to fp32 in tiles of
+ * 64, the key norms of pass 1 kept for pass 2 (per-worker scratch
+ * allocated once). Norms and dots in fp32 (kvs_part_sumsq / kvs_part_dot's
+ * fixed lane order), each tile's anchor sum in fp32 (rows in order), the
  * anchor's running sum over the tiles in double, in tile order: the result
  * does not depend on the thread count.
  * Decisions where sources disagree:
@@ -30,12 +29,12 @@
 #include <math.h>
 #include <stdlib.h>
 
-enum { KD_TILE = 64, KD_CONV = 16 }; /* rows per anchor tile; rows per conversion (16 x d fp32 stay in L1) */
+enum { KD_TILE = 64 }; /* rows per tile */
 
 typedef struct {
     const kvs_part_ctx *c;
     int raw, T;     /* anchor = raw; workers */
-    float *rows;    /* [T][KD_CONV][d] */
+    float *rows;    /* [T][KD_TILE][d] */
     float *ts;      /* [T][d] a tile's fp32 anchor sum */
     float *unit;    /* [T][d] the anchor, normalised */
     double *anchor; /* [T][d] */
@@ -67,7 +66,7 @@ static kvs_status keydiff_create(const kvs_part_ctx *c, void **state, kvs_err *e
     st->raw = kvs_part_param(c->m, c->p, "anchor", 0) != 0;
     st->T = kvs_parallel_threads(c->shape.threads, 64);
     const size_t T = (size_t)st->T;
-    st->rows = malloc(sizeof(float) * T * KD_CONV * d);
+    st->rows = malloc(sizeof(float) * T * KD_TILE * d);
     st->ts = malloc(sizeof(float) * T * d);
     st->unit = malloc(sizeof(float) * T * d);
     st->anchor = malloc(sizeof(double) * T * d);
@@ -97,18 +96,17 @@ static kvs_status keydiff_unit(void *job, int tid, int u, kvs_err *err) {
     const int N = st->c->shape.n_tokens, d = st->c->shape.head_dim, H = st->c->shape.n_kv_heads;
     const kvs_view *k = &j->in[u / H].k;
     const int h = u % H;
-    float *rows = st->rows + (size_t)tid * KD_CONV * d, *ts = st->ts + (size_t)tid * d;
+    float *rows = st->rows + (size_t)tid * KD_TILE * d, *ts = st->ts + (size_t)tid * d;
     float *unit = st->unit + (size_t)tid * d, *norm = st->norm + (size_t)tid * N;
     float *out = j->scores + (size_t)u * N; /* [N] */
     double *a = st->anchor + (size_t)tid * d;
     for (int t = 0; t < d; t++) a[t] = 0.0;
     for (int n0 = 0; n0 < N; n0 += KD_TILE) { /* pass 1: norms and the anchor sum */
         const int cnt = N - n0 < KD_TILE ? N - n0 : KD_TILE;
+        kvs_view_rows_f32(k, h, n0, cnt, rows);
         for (int t = 0; t < d; t++) ts[t] = 0.0f;
         for (int i = 0; i < cnt; i++) {
-            if (i % KD_CONV == 0)
-                kvs_view_rows_f32(k, h, n0 + i, cnt - i < KD_CONV ? cnt - i : KD_CONV, rows);
-            const float *r = rows + (size_t)(i % KD_CONV) * d;
+            const float *r = rows + (size_t)i * d;
             const float nr = sqrtf(kvs_part_sumsq(r, d));
             norm[n0 + i] = nr;
             if (!st->raw && nr == 0.0f) continue;
@@ -120,8 +118,8 @@ static kvs_status keydiff_unit(void *job, int tid, int u, kvs_err *err) {
     for (int t = 0; t < d; t++) na += a[t] * a[t];
     na = sqrt(na);
     for (int t = 0; t < d; t++) unit[t] = na > 0.0 ? (float)(a[t] / na) : 0.0f;
-    for (int n0 = 0; n0 < N; n0 += KD_CONV) { /* pass 2: -cos(k_j, a) */
-        const int cnt = N - n0 < KD_CONV ? N - n0 : KD_CONV;
+    for (int n0 = 0; n0 < N; n0 += KD_TILE) { /* pass 2: -cos(k_j, a) */
+        const int cnt = N - n0 < KD_TILE ? N - n0 : KD_TILE;
         kvs_view_rows_f32(k, h, n0, cnt, rows);
         for (int i = 0; i < cnt; i++) {
             const float dot = kvs_part_dot(rows + (size_t)i * d, unit, d), nr = norm[n0 + i];

@@ -33,11 +33,10 @@
  * of K and V to fp32 once (a two-partition ring: own, reference); per
  * channel the
  * reciprocal of the reference's range is taken once (x = (K - min) * inv,
- * not a division per element), and the sums of x - 1/2 and its square over
- * the channels run in 32 fp32 lanes (AVX where built with it, the same order
- * without), folded in double: the result does not depend on the thread count
- * or the build. Memory per worker [2L][d] floats for K and V, [d] floats and
- * [L] doubles.
+ * not a division per element), and the sums of x and x^2 over the channels
+ * run in 8 lanes (AVX where built with it, the same order without): the
+ * result does not depend on the thread count or the build. Memory per
+ * worker [2L][d] floats for K and V, [d] and [L] doubles.
  */
 #include "kvs_parts.h"
 
@@ -52,7 +51,7 @@ typedef struct {
     const kvs_part_ctx *c;
     int T, R;              /* workers; rows per worker buffer, min(2 lag, N) */
     float *krows, *vrows;  /* [T][R][d] two partitions (a ring: own, reference) */
-    float *lo, *inv;       /* [T][d] */
+    double *lo, *inv;      /* [T][d] */
     double *sk, *sv;       /* [T][lag] */
 } lag_state;
 
@@ -90,8 +89,8 @@ static kvs_status lag_create(const kvs_part_ctx *c, void **state, kvs_err *err) 
     const size_t T = (size_t)st->T;
     st->krows = malloc(sizeof(float) * T * (size_t)st->R * d);
     st->vrows = malloc(sizeof(float) * T * (size_t)st->R * d);
-    st->lo = malloc(sizeof(float) * T * d);
-    st->inv = malloc(sizeof(float) * T * d);
+    st->lo = malloc(sizeof(double) * T * d);
+    st->inv = malloc(sizeof(double) * T * d);
     st->sk = malloc(sizeof(double) * T * L);
     st->sv = malloc(sizeof(double) * T * L);
     if (!st->krows || !st->vrows || !st->lo || !st->inv || !st->sk ||
@@ -111,8 +110,8 @@ static kvs_status lag_create(const kvs_part_ctx *c, void **state, kvs_err *err) 
 /* Channels [c, c + 8 nb) of the reference, nb <= 4 blocks at once (their
  * min / max chains overlap); _mm256_min_ps(x, m) is x < m ? x : m, as the
  * scalar loop. */
-static void range_blocks(const float *restrict ref, int d, int L, int c, int nb, float *restrict lo,
-                         float *restrict inv) {
+static void range_blocks(const float *restrict ref, int d, int L, int c, int nb, double *restrict lo,
+                         double *restrict inv) {
     __m256 mn0 = _mm256_set1_ps(INFINITY), mn1 = mn0, mn2 = mn0, mn3 = mn0;
     __m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0, mx2 = mx0, mx3 = mx0;
     for (int t = 0; t < L; t++) {
@@ -132,7 +131,7 @@ static void range_blocks(const float *restrict ref, int d, int L, int c, int nb,
     for (int k = 0; k < 8 * nb; k++) {
         const double r = (double)e[k] - (double)a[k];
         lo[c + k] = a[k];
-        inv[c + k] = r > 0 ? (float)(1.0 / r) : 0.0f;
+        inv[c + k] = r > 0 ? 1.0 / r : 0.0;
     }
 }
 #endif
@@ -140,8 +139,8 @@ static void range_blocks(const float *restrict ref, int d, int L, int c, int nb,
 /* The reference's channel ranges: lo[c] and inv[c] = 1 / (max - min) over
  * its L rows ref [L][d] (0 for a constant channel: it contributes x = 0).
  * Min / max are exact in fp32. */
-static void ref_range(const float *restrict ref, int d, int L, float *restrict lo,
-                      float *restrict inv) {
+static void ref_range(const float *restrict ref, int d, int L, double *restrict lo,
+                      double *restrict inv) {
     int c = 0;
 #if defined(__AVX__)
     for (; c + 32 <= d; c += 32) range_blocks(ref, d, L, c, 4, lo, inv);
@@ -156,50 +155,45 @@ static void ref_range(const float *restrict ref, int d, int L, float *restrict l
         }
         const double r = (double)mx - (double)mn;
         lo[c] = mn;
-        inv[c] = r > 0 ? (float)(1.0 / r) : 0.0f;
+        inv[c] = r > 0 ? 1.0 / r : 0.0;
     }
 }
 
-enum { LAG_W = 32 }; /* lanes of a token's sums */
-
-/* Lanes of one token's sums: y_c = (r[c] - lo_c) inv_c - 1/2 in fp32 (x_c
- * shifted: the variance is the same, and centring x's range [0, 1] keeps
- * sum y^2 - (sum y)^2 / d from cancelling), channel c in lane c mod 32 of s
- * (y) and q (y^2), blocks of 32 then the tail (the AVX path and plain C give
- * the same sums). Each lane sums at most d / 32 values of magnitude <= 1/2:
- * fp32 keeps sigma's rounding near 1e-7 relative. */
-static void token_sums(const float *restrict r, const float *restrict lo, const float *restrict inv,
-                       int d, float *restrict s, float *restrict q) {
+/* Lanes of one token's sums: x_c = (r[c] - lo_c) inv_c, channel c in lane
+ * c mod 8 of s8 (x) and q8 (x^2), blocks of 8 then the tail. */
+static void token_sums(const float *restrict r, const double *restrict lo,
+                       const double *restrict inv, int d, double *s8, double *q8) {
     int c = 0;
 #if defined(__AVX__)
-    const __m256 h = _mm256_set1_ps(0.5f);
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
-    for (; c + LAG_W <= d; c += LAG_W) {
-        const __m256 x0 = _mm256_sub_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(r + c), _mm256_loadu_ps(lo + c)), _mm256_loadu_ps(inv + c)), h);
-        const __m256 x1 = _mm256_sub_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(r + c + 8), _mm256_loadu_ps(lo + c + 8)), _mm256_loadu_ps(inv + c + 8)), h);
-        const __m256 x2 = _mm256_sub_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(r + c + 16), _mm256_loadu_ps(lo + c + 16)), _mm256_loadu_ps(inv + c + 16)), h);
-        const __m256 x3 = _mm256_sub_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(r + c + 24), _mm256_loadu_ps(lo + c + 24)), _mm256_loadu_ps(inv + c + 24)), h);
-        s0 = _mm256_add_ps(s0, x0), s1 = _mm256_add_ps(s1, x1), s2 = _mm256_add_ps(s2, x2), s3 = _mm256_add_ps(s3, x3);
-        q0 = _mm256_add_ps(q0, _mm256_mul_ps(x0, x0)), q1 = _mm256_add_ps(q1, _mm256_mul_ps(x1, x1));
-        q2 = _mm256_add_ps(q2, _mm256_mul_ps(x2, x2)), q3 = _mm256_add_ps(q3, _mm256_mul_ps(x3, x3));
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+    for (; c + 8 <= d; c += 8) {
+        const __m256d x0 = _mm256_mul_pd(
+            _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(r + c)), _mm256_loadu_pd(lo + c)),
+            _mm256_loadu_pd(inv + c));
+        const __m256d x1 = _mm256_mul_pd(
+            _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(r + c + 4)), _mm256_loadu_pd(lo + c + 4)),
+            _mm256_loadu_pd(inv + c + 4));
+        s0 = _mm256_add_pd(s0, x0);
+        s1 = _mm256_add_pd(s1, x1);
+        q0 = _mm256_add_pd(q0, _mm256_mul_pd(x0, x0));
+        q1 = _mm256_add_pd(q1, _mm256_mul_pd(x1, x1));
     }
-    _mm256_storeu_ps(s, s0), _mm256_storeu_ps(s + 8, s1), _mm256_storeu_ps(s + 16, s2), _mm256_storeu_ps(s + 24, s3);
-    _mm256_storeu_ps(q, q0), _mm256_storeu_ps(q + 8, q1), _mm256_storeu_ps(q + 16, q2), _mm256_storeu_ps(q + 24, q3);
+    _mm256_storeu_pd(s8, s0);
+    _mm256_storeu_pd(s8 + 4, s1);
+    _mm256_storeu_pd(q8, q0);
+    _mm256_storeu_pd(q8 + 4, q1);
 #endif
-    for (; c < d; c++) { /* the plain-C blocks and the tail: lane c mod 32 either way */
-        const float x = (r[c] - lo[c]) * inv[c] - 0.5f;
-        s[c % LAG_W] += x;
-        q[c % LAG_W] += x * x;
+    for (; c < d; c++) { /* the plain-C blocks and the tail: lane c mod 8 either way */
+        const double x = ((double)r[c] - lo[c]) * inv[c];
+        s8[c % 8] += x;
+        q8[c % 8] += x * x;
     }
 }
 
-/* The lanes' sum in double, pairwise (lane k + lane k + w, halving). */
-static double fold_lanes(const float *l) {
-    double t[LAG_W];
-    for (int k = 0; k < LAG_W; k++) t[k] = l[k];
-    for (int w = LAG_W / 2; w >= 1; w /= 2)
-        for (int k = 0; k < w; k++) t[k] += t[k + w];
-    return t[0];
+static double fold8(double *l) {
+    for (int w = 4; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) l[k] += l[k + w];
+    return l[0];
 }
 
 /* The softmax over a partition own [L][d] of the sigma of each token, with
@@ -207,13 +201,13 @@ static double fold_lanes(const float *l) {
  * scratch. */
 static void partition_score(lag_state *st, int tid, const float *own, const float *ref, int d,
                             int L, double *restrict out) {
-    float *restrict lo = st->lo + (size_t)tid * d, *restrict inv = st->inv + (size_t)tid * d;
+    double *restrict lo = st->lo + (size_t)tid * d, *restrict inv = st->inv + (size_t)tid * d;
     ref_range(ref, d, L, lo, inv);
     double mx = -INFINITY;
     for (int t = 0; t < L; t++) {
-        float sl[LAG_W] = {0}, ql[LAG_W] = {0};
-        token_sums(own + (size_t)t * d, lo, inv, d, sl, ql);
-        const double sum = fold_lanes(sl), sq = fold_lanes(ql);
+        double s8[8] = {0}, q8[8] = {0};
+        token_sums(own + (size_t)t * d, lo, inv, d, s8, q8);
+        const double sum = fold8(s8), sq = fold8(q8);
         double var = d > 1 ? (sq - sum * sum / d) / (d - 1) : 0.0;
         if (var < 0) var = 0; /* rounding of sq - sum^2 / d */
         out[t] = sqrt(var);

@@ -95,7 +95,10 @@ kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t s
     for (size_t j = 0; j < (size_t)N; j++) {
         const float *restrict yr = y + j * k;
         double *restrict yo = yd + j * k;
-        for (int a = 0; a < k; a++) yo[a] = (float)(yr[a] - mphi[a]);
+        int a = 0;
+        for (; a + 8 <= k; a += 8) /* blocks of 8 vectorise; the same values */
+            for (int t = 0; t < 8; t++) yo[a + t] = (float)(yr[a + t] - mphi[a + t]);
+        for (; a < k; a++) yo[a] = (float)(yr[a] - mphi[a]);
     }
     free(phi), free(mean), free(mphi);
     /* G = Y'Y (dsyrk, lower) */
@@ -119,10 +122,14 @@ kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t s
     }
     /* l_j = ||L^-1 y_j||^2: rows of yd L^-T (dtrsm, one triangular solve for all rows) */
     cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, N, k, 1.0, g, k, yd, k);
-    for (int j = 0; j < N; j++) {
+    for (int j = 0; j < N; j++) { /* 4 lanes (column a in lane a mod 4), folded pairwise */
         const double *x = yd + (size_t)j * k;
-        double s = 0.0;
-        for (int a = 0; a < k; a++) s += x[a] * x[a];
+        double l[4] = {0, 0, 0, 0};
+        int a = 0;
+        for (; a + 4 <= k; a += 4)
+            for (int t = 0; t < 4; t++) l[t] += x[a + t] * x[a + t];
+        for (; a < k; a++) l[a % 4] += x[a] * x[a];
+        const double s = (l[0] + l[2]) + (l[1] + l[3]);
         out[j] = s > 0 ? s : 0.0;
     }
     free(yd);

@@ -501,15 +501,15 @@ kvs_status kvs_simlayer_budgets(const double *mass, int L, int N, int per_layer,
                                 double threshold, int *budgets, int *n_lazy, kvs_err *err);
 
 /* Q-Filters' filter of one query head (exposed for tests): rows [n][d]
- * (n >= 1) -> v, the first right singular vector of the rows (LAPACK
- * dgesvd), oriented with its largest-magnitude component positive, then
+ * (n >= 1) -> v, the first right singular vector of the rows (the top
+ * eigenvector of their Gram matrix: dsyrk, LAPACK dsyevr), oriented with its largest-magnitude component positive, then
  * multiplied by -1 when more than half of the rows have <q, v> > 0 (else
  * by +1): filter [d] = -sign * v, the official calibration's rule. All-zero
  * rows give a zero filter. Scratch: work [lwork] from kvs_qfilter_lwork. */
 kvs_status kvs_qfilter_head(const float *rows, int n, int d, double *a /* [n][d] */,
                             double *u /* [d][d] */, double *work, int lwork, float *filter,
                             kvs_err *err);
-int kvs_qfilter_lwork(int n, int d); /* dgesvd workspace for n rows of d; < 1 on failure */
+int kvs_qfilter_lwork(int n, int d); /* work's length for n rows of d; < 1 on failure */
 
 typedef enum {
     KVS_PART_SCORER = 0,

@@ -22,12 +22,16 @@
  *   - Phi is drawn from a seeded stream per (layer, head): seed +
  *     (l * Hkv + h + 1) * 0x9E3779B97F4A7C15 (kvpress draws it unseeded with
  *     torch.randn, so its plans vary from run to run); fp32 sgemm for Y,
- *     the Gram matrix (dsyrk), Cholesky and the solves (one dtrsm over all
- *     rows) in double.
+ *     the Gram matrix (dsyrk), Cholesky, L^-1 and its product with all rows
+ *     (one dtrmm) in double.
  *   - The jitter sequence is kvpress's; if five factorisations fail the
  *     head is an error naming layer and head (kvpress raises too).
- * Cost per head N d k (sgemm) + N k^2 (Gram and solves); memory [N][d] +
- * [N][k] floats, [k][k] doubles.
+ * Cost per head N d k (sgemm) + N k^2 (Gram and solves); all layers in one
+ * parallel run (score_layers) over (layer, KV head) units on the shape's
+ * threads (BLAS single-threaded inside; each unit's sums in the same order
+ * whatever the thread count), then each layer's z-scores. Memory per
+ * worker [N][d] + [N][k] floats, [N][k] + 2 [k][k] doubles; [L][Hkv][N]
+ * doubles of leverages.
  */
 #include "kvs_parts.h"
 
@@ -53,37 +57,64 @@ static int cholesky(double *g, int k) {
     return 0;
 }
 
+/* inv [k][k] (lower triangle) = the inverse of the lower-triangular l
+ * [k][k], column by column by forward substitution, in double. */
+static void lower_inverse(const double *l, int k, double *inv) {
+    for (int j = 0; j < k; j++) {
+        inv[(size_t)j * k + j] = 1.0 / l[(size_t)j * k + j];
+        for (int i = j + 1; i < k; i++) {
+            double t = 0.0;
+            for (int p = j; p < i; p++) t += l[(size_t)i * k + p] * inv[(size_t)p * k + j];
+            inv[(size_t)i * k + j] = -t / l[(size_t)i * k + i];
+        }
+    }
+}
+
+/* mean [d] = the column means of x [N][d] in double, rows in order (channels
+ * in blocks of 8: they vectorise; the same sums as one channel at a time). */
+static void col_mean(const float *restrict x, int N, int d, double *restrict mean) {
+    for (int c = 0; c < d; c++) mean[c] = 0.0;
+    for (int j = 0; j < N; j++) {
+        const float *restrict r = x + (size_t)j * d;
+        int c = 0;
+        for (; c + 8 <= d; c += 8)
+            for (int t = 0; t < 8; t++) mean[c + t] += r[c + t];
+        for (; c < d; c++) mean[c] += r[c];
+    }
+    for (int c = 0; c < d; c++) mean[c] /= N;
+}
+
 kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t stream, float *y,
                              double *g, double *z, double *out, kvs_err *err) {
     /* centred keys in y's first N*d floats would alias; center on the fly:
      * Y = K Phi - 1 (mean K) Phi */
     float *phi = malloc(sizeof(float) * (size_t)d * k); /* [d][k] */
     double *mean = malloc(sizeof(double) * (size_t)d), *mphi = malloc(sizeof(double) * (size_t)k);
-    if (!phi || !mean || !mphi) {
-        free(phi), free(mean), free(mphi);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "leverage: out of memory (d=%d k=%d)", d, k);
+    double *yd = malloc(sizeof(double) * (size_t)N * k); /* [N][k] Y in double */
+    if (!phi || !mean || !mphi || !yd) {
+        free(phi), free(mean), free(mphi), free(yd);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "leverage: out of memory for [N=%d][k=%d] doubles", N, k);
     }
     uint64_t rng = stream;
     const double sc = 1.0 / sqrt((double)k);
     for (size_t i = 0; i < (size_t)d * k; i++) phi[i] = (float)(kvs_rng_normal(&rng) * sc);
-    for (int c = 0; c < d; c++) mean[c] = 0.0;
-    for (int j = 0; j < N; j++)
-        for (int c = 0; c < d; c++) mean[c] += krows[(size_t)j * d + c];
-    for (int c = 0; c < d; c++) mean[c] /= N;
-    for (int a = 0; a < k; a++) {
-        double s = 0.0;
-        for (int c = 0; c < d; c++) s += mean[c] * phi[(size_t)c * k + a];
-        mphi[a] = s;
-    }
-    /* y [N][k] = K Phi, then minus (mean K) Phi per row */
+    col_mean(krows, N, d, mean);
+    for (int a = 0; a < k; a++) mphi[a] = 0.0;
+    for (int c = 0; c < d; c++) /* mphi[a] = sum over c of mean[c] phi[c][a], c in order */
+        for (int a = 0; a < k; a++) mphi[a] += mean[c] * phi[(size_t)c * k + a];
+    /* y [N][k] = K Phi, then minus (mean K) Phi per row, rounded to fp32 and
+     * widened into yd */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, k, d, 1.0f, krows, d, phi, k, 0.0f, y, k);
-    for (int j = 0; j < N; j++)
-        for (int a = 0; a < k; a++) y[(size_t)j * k + a] = (float)(y[(size_t)j * k + a] - mphi[a]);
+    for (size_t j = 0; j < (size_t)N; j++) {
+        const float *restrict yr = y + j * k;
+        double *restrict yo = yd + j * k;
+        int a = 0;
+        for (; a + 8 <= k; a += 8) /* blocks of 8 vectorise; the same values */
+            for (int t = 0; t < 8; t++) yo[a + t] = (float)(yr[a + t] - mphi[a + t]);
+        for (; a < k; a++) yo[a] = (float)(yr[a] - mphi[a]);
+    }
     free(phi), free(mean), free(mphi);
-    /* yd [N][k] = Y in double; G = Y'Y (dsyrk, lower) */
-    double *yd = malloc(sizeof(double) * (size_t)N * k);
-    if (!yd) return kvs_errorf(err, KVS_ERR_NOMEM, "leverage: out of memory for [N=%d][k=%d] doubles", N, k);
-    for (size_t i = 0; i < (size_t)N * k; i++) yd[i] = y[i];
+    /* G = Y'Y (dsyrk, lower) */
     cblas_dsyrk(CblasRowMajor, CblasLower, CblasTrans, k, N, 1.0, yd, k, 0.0, z, k);
     for (int a = 0; a < k; a++) /* the upper triangle too (the jitter loop copies all of z) */
         for (int b = 0; b < a; b++) z[(size_t)b * k + a] = z[(size_t)a * k + b];
@@ -102,12 +133,19 @@ kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t s
         if (!cholesky(g, k)) break;
         jitter *= 10;
     }
-    /* l_j = ||L^-1 y_j||^2: rows of yd L^-T (dtrsm, one triangular solve for all rows) */
-    cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, N, k, 1.0, g, k, yd, k);
-    for (int j = 0; j < N; j++) {
+    /* l_j = ||L^-1 y_j||^2: rows of yd L^-T, with L^-1 formed once (k^3 / 6,
+     * into z: the Gram copy is no longer needed) and applied by dtrmm (N k^2 / 2,
+     * about 1.5x faster than dtrsm's solves at k = 48) */
+    lower_inverse(g, k, z);
+    cblas_dtrmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, N, k, 1.0, z, k, yd, k);
+    for (int j = 0; j < N; j++) { /* 4 lanes (column a in lane a mod 4), folded pairwise */
         const double *x = yd + (size_t)j * k;
-        double s = 0.0;
-        for (int a = 0; a < k; a++) s += x[a] * x[a];
+        double l[4] = {0, 0, 0, 0};
+        int a = 0;
+        for (; a + 4 <= k; a += 4)
+            for (int t = 0; t < 4; t++) l[t] += x[a + t] * x[a + t];
+        for (; a < k; a++) l[a % 4] += x[a] * x[a];
+        const double s = (l[0] + l[2]) + (l[1] + l[3]);
         out[j] = s > 0 ? s : 0.0;
     }
     free(yd);
@@ -116,10 +154,18 @@ kvs_status kvs_leverage_head(const float *krows, int N, int d, int k, uint64_t s
 
 typedef struct {
     const kvs_part_ctx *c;
-    float *krows, *y; /* [N][d], [N][k] */
-    double *g, *z;    /* [k][k] each */
-    double *lev;      /* [Hkv][N] */
+    int T, k;         /* workers, sketch columns */
+    float *krows, *y; /* [T][N][d], [T][N][k] */
+    double *g, *z;    /* [T][k][k] each */
+    double *lev;      /* [L][Hkv][N] */
 } lev_state;
+
+typedef struct {
+    lev_state *st;
+    const kvs_layer *in; /* [n_layers] */
+    int layer0;          /* the first layer's index (score: the one layer) */
+    uint64_t seed;
+} lev_job;
 
 static void lev_destroy(void *state) {
     lev_state *st = state;
@@ -134,47 +180,79 @@ static void lev_destroy(void *state) {
 
 static kvs_status lev_create(const kvs_part_ctx *c, void **state, kvs_err *err) {
     const size_t N = (size_t)c->shape.n_tokens, d = (size_t)c->shape.head_dim,
-                 H = (size_t)c->shape.n_kv_heads;
+                 H = (size_t)c->shape.n_kv_heads, L = (size_t)(c->shape.n_layers > 0 ? c->shape.n_layers : 1);
     const size_t k = (size_t)kvs_part_param(c->m, c->p, "sketch_dimension", 48);
     lev_state *st = calloc(1, sizeof *st);
     if (!st) return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory");
     st->c = c;
-    st->krows = malloc(sizeof(float) * N * d);
-    st->y = malloc(sizeof(float) * N * k);
-    st->g = malloc(sizeof(double) * k * k);
-    st->z = malloc(sizeof(double) * k * k);
-    st->lev = malloc(sizeof(double) * H * N);
+    st->k = (int)k;
+    st->T = kvs_parallel_threads(c->shape.threads, (int)(L * H));
+    const size_t T = (size_t)st->T;
+    st->krows = malloc(sizeof(float) * T * N * d);
+    st->y = malloc(sizeof(float) * T * N * k);
+    st->g = malloc(sizeof(double) * T * k * k);
+    st->z = malloc(sizeof(double) * T * k * k);
+    st->lev = malloc(sizeof(double) * L * H * N);
     if (!st->krows || !st->y || !st->g || !st->z || !st->lev) {
         lev_destroy(st);
-        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [N=%zu][k=%zu] sketches", N, k);
+        return kvs_errorf(err, KVS_ERR_NOMEM, "out of memory for [T=%zu][N=%zu][k=%zu] sketches", T, N, k);
     }
     *state = st;
     return KVS_OK;
 }
 
-static kvs_status lev_score(void *state, int layer, const kvs_layer *in, float *scores,
-                            kvs_err *err) {
-    lev_state *st = state;
-    const kvs_part_ctx *c = st->c;
-    const int N = c->shape.n_tokens, H = c->shape.n_kv_heads, d = c->shape.head_dim;
-    const int k = (int)kvs_part_param(c->m, c->p, "sketch_dimension", 48);
-    const uint64_t seed = (uint64_t)kvs_part_param(c->m, c->p, "seed", 0);
-    for (int h = 0; h < H; h++) {
-        kvs_view_rows_f32(&in->k, h, 0, N, st->krows);
-        const uint64_t stream = seed + (uint64_t)(layer * H + h + 1) * 0x9E3779B97F4A7C15ull;
-        kvs_status rc = kvs_leverage_head(st->krows, N, d, k, stream, st->y, st->g, st->z,
-                                          st->lev + (size_t)h * N, err);
-        if (rc) return kvs_err_prefix(err, "layer %d KV head %d", layer, h);
-    }
-    const size_t n = (size_t)H * N;
+/* Unit u: (layer, KV head) u / Hkv, u % Hkv of the job's layers: leverage
+ * into lev [u][N]; worker tid's scratch. */
+static kvs_status lev_unit(void *job, int tid, int u, kvs_err *err) {
+    const lev_job *j = job;
+    lev_state *st = j->st;
+    const int N = st->c->shape.n_tokens, H = st->c->shape.n_kv_heads, d = st->c->shape.head_dim;
+    const int k = st->k, layer = j->layer0 + u / H, h = u % H;
+    float *krows = st->krows + (size_t)tid * N * d, *y = st->y + (size_t)tid * N * k;
+    double *g = st->g + (size_t)tid * k * k, *z = st->z + (size_t)tid * k * k;
+    kvs_view_rows_f32(&j->in[u / H].k, h, 0, N, krows);
+    const uint64_t stream = j->seed + (uint64_t)(layer * H + h + 1) * 0x9E3779B97F4A7C15ull;
+    kvs_status rc = kvs_leverage_head(krows, N, d, k, stream, y, g, z, st->lev + (size_t)u * N, err);
+    if (rc) return kvs_err_prefix(err, "layer %d KV head %d", layer, h);
+    return KVS_OK;
+}
+
+/* Scores [H][N] of one layer: the z-scores of its leverages lev [H][N]. */
+static void lev_zscore(const double *lev, size_t n, float *scores) {
     double mean = 0.0, var = 0.0;
-    for (size_t i = 0; i < n; i++) mean += st->lev[i];
+    for (size_t i = 0; i < n; i++) mean += lev[i];
     mean /= (double)n;
-    for (size_t i = 0; i < n; i++) var += (st->lev[i] - mean) * (st->lev[i] - mean);
+    for (size_t i = 0; i < n; i++) var += (lev[i] - mean) * (lev[i] - mean);
     double sd = n > 1 ? sqrt(var / (double)(n - 1)) : 0.0;
     if (!(sd >= 1e-6)) sd = 1e-6;
-    for (size_t i = 0; i < n; i++) scores[i] = (float)((st->lev[i] - mean) / sd);
+    for (size_t i = 0; i < n; i++) scores[i] = (float)((lev[i] - mean) / sd);
+}
+
+/* Layers [layer0, layer0 + n_layers): one parallel run over their (layer,
+ * KV head) units, then each layer's z-scores. */
+static kvs_status lev_run(lev_state *st, int layer0, const kvs_layer *in, int n_layers, float *scores,
+                          kvs_err *err) {
+    const kvs_part_ctx *c = st->c;
+    const int N = c->shape.n_tokens, H = c->shape.n_kv_heads;
+    const int L = c->shape.n_layers > 0 ? c->shape.n_layers : 1;
+    if (n_layers > L)
+        return kvs_errorf(err, KVS_ERR_INTERNAL, "leverage: %d layers scored, %d planned", n_layers, L);
+    lev_job j = {st, in, layer0, (uint64_t)kvs_part_param(c->m, c->p, "seed", 0)};
+    kvs_status rc = kvs_parallel_run(&j, lev_unit, n_layers * H, st->T, "leverage", err);
+    if (rc) return rc;
+    const size_t n = (size_t)H * N;
+    for (int l = 0; l < n_layers; l++) lev_zscore(st->lev + (size_t)l * n, n, scores + (size_t)l * n);
     return KVS_OK;
+}
+
+static kvs_status lev_score(void *state, int layer, const kvs_layer *in, float *scores,
+                            kvs_err *err) {
+    return lev_run(state, layer, in, 1, scores, err);
+}
+
+static kvs_status lev_layers(void *state, const kvs_layer *in, int n_layers, float *scores,
+                             kvs_err *err) {
+    return lev_run(state, 0, in, n_layers, scores, err);
 }
 
 const kvs_scorer kvs_scorer_leverage = {
@@ -184,4 +262,5 @@ const kvs_scorer kvs_scorer_leverage = {
     .create = lev_create,
     .score = lev_score,
     .destroy = lev_destroy,
+    .score_layers = lev_layers,
 };

@@ -220,12 +220,15 @@ def select_recent_plus_top(scores, N, B, r):
 
 
 class Plan:
-    def __init__(self, budgets, heads, merge="none", shares=None, note=""):
-        self.budgets = budgets      # [L]
+    def __init__(self, budgets, heads, merge="none", shares=None, note="", ragged=False):
+        self.budgets = budgets      # [L] kept tokens per head on average (sum over heads / Hkv)
         self.heads = heads          # [L][Hkv] HeadSel
         self.merge = merge
         self.shares = shares        # real-valued layer shares (re-allocating methods)
         self.note = note
+        # head-adaptive (AdaKV-style) plans: one top-k over all heads of a layer, so the
+        # heads' counts may differ; their scores must be comparable across the layer's heads
+        self.ragged = ragged
 
 
 

@@ -696,6 +696,58 @@ def compare_head(ref, got, tag, msgs):
     return "fail"
 
 
+def plan_shape_errors(layers, cache):
+    """The plan JSON's own consistency: a layer without "counts" keeps `budget`
+    tokens in every head; a ragged layer ("counts": [Hkv]) keeps counts[h] in
+    head h, each in [1, N], summing to Hkv * budget. Indices sorted, unique, in
+    range."""
+    bad = []
+    for l, ly in enumerate(layers):
+        heads = ly["heads"]
+        counts = ly.get("counts", [ly["budget"]] * cache.Hkv)
+        if len(heads) != cache.Hkv or len(counts) != cache.Hkv:
+            bad.append("layer %d: %d heads / %d counts, Hkv = %d" % (l, len(heads), len(counts), cache.Hkv))
+            continue
+        if "counts" in ly and (sum(counts) != cache.Hkv * ly["budget"] or
+                               any(not 1 <= n <= cache.N for n in counts)):
+            bad.append("layer %d: counts %s do not sum to Hkv x budget %d or leave [1, N]" %
+                       (l, counts, ly["budget"]))
+        for h, idx in enumerate(heads):
+            if len(idx) != counts[h] or any(a >= b for a, b in zip(idx, idx[1:])) or \
+                    any(not 0 <= i < cache.N for i in idx):
+                bad.append("layer %d head %d: not %d sorted unique in-range indices" % (l, h, counts[h]))
+    return bad
+
+
+def compare_layer(ref_heads, got_heads, tag, msgs):
+    """A head-adaptive layer: the kept (head, token) pairs of all heads as one
+    set (a tie at the layer's one top-k cut may move a token from one head to
+    another). Returns 'ok', 'tie' or 'fail'; the tie rule is compare_head's,
+    over the layer's pairs."""
+    gs = {(h, j) for h, idx in enumerate(got_heads) for j in idx}
+    rs = {(h, j) for h, hs in enumerate(ref_heads) for j in hs.kept}
+    if gs == rs:
+        return "ok"
+    only_c, only_r = sorted(gs - rs), sorted(rs - gs)
+
+    def fmt(pairs):
+        return ", ".join("h%d:%d%s" % (h, j, "" if ref_heads[h].scores is None else
+                                       " (%.9g)" % ref_heads[h].scores[j]) for h, j in pairs)
+    line = "%s: C keeps {%s}, reference keeps {%s}" % (tag, fmt(only_c), fmt(only_r))
+    forced_hit = [(h, j) for h, j in only_c + only_r if j in ref_heads[h].forced]
+    if any(hs.scores is None for hs in ref_heads) or forced_hit or len(only_c) != len(only_r):
+        msgs.append("FAIL " + line + (" (forced %s)" % forced_hit if forced_hit else ""))
+        return "fail"
+    chosen = [hs.scores[j] for hs in ref_heads for j in hs.kept if j not in hs.forced]
+    t = min(chosen)
+    tol = TIE_REL * max(abs(t), 1e-30)
+    if all(abs(ref_heads[h].scores[j] - t) <= tol for h, j in only_c + only_r):
+        msgs.append("TIE  " + line + " (cut %.9g)" % t)
+        return "tie"
+    msgs.append("FAIL " + line + " (reference cut score %.9g)" % t)
+    return "fail"
+
+
 def budget_tie(ref_shares, ref_b, got_b):
     if ref_shares is None:
         return False
@@ -718,14 +770,8 @@ def check_job(cache, case, method, budget, params, plan_path, out_path):
     if plan.get("n_tokens") != cache.N or len(layers) != cache.L:
         return "fail", ["FAIL %s: plan shape n_tokens=%s layers=%d" % (tag, plan.get("n_tokens"), len(layers))]
     if method == "random":
-        bad = []
-        for l, ly in enumerate(layers):
-            if ly["budget"] != B or len(ly["heads"]) != cache.Hkv:
-                bad.append("layer %d budget %d != %d" % (l, ly["budget"], B))
-            for h, idx in enumerate(ly["heads"]):
-                if len(idx) != B or any(a >= b for a, b in zip(idx, idx[1:])) or \
-                        any(not 0 <= i < cache.N for i in idx):
-                    bad.append("layer %d head %d: not %d sorted unique in-range indices" % (l, h, B))
+        bad = ["layer %d budget %d != %d" % (l, ly["budget"], B) for l, ly in enumerate(layers)
+               if ly["budget"] != B or "counts" in ly] + plan_shape_errors(layers, cache)
         if bad:
             return "fail", ["FAIL %s: %s" % (tag, "; ".join(bad))]
         return "ok", []
@@ -745,9 +791,20 @@ def check_job(cache, case, method, budget, params, plan_path, out_path):
     if sum(got_b) != (cache.L * cache.N if method == "full" else cache.L * B):
         msgs.append("FAIL %s: global budget %d" % (tag, sum(got_b)))
         return "fail", msgs
+    bad = plan_shape_errors(layers, cache)
+    if bad:
+        return "fail", ["FAIL %s: %s" % (tag, "; ".join(bad))]
     same = [[False] * cache.Hkv for _ in range(cache.L)]
     for l, ly in enumerate(layers):
         if got_b[l] != ref.budgets[l]:
+            continue
+        if ref.ragged:
+            r = compare_layer(ref.heads[l], ly["heads"], "%s layer %d" % (tag, l), msgs)
+            same[l] = [r == "ok"] * cache.Hkv
+            if r == "fail":
+                status = "fail"
+            elif r == "tie" and status == "ok":
+                status = "tie"
             continue
         for h in range(cache.Hkv):
             r = compare_head(ref.heads[l][h], ly["heads"][h], "%s layer %d head %d" % (tag, l, h), msgs)

@@ -169,7 +169,9 @@ static void test_synth_structure(void) {
         smin = s < smin ? s : smin, smax = s > smax ? s : smax;
     }
     CHECK_MSG(smax > 1.3 * smin, "W_o head scales %g .. %g", smin, smax);
-    CHECK_FAILS(kvs_synth_extra(&cfg, outl, M, 0, &w2, NULL, &err), KVS_ERR_INVALID, &err, "E = 0 must be >= 1");
+    float **w3 = NULL;
+    CHECK_FAILS(kvs_synth_extra(&cfg, outl, M, 0, &w3, NULL, &err), KVS_ERR_INVALID, &err, "E = 0 must be >= 1");
+    CHECK(w3 == NULL);
     free_list(w1, L);
     free_list(w2, L);
     free_list(r1, L);

@@ -16,9 +16,13 @@ static void synth_usage(FILE *f) {
             "         (--preset qwen2.5-vl-7b|llava-1.5-7b|gemma3-270m|tiny |\n"
             "          --layers L --q-heads Hq --kv-heads Hkv --head-dim d)\n"
             "         [--seed S] [--queries all|none|K] [--probes P] [--outliers M] [--sinks S]\n"
-            "         [--image-frac F] [--dtype f32|f16|bf16]\n"
+            "         [--image-frac F] [--dtype f32|f16|bf16] [--wo E] [--recon]\n"
             "  --queries  query rows to record per layer: all prompt positions (default, what\n"
-            "             H2O/LOOK-M/MEDA need), none, or the last K (SnapKV's window)\n");
+            "             H2O/LOOK-M/MEDA need), none, or the last K (SnapKV's window)\n"
+            "  --wo E     also write each layer's output projection W_o [Hq, E, d] (layers.{l}.wo:\n"
+            "             random rows, a different scale per query head; what criticalkv needs)\n"
+            "  --recon    also write KVzip's context-reconstruction statistic [Hkv, N] in (0, 1)\n"
+            "             (layers.{l}.recon: high on sinks and outliers; what kvzip needs)\n");
 }
 
 int kvs_parse_dtype(const char *s, kvs_dtype *out) {
@@ -37,7 +41,8 @@ int kvs_cmd_synth(int argc, char **argv) {
     kvs_synth_defaults(&cfg);
     kvs_err err = {0};
     const char *out = NULL, *queries = "all", *preset = NULL;
-    long L = 0, hq = 0, hkv = 0, d = 0, n = 0, seed = 0, probes = -1, outliers = -1, sinks = -1;
+    long L = 0, hq = 0, hkv = 0, d = 0, n = 0, seed = 0, probes = -1, outliers = -1, sinks = -1, wo_rows = 0;
+    int recon = 0;
     double image_frac = -1;
     kvs_dtype dtype = KVS_F32;
     for (int i = 1; i < argc; i++) {
@@ -45,6 +50,10 @@ int kvs_cmd_synth(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             synth_usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--recon")) { /* a switch: takes no value */
+            recon = 1;
+            continue;
         }
         if (strncmp(a, "--", 2) != 0 || !(v = kvs_arg_value(argc, argv, &i))) {
             if (strncmp(a, "--", 2) != 0) fprintf(stderr, "kvsieve synth: unexpected argument '%s'\n", a);
@@ -65,6 +74,7 @@ int kvs_cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--sinks")) bad = kvs_arg_int(a, v, 0, 1 << 22, &sinks);
         else if (!strcmp(a, "--image-frac")) bad = kvs_arg_double(a, v, 0.0, 1.0, &image_frac);
         else if (!strcmp(a, "--dtype")) bad = kvs_parse_dtype(v, &dtype);
+        else if (!strcmp(a, "--wo")) bad = kvs_arg_int(a, v, 1, 1 << 20, &wo_rows);
         else {
             fprintf(stderr, "kvsieve synth: unknown option '%s'\n", a);
             synth_usage(stderr);
@@ -107,11 +117,13 @@ int kvs_cmd_synth(int argc, char **argv) {
     if (image_frac >= 0) cfg.image_frac = image_frac;
 
     kvs_dense_cache cache = {0};
-    float **pr = NULL;
+    float **pr = NULL, **wo = NULL, **recon_arr = NULL;
     int32_t *outl = NULL;
     int rc = 1;
     double t0 = kvs_now_ms();
-    if (kvs_synth_resolve(&cfg, &err) != KVS_OK || kvs_synth_generate(&cfg, &cache, &pr, &outl, &err) != KVS_OK) {
+    if (kvs_synth_resolve(&cfg, &err) != KVS_OK || kvs_synth_generate(&cfg, &cache, &pr, &outl, &err) != KVS_OK ||
+        kvs_synth_extra(&cfg, outl, cfg.n_outliers, (int)wo_rows, wo_rows ? &wo : NULL,
+                        recon ? &recon_arr : NULL, &err) != KVS_OK) {
         fprintf(stderr, "kvsieve synth: %s\n", err.msg);
         goto cleanup;
     }
@@ -120,19 +132,25 @@ int kvs_cmd_synth(int argc, char **argv) {
     snprintf(nbuf, sizeof nbuf, "%d", cfg.n_tokens);
     const char *meta[] = {"generator", "kvsieve synth " KVS_VERSION, "preset", preset ? preset : "custom",
                           "seed", seedbuf, "n_tokens", nbuf, NULL};
-    if (kvs_dump_write(out, &cache, dtype, (const float *const *)pr, cfg.n_probes, cfg.n_q_heads, outl,
-                       cfg.n_outliers, meta, &err) != KVS_OK) {
+    const kvs_dump_extra extra = {(const float *const *)wo, cfg.n_q_heads, (int)wo_rows,
+                                  (const float *const *)recon_arr};
+    if (kvs_dump_write_extra(out, &cache, dtype, (const float *const *)pr, cfg.n_probes, cfg.n_q_heads, outl,
+                             cfg.n_outliers, &extra, meta, &err) != KVS_OK) {
         fprintf(stderr, "kvsieve synth: %s\n", err.msg);
         goto cleanup;
     }
-    printf("wrote %s: %d layers, Hq %d, Hkv %d, d %d, N %d, Nq %d, %d probes, %d outliers, %s (%.0f ms)\n", out,
+    char wobuf[32] = "";
+    if (wo_rows) snprintf(wobuf, sizeof wobuf, ", W_o E %ld", wo_rows);
+    printf("wrote %s: %d layers, Hq %d, Hkv %d, d %d, N %d, Nq %d, %d probes, %d outliers%s%s, %s (%.0f ms)\n", out,
            cfg.n_layers, cfg.n_q_heads, cfg.n_kv_heads, cfg.head_dim, cfg.n_tokens, cfg.n_queries, cfg.n_probes,
-           cfg.n_outliers, kvs_dtype_name(dtype), kvs_now_ms() - t0);
+           cfg.n_outliers, wobuf, recon ? ", recon" : "", kvs_dtype_name(dtype), kvs_now_ms() - t0);
     rc = 0;
 cleanup:
-    if (pr) {
-        for (int l = 0; l < cfg.n_layers; l++) free(pr[l]);
-        free(pr);
+    float **lists[3] = {pr, wo, recon_arr};
+    for (int i = 0; i < 3; i++) {
+        if (!lists[i]) continue;
+        for (int l = 0; l < cfg.n_layers; l++) free(lists[i][l]);
+        free(lists[i]);
     }
     free(outl);
     kvs_dense_cache_free(&cache);

@@ -51,7 +51,8 @@ static kvs_status check_inputs(const kvs_method *m, const kvs_params *p, const k
                 return kvs_errorf(err, KVS_ERR_INVALID,
                                   "method %s needs each layer's output projection W_o; layer %d "
                                   "of this cache view has none (the embedded engine provides it; "
-                                  "cache files, the C ABI and kvsieve-hf do not)",
+                                  "cache files without layers.{l}.wo, the C ABI and kvsieve-hf do "
+                                  "not)",
                                   mn, l);
             /* Hq: the queries' when the view has them, else any multiple of Hkv */
             const int hq_ok = shape->n_q_heads ? w->n_heads == shape->n_q_heads
@@ -77,8 +78,8 @@ static kvs_status check_inputs(const kvs_method *m, const kvs_params *p, const k
                                   "method %s needs the context-reconstruction statistic "
                                   "(kvs_layer.attn_recon_max: an extra forward pass of the model "
                                   "over the prompt); layer %d of this cache view has none (the "
-                                  "embedded engine provides it; cache files, the recorder, the C "
-                                  "ABI and kvsieve-hf do not)",
+                                  "embedded engine provides it; cache files without "
+                                  "layers.{l}.recon, the recorder, the C ABI and kvsieve-hf do not)",
                                   mn, l);
             for (size_t x = 0; x < (size_t)shape->n_kv_heads * N; x++)
                 if (!(r[x] >= 0.0f && r[x] <= 1.0f))

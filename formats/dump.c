@@ -6,8 +6,10 @@
  * modality and outlier lists), then builds a kvs_cache_view whose layers
  * point into the mapping and validates it with kvs_cache_validate (finite
  * values). kvs_dump_write converts a dense fp32 cache to F32/F16/BF16 and
- * writes it atomically. Layers are discovered by scanning names: the highest
- * layers.{l}.* present fixes L, and every layer below it must have k and v.
+ * writes it atomically (kvs_dump_write_extra also the optional W_o and
+ * reconstruction statistic, checked and pointed at by the view like the rest).
+ * Layers are discovered by scanning names: the highest layers.{l}.* present
+ * fixes L, and every layer below it must have k and v.
  * What it is not: no compression, no scoring. A compressed cache (layers of
  * different lengths) can be written but kvs_dump_open rejects it (its layers
  * do not agree); read such files with kvs_st_open.
@@ -19,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PART_K, PART_V, PART_Q, PART_PROBE, N_PARTS };
-static const char *const part_names[N_PARTS] = {"k", "v", "q", "probe"};
+enum { PART_K, PART_V, PART_Q, PART_PROBE, PART_WO, PART_RECON, N_PARTS };
+static const char *const part_names[N_PARTS] = {"k", "v", "q", "probe", "wo", "recon"};
 
 /* "[2,100,64]" */
 static void fmt_shape(const kvs_st_tensor *t, char *buf, size_t n) {
@@ -80,14 +82,15 @@ kvs_status kvs_dump_open(const char *path, kvs_dump *d, kvs_err *err) {
         int l, part, r = parse_layer_name(f->tensors[i].name, &l, &part);
         if (r < 0) {
             st = kvs_errorf(err, KVS_ERR_FORMAT,
-                            "%s: tensor '%s' is not layers.{l}.k|v|q|probe", path, f->tensors[i].name);
+                            "%s: tensor '%s' is not layers.{l}.k|v|q|probe|wo|recon", path, f->tensors[i].name);
             goto cleanup;
         }
         if (r == 1 && l + 1 > L) L = l + 1;
         if (r == 0 && strcmp(f->tensors[i].name, "modality") != 0 &&
             strcmp(f->tensors[i].name, "outliers") != 0) {
             st = kvs_errorf(err, KVS_ERR_FORMAT,
-                            "%s: unexpected tensor '%s' (a dump holds layers.{l}.k|v|q|probe, modality, outliers)",
+                            "%s: unexpected tensor '%s' (a dump holds layers.{l}.k|v|q|probe|wo|recon, "
+                            "modality, outliers)",
                             path, f->tensors[i].name);
             goto cleanup;
         }
@@ -119,11 +122,14 @@ kvs_status kvs_dump_open(const char *path, kvs_dump *d, kvs_err *err) {
             }
     /* Per-part checks: dtype, rank, and agreement with layer 0 / with k. */
     const kvs_st_tensor *k0 = tab[PART_K];
-    int has_q = tab[PART_Q] != NULL, has_p = tab[PART_PROBE] != NULL;
+    /* optional parts: present in layer 0 means present in every layer */
+    int has[N_PARTS];
+    for (int part = 0; part < N_PARTS; part++) has[part] = part <= PART_V || tab[part] != NULL;
+    int has_q = has[PART_Q], has_p = has[PART_PROBE];
     for (int l = 0; l < L; l++) {
         for (int part = 0; part < N_PARTS; part++) {
             const kvs_st_tensor *t = tab[l * N_PARTS + part];
-            int want = part == PART_Q ? has_q : part == PART_PROBE ? has_p : 1;
+            int want = has[part];
             if (!t && want) {
                 st = kvs_errorf(err, KVS_ERR_FORMAT,
                                 "%s: missing layers.%d.%s (layers.0.%s is present, so every layer needs one)",
@@ -137,18 +143,21 @@ kvs_status kvs_dump_open(const char *path, kvs_dump *d, kvs_err *err) {
                                 part_names[part], part_names[part]);
                 goto cleanup;
             }
-            if (!is_float_dtype(t->dtype)) {
-                st = kvs_errorf(err, KVS_ERR_FORMAT, "%s: %s has dtype %s (F32, F16 or BF16 expected)",
-                                path, t->name, kvs_dtype_name(t->dtype));
+            if (part == PART_RECON ? t->dtype != KVS_F32 : !is_float_dtype(t->dtype)) {
+                st = kvs_errorf(err, KVS_ERR_FORMAT, "%s: %s has dtype %s (%s expected)", path, t->name,
+                                kvs_dtype_name(t->dtype), part == PART_RECON ? "F32" : "F32, F16 or BF16");
                 goto cleanup;
             }
-            if (t->ndim != 3) {
+            const int rank = part == PART_RECON ? 2 : 3;
+            if (t->ndim != rank) {
                 fmt_shape(t, s1, sizeof s1);
-                st = kvs_errorf(err, KVS_ERR_FORMAT, "%s: %s has shape %s (3 dims [H, N, d] expected)",
-                                path, t->name, s1);
+                st = kvs_errorf(err, KVS_ERR_FORMAT, "%s: %s has shape %s (%s expected)", path, t->name, s1,
+                                part == PART_RECON ? "2 dims [Hkv, N]"
+                                : part == PART_WO  ? "3 dims [Hq, E, d]"
+                                                   : "3 dims [H, N, d]");
                 goto cleanup;
             }
-            for (int k = 0; k < 3; k++)
+            for (int k = 0; k < rank; k++)
                 if (t->shape[k] > (int64_t)0x7fffffff) {
                     fmt_shape(t, s1, sizeof s1);
                     st = kvs_errorf(err, KVS_ERR_FORMAT, "%s: %s has shape %s: too large", path,
@@ -202,6 +211,48 @@ kvs_status kvs_dump_open(const char *path, kvs_dump *d, kvs_err *err) {
                                 path, pr->name, s1, q ? q->name : k->name, s2);
                 goto cleanup;
             }
+        }
+        const kvs_st_tensor *wo = tab[l * N_PARTS + PART_WO], *wo0 = tab[PART_WO];
+        if (wo) {
+            const kvs_st_tensor *qh = q ? q : pr; /* the query heads W_o must match, if any */
+            int bad = wo->shape[2] != k->shape[2] || wo->shape[0] < 1 || wo->shape[1] < 1 ||
+                      wo->shape[0] % k->shape[0] != 0 || (qh && wo->shape[0] != qh->shape[0]) ||
+                      (l > 0 && memcmp(wo->shape, wo0->shape, 3 * sizeof(int64_t)));
+            if (bad) {
+                /* name the tensor it disagrees with */
+                const kvs_st_tensor *o = wo0;
+                if (wo->shape[0] < 1 || wo->shape[1] < 1 || wo->shape[2] != k->shape[2] ||
+                    wo->shape[0] % k->shape[0] != 0)
+                    o = k;
+                else if (qh && wo->shape[0] != qh->shape[0])
+                    o = qh;
+                fmt_shape(wo, s1, sizeof s1);
+                fmt_shape(o, s2, sizeof s2);
+                st = kvs_errorf(err, KVS_ERR_FORMAT,
+                                "%s: %s has shape %s but %s has %s (wo must be [Hq, E, d]: Hq a multiple of Hkv "
+                                "and equal to q's, E >= 1 and equal in every layer, d of k)",
+                                path, wo->name, s1, o->name, s2);
+                goto cleanup;
+            }
+        }
+        const kvs_st_tensor *rc = tab[l * N_PARTS + PART_RECON];
+        if (rc && (rc->shape[0] != k->shape[0] || rc->shape[1] != k->shape[1])) {
+            fmt_shape(rc, s1, sizeof s1);
+            fmt_shape(k, s2, sizeof s2);
+            st = kvs_errorf(err, KVS_ERR_FORMAT, "%s: %s has shape %s but %s has %s (recon must be [Hkv, N])",
+                            path, rc->name, s1, k->name, s2);
+            goto cleanup;
+        }
+        if (rc) { /* a probability per (head, token): finite and in [0, 1] */
+            const float *r = rc->data;
+            const int64_t n = rc->shape[1];
+            for (int64_t x = 0; x < rc->shape[0] * n; x++)
+                if (!(r[x] >= 0.0f && r[x] <= 1.0f)) {
+                    st = kvs_errorf(err, KVS_ERR_FORMAT,
+                                    "%s: %s head %lld token %lld is %g, not a probability in [0, 1]", path,
+                                    rc->name, (long long)(x / n), (long long)(x % n), (double)r[x]);
+                    goto cleanup;
+                }
         }
     }
     int N = (int)k0->shape[1];
@@ -265,6 +316,16 @@ kvs_status kvs_dump_open(const char *path, kvs_dump *d, kvs_err *err) {
             }
         } else
             d->probes[l] = kvs_view_make(NULL, KVS_F32, 0, 0, (int)k->shape[2]);
+        const kvs_st_tensor *wo = tab[l * N_PARTS + PART_WO], *rc = tab[l * N_PARTS + PART_RECON];
+        if (wo) {
+            ly->wo = kvs_view_make(wo->data, wo->dtype, (int)wo->shape[0], (int)wo->shape[1], (int)wo->shape[2]);
+            st = kvs_view_check_finite(&ly->wo, wo->name, err);
+            if (st) {
+                kvs_err_prefix(err, "%s", path);
+                goto cleanup;
+            }
+        }
+        ly->attn_recon_max = rc ? (const float *)rc->data : NULL;
     }
     d->view.n_layers = L;
     d->view.layers = d->layers;
@@ -302,7 +363,42 @@ kvs_status kvs_dump_write(const char *path, const kvs_dense_cache *c, kvs_dtype 
                           const float *const *probes, int n_probes, int n_q_heads,
                           const int32_t *outliers, int n_outliers, const char *const *meta_kv,
                           kvs_err *err) {
+    return kvs_dump_write_extra(path, c, dtype, probes, n_probes, n_q_heads, outliers, n_outliers, NULL,
+                                meta_kv, err);
+}
+
+/* The extras' own checks: sizes, one array per layer, recon in [0, 1]. */
+static kvs_status check_extra(const char *path, const kvs_dense_cache *c, const kvs_dump_extra *x,
+                              kvs_err *err) {
+    if (x->wo && (x->wo_heads < 1 || x->wo_rows < 1))
+        return kvs_errorf(err, KVS_ERR_INVALID, "%s: W_o given with Hq %d, E %d", path, x->wo_heads,
+                          x->wo_rows);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvs_dense_layer *ly = &c->layers[l];
+        if (x->wo && !x->wo[l])
+            return kvs_errorf(err, KVS_ERR_INVALID, "%s: layer %d: wo[%d] is NULL", path, l, l);
+        if (x->wo && ly->n_kv_heads >= 1 && x->wo_heads % ly->n_kv_heads != 0)
+            return kvs_errorf(err, KVS_ERR_INVALID, "%s: layer %d: W_o Hq %d is not a multiple of Hkv %d", path,
+                              l, x->wo_heads, ly->n_kv_heads);
+        if (!x->recon) continue;
+        if (!x->recon[l]) return kvs_errorf(err, KVS_ERR_INVALID, "%s: layer %d: recon[%d] is NULL", path, l, l);
+        const int64_t n = ly->n_tokens;
+        for (int64_t i = 0; i < (int64_t)ly->n_kv_heads * n; i++)
+            if (!(x->recon[l][i] >= 0.0f && x->recon[l][i] <= 1.0f))
+                return kvs_errorf(err, KVS_ERR_INVALID,
+                                  "%s: layer %d: recon head %lld token %lld is %g, not a probability in [0, 1]",
+                                  path, l, (long long)(i / n), (long long)(i % n), (double)x->recon[l][i]);
+    }
+    return KVS_OK;
+}
+
+kvs_status kvs_dump_write_extra(const char *path, const kvs_dense_cache *c, kvs_dtype dtype,
+                                const float *const *probes, int n_probes, int n_q_heads,
+                                const int32_t *outliers, int n_outliers, const kvs_dump_extra *extra,
+                                const char *const *meta_kv, kvs_err *err) {
     assert(path && c);
+    const kvs_dump_extra none = {0};
+    const kvs_dump_extra *ex = extra ? extra : &none;
     if (dtype != KVS_F32 && dtype != KVS_F16 && dtype != KVS_BF16)
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: dump dtype must be F32, F16 or BF16, not %s", path,
                           kvs_dtype_name(dtype));
@@ -313,8 +409,9 @@ kvs_status kvs_dump_write(const char *path, const kvs_dense_cache *c, kvs_dtype 
                           n_probes, n_q_heads);
     if (n_outliers < 0 || (n_outliers > 0 && !outliers))
         return kvs_errorf(err, KVS_ERR_INVALID, "%s: bad outlier list (%d entries)", path, n_outliers);
-    int maxt = 4 * L + 2;
-    kvs_status st = KVS_OK;
+    kvs_status st = check_extra(path, c, ex, err);
+    if (st) return st;
+    int maxt = N_PARTS * L + 2;
     kvs_st_tensor *t = calloc((size_t)maxt, sizeof *t);
     void **owned = calloc((size_t)maxt, sizeof *owned);
     char *names = calloc((size_t)maxt, 32);
@@ -337,16 +434,23 @@ kvs_status kvs_dump_write(const char *path, const kvs_dense_cache *c, kvs_dtype 
             goto cleanup;
         }
         size_t kv = (size_t)ly->n_kv_heads * (size_t)ly->n_tokens * (size_t)ly->head_dim;
-        const float *srcs[4] = {ly->k, ly->v, ly->q, probes ? probes[l] : NULL};
-        int64_t shp[4][3] = {{ly->n_kv_heads, ly->n_tokens, ly->head_dim},
-                             {ly->n_kv_heads, ly->n_tokens, ly->head_dim},
-                             {ly->n_q_heads, ly->n_queries, ly->head_dim},
-                             {n_q_heads, n_probes, ly->head_dim}};
-        size_t cnt[4] = {kv, kv, (size_t)ly->n_q_heads * (size_t)ly->n_queries * (size_t)ly->head_dim,
-                         (size_t)n_q_heads * (size_t)n_probes * (size_t)ly->head_dim};
+        const float *srcs[N_PARTS] = {ly->k, ly->v, ly->q, probes ? probes[l] : NULL,
+                                      ex->wo ? ex->wo[l] : NULL, ex->recon ? ex->recon[l] : NULL};
+        int64_t shp[N_PARTS][3] = {{ly->n_kv_heads, ly->n_tokens, ly->head_dim},
+                                   {ly->n_kv_heads, ly->n_tokens, ly->head_dim},
+                                   {ly->n_q_heads, ly->n_queries, ly->head_dim},
+                                   {n_q_heads, n_probes, ly->head_dim},
+                                   {ex->wo_heads, ex->wo_rows, ly->head_dim},
+                                   {ly->n_kv_heads, ly->n_tokens, 0}};
+        size_t cnt[N_PARTS] = {kv, kv, (size_t)ly->n_q_heads * (size_t)ly->n_queries * (size_t)ly->head_dim,
+                               (size_t)n_q_heads * (size_t)n_probes * (size_t)ly->head_dim,
+                               (size_t)ex->wo_heads * (size_t)ex->wo_rows * (size_t)ly->head_dim,
+                               (size_t)ly->n_kv_heads * (size_t)ly->n_tokens};
         for (int part = 0; part < N_PARTS; part++) {
             if (part == PART_Q && (!ly->q || ly->n_queries < 1)) continue;
             if (part == PART_PROBE && !probes) continue;
+            if (part == PART_WO && !ex->wo) continue;
+            if (part == PART_RECON && !ex->recon) continue;
             if (!srcs[part]) {
                 st = kvs_errorf(err, KVS_ERR_INVALID, "%s: layer %d: probes[%d] is NULL", path, l, l);
                 goto cleanup;
@@ -354,9 +458,10 @@ kvs_status kvs_dump_write(const char *path, const kvs_dense_cache *c, kvs_dtype 
             kvs_st_tensor *x = &t[n];
             x->name = names + 32 * n;
             snprintf(x->name, 32, "layers.%d.%s", l, part_names[part]);
-            /* Probes stay fp32: they are few and fidelity scoring wants them exact. */
-            x->dtype = part == PART_PROBE ? KVS_F32 : dtype;
-            x->ndim = 3;
+            /* Probes stay fp32: they are few and fidelity scoring wants them exact;
+             * recon is a probability list the format keeps F32. */
+            x->dtype = part == PART_PROBE || part == PART_RECON ? KVS_F32 : dtype;
+            x->ndim = part == PART_RECON ? 2 : 3;
             memcpy(x->shape, shp[part], sizeof shp[part]);
             x->nbytes = cnt[part] * kvs_dtype_size(x->dtype);
             if (convert(srcs[part], cnt[part], x->dtype, &owned[n], &x->data)) {

@@ -11,8 +11,16 @@
  *   layers.{l}.q      [Hq, Nq, d]   optional: queries of the last Nq positions
  *   layers.{l}.probe  [Hq, P, d]    optional: probe queries after the prompt
  *                                   (fidelity scoring; never shown to methods)
+ *   layers.{l}.wo     [Hq, E, d]    optional, F32 | F16 | BF16: the layer's output
+ *                                   projection W_o, head i's [E][d] slice
+ *                                   (kvs_layer.wo; CriticalKV's need)
+ *   layers.{l}.recon  [Hkv, N]  F32 optional: KVzip's context-reconstruction
+ *                                   statistic, each value in [0, 1]
+ *                                   (kvs_layer.attn_recon_max)
  *   modality          [N]  U8       optional: 0 text, 1 image
  *   outliers          [M]  I32      optional: planted outlier token indices
+ * Optional per-layer tensors are in every layer or in none. q, probe and wo
+ * agree on Hq (a multiple of Hkv); E >= 1 is the same in every layer.
  * The `__metadata__` object carries string facts (generator, seed, preset).
  */
 #ifndef KVS_FORMATS_H
@@ -79,11 +87,14 @@ typedef struct {
 } kvs_dump;
 
 /* Open and validate a dump: tensor names, shapes that agree across layers
- * and between k/v/q/probe, dtypes, modality length and values, outliers
- * sorted and in range, finite values. Errors name the file and the tensor.
+ * and between k/v/q/probe/wo/recon, dtypes, modality length and values,
+ * outliers sorted and in range, finite values, recon in [0, 1]. Errors name
+ * the file and the tensor (and the head and token of a bad recon value).
  * Unknown tensor names are errors. A compressed cache (layers of different
  * lengths) does not open as a dump; read it with kvs_st_open. When the dump
- * has probes but no queries, shape.n_q_heads is the probes' Hq. */
+ * has probes but no queries, shape.n_q_heads is the probes' Hq. Each view
+ * layer's wo and attn_recon_max point at layers.{l}.wo / .recon when the
+ * dump has them (data NULL / NULL otherwise). */
 kvs_status kvs_dump_open(const char *path, kvs_dump *d, kvs_err *err);
 void kvs_dump_close(kvs_dump *d);
 
@@ -97,6 +108,22 @@ kvs_status kvs_dump_write(const char *path, const kvs_dense_cache *c, kvs_dtype 
                           const float *const *probes, int n_probes, int n_q_heads,
                           const int32_t *outliers, int n_outliers, const char *const *meta_kv,
                           kvs_err *err);
+
+/* What a dense cache does not hold but a dump may: W_o and the
+ * reconstruction statistic, [L] fp32 arrays each (NULL: not written). */
+typedef struct {
+    const float *const *wo;    /* [L] of [Hq][E][d]: layers.{l}.wo, in the dump's dtype */
+    int wo_heads, wo_rows;     /* Hq (a multiple of Hkv), E */
+    const float *const *recon; /* [L] of [Hkv][N_l], values in [0, 1]: layers.{l}.recon, F32 */
+} kvs_dump_extra;
+
+/* kvs_dump_write plus extra (may be NULL: then the same file). A NULL
+ * array, Hq not a multiple of Hkv or a recon value outside [0, 1] is
+ * KVS_ERR_INVALID naming the layer (and head and token). */
+kvs_status kvs_dump_write_extra(const char *path, const kvs_dense_cache *c, kvs_dtype dtype,
+                                const float *const *probes, int n_probes, int n_q_heads,
+                                const int32_t *outliers, int n_outliers, const kvs_dump_extra *extra,
+                                const char *const *meta_kv, kvs_err *err);
 
 /* ---- plans as JSON -------------------------------------------------------- */
 
@@ -158,6 +185,18 @@ kvs_status kvs_synth_resolve(kvs_synth_config *cfg, kvs_err *err);
 
 kvs_status kvs_synth_generate(const kvs_synth_config *cfg, kvs_dense_cache *out, float ***probes_out,
                               int32_t **outliers_out, kvs_err *err);
+
+/* The model-side tensors a dump may carry (kvs_dump_extra), for the cache
+ * kvs_synth_generate makes from the same cfg (its outlier list, sorted, may
+ * be NULL with n_outliers 0): wo_out gets [L] arrays [Hq][E = wo_rows][d]
+ * (W_o: random rows, a different scale per query head), recon_out [L]
+ * arrays [Hkv][N] in (0, 1) (high on sinks and outliers, levels that differ
+ * by layer and head, smooth along tokens plus noise). Either may be NULL
+ * (not made); the caller frees each array and the list. Seeded by cfg->seed
+ * from streams of their own: asking for them changes nothing else. How the
+ * structure is made: see formats/synth_extra.c. */
+kvs_status kvs_synth_extra(const kvs_synth_config *cfg, const int32_t *outliers, int n_outliers, int wo_rows,
+                           float ***wo_out, float ***recon_out, kvs_err *err);
 
 #ifdef __cplusplus
 }

@@ -220,7 +220,7 @@ static void test_errors(void) {
     s = base_spec();
     s.extra = "layers.1.x";
     CHECK_OK(write_spec(path, &s, &err), ep(&err));
-    CHECK_FAILS(kvs_dump_open(path, &d, &err), KVS_ERR_FORMAT, &err, "'layers.1.x' is not layers.{l}.k|v|q|probe");
+    CHECK_FAILS(kvs_dump_open(path, &d, &err), KVS_ERR_FORMAT, &err, "'layers.1.x' is not layers.{l}.k|v|q|probe|wo|recon");
     s.extra = "weights";
     CHECK_OK(write_spec(path, &s, &err), ep(&err));
     CHECK_FAILS(kvs_dump_open(path, &d, &err), KVS_ERR_FORMAT, &err, "unexpected tensor 'weights'");

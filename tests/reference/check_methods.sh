@@ -40,6 +40,18 @@ cases=(
   "meda_audio:@"
   "c300kv:--layers 3 --q-heads 4 --kv-heads 2 --head-dim 8 --tokens 300 --seed 10 --queries none"
 )
+# ---- dumps with W_o and the reconstruction statistic (ref_presets_critical.py) ----
+# synth --wo E / --recon: criticalkv, criticaladakv and kvzip; N 150 so SnapKV's default window 32 leaves picks
+cases+=(
+  "wo150:--layers 3 --q-heads 4 --kv-heads 2 --head-dim 8 --tokens 150 --seed 21 --wo 24 --recon --image-frac 0.2"
+  "wo64f16:--preset tiny --tokens 64 --seed 22 --wo 12 --recon --dtype f16 --sinks 2 --outliers 5"
+)
+configs_wo=(
+  "criticalkv:- window=8 window=8,kernel=3,pool=avg,first_stage_ratio=0.25,critical_epsilon=0.05 window=4,first_stage_ratio=0"
+  "criticaladakv:- window=8 window=8,alpha=0.6,first_stage_ratio=0.75"
+  "kvzip:- sinks=0 sinks=2,alpha=0.3"
+)
+# ---- end of the W_o / recon block ----
 # "@": hand-shaped dumps written by make_dumps.py (see its header)
 # method : parameter sets ("-" = defaults), separated by spaces
 configs_all=(
@@ -108,6 +120,7 @@ for c in "${cases[@]}"; do
     dba_wide) configs=("${configs_kv[@]}"); bset=("ratio=0.005" "ratio=0.01" "ratio=0.02" "ratio=0.05" "ratio=0.5" "ratio=0.57") ;;
     dba_*) configs=("${configs_kv[@]}") ;;
     c100text) configs=("${configs_all[@]}"); bset+=("ratio=0.29") ;;  # 0.29 * 100 = 28.999... in double
+    wo*) configs=("${configs_wo[@]}"); bset+=("ratio=0.02" "ratio=0.9" "tokens=1") ;;  # the W_o / recon block above
     *kv) configs=("${configs_kv[@]}"); bset=("ratio=0.005" "ratio=0.01" "ratio=0.02" "tokens=2" "ratio=0.2") ;;
     *) configs=("${configs_all[@]}") ;;
   esac

@@ -65,7 +65,9 @@ def to_3d(flat, shape):
 
 
 class Cache:
-    """One prompt's cache: K, V [L][Hkv][N][d], Q [L][Hq][Nq][d] or None, modality [N]."""
+    """One prompt's cache: K, V [L][Hkv][N][d], Q [L][Hq][Nq][d] or None, modality [N];
+    when the dump has them, Wo [L][Hq][E][d] (layers.{l}.wo) and Recon [L][Hkv][N]
+    (layers.{l}.recon), else None."""
 
     def __init__(self, path):
         t = load_safetensors(path)
@@ -80,6 +82,17 @@ class Cache:
             self.V.append(to_3d(vf, vs))
             q = t.get("layers.%d.q" % l)
             self.Q.append(to_3d(q[2], q[1]) if q else None)
+        wo = ["layers.%d.wo" % l in t for l in range(self.L)]
+        self.Wo = [to_3d(t["layers.%d.wo" % l][2], t["layers.%d.wo" % l][1]) for l in range(self.L)] \
+            if all(wo) else None
+        rc = ["layers.%d.recon" % l in t for l in range(self.L)]
+        if all(rc):
+            self.Recon = []
+            for l in range(self.L):
+                _, (H, N), flat = t["layers.%d.recon" % l]
+                self.Recon.append([flat[g * N:(g + 1) * N] for g in range(H)])
+        else:
+            self.Recon = None
         self.Hkv, self.N, self.d = ks
         self.Hq = len(self.Q[0]) if self.Q[0] is not None else 0
         self.Nq = len(self.Q[0][0]) if self.Q[0] is not None else 0

@@ -37,6 +37,7 @@ ROUND_REL = {"F32": 0.0, "F16": 2.0 ** -11, "BF16": 2.0 ** -8}
 
 from ref_common import (TEXT, VISUAL, Cache, HeadSel, Plan, allocate, budget_min, load_safetensors,
                         per_layer_budget, pool1d, select_recent_plus_top, to_3d, top_by_score)
+from ref_presets_critical import METHODS as CRITICAL_METHODS
 
 # --------------------------------------------------------------------------
 # the methods
@@ -564,6 +565,7 @@ METHODS = {"full": m_full, "streamingllm": m_streamingllm, "h2o": m_h2o, "snapkv
            "lookm": m_lookm, "meda": m_meda, "flashcache": m_flashcache,
            "cake": m_cake, "simlayerkv": m_simlayerkv, "qfilters": m_qfilters,
            "compactor": m_compactor, "finch": m_finch, "think": m_think}
+METHODS.update(CRITICAL_METHODS)  # criticalkv, criticaladakv, kvzip (W_o / recon dumps)
 
 
 def compare_channels(ref, layers, tag, msgs):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """ref_methods.py -- an independent reference of the eight kvsieve methods
 (and of the presets cake, simlayerkv, qfilters, compactor's attention half,
-finch and think).
+finch and think; ref_presets_scores.py adds knorm, tova, keydiff, chunkkv,
+expected_attention, lagkv, pyramidkv and pyramid_tova to METHODS).
 
 What this is: a slow, readable, pure-Python (standard library only, float64)
 re-implementation of ../shared/spec/methods.md plus the decisions recorded in
@@ -564,6 +565,8 @@ METHODS = {"full": m_full, "streamingllm": m_streamingllm, "h2o": m_h2o, "snapkv
            "lookm": m_lookm, "meda": m_meda, "flashcache": m_flashcache,
            "cake": m_cake, "simlayerkv": m_simlayerkv, "qfilters": m_qfilters,
            "compactor": m_compactor, "finch": m_finch, "think": m_think}
+from ref_presets_scores import METHODS as PRESETS_SCORES  # noqa: E402
+METHODS.update(PRESETS_SCORES)
 
 
 def compare_channels(ref, layers, tag, msgs):

@@ -91,6 +91,30 @@ configs_win=(
 )
 # head-adaptive presets: their plans may be ragged (a different count per KV head)
 ragged="adakv ada_pyramidkv ada_flashcache criticaladakv kvzip"
+# presets of scorers and of the pyramid / chunk parts (ref_presets_scores.py);
+# the key-only scorers (knorm, keydiff, lagkv) get their parameter sets on the K/V-only caches
+configs_all+=(
+  "knorm:-"
+  "keydiff:-"
+  "lagkv:lag=8"
+  "tova:- window=0"
+  "expected_attention:- sinks=0,use_vnorm=false use_covariance=false,sinks=2,epsilon=0.01"
+  "chunkkv:- chunk=4 chunk=7,window=4,kernel=3,pool=avg"
+  "pyramidkv:- window=4,beta=5,kernel=3,pool=avg window=16,beta=1.5"
+  "pyramid_tova:- window=0,beta=1.5 window=4,beta=3"
+)
+configs_win+=(
+  "tova:window=4"
+  "expected_attention:-"
+  "chunkkv:chunk=3,window=12"
+  "pyramidkv:window=12,beta=3"
+  "pyramid_tova:-"
+)
+configs_kv+=(
+  "knorm:- sinks=4,window=4"
+  "keydiff:- anchor=raw sinks=3,window=1"
+  "lagkv:- lag=16 lag=32,cross_scoring=true sinks=0,lag=7 lag=5,cross_scoring=true"
+)
 budgets=("ratio=0.1" "ratio=0.2" "ratio=0.5" "tokens=5")
 budgets_more=("ratio=0.02" "ratio=0.1" "ratio=0.2" "ratio=0.5" "ratio=0.9" "ratio=1" "tokens=1" "tokens=5" "tokens=1000")
 

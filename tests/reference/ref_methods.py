@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """ref_methods.py -- an independent reference of the eight kvsieve methods
 (and of the presets cake, simlayerkv, qfilters, compactor's attention half,
-finch and think).
+finch and think; ref_presets_scores.py adds knorm, tova, keydiff, chunkkv,
+expected_attention, lagkv, pyramidkv and pyramid_tova to METHODS).
 
 What this is: a slow, readable, pure-Python (standard library only, float64)
 re-implementation of ../shared/spec/methods.md plus the decisions recorded in
@@ -38,6 +39,7 @@ ROUND_REL = {"F32": 0.0, "F16": 2.0 ** -11, "BF16": 2.0 ** -8}
 from ref_common import (TEXT, VISUAL, Cache, HeadSel, Plan, allocate, budget_min, load_safetensors,
                         per_layer_budget, pool1d, select_recent_plus_top, to_3d, top_by_score)
 from ref_presets_critical import METHODS as CRITICAL_METHODS
+from ref_presets_scores import METHODS as SCORES_METHODS
 
 # --------------------------------------------------------------------------
 # the methods
@@ -566,6 +568,7 @@ METHODS = {"full": m_full, "streamingllm": m_streamingllm, "h2o": m_h2o, "snapkv
            "cake": m_cake, "simlayerkv": m_simlayerkv, "qfilters": m_qfilters,
            "compactor": m_compactor, "finch": m_finch, "think": m_think}
 METHODS.update(CRITICAL_METHODS)  # criticalkv, criticaladakv, kvzip (W_o / recon dumps)
+METHODS.update(SCORES_METHODS)  # knorm, tova, keydiff, chunkkv, expected_attention, lagkv, pyramid*
 
 
 def compare_channels(ref, layers, tag, msgs):

@@ -89,6 +89,29 @@ configs_win=(
   "finch:window=12 window=8,chunk_length=9"
   "think:window=8,key_channel_ratio=0.5"
 )
+# --- head-adaptive and leverage presets (ref_presets_adaptive.py) ---
+# leverage's Gaussian sketch is not reproduced: its sets are ranked against exact
+# leverage within the jitter's bound (counts only where the bound is void: k small for d)
+configs_all+=(
+  "adakv:- window=8 window=8,alpha=0.6,kernel=4,pool=avg window=16,alpha=0 window=8,alpha=1"
+  "ada_pyramidkv:- beta=2,alpha=0.5 window=4,beta=1000,alpha=1"
+  "ada_flashcache:- gamma=0.05,alpha=0.6 alpha=0"
+  "cur:- sinks=0,local_window=0,leverage_type=key leverage_type=value,local_window=5 leverage_type=kv_avg,sinks=1000"
+  "leverage:- seed=7,sketch_dimension=200 sketch_dimension=4"
+)
+configs_win+=(
+  "adakv:window=8 window=12,alpha=0.5,kernel=3"
+  "ada_pyramidkv:- window=12,beta=2"
+  "ada_flashcache:-"
+  "cur:-"
+  "leverage:-"
+)
+configs_kv+=(
+  "ada_flashcache:- gamma=0.05,alpha=0.6 alpha=1"
+  "cur:- local_window=0 leverage_type=kv_avg,sinks=0"
+  "leverage:- sketch_dimension=200"
+)
+# --- end of the head-adaptive and leverage presets ---
 # head-adaptive presets: their plans may be ragged (a different count per KV head)
 ragged="adakv ada_pyramidkv ada_flashcache criticaladakv kvzip"
 # presets of scorers and of the pyramid / chunk parts (ref_presets_scores.py);

@@ -1,8 +1,8 @@
 """ref_common.py -- what every method of the independent reference shares:
 the cache dump reader (safetensors), the Cache with its float64 causal
 attention, the per-layer budget and the water-filling allocation, the
-top-k / recent-window selection helpers, SnapKV's 1-D pooling and the Plan
-a method returns.
+top-k / recent-window selection helpers, SnapKV's window votes and 1-D
+pooling, FlashCache's DCT deviation score and the Plan a method returns.
 
 What this is: part of tests/reference/ (see ref_methods.py's header), written
 from ../shared/spec/methods.md and docs/methods.md only, standard library only.
@@ -211,7 +211,9 @@ def allocate(weights, total, bmin, bmax):
 # --------------------------------------------------------------------------
 
 class HeadSel:
-    """One head's selection: kept indices, the forced ones, and the ranking scores."""
+    """One head's selection: kept indices, the forced ones, and the ranking scores.
+    A reference whose scores only approximate the C's (leverage) also sets
+    tol_rel, its relative tie margin at the top-k cut (else ref_methods' TIE_REL)."""
 
     def __init__(self, kept, forced, scores):
         self.kept = sorted(kept)
@@ -256,3 +258,69 @@ def pool1d(x, k, kind):
         win = x[a:b]
         out.append(max(win) if kind == "max" else sum(win) / len(win))
     return out
+
+
+def snapkv_votes(c, l, w):
+    """[Hkv][N - w]: the last w query rows' attention on the prefix keys j < N - w,
+    summed over the rows and averaged over each KV head's query group."""
+    P = c.probs(l)
+    npre = c.N - w
+    votes = [[0.0] * npre for _ in range(c.Hkv)]
+    for h in range(c.Hq):
+        acc = votes[h // c.G]
+        for row in P[h][c.Nq - w:]:
+            for j in range(npre):
+                acc[j] += row[j]
+    return [[x / c.G for x in v] for v in votes]
+
+
+# --------------------------------------------------------------------------
+# FlashCache's DCT outlier score (docs/methods.md "flashcache")
+# --------------------------------------------------------------------------
+
+def dct_tables(N, omega):
+    a = [math.sqrt(1.0 / N)] + [math.sqrt(2.0 / N)] * (N - 1)
+    cosm = [[a[m] * math.cos(math.pi * (2 * n + 1) * m / (2 * N)) for n in range(N)]
+            for m in range(omega)]
+    return cosm
+
+
+def flash_layer(X3, N, d, cosm):
+    """For one tensor [H][N][d]: per head the squared residual mean over channels
+    [H][N], plus low-band and total energies."""
+    omega = len(cosm)
+    dev = []
+    low = tot = 0.0
+    for head in X3:
+        r2 = [0.0] * N
+        for ch in range(d):
+            x = [head[n][ch] for n in range(N)]
+            X = [sum(cm[n] * x[n] for n in range(N)) for cm in cosm]  # m < omega
+            low += sum(v * v for v in X)
+            tot += sum(v * v for v in x)
+            for n in range(N):
+                base = sum(X[m] * cosm[m][n] for m in range(omega))
+                r2[n] += (x[n] - base) ** 2
+        dev.append([v / d for v in r2])
+    return dev, low, tot
+
+
+def flash_scores(c, gamma):
+    """(devs [L][Hkv][N], R [L]): per head the K + V deviation from the DCT
+    low-pass with omega = max(1, floor(gamma N + 0.5)) coefficients, and each
+    layer's high-band energy share R_K + R_V (memoised on the cache)."""
+    N, d = c.N, c.d
+    omega = max(1, int(math.floor(gamma * N + 0.5)))
+    key = ("flash", omega)
+    if key not in c.memo:  # Dev and R depend on omega only
+        cosm = dct_tables(N, omega)
+        devs, R = [], []
+        for l in range(c.L):
+            dk, lk, tk = flash_layer(c.K[l], N, d, cosm)
+            dv, lv, tv = flash_layer(c.V[l], N, d, cosm)
+            devs.append([[a + b for a, b in zip(dk[h], dv[h])] for h in range(c.Hkv)])
+            rk = (tk - lk) / tk if tk > 0 else 0.0
+            rv = (tv - lv) / tv if tv > 0 else 0.0
+            R.append(max(0.0, rk) + max(0.0, rv))
+        c.memo[key] = (devs, R)
+    return c.memo[key]

@@ -2,7 +2,9 @@
 """ref_methods.py -- an independent reference of the eight kvsieve methods
 (and of the presets cake, simlayerkv, qfilters, compactor's attention half,
 finch and think; ref_presets_scores.py adds knorm, tova, keydiff, chunkkv,
-expected_attention, lagkv, pyramidkv and pyramid_tova to METHODS).
+expected_attention, lagkv, pyramidkv and pyramid_tova, ref_presets_adaptive.py
+adakv, ada_pyramidkv, ada_flashcache, cur and leverage, ref_presets_critical.py
+criticalkv, criticaladakv and kvzip).
 
 What this is: a slow, readable, pure-Python (standard library only, float64)
 re-implementation of ../shared/spec/methods.md plus the decisions recorded in
@@ -36,8 +38,10 @@ MERGE_REL = 1e-4    # merged K/V tolerance (relative to the row's max magnitude)
 # a dump written in a narrower type (compress keeps the input's dtype) also gets its half-ulp
 ROUND_REL = {"F32": 0.0, "F16": 2.0 ** -11, "BF16": 2.0 ** -8}
 
-from ref_common import (TEXT, VISUAL, Cache, HeadSel, Plan, allocate, budget_min, load_safetensors,
-                        per_layer_budget, pool1d, select_recent_plus_top, to_3d, top_by_score)
+from ref_common import (TEXT, VISUAL, Cache, HeadSel, Plan, allocate, budget_min, flash_scores,
+                        load_safetensors, per_layer_budget, pool1d, select_recent_plus_top, snapkv_votes,
+                        to_3d, top_by_score)
+from ref_presets_adaptive import METHODS as ADAPTIVE_METHODS
 from ref_presets_critical import METHODS as CRITICAL_METHODS
 from ref_presets_scores import METHODS as SCORES_METHODS
 
@@ -91,18 +95,11 @@ def m_snapkv(c, B, p):
             kept = list(range(N - B, N))
             heads.append([HeadSel(kept, kept, None) for _ in range(c.Hkv)])
             continue
-        P = c.probs(l)
         npre = N - w
-        votes = [[0.0] * npre for _ in range(c.Hkv)]
-        for h in range(c.Hq):
-            acc = votes[h // c.G]
-            for row in P[h][c.Nq - w:]:
-                for j in range(npre):
-                    acc[j] += row[j]
+        votes = snapkv_votes(c, l, w)
         row_heads = []
         for g in range(c.Hkv):
-            v = [x / c.G for x in votes[g]]
-            pooled = pool1d(v, k, pool)
+            pooled = pool1d(votes[g], k, pool)
             window = list(range(npre, N))
             top = top_by_score(pooled, range(npre), B - w)
             row_heads.append(HeadSel(top + window, window, pooled + [0.0] * w))
@@ -182,54 +179,14 @@ def m_meda(c, B, p):
                 note="E=" + ",".join("%.9g" % x for x in E) + (" (plain)" if plain else ""))
 
 
-def dct_tables(N, omega):
-    a = [math.sqrt(1.0 / N)] + [math.sqrt(2.0 / N)] * (N - 1)
-    cosm = [[a[m] * math.cos(math.pi * (2 * n + 1) * m / (2 * N)) for n in range(N)]
-            for m in range(omega)]
-    return cosm
-
-
-def flash_layer(X3, N, d, cosm):
-    """For one tensor [H][N][d]: per head the squared residual mean over channels
-    [H][N], plus low-band and total energies."""
-    omega = len(cosm)
-    dev = []
-    low = tot = 0.0
-    for head in X3:
-        r2 = [0.0] * N
-        for ch in range(d):
-            x = [head[n][ch] for n in range(N)]
-            X = [sum(cm[n] * x[n] for n in range(N)) for cm in cosm]  # m < omega
-            low += sum(v * v for v in X)
-            tot += sum(v * v for v in x)
-            for n in range(N):
-                base = sum(X[m] * cosm[m][n] for m in range(omega))
-                r2[n] += (x[n] - base) ** 2
-        dev.append([v / d for v in r2])
-    return dev, low, tot
-
-
 def m_flashcache(c, B, p):
     gamma = float(p.get("gamma", 0.2))
     dba = p.get("dba", "true") == "true"
     gran = p.get("granularity", "head")
     s = int(p.get("keep_sinks", 0))
     r = int(p.get("keep_recent", 0))
-    N, d = c.N, c.d
-    omega = max(1, int(math.floor(gamma * N + 0.5)))
-    key = ("flash", omega)
-    if key not in c.memo:  # Dev and R depend on omega only
-        cosm = dct_tables(N, omega)
-        devs, R = [], []
-        for l in range(c.L):
-            dk, lk, tk = flash_layer(c.K[l], N, d, cosm)
-            dv, lv, tv = flash_layer(c.V[l], N, d, cosm)
-            devs.append([[a + b for a, b in zip(dk[h], dv[h])] for h in range(c.Hkv)])
-            rk = (tk - lk) / tk if tk > 0 else 0.0
-            rv = (tv - lv) / tv if tv > 0 else 0.0
-            R.append(max(0.0, rk) + max(0.0, rv))
-        c.memo[key] = (devs, R)
-    devs, R = c.memo[key]
+    N = c.N
+    devs, R = flash_scores(c, gamma)
     if dba:
         budgets, shares = allocate(R, c.L * B, budget_min(N, B), N)
     else:
@@ -567,8 +524,9 @@ METHODS = {"full": m_full, "streamingllm": m_streamingllm, "h2o": m_h2o, "snapkv
            "lookm": m_lookm, "meda": m_meda, "flashcache": m_flashcache,
            "cake": m_cake, "simlayerkv": m_simlayerkv, "qfilters": m_qfilters,
            "compactor": m_compactor, "finch": m_finch, "think": m_think}
-METHODS.update(CRITICAL_METHODS)  # criticalkv, criticaladakv, kvzip (W_o / recon dumps)
 METHODS.update(SCORES_METHODS)  # knorm, tova, keydiff, chunkkv, expected_attention, lagkv, pyramid*
+METHODS.update(ADAPTIVE_METHODS)  # adakv, ada_pyramidkv, ada_flashcache, cur, leverage
+METHODS.update(CRITICAL_METHODS)  # criticalkv, criticaladakv, kvzip (W_o / recon dumps)
 
 
 def compare_channels(ref, layers, tag, msgs):
@@ -688,7 +646,8 @@ def compare_head(ref, got, tag, msgs):
         return "fail"
     chosen = [j for j in ref.kept if j not in ref.forced]
     t = min(sc[j] for j in chosen)
-    tol = TIE_REL * max(abs(t), 1e-30)
+    # a reference that approximates the C's scores (leverage) gives its own relative tolerance
+    tol = getattr(ref, "tol_rel", TIE_REL) * max(abs(t), 1e-30)
     if all(sc[j] == t for j in only_c + only_r):
         # bit-equal reference scores come from the same inputs (e.g. max pooling picks the same
         # vote), so the C scores are equal too and the spec's rule decides: lower index wins
@@ -812,6 +771,8 @@ def check_job(cache, case, method, budget, params, plan_path, out_path):
                 status = "tie"
             continue
         for h in range(cache.Hkv):
+            if ref.heads[l][h] is None:  # the reference checks only this head's count (leverage)
+                continue
             r = compare_head(ref.heads[l][h], ly["heads"][h], "%s layer %d head %d" % (tag, l, h), msgs)
             same[l][h] = r == "ok"
             if r == "fail":

@@ -19,7 +19,7 @@ The compositions:
 """
 import math
 
-from ref_common import HeadSel, Plan, allocate, budget_min, pool1d, top_by_score
+from ref_common import HeadSel, Plan, allocate, budget_min, pool1d, snapkv_votes, top_by_score
 
 
 # --------------------------------------------------------------------------
@@ -33,15 +33,7 @@ def snapkv_scores(c, l, w, kernel, pool):
     if key not in c.memo:
         if c.Nq < w:
             raise ValueError("cache has Nq = %d < window %d" % (c.Nq, w))
-        P = c.probs(l)
-        npre = c.N - w
-        votes = [[0.0] * npre for _ in range(c.Hkv)]
-        for h in range(c.Hq):
-            acc = votes[h // c.G]
-            for row in P[h][c.Nq - w:]:
-                for j in range(npre):
-                    acc[j] += row[j]
-        c.memo[key] = [pool1d([x / c.G for x in v], kernel, pool) for v in votes]
+        c.memo[key] = [pool1d(v, kernel, pool) for v in snapkv_votes(c, l, w)]
     return c.memo[key]
 
 

@@ -13,7 +13,7 @@ presets' defaults and the parameters `kvsieve methods` lists for them).
 """
 import math
 
-from ref_common import HeadSel, Plan, allocate, budget_min, pool1d, top_by_score
+from ref_common import HeadSel, Plan, allocate, budget_min, pool1d, snapkv_votes, top_by_score
 
 INF = math.inf
 
@@ -98,19 +98,10 @@ def snapkv_scores(c, l, w, k, pool):
     """SnapKV votes (spec "SnapKV", docs "snapkv"): the last w query rows'
     softmax over prefix keys j < N - w, summed over rows, GQA mean, pooled;
     window tokens score +inf (they are kept by the window rule)."""
-    key = ("snapkv", l, w, k, pool)
+    key = ("snapkv+window", l, w, k, pool)  # not ref_presets_critical's ("snapkv", ...) entry
     if key not in c.memo:
-        N = c.N
-        w = min(w, N)
-        npre = N - w
-        P = c.probs(l)
-        votes = [[0.0] * npre for _ in range(c.Hkv)]
-        for h in range(c.Hq):
-            acc = votes[h // c.G]
-            for row in P[h][c.Nq - w:]:
-                for j in range(npre):
-                    acc[j] += row[j]
-        c.memo[key] = [pool1d([x / c.G for x in v], k, pool) + [INF] * w for v in votes]
+        w = min(w, c.N)
+        c.memo[key] = [pool1d(v, k, pool) + [INF] * w for v in snapkv_votes(c, l, w)]
     return c.memo[key]
 
 

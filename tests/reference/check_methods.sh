@@ -90,8 +90,8 @@ configs_win=(
   "think:window=8,key_channel_ratio=0.5"
 )
 # --- head-adaptive and leverage presets (ref_presets_adaptive.py) ---
-# leverage's Gaussian sketch is not reproduced: its sets are ranked against exact
-# leverage within the jitter's bound (counts only where the bound is void: k small for d)
+# leverage's Gaussian sketch is reproduced draw for draw (docs/methods.md "leverage"), its
+# leverages computed in double another way: ties at the cut within 1e-5 relative
 configs_all+=(
   "adakv:- window=8 window=8,alpha=0.6,kernel=4,pool=avg window=16,alpha=0 window=8,alpha=1"
   "ada_pyramidkv:- beta=2,alpha=0.5 window=4,beta=1000,alpha=1"

@@ -8,13 +8,13 @@ from docs/methods.md's sections "adakv", "pyramidkv", "cur", "leverage",
 the C. Standard library only, float64. Exports METHODS = {name: fn(cache, B,
 params) -> Plan}; ref_methods.py merges it into its own.
 
-What this is not: a check of leverage's random sketch. docs/methods.md names
-the generator (splitmix64 per (layer, head)) but not how its draws become
-Gaussians, so leverage is checked against the exact leverage of the centred
-keys (see m_leverage): the ranking within a tolerance that the sketch's
-known error bounds, and only counts where that bound says nothing.
+What this is not: the C's arithmetic. leverage's sketch is reproduced draw
+for draw (docs/methods.md "leverage" fixes the generator), but its leverages
+are computed in double through a d x d solve instead of the C's k x k
+Cholesky factorisation, so they agree to rounding, not bit for bit.
 """
 import math
+import struct
 
 from ref_common import HeadSel, Plan, allocate, budget_min, flash_scores, pool1d, snapkv_votes, top_by_score
 
@@ -152,101 +152,78 @@ def m_cur(c, B, p):
 # leverage (docs/methods.md "leverage"; Compactor's LeverageScorePress)
 # --------------------------------------------------------------------------
 
-def cholesky(A):
+MASK = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+JITTER = 0.01     # docs/methods.md "leverage": c, the first try
+LEV_TOL = 1e-5    # relative: the C rounds Y to fp32 and sums in another order
+
+
+def splitmix_normals(state, n):
+    """n standard normals from the splitmix64 stream that starts at `state`:
+    Box-Muller on two uniforms (top 53 bits / 2^53), sqrt(-2 ln(1 - U1)) cos(2 pi U2)."""
+    out = []
+    for _ in range(2 * n):
+        state = (state + GOLDEN) & MASK
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        out.append(((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0))
+    return [math.sqrt(-2.0 * math.log(1.0 - out[2 * i])) * math.cos(6.283185307179586 * out[2 * i + 1])
+            for i in range(n)]
+
+
+def f32(x):
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def solve(A, Bm):
+    """A^-1 Bm for a small square A (Gauss-Jordan, partial pivoting)."""
     n = len(A)
-    Lm = [[0.0] * n for _ in range(n)]
-    for i in range(n):
-        for j in range(i + 1):
-            s = A[i][j] - sum(Lm[i][t] * Lm[j][t] for t in range(j))
-            if i == j:
-                if s <= 0:
-                    return None
-                Lm[i][i] = math.sqrt(s)
-            else:
-                Lm[i][j] = s / Lm[j][j]
-    return Lm
+    M = [A[i][:] + Bm[i][:] for i in range(n)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(M[r][col]))
+        M[col], M[piv] = M[piv], M[col]
+        for r in range(n):
+            if r != col and M[r][col] != 0.0:
+                f = M[r][col] / M[col][col]
+                M[r] = [x - f * y for x, y in zip(M[r], M[col])]
+    return [[x / M[i][i] for x in M[i][n:]] for i in range(n)]
 
 
-def forward(Lm, y):
-    z = []
-    for i in range(len(y)):
-        z.append((y[i] - sum(Lm[i][t] * z[t] for t in range(i))) / Lm[i][i])
-    return z
-
-
-def exact_leverage(K):
-    """(h [N], lam_min): the exact leverage of the centred keys, h_j = x_j' (X'X)^-1 x_j,
-    and the smallest eigenvalue of X'X; None when X'X is (numerically) singular."""
+def sketched_leverage(K, k, stream):
+    """[N]: l_j = y_j' (Y'Y + c I)^-1 y_j with Y = X Phi, X the keys centred over
+    the tokens and Phi [d][k] the seeded Gaussian / sqrt(k) rounded to fp32. Since
+    Phi (Phi'A Phi + cI)^-1 Phi' = (cI + P A)^-1 P with P = Phi Phi' and A = X'X,
+    l_j = x_j' M x_j with M from one d x d solve."""
     N, d = len(K), len(K[0])
+    sc = 1.0 / math.sqrt(k)
+    z = splitmix_normals(stream, d * k)
+    Phi = [[f32(z[a * k + b] * sc) for b in range(k)] for a in range(d)]
     mu = [sum(r[ch] for r in K) / N for ch in range(d)]
     X = [[r[ch] - mu[ch] for ch in range(d)] for r in K]
-    G = [[sum(x[a] * x[b] for x in X) for b in range(d)] for a in range(d)]
-    Lm = cholesky(G)
-    if Lm is None:
-        return None
-    h = []
-    for x in X:
-        z = forward(Lm, x)
-        h.append(sum(v * v for v in z))
-    # lam_max of G^-1 by power iteration on solves: v <- G^-1 v
-    v = [1.0 / math.sqrt(d)] * d
-    mu_max = 0.0
-    for _ in range(300):
-        z = forward(Lm, v)
-        # back substitution: L' u = z
-        u = [0.0] * d
-        for i in reversed(range(d)):
-            u[i] = (z[i] - sum(Lm[t][i] * u[t] for t in range(i + 1, d))) / Lm[i][i]
-        nrm = math.sqrt(sum(a * a for a in u))
-        mu_max = nrm
-        v = [a / nrm for a in u]
-    lam_min = 1.0 / mu_max
-    if lam_min <= 1e-9 * sum(G[i][i] for i in range(d)):
-        return None
-    return h, lam_min
-
-
-JITTER = 0.01  # docs/methods.md "leverage": c, the first try
-DS_T = 2.0     # Davidson-Szarek deviation (in units of 1/sqrt(k)) the bound allows
-RHO_MAX = 0.02  # a looser bound would call most near pairs ties: counts only
+    P = [[sum(Phi[a][t] * Phi[b][t] for t in range(k)) for b in range(d)] for a in range(d)]
+    A = [[sum(x[a] * x[b] for x in X) for b in range(d)] for a in range(d)]
+    PA = [[sum(P[a][t] * A[t][b] for t in range(d)) for b in range(d)] for a in range(d)]
+    M = solve([[PA[a][b] + (JITTER if a == b else 0.0) for b in range(d)] for a in range(d)], P)
+    return [max(0.0, sum(x[a] * sum(M[a][b] * x[b] for b in range(d)) for a in range(d))) for x in X]
 
 
 def m_leverage(c, B, p):
-    """Exact leverage stands in for the sketched one. With Y = X Phi / sqrt(k)
-    (X [N][d] the centred keys of rank d, Phi [d][k] Gaussian, k >= d, Phi of
-    rank d), Y has X's column space, so with Y = U S W' the sketched score is
-    l_j = sum_i u_ji^2 s_i^2 / (s_i^2 + c) and the exact one h_j = sum_i u_ji^2:
-    h_j (1 - rho) <= l_j <= h_j, rho = c / (s_min^2 + c), s_min^2 >= sigma^2 lam_min(X'X),
-    sigma = sigma_min(Phi / sqrt(k)) >= 1 - sqrt(d / k) - t / sqrt(k) except with
-    probability exp(-t^2 / 2) (Davidson-Szarek; t = DS_T). A kept set that is
-    top-B by l then differs from top-B by h only among tokens whose h is within
-    rho / (1 - rho) (relative) of the cut: the tolerance given to compare_head.
-    The z-scoring over the layer's heads is affine, so it does not change a
-    head's ranking. Where the bound is void or too loose to mean anything
-    (rho > RHO_MAX: k too small for d, X'X near singular) only the head's count
-    and the plan's shape are checked."""
+    """Per KV head the top B by sketched leverage (no forced tokens); the
+    layer's z-scoring is affine and does not change a head's ranking."""
     k = int(p.get("sketch_dimension", 48))
+    seed = int(p.get("seed", 0))
     heads = []
     for l in range(c.L):
         row = []
         for hd in range(c.Hkv):
-            K = c.K[l][hd]
-            d = len(K[0])
-            sig = 1 - math.sqrt(d / k) - DS_T / math.sqrt(k)
-            key = ("leverage", l, hd)
-            if key not in c.memo:
-                c.memo[key] = exact_leverage(K)
-            ex = c.memo[key] if sig > 0 else None
-            rho = JITTER / (sig * sig * ex[1] + JITTER) if ex else 1.0
-            if rho > RHO_MAX:
-                row.append(None)  # counts only
-                continue
-            h = ex[0]
-            sel = HeadSel(top_by_score(h, range(c.N), B), [], h)
-            sel.tol_rel = rho / (1 - rho)
+            stream = (seed + (l * c.Hkv + hd + 1) * GOLDEN) & MASK
+            lev = sketched_leverage(c.K[l][hd], k, stream)
+            sel = HeadSel(top_by_score(lev, range(c.N), B), [], lev)
+            sel.tol_rel = LEV_TOL
             row.append(sel)
         heads.append(row)
-    return Plan([B] * c.L, heads, note="exact leverage, sketch k=%d" % k)
+    return Plan([B] * c.L, heads, note="sketched leverage, k=%d seed=%d" % (k, seed))
 
 
 METHODS = {"adakv": m_adakv, "ada_pyramidkv": m_ada_pyramidkv, "ada_flashcache": m_ada_flashcache,

@@ -17,16 +17,17 @@
 -- presets (ada*) keep ragged per-head counts: Gemma 3 270M has one KV head,
 -- so on this model they keep what their non-adaptive twins keep; the
 -- difference shows on models with several KV heads (-D model=qwen2.5-0.5b).
--- Measured on 2 CPU cores (AMD EPYC, 2026-12-07, fp16 cache, batched variants,
--- revision dbd21e3): 540 cells in 243 s (server: prefill 127 s, compress 53 s,
--- decode 58 s). Needle at 0.25: full 0.97; tova, chunkkv, pyramid_tova 0.97;
--- pyramidkv, ada_pyramidkv 0.93; snapkv, adakv 0.80; keydiff 0.73;
--- streamingllm 0.57; knorm 0.53; flashcache, ada_flashcache 0.47; h2o, lookm,
--- meda 0.43; random, expected_attention 0.40 (n = 30 each; the paired table's
--- MDE is 0.28, so only the large gaps are significant). compress_ms per
--- request: 3-20 ms for most; h2o / lookm / meda 75-90 ms (every query's
--- attention); expected_attention 1.4 s (all N queries recorded, then a d x d
--- covariance per query head at d = 256).
+-- Measured on 2 CPU cores (AMD EPYC, 2026-12-08, fp16 cache, batched variants,
+-- revision 1889530, fresh clone): 900 cells in 170 s (server: prefill 34%,
+-- compress 46%, decode 20%). Needle at 0.25: full 0.97; tova, chunkkv,
+-- pyramid_tova 0.97; pyramidkv, ada_pyramidkv 0.93; leverage 0.90; criticalkv,
+-- criticaladakv 0.83; snapkv, adakv, cake, compactor 0.80; keydiff 0.73; finch
+-- 0.67; think 0.63; streamingllm, simlayerkv 0.57; knorm, lagkv 0.53;
+-- flashcache, ada_flashcache 0.47; h2o, lookm, meda 0.43; random,
+-- expected_attention, cur, qfilters, kvzip 0.40 (n = 30 each: only the large
+-- gaps are significant, see the paired table's MDE). compress_ms per request:
+-- under 50 ms for most; criticalkv, qfilters, compactor 60-75 ms; kvzip 2.1 s
+-- (its context-reconstruction pass, about one more prefill).
 -- A composed method is a table: { score = "tova", allocate = "pyramid",
 -- heads = "adakv", keep = { window = 1 } } (docs/methods.md, Composing a method).
 
